@@ -1,0 +1,28 @@
+# Two entry points for a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+## Generate a small sharded sample corpus and pack it with an embedded local Ray.
+demo: $(STAMP)
+	$(PY) -m raypack.sample --output build/sample --shards 8 --docs-per-shard 2000 --context-length 512
+	$(VENV)/bin/raypack pack --config configs/tiny.toml --input build/sample --output build/packed --overwrite
+
+## Run the whole test suite.
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) bench/bench_core.py
+
+clean:
+	rm -rf build $(VENV)
