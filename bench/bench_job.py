@@ -1,0 +1,138 @@
+"""The job against the I/O floor, and worker memory as shards grow.
+
+    python bench/bench_job.py                      # 200M tokens, 16 Parquet shards, 2 workers
+    python bench/bench_job.py --tokens 20e6        # quicker
+
+Runs in one process, side by side on the same generated corpus:
+  1. a single-process pyarrow copy: read every shard's token column from Parquet and write it
+     to Arrow IPC (the I/O floor a packer cannot beat by much on one machine);
+  2. the raypack job with an embedded local Ray and N packer actors, timed after Ray started;
+  3. the same job in one process (--local engine);
+and reports the whole-process wall time, Ray start included. Then the memory check: peak RSS
+of a packer process for shards of S and 10*S tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+PROCESS_START = time.perf_counter()
+
+from raypack.config import make_config  # noqa: E402
+from raypack.job import run_pack  # noqa: E402
+from raypack.sample import write_sample_corpus  # noqa: E402
+
+
+def pyarrow_copy(shards: list[str], out_dir: str, column: str = "input_ids") -> float:
+    """Parquet read -> Arrow IPC write, one process, batch by batch. Returns seconds."""
+    os.makedirs(out_dir, exist_ok=True)
+    start = time.perf_counter()
+    for k, path in enumerate(shards):
+        reader = pq.ParquetFile(path)
+        schema = reader.schema_arrow
+        with pa.OSFile(os.path.join(out_dir, f"copy-{k:05d}.arrow"), "wb") as sink:
+            with pa.ipc.new_file(sink, pa.schema([schema.field(column)])) as writer:
+                for batch in reader.iter_batches(batch_size=8192, columns=[column]):
+                    writer.write_batch(batch)
+    return time.perf_counter() - start
+
+
+def run_job(shards_dir: str, out: str, *, context_length: int, workers: int, engine: str):
+    config = make_config(dict(inputs=[shards_dir], output=out, context_length=context_length, pad_token=0,
+                              num_workers=workers, overwrite=True))
+    return run_pack(config, engine=engine)
+
+
+def dir_bytes(path: str) -> int:
+    return sum(os.path.getsize(p) for p in glob.glob(os.path.join(path, "*")))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=float, default=200e6)
+    parser.add_argument("--shards", type=int, default=16)
+    parser.add_argument("--context-length", type=int, default=2048)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--workdir", default=None)
+    args = parser.parse_args()
+
+    work = args.workdir or tempfile.mkdtemp(prefix="raypack-bench-")
+    c = args.context_length
+    mean = c / 3
+    docs_per_shard = int(args.tokens / args.shards / mean)
+    t = time.perf_counter()
+    corpus = os.path.join(work, "corpus")
+    shutil.rmtree(corpus, ignore_errors=True)
+    shards = write_sample_corpus(corpus, num_shards=args.shards, docs_per_shard=docs_per_shard, mean_doc_len=mean)
+    gen_s = time.perf_counter() - t
+    num_tokens = sum(pq.ParquetFile(s).read(columns=["input_ids"]).column(0).combine_chunks().flatten().__len__()
+                     for s in shards[:1]) * args.shards
+    print(f"# corpus: {len(shards)} Parquet shards, ~{num_tokens / 1e6:.0f}M tokens, C={c} (generated in {gen_s:.1f}s)")
+    print(f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]},"
+          f" pyarrow {pa.__version__}, numpy {np.__version__}")
+
+    from raypack import pipeline
+
+    t = time.perf_counter()
+    pipeline.init_ray(None)
+    ray_start = time.perf_counter() - t
+
+    rows = []
+    for rep in range(args.repeats):
+        copy_s = pyarrow_copy(shards, os.path.join(work, "copy"))
+        ray_sum = run_job(corpus, os.path.join(work, "out-ray"), context_length=c, workers=args.workers, engine="ray")
+        local_sum = run_job(corpus, os.path.join(work, "out-local"), context_length=c, workers=1, engine="local")
+        rows.append((copy_s, ray_sum.seconds, local_sum.seconds))
+        tokens = ray_sum.manifest["counts"]["tokens"]
+        print(f"rep {rep}: pyarrow copy {copy_s:.2f}s, raypack ray x{args.workers} {ray_sum.seconds:.2f}s, "
+              f"raypack local {local_sum.seconds:.2f}s")
+    assert ray_sum.manifest["content_sha256"] == local_sum.manifest["content_sha256"]
+    copy_s, ray_s, local_s = (min(col) for col in zip(*rows))
+    input_bytes = tokens * 4
+    out_bytes = dir_bytes(os.path.join(work, "out-ray"))
+    print()
+    print(f"| what | seconds (best of {args.repeats}) | M tokens/s | vs pyarrow copy |")
+    print("|---|---|---|---|")
+    for name, s in (("pyarrow Parquet->IPC copy, 1 process", copy_s),
+                    (f"raypack job, Ray, {args.workers} workers (after Ray start)", ray_s),
+                    ("raypack job, one process (--local)", local_s)):
+        print(f"| {name} | {s:.2f} | {tokens / s / 1e6:.1f} | {copy_s / s:.2f}x |")
+    print(f"\nRay start: {ray_start:.2f}s. Output bytes / input token bytes: {out_bytes / input_bytes:.4f}"
+          f" ({out_bytes:,} / {input_bytes:,}). Whole process so far: {time.perf_counter() - PROCESS_START:.1f}s")
+
+    if not args.skip_memory:
+        memory_check(work, c, args)
+    print(f"\nwhole-process wall time: {time.perf_counter() - PROCESS_START:.1f}s (Ray start included)")
+
+
+def memory_check(work: str, c: int, args) -> None:
+    """Peak RSS of a packer for shards of S and 10*S tokens (2 shards each, fresh actors)."""
+    print("\n| shard tokens | peak packer RSS (MiB) |")
+    print("|---|---|")
+    peaks = []
+    for scale in (1, 10):
+        docs = int(args.tokens / args.shards / (c / 3) / 10 * scale)
+        corpus = os.path.join(work, f"mem-{scale}")
+        shutil.rmtree(corpus, ignore_errors=True)
+        write_sample_corpus(corpus, num_shards=2, docs_per_shard=docs, mean_doc_len=c / 3, seed=scale)
+        summary = run_job(corpus, os.path.join(work, f"out-mem-{scale}"), context_length=c, workers=2, engine="ray")
+        peaks.append(summary.peak_worker_rss_bytes)
+        print(f"| {summary.manifest['counts']['tokens'] // 2:,} | {summary.peak_worker_rss_bytes / 2**20:.0f} |")
+    print(f"ratio 10x shard / 1x shard: {peaks[1] / peaks[0]:.2f} (goal <= 1.2)")
+
+
+if __name__ == "__main__":
+    main()

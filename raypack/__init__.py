@@ -1,0 +1,39 @@
+"""raypack: pack tokenized corpora into fixed-length context windows, identically at any parallelism.
+
+The core (packing, masks, reading packed output) imports numpy and pyarrow only; Ray is
+imported by ``raypack.pipeline`` alone, when a job runs. Names below load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "Chunks": "raypack.core",
+    "StreamPacker": "raypack.core",
+    "pack_sequences": "raypack.core",
+    "build_intra_document_mask": "raypack.masks",
+    "build_bool_mask": "raypack.masks",
+    "cu_seqlens": "raypack.masks",
+    "position_ids": "raypack.masks",
+    "loss_mask": "raypack.masks",
+    "PackedDataset": "raypack.reader",
+    "read_packed": "raypack.reader",
+    "InputError": "raypack.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'raypack' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

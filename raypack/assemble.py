@@ -1,0 +1,96 @@
+"""On the driver, after the packers: stitch the chunks that straddle shards, check that the
+files cover every chunk exactly once, and build the manifest. No Ray here.
+
+Fragments are at most two per shard and each shorter than one chunk, so this holds at most
+``2 * num_shards * context_length`` tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from raypack import __version__
+from raypack.config import PackConfig
+from raypack.core import Chunks, Fragment, concat_chunks, stitch_fragments
+from raypack.output import FORMAT_VERSION, WrittenFile, chunk_schema, content_sha256, write_chunks_file
+from raypack.plan import Plan
+from raypack.shard_pack import PackSettings, ShardResult
+
+
+def stitch_boundaries(results: Sequence[ShardResult], plan: Plan, settings: PackSettings) -> list[tuple[int, Chunks]]:
+    """The chunks no single shard owns, as ``(first_chunk, chunks)`` runs of consecutive chunks."""
+    c = settings.context_length
+    fragments = sorted((f for r in results for f in (r.head, r.tail) if f is not None), key=lambda f: f.start)
+    by_chunk = itertools.groupby(fragments, key=lambda f: f.start // c)
+    stitched = [(index, _stitch_one(list(group), index, plan, settings)) for index, group in by_chunk]
+    return _consecutive_runs(stitched, c, settings.token_dtype)
+
+
+def _stitch_one(group: list[Fragment], index: int, plan: Plan, settings: PackSettings) -> Chunks:
+    is_last = index == plan.num_chunks - 1
+    return stitch_fragments(group, settings.context_length, settings.pad_token,
+                            pad=is_last, dtype=np.dtype(settings.token_dtype))
+
+
+def _consecutive_runs(stitched: list[tuple[int, Chunks]], c: int, dtype: str) -> list[tuple[int, Chunks]]:
+    runs: list[tuple[int, list[Chunks]]] = []
+    for index, chunks in stitched:
+        if runs and runs[-1][0] + len(runs[-1][1]) == index:
+            runs[-1][1].append(chunks)
+        else:
+            runs.append((index, [chunks]))
+    return [(first, concat_chunks(parts, c, np.dtype(dtype))) for first, parts in runs]
+
+
+def write_boundaries(runs: list[tuple[int, Chunks]], settings: PackSettings) -> list[WrittenFile]:
+    schema = chunk_schema(settings.context_length, pa.from_numpy_dtype(np.dtype(settings.token_dtype)), settings.pad_token)
+    return [write_chunks_file(settings.out_dir, first, chunks, schema, settings.chunks_per_record_batch)
+            for first, chunks in runs]
+
+
+def check_coverage(files: list[WrittenFile], num_chunks: int) -> list[WrittenFile]:
+    """Files sorted by first chunk; raise if they do not tile ``[0, num_chunks)`` exactly."""
+    files = sorted(files, key=lambda f: f.first_chunk)
+    expected = 0
+    for f in files:
+        if f.first_chunk != expected:
+            raise RuntimeError(f"internal error: chunk {expected} missing or duplicated (next file {f.path})")
+        expected += f.num_chunks
+    if expected != num_chunks:
+        raise RuntimeError(f"internal error: files hold {expected} chunks, expected {num_chunks}")
+    return files
+
+
+def count_stats(results: Sequence[ShardResult], plan: Plan) -> dict[str, int]:
+    """The manifest's counts."""
+    return {
+        "documents": plan.num_docs,
+        "tokens": plan.num_tokens,
+        "chunks": plan.num_chunks,
+        "padding_positions": plan.num_chunks * plan.context_length - plan.num_tokens,
+        "split_documents": sum(r.num_split_docs for r in results),
+    }
+
+
+def build_manifest(config: PackConfig, plan: Plan, files: list[WrittenFile], counts: dict[str, int]) -> dict[str, Any]:
+    file_rows = [f._asdict() for f in files]
+    return {
+        "format_version": FORMAT_VERSION,
+        "created_by": f"raypack {__version__}",
+        "context_length": config.context_length,
+        "pad_token": config.pad_token,
+        "token_dtype": plan.token_dtype,
+        "counts": counts,
+        "files": file_rows,
+        "shards": [
+            {"path": s.path, "format": s.format, "num_docs": s.num_docs, "num_tokens": s.num_tokens,
+             "doc_offset": t.doc_offset, "token_offset": t.token_offset}
+            for s, t in zip(plan.shards, plan.tasks)
+        ],
+        "content_sha256": content_sha256(file_rows),
+        "config": config.to_dict(),
+    }

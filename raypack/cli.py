@@ -1,0 +1,57 @@
+"""Command line: ``raypack pack ...``. Bad input: one line on stderr, exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Sequence
+
+from raypack.config import load_config
+from raypack.errors import InputError
+
+log = logging.getLogger("raypack")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="raypack", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    pack = commands.add_parser("pack", help="pack sharded tokenized corpora into fixed-length chunks")
+    pack.add_argument("--config", help="a TOML config (configs/*.toml); flags override its keys")
+    pack.add_argument("--input", dest="inputs", action="append", metavar="PATH",
+                      help="shard file, directory or glob (repeatable; order kept)")
+    pack.add_argument("--output", help="output directory")
+    pack.add_argument("--context-length", type=int)
+    pack.add_argument("--pad-token", type=int)
+    pack.add_argument("--token-column")
+    pack.add_argument("--token-dtype")
+    pack.add_argument("--workers", dest="num_workers", type=int, help="packer actors")
+    pack.add_argument("--read-batch-size", type=int, help="documents per record batch read")
+    pack.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded local Ray)")
+    pack.add_argument("--overwrite", action="store_true", default=None, help="replace a non-empty output directory")
+    pack.add_argument("--local", action="store_true", help="pack in this process, without Ray")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        return _run_pack(args)
+    except InputError as e:
+        print(f"raypack: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run_pack(args: argparse.Namespace) -> int:
+    from raypack.job import run_pack
+
+    overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config", "local")}
+    config = load_config(args.config, **overrides)
+    summary = run_pack(config, engine="local" if args.local else "ray")
+    print("\n".join(summary.lines()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""The job's configuration: one frozen dataclass, loaded from ``configs/*.toml`` and overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from raypack.core import validate_context_length, validate_pad_token
+from raypack.errors import InputError
+
+TOKEN_DTYPES = ("auto", "uint8", "uint16", "uint32", "int16", "int32", "int64")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackConfig:
+    """Everything a packing run needs. Unknown keys are rejected by :func:`load_config`."""
+
+    inputs: tuple[str, ...] = ()
+    """Shard files, directories or globs, in order."""
+    output: str = ""
+    """Output directory (created; must be empty unless overwrite or resume)."""
+    context_length: int = 2048
+    pad_token: int = 0
+    token_column: str = "input_ids"
+    token_dtype: str = "auto"
+    """Output token dtype; "auto" takes the narrowest type every shard's type fits in."""
+    read_batch_size: int = 8192
+    """Documents per record batch a packer reads."""
+    chunks_per_record_batch: int = 512
+    """Chunks per Arrow record batch written; batches start at multiples of it globally."""
+    num_workers: int = 2
+    """Packer actors."""
+    worker_num_cpus: float = 0.5
+    """CPUs each packer actor reserves; fractional so reads and writes can always run."""
+    overwrite: bool = False
+    address: str | None = None
+    """Ray cluster address; None uses RAY_ADDRESS or starts an embedded local Ray."""
+    extra: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        validate_context_length(self.context_length)
+        if self.token_dtype not in TOKEN_DTYPES:
+            raise ValueError(f"token_dtype={self.token_dtype!r} must be one of {', '.join(TOKEN_DTYPES)}")
+        if self.token_dtype != "auto":
+            validate_pad_token(self.pad_token, np.dtype(self.token_dtype))
+        elif isinstance(self.pad_token, bool) or not isinstance(self.pad_token, int):
+            raise TypeError(f"pad_token={self.pad_token!r} must be an integer")
+        for name in ("read_batch_size", "chunks_per_record_batch", "num_workers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be an integer >= 1")
+        if not 0 < self.worker_num_cpus <= 64:
+            raise ValueError(f"worker_num_cpus={self.worker_num_cpus!r} must be in (0, 64]")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out.pop("extra")
+        out["inputs"] = list(self.inputs)
+        return out
+
+
+def config_keys() -> list[str]:
+    return [f.name for f in dataclasses.fields(PackConfig) if f.name != "extra"]
+
+
+def make_config(values: Mapping[str, Any], *, source: str = "config") -> PackConfig:
+    """Build a config from a mapping; unknown keys and bad values raise InputError."""
+    valid = config_keys()
+    unknown = sorted(set(values) - set(valid))
+    if unknown:
+        raise InputError(f"{source}: unknown key(s) {', '.join(unknown)}; valid keys are {', '.join(valid)}")
+    values = dict(values)
+    if "inputs" in values:
+        inputs = values["inputs"]
+        values["inputs"] = (inputs,) if isinstance(inputs, str) else tuple(inputs)
+    try:
+        return PackConfig(**values)
+    except (TypeError, ValueError) as e:
+        raise InputError(f"{source}: {e}") from e
+
+
+def load_config(path: str | Path | None = None, **overrides: Any) -> PackConfig:
+    """Read a TOML config (flat keys) and apply non-None overrides on top."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        try:
+            values = tomllib.loads(path.read_text())
+        except FileNotFoundError as e:
+            raise InputError(f"config file not found: {path}") from e
+        except tomllib.TOMLDecodeError as e:
+            raise InputError(f"config file {path} is not valid TOML: {e}") from e
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return make_config(values, source=str(path) if path else "config")

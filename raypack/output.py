@@ -1,0 +1,198 @@
+"""Writing packed output: the Arrow schema, chunk files published by rename, the manifest.
+
+See docs/FORMAT.md. Files are written under a temporary name and renamed into place when
+complete; the manifest is written the same way, last, so a directory without one is visibly
+incomplete. Record batches start at global chunk indices that are multiples of
+``chunks_per_record_batch``, so a file's bytes depend only on which chunks it holds, never on
+how they were read or computed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from typing import Any, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+
+from raypack.core import Chunks, concat_chunks
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+TMP_PREFIX = ".tmp-"
+
+
+def chunk_file_name(first_chunk: int) -> str:
+    return f"chunks-{first_chunk:012d}.arrow"
+
+
+def chunk_schema(context_length: int, token_type: pa.DataType, pad_token: int) -> pa.Schema:
+    return pa.schema(
+        [
+            pa.field("chunk_index", pa.int64()),
+            pa.field("input_ids", pa.list_(token_type, context_length)),
+            pa.field("segment_doc_ids", pa.list_(pa.int64())),
+            pa.field("segment_lengths", pa.list_(pa.int32())),
+        ],
+        metadata={
+            "raypack.format_version": str(FORMAT_VERSION),
+            "raypack.context_length": str(context_length),
+            "raypack.pad_token": str(pad_token),
+        },
+    )
+
+
+def chunks_to_record_batch(chunks: Chunks, first_chunk: int, schema: pa.Schema) -> pa.RecordBatch:
+    """Zero-copy wrap of ``chunks`` as a record batch of ``schema``."""
+    n, c = chunks.input_ids.shape
+    offsets = pa.array(chunks.segment_offsets.astype(np.int32))
+    columns = [
+        pa.array(np.arange(first_chunk, first_chunk + n, dtype=np.int64)),
+        pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(chunks.input_ids).reshape(-1)), c),
+        pa.ListArray.from_arrays(offsets, pa.array(chunks.segment_doc_ids)),
+        pa.ListArray.from_arrays(offsets, pa.array(chunks.segment_lengths)),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def slice_chunks(chunks: Chunks, start: int, stop: int) -> Chunks:
+    """Chunks ``[start, stop)`` of ``chunks``, as views with offsets rebased to 0."""
+    offsets = chunks.segment_offsets[start: stop + 1]
+    first, last = int(offsets[0]), int(offsets[-1])
+    return Chunks(
+        chunks.input_ids[start:stop],
+        offsets - first,
+        chunks.segment_doc_ids[first:last],
+        chunks.segment_lengths[first:last],
+    )
+
+
+class _HashingSink:
+    """A write-only file object that hashes what passes through it."""
+
+    def __init__(self, f) -> None:
+        self._f = f
+        self.sha256 = hashlib.sha256()
+        self.num_bytes = 0
+        self.closed = False
+
+    def write(self, data) -> int:
+        view = memoryview(data)
+        self.sha256.update(view)
+        self.num_bytes += view.nbytes
+        return self._f.write(view)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def close(self) -> None:
+        self.closed = True
+
+    def writable(self) -> bool:
+        return True
+
+
+class WrittenFile(NamedTuple):
+    path: str
+    first_chunk: int
+    num_chunks: int
+    num_bytes: int
+    sha256: str
+
+
+class ChunkFileWriter:
+    """Writes one chunk file: appends chunks in order, then publishes it by rename.
+
+    Rows are buffered until a record batch boundary (a global multiple of
+    ``chunks_per_record_batch``), so the bytes do not depend on how chunks arrive.
+    """
+
+    def __init__(self, out_dir: str, first_chunk: int, schema: pa.Schema, chunks_per_record_batch: int) -> None:
+        self.out_dir = out_dir
+        self.first_chunk = first_chunk
+        self.next_chunk = first_chunk
+        self.schema = schema
+        self.batch_rows = chunks_per_record_batch
+        self.final_path = os.path.join(out_dir, chunk_file_name(first_chunk))
+        self.tmp_path = os.path.join(out_dir, f"{TMP_PREFIX}{uuid.uuid4().hex}-{chunk_file_name(first_chunk)}")
+        self._file = open(self.tmp_path, "wb")
+        self._sink = _HashingSink(self._file)
+        self._writer = pa.ipc.new_file(pa.PythonFile(self._sink, mode="w"), schema)
+        self._pending: list[Chunks] = []
+        self._pending_rows = 0
+
+    @property
+    def num_chunks(self) -> int:
+        """Chunks written so far, buffered ones included."""
+        return self.next_chunk - self.first_chunk + self._pending_rows
+
+    def write(self, chunks: Chunks) -> None:
+        """Append complete chunks (they continue from the last ones written)."""
+        start = 0
+        while start < chunks.num_chunks:
+            room = self.batch_rows - (self.next_chunk + self._pending_rows) % self.batch_rows
+            take = min(room, chunks.num_chunks - start)
+            self._pending.append(slice_chunks(chunks, start, start + take))
+            self._pending_rows += take
+            start += take
+            if take == room:
+                self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending_rows:
+            return
+        merged = concat_chunks(self._pending, self.schema.field("input_ids").type.list_size, self._pending[0].input_ids.dtype)
+        self._writer.write_batch(chunks_to_record_batch(merged, self.next_chunk, self.schema))
+        self.next_chunk += self._pending_rows
+        self._pending, self._pending_rows = [], 0
+
+    def close(self) -> WrittenFile:
+        """Finish the file, fsync it and rename it into place."""
+        self._flush()
+        self._writer.close()
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.replace(self.tmp_path, self.final_path)
+        return WrittenFile(os.path.basename(self.final_path), self.first_chunk,
+                           self.next_chunk - self.first_chunk, self._sink.num_bytes, self._sink.sha256.hexdigest())
+
+    def abort(self) -> None:
+        """Drop the temporary file (on error)."""
+        try:
+            self._file.close()
+        finally:
+            if os.path.exists(self.tmp_path):
+                os.remove(self.tmp_path)
+
+
+def write_chunks_file(out_dir: str, first_chunk: int, chunks: Chunks, schema: pa.Schema, chunks_per_record_batch: int) -> WrittenFile:
+    """Write ``chunks`` as one complete file."""
+    writer = ChunkFileWriter(out_dir, first_chunk, schema, chunks_per_record_batch)
+    try:
+        writer.write(chunks)
+        return writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def content_sha256(files: list[dict[str, Any]]) -> str:
+    """The output's hash: sha256 of the files' sha256 hex digests, one per line, in file order."""
+    return hashlib.sha256("".join(f["sha256"] + "\n" for f in files).encode()).hexdigest()
+
+
+def write_manifest(out_dir: str, manifest: dict[str, Any]) -> str:
+    """Write ``manifest.json`` atomically (temporary name, fsync, rename). Call it last."""
+    path = os.path.join(out_dir, MANIFEST_NAME)
+    tmp = os.path.join(out_dir, f"{TMP_PREFIX}{uuid.uuid4().hex}-{MANIFEST_NAME}")
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, indent=2, sort_keys=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,84 @@
+"""The Ray Data engine: the only module that imports Ray.
+
+One shard is one row of a dataset built with ``from_items`` (one block per shard), mapped by
+a pool of stateful packer actors with ``batch_size=1``: each call streams one whole shard in
+order, so the carry between record batches never leaves the actor, and Ray's block shaping,
+scheduling order and retries cannot change what is packed. Actors write their own chunk files
+(kept out of the object store) and return one small Arrow row: counts, the file written and
+the edge fragments. Actors reserve a fraction of a CPU so that Ray Data's read and output
+tasks can always be scheduled beside them (whole-CPU actors deadlock a 2-CPU machine).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import asdict
+from typing import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import ray
+
+from raypack.shard_pack import PackSettings, ShardResult, ShardTask, pack_shard, result_to_table, table_to_results
+
+log = logging.getLogger(__name__)
+
+
+def init_ray(address: str | None = None) -> None:
+    """Connect to ``address`` (or RAY_ADDRESS), else start an embedded local Ray."""
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=True)
+    else:
+        ray.init(address="local", include_dashboard=False, log_to_driver=True)
+
+
+class ShardPackerActor:
+    """Packs whole shards, one per call, in the order its rows list them."""
+
+    def __init__(self, settings: dict) -> None:
+        self.settings = PackSettings(**settings)
+        self.token_type = pa.from_numpy_dtype(np.dtype(self.settings.token_dtype))
+
+    def __call__(self, batch: pa.Table) -> Iterator[pa.Table]:
+        for row in batch.to_pylist():
+            result = pack_shard(ShardTask(**row), self.settings)
+            yield result_to_table(result, self.token_type)
+
+
+def pack_shards(
+    tasks: Sequence[ShardTask], settings: PackSettings, *, num_workers: int, worker_num_cpus: float
+) -> list[ShardResult]:
+    """Pack every shard on a pool of actors; results in shard order."""
+    if not tasks:
+        return []
+    dataset = ray.data.from_items([asdict(t) for t in tasks], override_num_blocks=len(tasks))
+    packed = dataset.map_batches(
+        ShardPackerActor,
+        fn_constructor_kwargs={"settings": asdict(settings)},
+        batch_size=1,
+        batch_format="pyarrow",
+        compute=ray.data.ActorPoolStrategy(size=max(1, min(num_workers, len(tasks))),
+                                           max_tasks_in_flight_per_actor=1),
+        num_cpus=worker_num_cpus,
+    )
+    results = [r for block in packed.iter_batches(batch_size=None, batch_format="pyarrow")
+               for r in table_to_results(block)]
+    return sorted(results, key=lambda r: r.shard_index)
+
+
+def original_error(error: BaseException) -> BaseException:
+    """The user's exception inside Ray's wrappers (RayTaskError, UserCodeException)."""
+    seen = set()
+    while id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, ray.exceptions.RayTaskError) and error.cause is not None:
+            error = error.cause
+        elif error.__cause__ is not None:
+            error = error.__cause__
+        else:
+            break
+    return error

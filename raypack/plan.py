@@ -1,0 +1,84 @@
+"""Decide ownership before distributing: list shards, count them, assign offsets.
+
+The driver lists the shards in a fixed order, reads their document and token counts (Parquet
+footers, Arrow IPC offsets; JSONL needs a scan), and turns the counts into global doc-id and
+token offsets with a cumulative sum. Every packer then receives its offsets as data: nothing
+about the result depends on which worker runs what, or when.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from raypack.config import PackConfig
+from raypack.core import validate_pad_token
+from raypack.errors import InputError
+from raypack.shard_pack import PackSettings, ShardTask
+from raypack.shards import ShardInfo, common_token_type, discover_shards, inspect_shard, plan_offsets
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Plan:
+    shards: tuple[ShardInfo, ...]
+    tasks: tuple[ShardTask, ...]
+    token_dtype: str
+    num_docs: int
+    num_tokens: int
+    context_length: int
+
+    @property
+    def num_chunks(self) -> int:
+        return -(-self.num_tokens // self.context_length)
+
+
+def make_plan(config: PackConfig, *, max_threads: int = 8) -> Plan:
+    """List, count and place every shard. Raises InputError on bad input, before any write."""
+    if not config.inputs:
+        raise InputError("no input given: pass --input PATH (a shard file, a directory or a glob)")
+    paths = discover_shards(list(config.inputs))
+    with ThreadPoolExecutor(max_workers=max(1, min(max_threads, len(paths)))) as pool:
+        infos = list(pool.map(lambda p: inspect_shard(p, config.token_column), paths))
+    token_dtype = _resolve_token_dtype(config, infos)
+    offsets = plan_offsets(infos)
+    tasks = tuple(
+        ShardTask(k, info.path, info.format, int(offsets.doc_offsets[k]), int(offsets.token_offsets[k]),
+                  info.num_docs, info.num_tokens)
+        for k, info in enumerate(infos)
+    )
+    return Plan(tuple(infos), tasks, token_dtype, int(offsets.doc_offsets[-1]),
+                int(offsets.token_offsets[-1]), config.context_length)
+
+
+def _resolve_token_dtype(config: PackConfig, infos: list[ShardInfo]) -> str:
+    dtype = common_token_type(infos) if infos else "int32"
+    if config.token_dtype != "auto":
+        dtype = config.token_dtype  # narrower than the input: every token is range-checked
+    try:
+        validate_pad_token(config.pad_token, np.dtype(dtype))
+    except ValueError as e:
+        raise InputError(f"{e} (token dtype chosen from the shards: {dtype}; set token_dtype to widen it)") from e
+    return dtype
+
+
+def settings_for(config: PackConfig, plan: Plan, out_dir: str) -> PackSettings:
+    return PackSettings(out_dir, config.context_length, config.pad_token, plan.token_dtype,
+                        config.token_column, config.read_batch_size, config.chunks_per_record_batch)
+
+
+def check_output_outside_inputs(output: str, plan: Plan) -> None:
+    """Refuse an output directory that is, or lies inside, a directory holding an input shard."""
+    out = os.path.realpath(output)
+    for info in plan.shards:
+        if "://" in info.path:
+            continue
+        shard_dir = os.path.dirname(os.path.realpath(info.path))
+        if out == shard_dir or out.startswith(shard_dir + os.sep):
+            raise InputError(f"output directory {output} lies inside the input directory {shard_dir} "
+                             f"(shard {info.path}); choose an output outside the inputs")

@@ -1,0 +1,427 @@
+"""raypack.shards: discovery order, cheap counts, offsets and the common token type."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as paipc
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from raypack.errors import InputError
+from raypack.shards import (
+    ShardInfo,
+    ShardPlan,
+    _footer_null_counts_exact,
+    common_token_type,
+    discover_shards,
+    inspect_shard,
+    plan_offsets,
+    resolve_filesystem,
+    shard_format,
+)
+
+I32 = pa.list_(pa.int32())
+
+
+# ---------------------------------------------------------------------------------------------
+# factories
+
+
+def write_parquet(path: Path, docs, list_type=I32, *, column="input_ids", **kwargs) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.table({column: pa.array(docs, list_type), "meta": pa.array(range(len(docs)))})
+    pq.write_table(table, path, **kwargs)
+    return str(path)
+
+
+def write_ipc(path: Path, docs, list_type=I32, *, max_chunksize=None, stream=False) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.table({"meta": pa.array(range(len(docs))), "input_ids": pa.array(docs, list_type)})
+    opener = paipc.new_stream if stream else paipc.new_file
+    with opener(str(path), table.schema) as writer:
+        writer.write_table(table, max_chunksize=max_chunksize)
+    return str(path)
+
+
+def write_jsonl(path: Path, docs, *, column="input_ids") -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = "".join(json.dumps({"id": i, column: doc, "text": "x"}) + "\n" for i, doc in enumerate(docs))
+    if path.name.endswith(".gz"):
+        path.write_bytes(gzip.compress(lines.encode()))
+    elif path.name.endswith(".zst"):
+        path.write_bytes(pa.compress(lines.encode(), "zstd", asbytes=True))
+    else:
+        path.write_text(lines)
+    return str(path)
+
+
+def touch(path: Path) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"")
+    return str(path)
+
+
+DOCS = [[1, 2, 3], [], [4], [5, 6], [], [7, 8, 9, 10]]
+
+
+# ---------------------------------------------------------------------------------------------
+# discovery
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """d/ with shards at two levels plus files and directories discovery must skip."""
+    d = tmp_path / "d"
+    write_parquet(d / "b.parquet", DOCS)
+    write_jsonl(d / "a.jsonl", DOCS)
+    write_ipc(d / "sub" / "c.arrow", DOCS)
+    write_parquet(d / "sub" / "a.pq", DOCS)
+    touch(d / "_SUCCESS")
+    touch(d / "notes.txt")
+    write_parquet(d / ".hidden.parquet", DOCS)
+    write_parquet(d / "_tmp" / "x.parquet", DOCS)
+    write_parquet(d / ".cache" / "y.parquet", DOCS)
+    return d
+
+
+def test_directory_expands_recursively_in_sorted_order_skipping_hidden(tree: Path):
+    expected = ["a.jsonl", "b.parquet", "sub/a.pq", "sub/c.arrow"]
+    assert discover_shards([str(tree)]) == [str(tree / name) for name in expected]
+
+
+def test_order_follows_inputs_then_sorted_expansion_and_dedupes_keeping_first(tree: Path):
+    inputs = [str(tree / "sub" / "c.arrow"), str(tree), str(tree / "b.parquet")]
+    expected = ["sub/c.arrow", "a.jsonl", "b.parquet", "sub/a.pq"]
+    assert discover_shards(inputs) == [str(tree / name) for name in expected]
+
+
+@pytest.mark.parametrize(
+    "pattern, expected",
+    [
+        ("*.parquet", ["b.parquet"]),  # '*' does not cross '/'
+        ("*/*", ["sub/a.pq", "sub/c.arrow"]),
+        ("**/*.p*", ["b.parquet", "sub/a.pq"]),
+        ("**", ["a.jsonl", "b.parquet", "sub/a.pq", "sub/c.arrow"]),
+        ("?.jsonl", ["a.jsonl"]),
+        ("sub/[a-b].*", ["sub/a.pq"]),
+        ("*", ["a.jsonl", "b.parquet"]),  # _SUCCESS, notes.txt, .hidden.parquet skipped
+    ],
+)
+def test_globs_match_whole_paths_sorted(tree: Path, pattern: str, expected: list[str]):
+    assert discover_shards([f"{tree}/{pattern}"]) == [str(tree / name) for name in expected]
+
+
+def test_relative_inputs_become_absolute_paths(tree: Path, monkeypatch):
+    monkeypatch.chdir(tree)
+    assert discover_shards(["b.parquet", "sub/*.arrow", "./b.parquet"]) == [
+        str(tree / "b.parquet"),
+        str(tree / "sub" / "c.arrow"),
+    ]
+
+
+def test_uri_inputs_return_uris(tree: Path):
+    uri = f"file://{tree}"
+    assert discover_shards([f"{uri}/sub", f"{uri}/*.jsonl"]) == [
+        f"{uri}/sub/a.pq",
+        f"{uri}/sub/c.arrow",
+        f"{uri}/a.jsonl",
+    ]
+    fs, fs_path = resolve_filesystem(f"{uri}/sub/a.pq")
+    assert fs.get_file_info(fs_path).size > 0
+
+
+def test_single_string_is_one_input(tree: Path):
+    assert discover_shards(str(tree / "b.parquet")) == [str(tree / "b.parquet")]
+
+
+@pytest.mark.parametrize(
+    "inputs, match",
+    [
+        (["missing.parquet"], r"input path not found: .*missing\.parquet"),
+        (["{d}/*.feather"], r"glob .*\*\.feather matched no shard files"),
+        (["{d}/nowhere/*.parquet"], r"glob .* matched nothing: its base directory .*nowhere does not exist"),
+        (["{d}/_tmp/../notes.txt"], r"notes\.txt has an unknown shard suffix; accepted: \.parquet, \.pq, \.jsonl"),
+        (["{d}/empty"], r"input directory .*empty holds no shard files \(accepted suffixes: \.parquet"),
+        ([], r"no inputs given"),
+        ([""], r"must be a non-empty path string"),
+    ],
+)
+def test_discovery_errors(tree: Path, inputs, match):
+    touch(tree / "empty" / "_SUCCESS")
+    touch(tree / "empty" / "readme.md")
+    with pytest.raises(InputError, match=match):
+        discover_shards([item.format(d=tree) for item in inputs])
+
+
+@pytest.mark.parametrize(
+    "name, fmt",
+    [
+        ("x.parquet", "parquet"),
+        ("x.PQ", "parquet"),
+        ("x.jsonl", "jsonl"),
+        ("x.json", "jsonl"),
+        ("x.jsonl.gz", "jsonl"),
+        ("x.jsonl.zst", "jsonl"),
+        ("x.arrow", "arrow"),
+        ("x.ipc", "arrow"),
+        ("s3://b/k/x.feather", "arrow"),
+        ("x.csv", None),
+        ("x.gz", None),
+        (".parquet", None),
+    ],
+)
+def test_shard_format_by_suffix(name: str, fmt: str | None):
+    assert shard_format(name) == fmt
+
+
+# ---------------------------------------------------------------------------------------------
+# counts
+
+
+def _expected(docs) -> tuple[int, int]:
+    return len(docs), sum(len(d) for d in docs if d is not None)
+
+
+docs_strategy = st.lists(
+    st.one_of(st.lists(st.integers(0, 60_000), max_size=9), st.just([]), st.none()), max_size=40
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    docs=docs_strategy,
+    row_group_size=st.integers(1, 8),
+    list_type=st.sampled_from([I32, pa.list_(pa.int64()), pa.large_list(pa.uint16())]),
+)
+def test_parquet_footer_counts_equal_scanned_counts(tmp_path_factory, docs, row_group_size, list_type):
+    d = tmp_path_factory.mktemp("pq")
+    footer = inspect_shard(write_parquet(d / "s.parquet", docs, list_type, row_group_size=row_group_size))
+    scanned = inspect_shard(
+        write_parquet(d / "n.parquet", docs, list_type, row_group_size=row_group_size, write_statistics=False)
+    )
+    assert (footer.num_docs, footer.num_tokens) == _expected(docs)
+    assert (scanned.num_docs, scanned.num_tokens) == _expected(docs)
+    assert footer.count_method == "parquet-footer"
+    assert scanned.count_method == ("scan" if docs else "parquet-footer")  # no row group to scan
+    assert footer.token_type == scanned.token_type == str(list_type.value_type)
+
+
+@pytest.mark.parametrize("compliant_nested", [True, False])
+@pytest.mark.parametrize("nullable", [True, False])
+def test_parquet_footer_counts_over_many_row_groups(tmp_path: Path, compliant_nested, nullable):
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(0, 50_000, rng.integers(0, 6)).tolist() for _ in range(200)]
+    element = pa.field("element", pa.int32(), nullable=nullable)
+    path = write_parquet(
+        tmp_path / "s.parquet", docs, pa.list_(element), row_group_size=17,
+        use_compliant_nested_type=compliant_nested,
+    )
+    assert pq.ParquetFile(path).metadata.num_row_groups > 10  # not vacuous
+    assert sum(1 for d in docs if not d) > 10
+    info = inspect_shard(path)
+    assert info == ShardInfo(path, "parquet", *_expected(docs), "int32", "parquet-footer")
+
+
+def test_parquet_without_token_column_statistics_is_scanned(tmp_path: Path):
+    path = write_parquet(tmp_path / "s.parquet", DOCS, row_group_size=2, write_statistics=["meta"])
+    assert inspect_shard(path) == ShardInfo(path, "parquet", *_expected(DOCS), "int32", "scan")
+
+
+@pytest.mark.parametrize(
+    "created_by, trusted",
+    [
+        ("parquet-cpp-arrow version 26.0.1", True),
+        ("parquet-cpp-arrow version 6.0.0", True),
+        ("parquet-cpp-arrow version 5.0.0", False),  # before PARQUET-2067: empty lists uncounted
+        ("parquet-mr version 1.12.3 (build abc)", False),
+        ("Polars", False),
+        (None, False),
+    ],
+)
+def test_footer_counts_only_trusted_from_writers_known_to_count_empty_lists(created_by, trusted):
+    assert _footer_null_counts_exact(created_by) is trusted
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_ipc_counts_from_offsets(tmp_path: Path, stream: bool):
+    docs = DOCS * 7
+    path = write_ipc(tmp_path / "s.arrow", docs, pa.large_list(pa.uint32()), max_chunksize=4, stream=stream)
+    assert inspect_shard(path) == ShardInfo(path, "arrow", *_expected(docs), "uint32", "ipc-offsets")
+
+
+def test_ipc_without_batches_counts_zero(tmp_path: Path):
+    path = write_ipc(tmp_path / "s.feather", [])
+    assert inspect_shard(path) == ShardInfo(path, "arrow", 0, 0, "int32", "ipc-offsets")
+
+
+@pytest.mark.parametrize("name", ["s.jsonl", "s.json", "s.jsonl.gz", "s.jsonl.zst"])
+def test_jsonl_counts_by_scan(tmp_path: Path, name: str):
+    path = write_jsonl(tmp_path / name, DOCS)
+    assert inspect_shard(path) == ShardInfo(path, "jsonl", *_expected(DOCS), "int64", "scan")
+
+
+@pytest.mark.parametrize("text", ["", "\n\n"])
+def test_empty_jsonl_has_no_documents(tmp_path: Path, text: str):
+    (tmp_path / "e.jsonl").write_text(text)
+    assert inspect_shard(str(tmp_path / "e.jsonl")) == ShardInfo(str(tmp_path / "e.jsonl"), "jsonl", 0, 0, "int64", "scan")
+
+
+def test_jsonl_lines_longer_than_a_block_are_read_with_larger_blocks(tmp_path: Path):
+    docs = [[1], list(range(3000)), [2, 3], list(range(5000)), []]
+    path = write_jsonl(tmp_path / "s.jsonl", docs)
+    assert inspect_shard(path, json_block_size=512) == ShardInfo(path, "jsonl", *_expected(docs), "int64", "scan")
+
+
+def _write_with_column(tmp_path: Path, fmt: str, column: str) -> str:
+    if fmt == "parquet":
+        return write_parquet(tmp_path / "s.parquet", DOCS, column=column)
+    table = pa.table({column: pa.array(DOCS, I32), "meta": pa.array(range(len(DOCS)))})
+    with paipc.new_file(str(tmp_path / "s.arrow"), table.schema) as writer:
+        writer.write_table(table)
+    return str(tmp_path / "s.arrow")
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_missing_column_lists_the_columns(tmp_path: Path, fmt: str):
+    path = _write_with_column(tmp_path, fmt, "tokens")
+    with pytest.raises(InputError, match=r"s\.(parquet|arrow) has no column 'input_ids'; its columns are \['tokens', 'meta'\]"):
+        inspect_shard(path)
+    assert inspect_shard(path, column="tokens").num_tokens == _expected(DOCS)[1]
+
+
+def test_jsonl_missing_key_names_the_keys_there_are(tmp_path: Path):
+    path = write_jsonl(tmp_path / "s.jsonl", DOCS, column="tokens")
+    with pytest.raises(InputError, match=r"s\.jsonl: no line has a 'input_ids' list \(keys of the first line: \['id', 'tokens', 'text'\]\)"):
+        inspect_shard(path)
+
+
+WRONG_TYPES = [
+    (pa.array([["a"], []], pa.list_(pa.string())), r"token ids must be integers, not string"),
+    (pa.array([[1.5], []], pa.list_(pa.float32())), r"token ids must be integers, not float"),
+    (pa.array([[[1]], []], pa.list_(pa.list_(pa.int32()))), r"token ids must be integers, not list<"),
+    (pa.array([1, 2], pa.int64()), r"int64; it must be a list of integer token ids"),
+    (pa.array(["1 2", ""], pa.string()), r"string; it must be a list"),
+]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+@pytest.mark.parametrize("column, match", WRONG_TYPES)
+def test_non_integer_token_columns_are_rejected(tmp_path: Path, fmt: str, column: pa.Array, match: str):
+    table = pa.table({"input_ids": column})
+    path = str(tmp_path / f"s.{fmt}")
+    if fmt == "parquet":
+        pq.write_table(table, path)
+    else:
+        with paipc.new_file(path, table.schema) as writer:
+            writer.write_table(table)
+    with pytest.raises(InputError, match=rf"shard .*s\.{fmt} column 'input_ids' has type .*{match}"):
+        inspect_shard(path)
+
+
+@pytest.mark.parametrize("line", ['{"input_ids": ["a"]}', '{"input_ids": [1.5]}', '{"input_ids": [[1]]}', "[1, 2]", '{"input_ids": [1,'])
+def test_jsonl_non_integer_tokens_are_rejected(tmp_path: Path, line: str):
+    (tmp_path / "s.jsonl").write_text('{"input_ids": [1]}\n' + line + "\n")
+    with pytest.raises(InputError, match=r"shard .*s\.jsonl: cannot parse JSON Lines after document 0 \(.+\); each line must be one object"):
+        inspect_shard(str(tmp_path / "s.jsonl"))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "cut-footer", "zero-middle"])
+def test_damaged_parquet_names_the_file(tmp_path: Path, damage: str):
+    path = write_parquet(tmp_path / "s.parquet", DOCS * 20, row_group_size=10)
+    data = Path(path).read_bytes()
+    damaged = {
+        "truncate": data[: len(data) // 2],
+        "cut-footer": data[:-3],
+        "zero-middle": data[:4] + bytes(len(data) - 12) + data[-8:],  # footer length + magic intact
+    }[damage]
+    Path(path).write_bytes(damaged)
+    with pytest.raises(InputError, match=r"shard .*s\.parquet is not a readable Parquet file \(.+\); re-write or remove it"):
+        inspect_shard(path)
+
+
+def test_damaged_ipc_names_the_file(tmp_path: Path):
+    path = write_ipc(tmp_path / "s.arrow", DOCS)
+    Path(path).write_bytes(Path(path).read_bytes()[:40])
+    with pytest.raises(InputError, match=r"shard .*s\.arrow is not a readable Arrow IPC file or stream"):
+        inspect_shard(path)
+
+
+def test_inspect_errors_on_missing_file_and_unknown_suffix(tmp_path: Path):
+    with pytest.raises(InputError, match=r"input path not found: .*gone\.parquet"):
+        inspect_shard(str(tmp_path / "gone.parquet"))
+    with pytest.raises(InputError, match=r"shard .*x\.csv has an unknown suffix; accepted: \.parquet"):
+        inspect_shard(str(tmp_path / "x.csv"))
+
+
+# ---------------------------------------------------------------------------------------------
+# offsets and token types
+
+
+def _info(num_docs: int, num_tokens: int, token_type: str = "int32", path: str = "s") -> ShardInfo:
+    return ShardInfo(path, "parquet", num_docs, num_tokens, token_type, "parquet-footer")
+
+
+def test_plan_offsets_is_an_exclusive_cumulative_sum():
+    plan = plan_offsets([_info(3, 10), _info(0, 0), _info(2, 5), _info(1, 0)])
+    assert isinstance(plan, ShardPlan)
+    np.testing.assert_array_equal(plan.doc_offsets, [0, 3, 3, 5, 6])
+    np.testing.assert_array_equal(plan.token_offsets, [0, 10, 10, 15, 15])
+    assert plan.doc_offsets.dtype == plan.token_offsets.dtype == np.int64
+    assert (plan.num_docs, plan.num_tokens) == (6, 15)
+
+
+def test_plan_offsets_of_no_shards_and_of_huge_counts():
+    empty = plan_offsets([])
+    np.testing.assert_array_equal(empty.doc_offsets, [0])
+    assert empty.num_tokens == 0
+    big = plan_offsets([_info(2**31, 2**40), _info(2**31, 2**40)])
+    assert (big.num_docs, big.num_tokens) == (2**32, 2**41)
+
+
+def test_plan_offsets_rejects_negative_counts():
+    with pytest.raises(ValueError, match=r"counts must be >= 0"):
+        plan_offsets([_info(-1, 0)])
+
+
+@pytest.mark.parametrize(
+    "types, expected",
+    [
+        (["int32"], "int32"),
+        (["int32", "int64"], "int64"),
+        (["int16", "int8", "int16"], "int16"),
+        (["uint16", "uint8"], "uint16"),
+        (["uint16", "int32"], "int32"),
+        (["uint16", "int16"], "int32"),
+        (["uint8", "int8"], "int16"),
+        (["uint32", "int32"], "int64"),
+        (["uint32", "int8", "uint16"], "int64"),
+        (["uint64", "uint8"], "uint64"),
+        (["int64", "uint32"], "int64"),
+    ],
+)
+def test_common_token_type_holds_every_shard_type(types: list[str], expected: str):
+    infos = [_info(1, 1, t, f"s{i}") for i, t in enumerate(types)]
+    assert common_token_type(infos) == expected
+    for t in types:  # the claim, checked: every source range fits the common type
+        src, dst = np.iinfo(np.dtype(t)), np.iinfo(np.dtype(expected))
+        assert dst.min <= src.min and src.max <= dst.max
+
+
+def test_common_token_type_rejects_uint64_with_signed():
+    infos = [_info(1, 1, "int8", "a.parquet"), _info(1, 1, "uint64", "b.parquet"), _info(1, 1, "int32", "c.parquet")]
+    with pytest.raises(InputError, match=r"no integer type can hold both uint64 \(shard b\.parquet\) and int32 \(shard c\.parquet\) safely"):
+        common_token_type(infos)
+
+
+def test_common_token_type_needs_shards_and_integer_types():
+    with pytest.raises(InputError, match=r"no shards"):
+        common_token_type([])
+    with pytest.raises(ValueError, match=r"token_type='float32' is not an integer type"):
+        common_token_type([_info(1, 1, "float32")])
