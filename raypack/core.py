@@ -150,24 +150,55 @@ def _flatten_arrow(documents: pa.ListArray | pa.LargeListArray) -> tuple[np.ndar
 
 
 def _flatten_python(documents: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
-    arrays = [_as_token_array(doc, i) for i, doc in enumerate(documents)]
+    arrays, typed = zip(*(_as_token_array(doc, i) for i, doc in enumerate(documents))) if len(documents) else ((), ())
     lengths = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
-    typed = [a for a in arrays if a.size or a.dtype.kind in "iu"]
-    dtype = np.result_type(*typed) if typed else np.dtype(np.int64)
+    dtypes = [a.dtype for a, t in zip(arrays, typed) if t]
+    dtype = np.result_type(*dtypes) if dtypes else np.dtype(np.int64)
+    if dtype.kind == "f":  # uint64 with a signed type: numpy would promote to float64
+        raise TypeError("documents mix uint64 with signed integer dtypes; no integer dtype holds both")
     if not arrays:
         return np.zeros(0, dtype=dtype), lengths
     return np.concatenate(arrays).astype(dtype, copy=False), lengths
 
 
-def _as_token_array(doc: Any, index: int) -> np.ndarray:
-    array = np.asarray(doc)
+def _as_token_array(doc: Any, index: int) -> tuple[np.ndarray, bool]:
+    """One document as a 1-D integer array, and whether its dtype should shape the output's.
+
+    numpy arrays keep their dtype (empty ones too); Python sequences become int64, and an
+    empty one does not take part in choosing the dtype.
+    """
+    if isinstance(doc, np.ndarray):
+        if doc.ndim != 1:
+            raise TypeError(f"document {index} has shape {doc.shape}; each document must be a flat sequence of ints")
+        if doc.dtype.kind not in "iu":
+            raise TypeError(f"document {index} has tokens of dtype {doc.dtype} (e.g. {_first_bad_token(doc)!r}); "
+                            f"tokens must be integers")
+        return doc, True
+    try:
+        array = np.asarray(doc)
+    except ValueError as e:  # ragged nesting
+        raise TypeError(f"document {index} is not a flat sequence of ints: {e}") from e
     if array.ndim != 1:
         raise TypeError(f"document {index} has shape {array.shape}; each document must be a flat sequence of ints")
     if array.size == 0:
-        return array.astype(np.int64) if array.dtype.kind not in "iu" else array
-    if array.dtype.kind not in "iu":
-        raise TypeError(f"document {index} has tokens of dtype {array.dtype} (e.g. {array[0]!r}); tokens must be integers")
-    return array
+        return np.zeros(0, np.int64), False
+    if array.dtype.kind not in "iu" or array.dtype == np.uint64:
+        bad = _first_bad_token(doc)
+        if isinstance(bad, numbers.Integral) and not isinstance(bad, (bool, np.bool_)):
+            raise ValueError(f"document {index} holds token {bad}, which does not fit int64")
+        raise TypeError(f"document {index} holds token {bad!r} of type {type(bad).__name__}; tokens must be integers")
+    return array.astype(np.int64, copy=False), True
+
+
+def _first_bad_token(doc: Any) -> Any:
+    """The first element that is not an int64-sized integer (error path only)."""
+    int64 = np.iinfo(np.int64)
+    for token in doc:
+        if isinstance(token, (bool, np.bool_)) or not isinstance(token, numbers.Integral):
+            return token
+        if not int64.min <= token <= int64.max:
+            return token
+    return doc[0]
 
 
 # ----------------------------------------------------------------------------- segments
@@ -186,19 +217,22 @@ def _merge_runs(doc_ids: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, n
 def _cut_segments(
     doc_ids: np.ndarray, lengths: np.ndarray, context_length: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Split runs (starting at a chunk boundary) at every multiple of ``context_length``.
+    """Split non-empty runs (the first starting on a chunk boundary) at every multiple of C.
 
-    Returns ``(segment_starts, segment_doc_ids, segment_lengths)`` over the local stream;
-    segment_starts are int64 positions from 0.
+    Returns ``(segment_starts, segment_doc_ids, segment_lengths)`` over the local stream, in
+    order; starts are int64 positions from 0. O(runs + segments), no sort: run r starting at
+    s in chunk a and ending in chunk b becomes pieces starting at s, (a+1)C, ..., bC.
     """
-    run_starts = np.zeros(lengths.size, dtype=np.int64)
-    np.cumsum(lengths[:-1], out=run_starts[1:])
-    total = int(run_starts[-1] + lengths[-1]) if lengths.size else 0
-    boundaries = np.arange(0, total, context_length, dtype=np.int64)
-    starts = np.union1d(run_starts, boundaries)
-    owner = np.searchsorted(run_starts, starts, side="right") - 1
-    seg_lengths = np.diff(np.append(starts, total))
-    return starts, doc_ids[owner], seg_lengths.astype(np.int32)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    first_chunk = starts // context_length
+    pieces = (ends - 1) // context_length - first_chunk + 1
+    run_of_piece = np.repeat(np.arange(lengths.size), pieces)
+    piece_in_run = np.arange(run_of_piece.size) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    seg_starts = np.where(piece_in_run == 0, starts[run_of_piece],
+                          (first_chunk[run_of_piece] + piece_in_run) * context_length)
+    seg_ends = np.minimum(ends[run_of_piece], (seg_starts // context_length + 1) * context_length)
+    return seg_starts, doc_ids[run_of_piece], (seg_ends - seg_starts).astype(np.int32)
 
 
 # ----------------------------------------------------------------------------- streaming
@@ -275,6 +309,8 @@ class StreamPacker:
 
     def _to_dtype(self, tokens: np.ndarray) -> np.ndarray:
         _check_integer_dtype(tokens.dtype, "tokens")
+        if self.dtype is None and tokens.size == 0:
+            return tokens  # an empty batch does not decide the dtype
         if self.dtype is None:
             self.dtype = tokens.dtype
             validate_pad_token(self.pad_token, self.dtype)
@@ -424,4 +460,5 @@ def pack_sequences(
     chunks = concat_chunks(
         [packer.push_runs(tokens, lengths, doc_ids), packer.finish(pad=True)], context_length, tokens.dtype
     )
-    return chunks.input_ids, chunks.doc_ids()
+    input_ids = chunks.input_ids if chunks.input_ids.flags.writeable else chunks.input_ids.copy()
+    return input_ids, chunks.doc_ids()
