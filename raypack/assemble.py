@@ -18,7 +18,7 @@ from raypack.config import PackConfig
 from raypack.core import Chunks, Fragment, concat_chunks, stitch_fragments
 from raypack.output import FORMAT_VERSION, WrittenFile, chunk_schema, content_sha256, write_chunks_file
 from raypack.plan import Plan
-from raypack.shard_pack import PackSettings, ShardResult
+from raypack.tasks import PackSettings, ShardResult
 
 
 def stitch_boundaries(results: Sequence[ShardResult], plan: Plan, settings: PackSettings) -> list[tuple[int, Chunks]]:
@@ -92,5 +92,5 @@ def build_manifest(config: PackConfig, plan: Plan, files: list[WrittenFile], cou
             for s, t in zip(plan.shards, plan.tasks)
         ],
         "content_sha256": content_sha256(file_rows),
-        "config": config.to_dict(),
+        "config": config.output_dict(),
     }

@@ -29,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--read-batch-size", type=int, help="documents per record batch read")
     pack.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded local Ray)")
     pack.add_argument("--overwrite", action="store_true", default=None, help="replace a non-empty output directory")
+    pack.add_argument("--resume", action="store_true",
+                      help="finish an interrupted run: keep shards whose output verifies, pack the rest")
     pack.add_argument("--local", action="store_true", help="pack in this process, without Ray")
     return parser
 
@@ -46,9 +48,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run_pack(args: argparse.Namespace) -> int:
     from raypack.job import run_pack
 
-    overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config", "local")}
+    overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config", "local", "resume")}
     config = load_config(args.config, **overrides)
-    summary = run_pack(config, engine="local" if args.local else "ray")
+    summary = run_pack(config, engine="local" if args.local else "ray", resume=args.resume)
     print("\n".join(summary.lines()))
     return 0
 

@@ -13,6 +13,7 @@ import numpy as np
 from raypack.core import validate_context_length, validate_pad_token
 from raypack.errors import InputError
 
+OUTPUT_KEYS = ("inputs", "context_length", "pad_token", "token_column", "token_dtype", "chunks_per_record_batch")
 TOKEN_DTYPES = ("auto", "uint8", "uint16", "uint32", "int16", "int32", "int64")
 
 
@@ -56,6 +57,11 @@ class PackConfig:
                 raise ValueError(f"{name}={value!r} must be an integer >= 1")
         if not 0 < self.worker_num_cpus <= 64:
             raise ValueError(f"worker_num_cpus={self.worker_num_cpus!r} must be in (0, 64]")
+
+    def output_dict(self) -> dict[str, Any]:
+        """The keys that decide the output's bytes (workers, batch sizes, address do not)."""
+        full = self.to_dict()
+        return {k: full[k] for k in OUTPUT_KEYS}
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

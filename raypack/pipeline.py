@@ -20,7 +20,8 @@ import numpy as np
 import pyarrow as pa
 import ray
 
-from raypack.shard_pack import PackSettings, ShardResult, ShardTask, pack_shard, result_to_table, table_to_results
+from raypack.shard_pack import pack_shard
+from raypack.tasks import PackSettings, ShardResult, ShardTask, result_to_table, table_to_results
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import numpy as np
 from raypack.config import PackConfig
 from raypack.core import validate_pad_token
 from raypack.errors import InputError
-from raypack.shard_pack import PackSettings, ShardTask
+from raypack.tasks import PackSettings, ShardTask
 from raypack.shards import ShardInfo, common_token_type, discover_shards, inspect_shard, plan_offsets
 
 log = logging.getLogger(__name__)

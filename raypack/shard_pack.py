@@ -10,57 +10,16 @@ they are returned as :class:`~raypack.core.Fragment` s, each shorter than one ch
 from __future__ import annotations
 
 import resource
-from dataclasses import asdict, dataclass
-from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
 
-from raypack.core import Chunks, Fragment, StreamPacker
+from raypack.core import StreamPacker
 from raypack.errors import InputError
-from raypack.output import ChunkFileWriter, WrittenFile, chunk_schema
+from raypack.output import ChunkFileWriter, chunk_schema
 from raypack.readers import iter_token_batches
-
-
-@dataclass(frozen=True)
-class ShardTask:
-    """What a packer needs to pack one shard; decided by the driver before any packing."""
-
-    shard_index: int
-    path: str
-    format: str
-    doc_offset: int
-    token_offset: int
-    num_docs: int
-    num_tokens: int
-
-
-@dataclass(frozen=True)
-class PackSettings:
-    """The run-wide settings every packer shares."""
-
-    out_dir: str
-    context_length: int
-    pad_token: int
-    token_dtype: str
-    token_column: str
-    read_batch_size: int
-    chunks_per_record_batch: int
-
-
-@dataclass(frozen=True)
-class ShardResult:
-    shard_index: int
-    file: WrittenFile | None
-    head: Fragment | None
-    tail: Fragment | None
-    num_docs: int
-    num_nonempty_docs: int
-    num_tokens: int
-    num_split_docs: int
-    """Documents that cross at least one chunk boundary."""
-    peak_rss_bytes: int = 0
-    """The packing process's peak resident memory after this shard (for benchmarks)."""
+from raypack.resume import save_result
+from raypack.tasks import PackSettings, ShardResult, ShardTask
 
 
 def first_owned_chunk(token_offset: int, context_length: int) -> int:
@@ -85,8 +44,10 @@ def pack_shard(task: ShardTask, settings: PackSettings) -> ShardResult:
     except BaseException:
         writer.abort()
         raise
-    return ShardResult(task.shard_index, written, packer.head, packer.tail, counts["docs"],
-                       counts["nonempty"], counts["tokens"], counts["split"], peak_rss_bytes())
+    result = ShardResult(task.shard_index, written, packer.head, packer.tail, counts["docs"],
+                         counts["nonempty"], counts["tokens"], counts["split"], peak_rss_bytes())
+    save_result(task, settings, result, schema.field("input_ids").type.value_type)
+    return result
 
 
 def _stream_shard(task: ShardTask, settings: PackSettings, packer: StreamPacker, writer: ChunkFileWriter) -> dict[str, int]:
@@ -139,61 +100,3 @@ def _raise_changed(task: ShardTask, counts: dict[str, int]) -> None:
     )
 
 
-# ----------------------------------------------------------------------------- transport
-# A result travels from a packer actor to the driver as one Arrow row.
-
-_FRAGMENT_FIELDS = ("start", "input_ids", "segment_doc_ids", "segment_lengths")
-
-
-def result_to_table(result: ShardResult, token_type: pa.DataType) -> pa.Table:
-    row: dict[str, Any] = {
-        "shard_index": [result.shard_index],
-        "num_docs": [result.num_docs],
-        "num_nonempty_docs": [result.num_nonempty_docs],
-        "num_tokens": [result.num_tokens],
-        "num_split_docs": [result.num_split_docs],
-        "peak_rss_bytes": [result.peak_rss_bytes],
-        "file": [asdict_file(result.file)],
-    }
-    for name, frag in (("head", result.head), ("tail", result.tail)):
-        row[f"{name}_start"] = pa.array([None if frag is None else frag.start], pa.int64())
-        for field, typ in (("input_ids", token_type), ("segment_doc_ids", pa.int64()), ("segment_lengths", pa.int32())):
-            values = None if frag is None else pa.array(getattr(frag, field), typ)
-            row[f"{name}_{field}"] = pa.array([values], pa.list_(typ)) if values is not None else pa.array([None], pa.list_(typ))
-    return pa.table(row)
-
-
-def asdict_file(file: WrittenFile | None) -> dict[str, Any] | None:
-    return None if file is None else file._asdict()
-
-
-def table_to_results(table: pa.Table) -> Iterator[ShardResult]:
-    for row in range(table.num_rows):
-        get = lambda name: table.column(name)[row]  # noqa: E731
-        frags = {}
-        for name in ("head", "tail"):
-            start = get(f"{name}_start").as_py()
-            frags[name] = None if start is None else Fragment(
-                start,
-                *(_list_scalar_to_numpy(get(f"{name}_{field}")) for field in _FRAGMENT_FIELDS[1:]),
-            )
-        file = get("file").as_py()
-        yield ShardResult(
-            shard_index=get("shard_index").as_py(),
-            file=None if file is None else WrittenFile(**file),
-            head=frags["head"],
-            tail=frags["tail"],
-            num_docs=get("num_docs").as_py(),
-            num_nonempty_docs=get("num_nonempty_docs").as_py(),
-            num_tokens=get("num_tokens").as_py(),
-            num_split_docs=get("num_split_docs").as_py(),
-            peak_rss_bytes=get("peak_rss_bytes").as_py(),
-        )
-
-
-def _list_scalar_to_numpy(scalar: pa.ListScalar) -> np.ndarray:
-    return scalar.values.to_numpy(zero_copy_only=False)
-
-
-def task_to_dict(task: ShardTask) -> dict[str, Any]:
-    return asdict(task)

@@ -1,0 +1,114 @@
+"""What travels between the driver and the packers: tasks, settings, results, and the
+one-row Arrow form a result takes on its way back (no pickled objects)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from raypack.core import Fragment
+from raypack.output import WrittenFile
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """What a packer needs to pack one shard; decided by the driver before any packing."""
+
+    shard_index: int
+    path: str
+    format: str
+    doc_offset: int
+    token_offset: int
+    num_docs: int
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class PackSettings:
+    """The run-wide settings every packer shares."""
+
+    out_dir: str
+    context_length: int
+    pad_token: int
+    token_dtype: str
+    token_column: str
+    read_batch_size: int
+    chunks_per_record_batch: int
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    shard_index: int
+    file: WrittenFile | None
+    head: Fragment | None
+    tail: Fragment | None
+    num_docs: int
+    num_nonempty_docs: int
+    num_tokens: int
+    num_split_docs: int
+    """Documents that cross at least one chunk boundary."""
+    peak_rss_bytes: int = 0
+    """The packing process's peak resident memory after this shard (for benchmarks)."""
+
+
+# ----------------------------------------------------------------------------- transport
+# A result travels from a packer actor to the driver as one Arrow row.
+
+_FRAGMENT_FIELDS = ("start", "input_ids", "segment_doc_ids", "segment_lengths")
+
+
+def result_to_table(result: ShardResult, token_type: pa.DataType) -> pa.Table:
+    row: dict[str, Any] = {
+        "shard_index": [result.shard_index],
+        "num_docs": [result.num_docs],
+        "num_nonempty_docs": [result.num_nonempty_docs],
+        "num_tokens": [result.num_tokens],
+        "num_split_docs": [result.num_split_docs],
+        "peak_rss_bytes": [result.peak_rss_bytes],
+        "file": [asdict_file(result.file)],
+    }
+    for name, frag in (("head", result.head), ("tail", result.tail)):
+        row[f"{name}_start"] = pa.array([None if frag is None else frag.start], pa.int64())
+        for field, typ in (("input_ids", token_type), ("segment_doc_ids", pa.int64()), ("segment_lengths", pa.int32())):
+            values = None if frag is None else pa.array(getattr(frag, field), typ)
+            row[f"{name}_{field}"] = pa.array([values], pa.list_(typ)) if values is not None else pa.array([None], pa.list_(typ))
+    return pa.table(row)
+
+
+def asdict_file(file: WrittenFile | None) -> dict[str, Any] | None:
+    return None if file is None else file._asdict()
+
+
+def table_to_results(table: pa.Table) -> Iterator[ShardResult]:
+    for row in range(table.num_rows):
+        get = lambda name: table.column(name)[row]  # noqa: E731
+        frags = {}
+        for name in ("head", "tail"):
+            start = get(f"{name}_start").as_py()
+            frags[name] = None if start is None else Fragment(
+                start,
+                *(_list_scalar_to_numpy(get(f"{name}_{field}")) for field in _FRAGMENT_FIELDS[1:]),
+            )
+        file = get("file").as_py()
+        yield ShardResult(
+            shard_index=get("shard_index").as_py(),
+            file=None if file is None else WrittenFile(**file),
+            head=frags["head"],
+            tail=frags["tail"],
+            num_docs=get("num_docs").as_py(),
+            num_nonempty_docs=get("num_nonempty_docs").as_py(),
+            num_tokens=get("num_tokens").as_py(),
+            num_split_docs=get("num_split_docs").as_py(),
+            peak_rss_bytes=get("peak_rss_bytes").as_py(),
+        )
+
+
+def _list_scalar_to_numpy(scalar: pa.ListScalar) -> np.ndarray:
+    return scalar.values.to_numpy(zero_copy_only=False)
+
+
+def task_to_dict(task: ShardTask) -> dict[str, Any]:
+    return asdict(task)
