@@ -32,6 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--resume", action="store_true",
                       help="finish an interrupted run: keep shards whose output verifies, pack the rest")
     pack.add_argument("--local", action="store_true", help="pack in this process, without Ray")
+    verify = commands.add_parser("verify", help="audit a packed output against its manifest and its inputs")
+    verify.add_argument("output", metavar="OUT", help="packed output directory")
+    verify.add_argument("--input", dest="inputs", action="append", metavar="PATH",
+                        help="input shards to compare with (default: the manifest's shards, if present)")
+    verify.add_argument("--no-inputs", action="store_true", help="check the output alone")
+    verify.add_argument("--token-column", help="token column of the inputs (default: the manifest's)")
     return parser
 
 
@@ -39,10 +45,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        return _run_pack(args)
+        return _run_verify(args) if args.command == "verify" else _run_pack(args)
     except InputError as e:
         print(f"raypack: error: {e}", file=sys.stderr)
         return 2
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from raypack.verify import VerifyError, verify_output
+
+    inputs = [] if args.no_inputs else args.inputs
+    try:
+        report = verify_output(args.output, inputs, token_column=args.token_column)
+    except VerifyError as e:
+        print(f"raypack: verify failed: {e}", file=sys.stderr)
+        return 1
+    print("\n".join(report.lines()))
+    return 0
 
 
 def _run_pack(args: argparse.Namespace) -> int:

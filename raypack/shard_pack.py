@@ -14,10 +14,10 @@ import resource
 import numpy as np
 import pyarrow as pa
 
-from raypack.core import StreamPacker
+from raypack.core import StreamPacker, flatten_documents
 from raypack.errors import InputError
 from raypack.output import ChunkFileWriter, chunk_schema
-from raypack.readers import iter_token_batches
+from raypack.readers import check_tokens_fit, iter_token_batches
 from raypack.resume import save_result
 from raypack.tasks import PackSettings, ShardResult, ShardTask
 
@@ -62,7 +62,9 @@ def _stream_shard(task: ShardTask, settings: PackSettings, packer: StreamPacker,
         _check_not_past_plan(task, counts)
         try:
             chunks = packer.push(docs, task.doc_offset + first_row)
-        except ValueError as e:  # a token that does not fit the output dtype
+        except ValueError as e:  # a token that does not fit the output dtype: name its row
+            tokens, lengths = flatten_documents(docs)
+            check_tokens_fit(tokens, lengths, settings.token_dtype, path=task.path, first_row=first_row)
             raise InputError(f"shard {task.path} rows {first_row}..{first_row + len(docs) - 1}: {e}") from e
         if chunks.num_chunks:
             writer.write(chunks)

@@ -1,0 +1,179 @@
+"""Every kind of bad input, through the CLI: one line on stderr naming the file, row and
+value, exit code 2, and nothing written (no output, no staging directory)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from raypack.cli import main
+
+
+def write_parquet(path, docs, type=pa.list_(pa.int32()), column="input_ids"):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    pq.write_table(pa.table({column: pa.array(docs, type)}), path)
+    return str(path)
+
+
+@pytest.fixture
+def shards(tmp_path):
+    d = tmp_path / "in"
+    write_parquet(d / "a.parquet", [[1, 2, 3], [4]])
+    write_parquet(d / "b.parquet", [[5, 6], [], [7, 8, 9]])
+    return d
+
+
+def run(capsys, tmp_path, *args, expect=2):
+    out = tmp_path / "out"
+    code = main(["pack", "--local", "--output", str(out), "--context-length", "4", "--pad-token", "0", *args])
+    err = capsys.readouterr().err.strip()
+    assert code == expect, err
+    if expect == 2:
+        assert len(err.splitlines()) == 1, err
+        assert err.startswith("raypack: error: ")
+        assert not out.exists()
+        assert not [p for p in os.listdir(tmp_path) if "raypack-staging" in p]
+    return err
+
+
+def test_good_input_passes(capsys, tmp_path, shards):
+    run(capsys, tmp_path, "--input", str(shards), expect=0)
+
+
+def test_missing_path(capsys, tmp_path):
+    err = run(capsys, tmp_path, "--input", str(tmp_path / "nope.parquet"))
+    assert "nope.parquet" in err and "not found" in err
+
+
+def test_glob_matching_nothing(capsys, tmp_path, shards):
+    err = run(capsys, tmp_path, "--input", str(shards / "*.jsonl"))
+    assert "*.jsonl" in err and "matched no" in err
+
+
+def test_truncated_parquet(capsys, tmp_path, shards):
+    path = shards / "b.parquet"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    err = run(capsys, tmp_path, "--input", str(shards))
+    assert "b.parquet" in err
+
+
+def test_missing_token_column_lists_the_columns(capsys, tmp_path):
+    path = write_parquet(tmp_path / "in" / "x.parquet", [[1]], column="tokens")
+    err = run(capsys, tmp_path, "--input", path)
+    assert "x.parquet" in err and "input_ids" in err and "tokens" in err
+
+
+@pytest.mark.parametrize("docs,type,word", [
+    ([["a", "b"]], pa.list_(pa.string()), "string"),
+    ([[1.5]], pa.list_(pa.float64()), "double"),
+    ([[[1, 2]]], pa.list_(pa.list_(pa.int32())), "list"),
+])
+def test_wrong_token_types(capsys, tmp_path, docs, type, word):
+    path = write_parquet(tmp_path / "in" / "x.parquet", docs, type)
+    err = run(capsys, tmp_path, "--input", path)
+    assert "x.parquet" in err and word in err
+
+
+def test_null_row(capsys, tmp_path):
+    path = write_parquet(tmp_path / "in" / "x.parquet", [[1, 2], [3], None, [4]])
+    err = run(capsys, tmp_path, "--input", path)
+    assert "x.parquet" in err and "row 2" in err and "null" in err
+
+
+def test_negative_token(capsys, tmp_path):
+    path = write_parquet(tmp_path / "in" / "x.parquet", [[1, 2], [3, -7]])
+    err = run(capsys, tmp_path, "--input", path)
+    assert "x.parquet" in err and "row 1" in err and "-7" in err
+
+
+def test_token_overflowing_the_output_dtype(capsys, tmp_path):
+    path = write_parquet(tmp_path / "in" / "x.parquet", [[1, 2], [3], [70000]])
+    err = run(capsys, tmp_path, "--input", path, "--token-dtype", "uint16")
+    assert "x.parquet" in err and "row 2" in err and "70000" in err and "uint16" in err
+
+
+def test_pad_token_out_of_range(capsys, tmp_path, shards):
+    out = tmp_path / "out"
+    code = main(["pack", "--local", "--input", str(shards), "--output", str(out), "--context-length", "4",
+                 "--pad-token", str(2**40)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and str(2**40) in err and "int32" in err and not out.exists()
+
+
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_bad_context_length(capsys, tmp_path, shards, value):
+    out = tmp_path / "out"
+    code = main(["pack", "--local", "--input", str(shards), "--output", str(out), "--context-length", value,
+                 "--pad-token", "0"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and f"context_length={value}" in err and not out.exists()
+
+
+def test_non_integer_context_length_in_config(capsys, tmp_path, shards):
+    config = tmp_path / "c.toml"
+    config.write_text("context_length = 2.5\npad_token = 0\n")
+    code = main(["pack", "--local", "--config", str(config), "--input", str(shards), "--output", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "context_length=2.5" in err and "c.toml" in err
+
+
+def test_unknown_config_key_lists_valid_ones(capsys, tmp_path, shards):
+    config = tmp_path / "c.toml"
+    config.write_text("context_length = 8\ncontext_lenght = 9\n")
+    code = main(["pack", "--local", "--config", str(config), "--input", str(shards), "--output", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "context_lenght" in err and "valid keys are" in err and "pad_token" in err
+
+
+def test_mixed_token_dtypes_are_widened_safely(capsys, tmp_path):
+    d = tmp_path / "in"
+    write_parquet(d / "a.parquet", [[1, 2]], pa.list_(pa.int32()))
+    write_parquet(d / "b.parquet", [[2**40]], pa.list_(pa.int64()))
+    run(capsys, tmp_path, "--input", str(d), expect=0)
+    from raypack.reader import read_packed
+
+    ds = read_packed(str(tmp_path / "out"))
+    assert ds[0]["input_ids"].dtype == np.int64 and ds[0]["input_ids"][2] == 2**40
+
+
+def test_mixed_token_dtypes_that_no_type_holds_are_refused(capsys, tmp_path):
+    d = tmp_path / "in"
+    write_parquet(d / "a.parquet", [[1, 2]], pa.list_(pa.int32()))
+    write_parquet(d / "b.parquet", [[2**63]], pa.list_(pa.uint64()))
+    err = run(capsys, tmp_path, "--input", str(d))
+    assert "uint64" in err and "int32" in err
+
+
+def test_output_inside_an_input_directory(capsys, tmp_path, shards):
+    out = shards / "packed"
+    code = main(["pack", "--local", "--input", str(shards), "--output", str(out), "--context-length", "4",
+                 "--pad-token", "0"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "inside the input directory" in err and not out.exists()
+
+
+def test_non_empty_output_without_overwrite(capsys, tmp_path, shards):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    code = main(["pack", "--local", "--input", str(shards), "--output", str(out), "--context-length", "4",
+                 "--pad-token", "0"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "--overwrite" in err and (out / "keep.txt").exists()
+
+
+def test_verify_exit_codes(capsys, tmp_path, shards):
+    run(capsys, tmp_path, "--input", str(shards), expect=0)
+    assert main(["verify", str(tmp_path / "out")]) == 0
+    victim = sorted((tmp_path / "out").glob("chunks-*.arrow"))[0]
+    data = bytearray(victim.read_bytes())
+    data[-100] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "out")]) == 1
+    assert "sha256" in capsys.readouterr().err
