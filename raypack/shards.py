@@ -296,7 +296,7 @@ def token_value_type(schema: pa.Schema, column: str, path: str) -> pa.DataType:
 def open_parquet(source: pa.NativeFile, path: str) -> pq.ParquetFile:
     """``ParquetFile`` over ``source``; a corrupt or truncated file raises InputError."""
     try:
-        return pq.ParquetFile(source)
+        return pq.ParquetFile(source, pre_buffer=False, buffer_size=1 << 20)
     except (pa.ArrowException, OSError) as e:
         raise InputError(
             f"shard {path} is not a readable Parquet file ({_msg(e)}); re-write or remove it"
