@@ -40,6 +40,8 @@ class Summary:
     """Wall time of planning, packing and publishing (Ray start-up excluded)."""
     peak_worker_rss_bytes: int = 0
     """The largest peak resident memory of any packing process."""
+    pack_seconds: float = 0.0
+    """From the first shard's start to the last shard's end (excludes engine start-up)."""
 
     def lines(self) -> list[str]:
         c = self.manifest["counts"]
@@ -55,7 +57,9 @@ class Summary:
             f"  padding          {c['padding_positions']:>14,}  ({pad_pct:.3f}% of positions)",
             f"  split documents  {c['split_documents']:>14,}  ({split_pct:.2f}% of documents)",
             f"  files            {len(self.manifest['files']):>14,}",
-            f"  time             {self.seconds:>14.2f}s  ({rate / 1e6:,.1f}M tokens/s)",
+            f"  time             {self.seconds:>14.2f}s  ({rate / 1e6:,.1f}M tokens/s, start-up included)",
+            f"  packing          {self.pack_seconds:>14.2f}s  (first shard start to last shard end)",
+            f"  peak packer RSS  {self.peak_worker_rss_bytes / 2**20:>14,.0f} MiB",
         ]
 
 
@@ -77,8 +81,13 @@ def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False) -
     except BaseException as e:
         _after_failure(e, staging)
         raise
-    peak = max((r.peak_rss_bytes for r in results), default=0)
-    return Summary(config.output, manifest, time.perf_counter() - start, peak)
+    return Summary(config.output, manifest, time.perf_counter() - start,
+                   max((r.peak_rss_bytes for r in results), default=0), _pack_seconds(results))
+
+
+def _pack_seconds(results: list[ShardResult]) -> float:
+    timed = [r for r in results if r.finished_at]
+    return max(r.finished_at for r in timed) - min(r.started_at for r in timed) if timed else 0.0
 
 
 def _pack_into(staging: str, config: PackConfig, plan: Plan, engine: str, resume: bool) -> tuple[dict, list[ShardResult]]:

@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import uuid
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pyarrow as pa
 
@@ -66,7 +66,7 @@ def load_verified_result(task: ShardTask, settings: PackSettings) -> ShardResult
     (result,) = table_to_results(table)
     if result.file is not None and not _file_intact(settings.out_dir, result.file.path, result.file.sha256):
         return None
-    return result
+    return replace(result, started_at=0.0, finished_at=0.0)  # not packed by this run
 
 
 def _file_intact(out_dir: str, name: str, sha256: str) -> bool:

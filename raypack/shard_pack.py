@@ -10,6 +10,7 @@ they are returned as :class:`~raypack.core.Fragment` s, each shorter than one ch
 from __future__ import annotations
 
 import resource
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +29,7 @@ def first_owned_chunk(token_offset: int, context_length: int) -> int:
 
 def pack_shard(task: ShardTask, settings: PackSettings) -> ShardResult:
     """Pack ``task``'s shard; its file is published by rename only when complete."""
+    started_at = time.time()
     c = settings.context_length
     dtype = np.dtype(settings.token_dtype)
     packer = StreamPacker(c, settings.pad_token, start_position=task.token_offset, dtype=dtype)
@@ -45,7 +47,8 @@ def pack_shard(task: ShardTask, settings: PackSettings) -> ShardResult:
         writer.abort()
         raise
     result = ShardResult(task.shard_index, written, packer.head, packer.tail, counts["docs"],
-                         counts["nonempty"], counts["tokens"], counts["split"], peak_rss_bytes())
+                         counts["nonempty"], counts["tokens"], counts["split"], peak_rss_bytes(),
+                         started_at, time.time())
     save_result(task, settings, result, schema.field("input_ids").type.value_type)
     return result
 

@@ -51,6 +51,9 @@ class ShardResult:
     num_split_docs: int
     """Documents that cross at least one chunk boundary."""
     peak_rss_bytes: int = 0
+    started_at: float = 0.0
+    """Wall-clock start and end of packing this shard (for the summary, not the output)."""
+    finished_at: float = 0.0
     """The packing process's peak resident memory after this shard (for benchmarks)."""
 
 
@@ -68,6 +71,8 @@ def result_to_table(result: ShardResult, token_type: pa.DataType) -> pa.Table:
         "num_tokens": [result.num_tokens],
         "num_split_docs": [result.num_split_docs],
         "peak_rss_bytes": [result.peak_rss_bytes],
+        "started_at": [result.started_at],
+        "finished_at": [result.finished_at],
         "file": [asdict_file(result.file)],
     }
     for name, frag in (("head", result.head), ("tail", result.tail)):
@@ -103,6 +108,8 @@ def table_to_results(table: pa.Table) -> Iterator[ShardResult]:
             num_tokens=get("num_tokens").as_py(),
             num_split_docs=get("num_split_docs").as_py(),
             peak_rss_bytes=get("peak_rss_bytes").as_py(),
+            started_at=get("started_at").as_py(),
+            finished_at=get("finished_at").as_py(),
         )
 
 

@@ -1,0 +1,430 @@
+"""Feeding packed output to a PyTorch training loop (the optional ``torch`` extra).
+
+    pip install "raypack[torch]"
+
+``raypack/__init__.py`` does not import this module; torch stays out of the core install.
+
+Pieces (docs/TRAINING.md shows each in a loop):
+  * :class:`PackedTorchDataset`: a map-style ``torch.utils.data.Dataset`` over
+    :func:`raypack.read_packed`; item ``i`` is chunk ``i`` as numpy arrays.
+  * :func:`collate_packed` / :func:`make_collate_fn`: a list of chunks -> one training batch;
+    :func:`build_batch` does the same from (B, L) arrays.
+  * :func:`iter_ray_batches`: the streaming path, batches from a ``ray.data.Dataset`` of
+    chunks with the attention information built per batch, in the consuming process.
+  * :func:`build_block_mask` / :func:`document_mask_mod`: the FlexAttention form.
+
+A batch (``B`` chunks of ``L`` positions) is a dict of CPU tensors:
+
+  ``input_ids``     (B, L) int64    the tokens.
+  ``doc_ids``       (B, L) int64    global document id per position, -1 on padding.
+  ``labels``        (B, L) int64    ``input_ids`` with -100 where ``doc_ids == -1``. The model
+                                    shifts (logits[:, i] is scored against labels[:, i + 1]),
+                                    as Hugging Face causal LMs do. With
+                                    ``mask_boundary_labels=True`` the first token of every
+                                    segment that starts after another document in the row is
+                                    also -100, so no position learns to predict the next
+                                    document's first token (the usual packing caveat).
+  ``position_ids``  (B, L) int64    0 at the start of every segment, +1 per position
+                                    (``raypack.masks.position_ids``). A document continuing
+                                    from the previous chunk restarts at 0 in the new chunk,
+                                    which matches what its mask lets it see.
+
+plus the attention information, in the form asked for (``attention=``):
+
+  ``"additive"``  ``attention_mask`` (B, L, L) float (default float32): 0.0 allowed, -inf
+                  elsewhere; ``raypack.masks.build_intra_document_mask``. O(L^2) per chunk.
+  ``"bool"``      ``attention_mask`` (B, L, L) bool, True allowed; ``build_bool_mask``. O(L^2).
+  ``"varlen"``    ``cu_seqlens`` (S + 1,) int32 over the flattened (B * L,) batch and
+                  ``max_seqlen`` (int), flash-attn style; ``raypack.masks.cu_seqlens``. O(L).
+  ``"flex"``      ``block_mask``: a FlexAttention ``BlockMask`` (B, 1, L, L) whose mask_mod is
+                  the rule over ``doc_ids`` (:func:`build_block_mask`). O(L + L^2 / block^2).
+
+All four follow the one mask rule of :mod:`raypack.masks` (j <= i, same doc id, not padding);
+tests/test_torch_data.py checks each against it with real kernels. Padding rows allow
+nothing: see ``padding_attends_self`` in :func:`build_batch` and docs/TRAINING.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import operator
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask
+
+from raypack.masks import (
+    PAD_ID,
+    build_bool_mask,
+    build_intra_document_mask,
+    cu_seqlens,
+    position_ids,
+)
+from raypack.reader import PackedDataset, read_packed
+
+__all__ = [
+    "ATTENTION_FORMS",
+    "IGNORE_INDEX",
+    "PackedTorchDataset",
+    "build_batch",
+    "build_block_mask",
+    "collate_packed",
+    "document_mask_mod",
+    "iter_ray_batches",
+    "make_collate_fn",
+]
+
+log = logging.getLogger(__name__)
+
+ATTENTION_FORMS = ("additive", "bool", "varlen", "flex")
+IGNORE_INDEX = -100
+"""Label of positions excluded from the loss (``torch.nn.functional.cross_entropy``'s default)."""
+DEFAULT_BLOCK_SIZE = 128
+"""FlexAttention's default sparse block size."""
+
+_NUMPY_MASK_DTYPES = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
+_MASK_DTYPES = (*_NUMPY_MASK_DTYPES, torch.bfloat16)
+
+
+# ----------------------------------------------------------------------------- dataset
+
+
+class PackedTorchDataset(torch.utils.data.Dataset):
+    """Map-style dataset over a packed output directory (or an open :class:`PackedDataset`).
+
+    ``ds[i]`` -> ``{"input_ids": (L,) token dtype, "doc_ids": (L,) int64}`` numpy arrays
+    (read-only views of the memory-mapped file where possible; :func:`collate_packed` copies
+    them into the batch). Use it with ``collate_fn=make_collate_fn(attention)``. Pickles
+    without its open files, so DataLoader workers (fork or spawn) reopen them.
+    """
+
+    def __init__(self, source: str | PackedDataset) -> None:
+        self.packed = source if isinstance(source, PackedDataset) else read_packed(source)
+
+    @property
+    def context_length(self) -> int:
+        return self.packed.context_length
+
+    @property
+    def pad_token(self) -> int:
+        return self.packed.pad_token
+
+    def __len__(self) -> int:
+        return len(self.packed)
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        return self.packed[index]
+
+    def __repr__(self) -> str:
+        return f"PackedTorchDataset({self.packed!r})"
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+def collate_packed(samples: Iterable[Mapping[str, Any]], attention: str = "additive", **options: Any) -> dict[str, Any]:
+    """Stack chunks into one batch: see the module docstring for the keys.
+
+    samples: chunks with ``input_ids`` (L,) and either dense ``doc_ids`` (L,) (what
+             :class:`PackedTorchDataset` gives) or ``segment_doc_ids`` + ``segment_lengths``
+             (a row of the chunk files, e.g. from Hugging Face ``datasets``). numpy arrays,
+             tensors or lists.
+    attention, options: as :func:`build_batch`.
+    """
+    samples = list(samples)
+    if not samples:
+        raise ValueError("collate_packed got no samples; a batch needs at least one chunk")
+    input_ids = np.stack([np.asarray(s["input_ids"]) for s in samples])
+    doc_ids = np.stack([_dense_doc_ids(s) for s in samples])
+    return build_batch(input_ids, doc_ids, attention, **options)
+
+
+def make_collate_fn(attention: str = "additive", **options: Any) -> Callable[[list], dict[str, Any]]:
+    """``collate_packed`` with its options bound, checked now; picklable for DataLoader workers."""
+    _check_options(attention, **options)
+    return functools.partial(collate_packed, attention=attention, **options)
+
+
+def build_batch(
+    input_ids: npt.ArrayLike,
+    doc_ids: npt.ArrayLike,
+    attention: str = "additive",
+    *,
+    mask_dtype: torch.dtype = torch.float32,
+    mask_boundary_labels: bool = False,
+    padding_attends_self: bool = False,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+) -> dict[str, Any]:
+    """One training batch from (B, L) tokens and doc ids (-1 on padding).
+
+    attention:            "additive", "bool", "varlen" or "flex" (module docstring).
+    mask_dtype:           float dtype of the additive mask: torch.float16/32/64 or bfloat16
+                          (built as float32, then cast).
+    mask_boundary_labels: also set labels to -100 on the first token of each segment that
+                          starts inside the row after another document.
+    padding_attends_self: dense forms only: allow padding row i to attend to itself
+                          (``mask[b, i, i]`` = 0.0 / True), so even a hand-written
+                          ``softmax(scores + mask)`` has no all-masked row (NaN). Real rows
+                          are unchanged; padding is -100 in ``labels`` either way.
+    block_size:           FlexAttention sparse block size ("flex" only).
+    Returns: a dict of CPU tensors (``max_seqlen`` is an int, ``block_mask`` a BlockMask).
+    """
+    _check_options(attention, mask_dtype=mask_dtype, block_size=block_size)
+    tokens, docs = _as_batch(input_ids, doc_ids)
+    batch = {
+        "input_ids": torch.from_numpy(tokens.astype(np.int64)),
+        "doc_ids": torch.from_numpy(docs),
+        "labels": torch.from_numpy(labels_for(tokens, docs, mask_boundary_labels=mask_boundary_labels)),
+        "position_ids": torch.from_numpy(position_ids(docs)),
+    }
+    if attention in ("additive", "bool"):
+        batch["attention_mask"] = _dense_mask(docs, attention, mask_dtype, padding_attends_self)
+    elif attention == "varlen":
+        info = cu_seqlens(docs)
+        batch["cu_seqlens"], batch["max_seqlen"] = torch.from_numpy(info.cu_seqlens), info.max_seqlen
+    else:
+        batch["block_mask"] = build_block_mask(docs, block_size=block_size)
+    return batch
+
+
+def labels_for(input_ids: np.ndarray, doc_ids: np.ndarray, *, mask_boundary_labels: bool = False) -> np.ndarray:
+    """(B, L) int64: ``input_ids``, -100 on padding (and on in-row document starts if asked)."""
+    labels = input_ids.astype(np.int64)
+    ignored = doc_ids == PAD_ID
+    if mask_boundary_labels:
+        ignored[:, 1:] |= doc_ids[:, 1:] != doc_ids[:, :-1]
+    labels[ignored] = IGNORE_INDEX
+    return labels
+
+
+def _dense_mask(docs: np.ndarray, attention: str, mask_dtype: torch.dtype, padding_attends_self: bool) -> torch.Tensor:
+    """(B, L, L) additive or boolean mask of the rule, as a tensor sharing the numpy buffer."""
+    if attention == "bool":
+        mask, allow = torch.from_numpy(build_bool_mask(docs)), True
+    else:
+        np_dtype = _NUMPY_MASK_DTYPES.get(mask_dtype, np.float32)
+        mask, allow = torch.from_numpy(build_intra_document_mask(docs, dtype=np_dtype)), 0.0
+        mask = mask.to(mask_dtype)
+    if padding_attends_self:
+        rows, cols = torch.from_numpy(docs == PAD_ID).nonzero(as_tuple=True)
+        mask[rows, cols, cols] = allow
+    return mask
+
+
+def _dense_doc_ids(sample: Mapping[str, Any]) -> np.ndarray:
+    """(L,) doc ids of one chunk given densely or as segments."""
+    if "doc_ids" in sample:
+        return np.asarray(sample["doc_ids"])
+    try:
+        return np.repeat(np.asarray(sample["segment_doc_ids"], dtype=np.int64),
+                         np.asarray(sample["segment_lengths"], dtype=np.int64))
+    except KeyError as e:
+        raise ValueError(
+            f"a sample has keys {sorted(sample)}; it needs input_ids and either doc_ids or "
+            "segment_doc_ids + segment_lengths (a PackedTorchDataset item or a chunk-file row)"
+        ) from e
+
+
+def _as_batch(input_ids: npt.ArrayLike, doc_ids: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """(B, L) integer tokens and (B, L) int64 doc ids, or raise."""
+    tokens, docs = np.asarray(input_ids), _as_doc_ids(doc_ids)
+    if tokens.shape != docs.shape:
+        raise ValueError(f"input_ids has shape {tokens.shape} and doc_ids {docs.shape}; they must match")
+    if tokens.dtype.kind not in "iu":
+        raise TypeError(f"input_ids has dtype {tokens.dtype}; it must be an integer dtype")
+    return tokens, docs
+
+
+def _as_doc_ids(doc_ids: npt.ArrayLike) -> np.ndarray:
+    """(B, L) int64 doc ids, or raise (the input rules of raypack.masks, batches only)."""
+    docs = np.asarray(doc_ids)
+    if docs.ndim != 2:
+        raise ValueError(f"doc_ids has shape {docs.shape}; it must be (B, L), one row per chunk")
+    if docs.dtype.kind not in "iu":
+        raise TypeError(f"doc_ids has dtype {docs.dtype}; it must be an integer dtype, -1 marking padding")
+    docs = np.array(docs, dtype=np.int64)  # a copy: the batch's tensors never alias the caller's arrays
+    if docs.size and docs.min() < PAD_ID:
+        raise ValueError(f"doc_ids contains {docs.min()}; ids must be >= 0, or -1 for padding")
+    return docs
+
+
+def _check_options(attention: str, *, mask_dtype: torch.dtype = torch.float32, block_size: int = DEFAULT_BLOCK_SIZE,
+                   **others: Any) -> None:
+    """Raise for an unknown form, option or value (so make_collate_fn fails at once, not in a worker)."""
+    if attention not in ATTENTION_FORMS:
+        raise ValueError(f"attention={attention!r} is not a form raypack builds; use one of {', '.join(ATTENTION_FORMS)}")
+    unknown = sorted(set(others) - {"mask_boundary_labels", "padding_attends_self"})
+    if unknown:
+        raise TypeError(f"unknown option(s) {', '.join(unknown)}; build_batch takes mask_dtype, "
+                        "mask_boundary_labels, padding_attends_self and block_size")
+    if mask_dtype not in _MASK_DTYPES:
+        raise TypeError(f"mask_dtype={mask_dtype!r} cannot hold an additive mask; use torch.float32, "
+                        "float16, bfloat16 or float64")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size={block_size!r} must be an integer >= 1 (FlexAttention's default is 128)")
+
+
+# ----------------------------------------------------------------------------- FlexAttention
+
+
+def document_mask_mod(doc_ids: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """The module rule as a FlexAttention mask_mod over a (B, L') int64 ``doc_ids`` tensor.
+
+    ``mask_mod(b, h, q_idx, kv_idx)`` is ``kv_idx <= q_idx & doc[b, q_idx] == doc[b, kv_idx]
+    & doc[b, q_idx] != -1``. A ``functools.partial`` of a module function, so a BlockMask
+    holding it pickles (DataLoader workers can return one).
+    """
+    return functools.partial(_document_mask, doc_ids)
+
+
+def _document_mask(doc_ids: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor,
+                   kv_idx: torch.Tensor) -> torch.Tensor:
+    doc_q = doc_ids[b, q_idx]
+    return (kv_idx <= q_idx) & (doc_q == doc_ids[b, kv_idx]) & (doc_q != PAD_ID)
+
+
+def build_block_mask(doc_ids: npt.ArrayLike, block_size: int = DEFAULT_BLOCK_SIZE) -> BlockMask:
+    """FlexAttention ``BlockMask`` (B, 1, L, L) of the module rule for (B, L) ``doc_ids``.
+
+    Built from per-block document ranges, never evaluating the L x L pairs:
+      1. Per position, the start of its segment: ``s = arange(L) - position_ids``. A real
+         row i allows exactly the columns [s(i), i] when every doc id is one contiguous run
+         per row (what packing produces); ``s`` is non-decreasing along the row.
+      2. Per q block: the smallest and largest ``s`` of its real rows, and whether all its
+         rows are real. O(L).
+      3. Per (q block, kv block), with kv block [k0, k1): some pair allowed iff kb <= qb and
+         min s < k1; every pair allowed (a "full" block, no mask_mod call in the kernel) iff
+         all rows are real, the kv block is whole, max s <= k0 and k1 - 1 <= q block start.
+         The rest of the non-empty blocks are "partial". O(B * (L / block)^2).
+      4. Order the block indices as FlexAttention does (``BlockMask.from_kv_blocks``).
+    The mask_mod is :func:`document_mask_mod`, evaluated by the kernel on partial blocks only.
+
+    Ids that occur in two runs of one row (never produced by packing) fall back to
+    ``create_block_mask``, which evaluates the mask_mod on all B * L * L pairs.
+    Returns a BlockMask on the CPU; move it with ``block_mask.to(device)``.
+    """
+    _check_options("flex", block_size=block_size)
+    docs = _as_doc_ids(doc_ids)
+    num_rows, size = docs.shape
+    if size == 0:
+        raise ValueError("doc_ids has 0 positions per row; a BlockMask needs L >= 1")
+    num_blocks = -(-size // block_size)
+    padded = np.full((num_rows, num_blocks * block_size), PAD_ID, dtype=np.int64)
+    padded[:, :size] = docs
+    mask_mod = document_mask_mod(torch.from_numpy(padded))
+    if not _runs_are_documents(docs):
+        log.debug("doc ids are not one run per document; evaluating the mask_mod densely")
+        return create_block_mask(mask_mod, num_rows, 1, size, size, device="cpu", BLOCK_SIZE=block_size)
+    partial, full = _document_blocks(docs, block_size)
+    kv_num_blocks, kv_indices = _ordered_blocks(partial)
+    full_num_blocks, full_indices = _ordered_blocks(full)
+    return BlockMask.from_kv_blocks(kv_num_blocks, kv_indices, full_num_blocks, full_indices,
+                                    BLOCK_SIZE=block_size, mask_mod=mask_mod, seq_lengths=(size, size))
+
+
+def _document_blocks(docs: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(B, nQ, nKV) bool partial and full blocks of the rule (steps 1-3 of build_block_mask)."""
+    num_rows, size = docs.shape
+    num_blocks = -(-size // block_size)
+    real = docs != PAD_ID
+    starts = np.arange(size, dtype=np.int64) - position_ids(docs)
+    lowest, highest = _block_reduce(np.where(real, starts, size), size, np.min, block_size), \
+        _block_reduce(np.where(real, starts, -1), -1, np.max, block_size)
+    all_real = _block_reduce(real, False, np.all, block_size)
+    block_starts = np.arange(num_blocks, dtype=np.int64) * block_size
+    kv_ends = np.minimum(block_starts + block_size, size)
+    q_first, kv_first, kv_last = block_starts[:, None], block_starts[None, :], kv_ends[None, :] - 1
+    causal = kv_first <= q_first
+    partial = causal & (lowest[:, :, None] <= kv_last)
+    full = (all_real[:, :, None] & (kv_ends - block_starts == block_size)[None, :]
+            & (highest[:, :, None] <= kv_first) & (kv_last <= q_first))
+    return partial & ~full, full
+
+
+def _block_reduce(values: np.ndarray, fill: Any, reduce: Callable, block_size: int) -> np.ndarray:
+    """(B, L) -> (B, nQ): ``reduce`` over each block of ``block_size`` positions (tail filled)."""
+    num_rows, size = values.shape
+    num_blocks = -(-size // block_size)
+    padded = np.full((num_rows, num_blocks * block_size), fill, dtype=values.dtype)
+    padded[:, :size] = values
+    return reduce(padded.reshape(num_rows, num_blocks, block_size), axis=-1)
+
+
+def _ordered_blocks(blocks: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, nQ, nKV) bool -> (B, 1, nQ) int32 counts, (B, 1, nQ, nKV) int32 indices, selected
+    blocks first in ascending order (the layout create_block_mask produces)."""
+    counts = blocks.sum(axis=-1, dtype=np.int32)
+    indices = np.argsort(~blocks, axis=-1, kind="stable").astype(np.int32)
+    return torch.from_numpy(counts[:, None]), torch.from_numpy(indices[:, None])
+
+
+def _runs_are_documents(docs: np.ndarray) -> bool:
+    """True if, in every row, no real doc id occurs in two runs (packing's output always)."""
+    starts = np.ones(docs.shape, dtype=bool)
+    np.not_equal(docs[:, 1:], docs[:, :-1], out=starts[:, 1:])
+    rows, cols = np.nonzero(starts & (docs != PAD_ID))
+    ids = docs[rows, cols]
+    same_row = rows[1:] == rows[:-1]
+    if np.all(ids[1:][same_row] > ids[:-1][same_row]):
+        return True
+    return np.unique(np.stack([rows, ids]), axis=1).shape[1] == ids.size
+
+
+# ----------------------------------------------------------------------------- Ray streaming
+
+
+def iter_ray_batches(
+    source: Any,
+    batch_size: int,
+    attention: str = "additive",
+    *,
+    drop_last: bool = False,
+    prefetch_batches: int = 1,
+    **options: Any,
+) -> Iterator[dict[str, Any]]:
+    """Training batches streamed from Ray Data, the attention information built per batch.
+
+    source:     a packed output directory (str), a :class:`PackedDataset`, a ``ray.data.Dataset``
+                from ``read_packed(path).to_ray_dataset()`` (columns ``input_ids``, ``doc_ids``,
+                possibly after shuffling or splitting), or a ``ray.data.DataIterator`` (e.g.
+                ``ray.train.get_dataset_shard("train")``).
+    batch_size: chunks per batch; the last may be shorter unless ``drop_last``.
+    attention, options: as :func:`build_batch`.
+    Yields: :func:`build_batch` dicts. Only tokens and doc ids travel through the object
+    store, O(L) per chunk; the masks are built here, in the consuming process, per batch,
+    and never stored.
+    """
+    _check_options(attention, **options)
+    batch_size = operator.index(batch_size)
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1")
+    dataset = _ray_source(source)
+    for table in dataset.iter_batches(batch_size=batch_size, batch_format="pyarrow",
+                                      drop_last=drop_last, prefetch_batches=prefetch_batches):
+        yield build_batch(_matrix(table, "input_ids"), _matrix(table, "doc_ids"), attention, **options)
+
+
+def _ray_source(source: Any) -> Any:
+    """Something with Ray's ``iter_batches``: the given dataset/iterator, or one read from a path."""
+    if isinstance(source, str):
+        source = read_packed(source)
+    if isinstance(source, PackedDataset):
+        return source.to_ray_dataset()
+    if not hasattr(source, "iter_batches"):
+        raise TypeError(f"source is a {type(source).__name__}; give a packed directory, a PackedDataset, "
+                        "a ray.data.Dataset from to_ray_dataset() or a ray.data.DataIterator")
+    return source
+
+
+def _matrix(table: Any, name: str) -> np.ndarray:
+    """(n, C) numpy array of a fixed_size_list column of a pyarrow batch."""
+    try:
+        column = table.column(name).combine_chunks()
+    except KeyError as e:
+        raise ValueError(f"the Ray dataset has columns {table.column_names}; it needs input_ids and doc_ids "
+                         "(read_packed(path).to_ray_dataset())") from e
+    width = column.type.list_size
+    return column.flatten().to_numpy(zero_copy_only=False).reshape(len(column), width)
