@@ -67,6 +67,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--workdir", default=None)
+    parser.add_argument("--reuse", action="store_true", help="reuse the corpus in --workdir if it is there")
     args = parser.parse_args()
 
     work = args.workdir or tempfile.mkdtemp(prefix="raypack-bench-")
@@ -75,12 +76,12 @@ def main() -> None:
     docs_per_shard = int(args.tokens / args.shards / mean)
     t = time.perf_counter()
     corpus = os.path.join(work, "corpus")
-    shutil.rmtree(corpus, ignore_errors=True)
-    shards = write_sample_corpus(corpus, num_shards=args.shards, docs_per_shard=docs_per_shard, mean_doc_len=mean)
+    shards = sorted(glob.glob(os.path.join(corpus, "shard-*.parquet")))
+    if len(shards) != args.shards or not args.reuse:  # --reuse: keep a corpus made by an earlier run
+        shutil.rmtree(corpus, ignore_errors=True)
+        shards = write_sample_corpus(corpus, num_shards=args.shards, docs_per_shard=docs_per_shard, mean_doc_len=mean)
     gen_s = time.perf_counter() - t
-    num_tokens = sum(pq.ParquetFile(s).read(columns=["input_ids"]).column(0).combine_chunks().flatten().__len__()
-                     for s in shards[:1]) * args.shards
-    print(f"# corpus: {len(shards)} Parquet shards, ~{num_tokens / 1e6:.0f}M tokens, C={c} (generated in {gen_s:.1f}s)")
+    print(f"# corpus: {len(shards)} Parquet shards x {docs_per_shard:,} docs, C={c} (generated in {gen_s:.1f}s)")
     print(f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]},"
           f" pyarrow {pa.__version__}, numpy {np.__version__}")
 
