@@ -110,10 +110,22 @@ def _pack_shards(plan: Plan, settings: PackSettings, config: PackConfig, engine:
     if engine not in ("ray", "local"):
         raise ValueError(f"engine={engine!r} must be 'ray' or 'local'")
     if engine == "local" or not todo:
-        packed = [pack_shard(task, settings) for task in todo]
+        packed = _pack_locally(todo, settings)
     else:
         packed = _pack_with_ray(todo, settings, config)
     return sorted([*kept.values(), *packed], key=lambda r: r.shard_index)
+
+
+def _pack_locally(tasks, settings: PackSettings) -> list[ShardResult]:
+    """One process, shard after shard, with a progress line at most once a second."""
+    results, last_report = [], time.monotonic()
+    for done, task in enumerate(tasks, start=1):
+        results.append(pack_shard(task, settings))
+        if time.monotonic() - last_report >= 1.0 or done == len(tasks):
+            tokens = sum(r.num_tokens for r in results)
+            log.info("packed %d/%d shards (%s tokens)", done, len(tasks), f"{tokens:,}")
+            last_report = time.monotonic()
+    return results
 
 
 def _pack_with_ray(tasks, settings: PackSettings, config: PackConfig) -> list[ShardResult]:
