@@ -3,12 +3,14 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+TORCH_PIN ?= torch==2.13.0
 
 .PHONY: demo test bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_PIN)"   # the CPU build first; the [torch] range keeps it
 	$(PY) -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
@@ -23,6 +25,8 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/bench_core.py
+	$(PY) bench/bench_masks.py
+	$(PY) bench/bench_collate.py
 
 clean:
 	rm -rf build $(VENV)
