@@ -1,24 +1,32 @@
-"""Writing packed output: the Arrow schema, chunk files published by rename, the manifest.
+"""Writing packed output: the Arrow schema, chunk files that appear whole, the manifest.
 
-See docs/FORMAT.md. Files are written under a temporary name and renamed into place when
-complete; the manifest is written the same way, last, so a directory without one is visibly
-incomplete. Record batches start at global chunk indices that are multiples of
-``chunks_per_record_batch``, so a file's bytes depend only on which chunks it holds, never on
-how they were read or computed.
+See docs/FORMAT.md. Every file is written through :class:`AtomicFile`, so it appears whole or
+not at all: in a local directory under a temporary name, fsynced and renamed into place; on
+an object store (any non-local ``pyarrow.fs`` filesystem) as one upload straight to its final
+key, which the store shows only once the upload completes. The manifest is written last, so
+an output without one is visibly incomplete. Record batches start at global chunk indices
+that are multiples of ``chunks_per_record_batch``, so a file's bytes depend only on which
+chunks it holds, never on how they were read or computed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import posixpath
 import uuid
 from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from raypack.core import Chunks, concat_chunks
+from raypack.shards import resolve_filesystem
+
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -70,6 +78,73 @@ def slice_chunks(chunks: Chunks, start: int, stop: int) -> Chunks:
     )
 
 
+class AtomicFile:
+    """A new file ``name`` in directory ``out_dir`` (a local path or a URI) that appears whole.
+
+    Local: written as ``.tmp-<uuid>-<name>`` beside its final name (opened at once), fsynced
+    and renamed into place by :meth:`commit`. Object store: one upload to the final key,
+    opened by the first :meth:`write` and completed by :meth:`commit`; the store shows the
+    object only then, and a process that dies mid-upload leaves none. pyarrow cannot abort an
+    upload from Python (closing or dropping the stream completes it), so :meth:`abort`
+    deletes the object right after closing it: a partial object exists only for that moment,
+    and no manifest ever lists it.
+    """
+
+    def __init__(self, out_dir: str, name: str, *, make_dirs: bool = False) -> None:
+        self._fs, base = resolve_filesystem(out_dir)
+        self.path = posixpath.join(base, name)
+        self.is_local = isinstance(self._fs, pafs.LocalFileSystem)
+        self._stream = None
+        if self.is_local:
+            directory, file_name = os.path.split(self.path)
+            if make_dirs:
+                os.makedirs(directory, exist_ok=True)
+            self._tmp_path = os.path.join(directory, f"{TMP_PREFIX}{uuid.uuid4().hex}-{file_name}")
+            self._stream = open(self._tmp_path, "wb")
+
+    def write(self, data) -> int:
+        if self._stream is None:
+            self._stream = self._fs.open_output_stream(self.path)
+        return self._stream.write(data)
+
+    def flush(self) -> None:
+        if self._stream is not None:
+            self._stream.flush()
+
+    def commit(self) -> None:
+        """Make the file visible under its final name, complete."""
+        if self._stream is None:
+            self.write(b"")
+        if self.is_local:
+            self._stream.flush()
+            os.fsync(self._stream.fileno())
+            self._stream.close()
+            os.replace(self._tmp_path, self.path)
+        else:
+            self._stream.close()
+
+    def abort(self) -> None:
+        """Leave nothing behind (on error)."""
+        if self._stream is None:
+            return
+        try:
+            self._stream.close()
+        finally:
+            if self.is_local:
+                if os.path.exists(self._tmp_path):
+                    os.remove(self._tmp_path)
+            else:
+                self._delete_partial()
+
+    def _delete_partial(self) -> None:
+        try:
+            self._fs.delete_file(self.path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:  # keep the original error; the object is never listed in a manifest
+            log.warning("could not delete the partial object %s: %s", self.path, e)
+
+
 class _HashingSink:
     """A write-only file object that hashes what passes through it."""
 
@@ -104,7 +179,7 @@ class WrittenFile(NamedTuple):
 
 
 class ChunkFileWriter:
-    """Writes one chunk file: appends chunks in order, then publishes it by rename.
+    """Writes one chunk file: appends chunks in order, then publishes it whole (:class:`AtomicFile`).
 
     Rows are buffered until a record batch boundary (a global multiple of
     ``chunks_per_record_batch``), so the bytes do not depend on how chunks arrive.
@@ -116,9 +191,7 @@ class ChunkFileWriter:
         self.next_chunk = first_chunk
         self.schema = schema
         self.batch_rows = chunks_per_record_batch
-        self.final_path = os.path.join(out_dir, chunk_file_name(first_chunk))
-        self.tmp_path = os.path.join(out_dir, f"{TMP_PREFIX}{uuid.uuid4().hex}-{chunk_file_name(first_chunk)}")
-        self._file = open(self.tmp_path, "wb")
+        self._file = AtomicFile(out_dir, chunk_file_name(first_chunk))
         self._sink = _HashingSink(self._file)
         self._writer = pa.ipc.new_file(pa.PythonFile(self._sink, mode="w"), schema)
         self._pending: list[Chunks] = []
@@ -150,23 +223,16 @@ class ChunkFileWriter:
         self._pending, self._pending_rows = [], 0
 
     def close(self) -> WrittenFile:
-        """Finish the file, fsync it and rename it into place."""
+        """Finish the file and publish it (local: fsync and rename)."""
         self._flush()
         self._writer.close()
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        os.replace(self.tmp_path, self.final_path)
-        return WrittenFile(os.path.basename(self.final_path), self.first_chunk,
+        self._file.commit()
+        return WrittenFile(posixpath.basename(self._file.path), self.first_chunk,
                            self.next_chunk - self.first_chunk, self._sink.num_bytes, self._sink.sha256.hexdigest())
 
     def abort(self) -> None:
-        """Drop the temporary file (on error)."""
-        try:
-            self._file.close()
-        finally:
-            if os.path.exists(self.tmp_path):
-                os.remove(self.tmp_path)
+        """Drop what was written (on error)."""
+        self._file.abort()
 
 
 def write_chunks_file(out_dir: str, first_chunk: int, chunks: Chunks, schema: pa.Schema, chunks_per_record_batch: int) -> WrittenFile:
@@ -186,13 +252,13 @@ def content_sha256(files: list[dict[str, Any]]) -> str:
 
 
 def write_manifest(out_dir: str, manifest: dict[str, Any]) -> str:
-    """Write ``manifest.json`` atomically (temporary name, fsync, rename). Call it last."""
-    path = os.path.join(out_dir, MANIFEST_NAME)
-    tmp = os.path.join(out_dir, f"{TMP_PREFIX}{uuid.uuid4().hex}-{MANIFEST_NAME}")
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=2, sort_keys=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
+    """Write ``manifest.json`` whole (:class:`AtomicFile`). Call it last: it is the commit."""
+    text = json.dumps(manifest, indent=2, sort_keys=False) + "\n"
+    file = AtomicFile(out_dir, MANIFEST_NAME)
+    try:
+        file.write(text.encode())
+        file.commit()
+    except BaseException:
+        file.abort()
+        raise
+    return file.path

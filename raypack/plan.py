@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -73,12 +74,20 @@ def settings_for(config: PackConfig, plan: Plan, out_dir: str) -> PackSettings:
 
 
 def check_output_outside_inputs(output: str, plan: Plan) -> None:
-    """Refuse an output directory that is, or lies inside, a directory holding an input shard."""
-    out = os.path.realpath(output)
+    """Refuse an output directory (or prefix) that is, or lies inside, a directory holding an input shard."""
+    out = _location(output)
     for info in plan.shards:
-        if "://" in info.path:
-            continue
-        shard_dir = os.path.dirname(os.path.realpath(info.path))
-        if out == shard_dir or out.startswith(shard_dir + os.sep):
+        location = _location(info.path)
+        shard_dir = location[: location.rindex("/")] if "://" in location else os.path.dirname(location)
+        if out == shard_dir or out.startswith(shard_dir + "/"):
             raise InputError(f"output directory {output} lies inside the input directory {shard_dir} "
                              f"(shard {info.path}); choose an output outside the inputs")
+
+
+def _location(path: str) -> str:
+    """A local path (or file:// URI) made real, or another URI without its query and trailing slash."""
+    if path.startswith("file://"):
+        path = urllib.parse.unquote(urllib.parse.urlsplit(path).path)
+    if "://" not in path:
+        return os.path.realpath(path)
+    return path.split("?", 1)[0].rstrip("/")

@@ -38,6 +38,7 @@ import pyarrow.fs as pafs
 from raypack.core import Chunks, concat_chunks
 from raypack.errors import InputError
 from raypack.output import FORMAT_VERSION, MANIFEST_NAME, slice_chunks
+from raypack.shards import check_bucket, resolve_filesystem
 
 __all__ = ["PackedDataset", "load_manifest", "read_packed"]
 
@@ -56,10 +57,7 @@ def _resolve(path: str) -> tuple[pafs.FileSystem, str]:
     """The filesystem holding ``path`` and the path inside it; a path without a scheme is local."""
     if "://" not in path:
         return pafs.LocalFileSystem(), os.path.abspath(path)
-    try:
-        return pafs.FileSystem.from_uri(path)
-    except (pa.ArrowException, ValueError) as e:
-        raise InputError(f"cannot open {path!r}: {e}; give a local path or a URI pyarrow.fs supports") from e
+    return resolve_filesystem(path)  # cached per bucket; credentials from the filesystem's environment
 
 
 def _open_ipc(filesystem: pafs.FileSystem, path: str) -> tuple[pa.NativeFile, pa.ipc.RecordBatchFileReader]:
@@ -91,6 +89,7 @@ def load_manifest(path: str) -> dict[str, Any]:
     manifest_path = posixpath.join(base, MANIFEST_NAME)
     if filesystem.get_file_info(manifest_path).type == pafs.FileType.NotFound:
         if filesystem.get_file_info(base).type == pafs.FileType.NotFound:
+            check_bucket(filesystem, base, f"output {path}")
             raise InputError(f"{path}: no such output directory; check the path")
         raise InputError(f"{path} is incomplete: no {MANIFEST_NAME}; the job did not finish (rerun it)")
     with filesystem.open_input_stream(manifest_path) as f:

@@ -28,7 +28,7 @@ def first_owned_chunk(token_offset: int, context_length: int) -> int:
 
 
 def pack_shard(task: ShardTask, settings: PackSettings) -> ShardResult:
-    """Pack ``task``'s shard; its file is published by rename only when complete."""
+    """Pack ``task``'s shard; its file appears (rename, or one upload) only when complete."""
     started_at = time.time()
     c = settings.context_length
     dtype = np.dtype(settings.token_dtype)

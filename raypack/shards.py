@@ -11,8 +11,13 @@ The driver runs this before any worker starts:
      tokens start at global stream position ``token_offsets[k]``.
 
 Every file access goes through a ``pyarrow.fs`` filesystem, so local paths and URIs such as
-``s3://bucket/key`` or ``file:///data`` work alike. A shard path returned by
-``discover_shards`` is an absolute local path, or a URI when the input was one.
+``s3://bucket/key``, ``gs://bucket/key`` or ``file:///data`` work alike (and any scheme
+fsspec knows, through ``pyarrow.fs.FSSpecHandler``). Credentials and endpoints come from the
+filesystem's own environment variables and config files (for S3: ``AWS_ACCESS_KEY_ID``,
+``AWS_ENDPOINT_URL``, ``~/.aws/config``, ...). One filesystem is made per URI root
+(scheme, bucket, query), so planning 10k shards in one bucket resolves its region once. A
+shard path returned by ``discover_shards`` is an absolute local path, or a URI when the
+input was one.
 
 Counts are exact for shards the readers accept. Parquet footer counts are the number of
 non-null tokens; a shard holding null tokens is rejected by ``raypack.readers`` anyway.
@@ -21,9 +26,11 @@ non-null tokens; a shard holding null tokens is rejected by ``raypack.readers`` 
 from __future__ import annotations
 
 import fnmatch
+import functools
 import logging
 import pathlib
 import re
+import urllib.parse
 from dataclasses import dataclass
 from typing import Iterator, NamedTuple, Sequence
 
@@ -42,6 +49,9 @@ __all__ = [
     "SHARD_SUFFIXES",
     "ShardInfo",
     "ShardPlan",
+    "bucket_of",
+    "check_bucket",
+    "clear_filesystem_cache",
     "common_token_type",
     "discover_shards",
     "inspect_shard",
@@ -89,18 +99,63 @@ _FIRST_FOOTER_SAFE_ARROW_MAJOR = 6
 def resolve_filesystem(path: str) -> tuple[pafs.FileSystem, str]:
     """The filesystem holding ``path`` and the path inside it.
 
-    URIs (``s3://bucket/key``, ``file:///abs``, ...) go through ``FileSystem.from_uri``;
-    anything else is a local path, made absolute.
+    URIs (``s3://bucket/key``, ``file:///abs``, ...) go through ``FileSystem.from_uri``, once
+    per root ``scheme://netloc?query`` (cached); schemes pyarrow does not know go through
+    fsspec. Anything else is a local path, made absolute.
     """
     if not _URI_RE.match(path):
         return pafs.LocalFileSystem(), pathlib.Path(path).absolute().as_posix()
     try:
-        return pafs.FileSystem.from_uri(path)
-    except (pa.ArrowException, OSError) as e:
+        split = urllib.parse.urlsplit(path)
+        fs, root_path = _filesystem_for(f"{split.scheme}://{split.netloc}/" + (f"?{split.query}" if split.query else ""))
+    except (pa.ArrowException, OSError, ValueError, ImportError) as e:
         raise InputError(
             f"cannot open a filesystem for {path!r}: {_msg(e)}; give a local path or a URI such as "
             "s3://bucket/key (check the bucket name, region and credentials)"
         ) from e
+    if root_path is None:  # fsspec
+        return fs, fs.handler.fs._strip_protocol(path.split("?", 1)[0])
+    rel = urllib.parse.unquote(split.path).strip("/")
+    if not rel or not root_path:
+        return fs, rel or root_path
+    return fs, f"{root_path.rstrip('/')}/{rel}"
+
+
+@functools.lru_cache(maxsize=256)
+def _filesystem_for(root: str) -> tuple[pafs.FileSystem, str | None]:
+    """The filesystem of URI root ``root`` and the root's path in it (None when from fsspec)."""
+    try:
+        return pafs.FileSystem.from_uri(root)
+    except pa.ArrowInvalid as e:
+        if "Unrecognized filesystem type" not in str(e):
+            raise
+    import fsspec
+
+    fs, _ = fsspec.core.url_to_fs(root)
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), None
+
+
+def clear_filesystem_cache() -> None:
+    """Forget the cached filesystems (after changing credentials or endpoints in this process)."""
+    _filesystem_for.cache_clear()
+
+
+def bucket_of(fs: pafs.FileSystem, fs_path: str) -> str | None:
+    """The bucket ``fs_path`` lies in when ``fs`` is S3 or GCS (paths ``bucket/key``), else None."""
+    return fs_path.split("/", 1)[0] if fs.type_name in ("s3", "gcs") else None
+
+
+def check_bucket(fs: pafs.FileSystem, fs_path: str, what: str) -> None:
+    """Raise InputError naming the bucket when ``fs`` is an object store lacking ``fs_path``'s bucket.
+
+    ``what`` names the path for the message, e.g. "input s3://bucket/data".
+    """
+    bucket = bucket_of(fs, fs_path)
+    if bucket is not None and fs.get_file_info(bucket).type == pafs.FileType.NotFound:
+        raise InputError(
+            f"bucket {bucket!r} does not exist ({what}); check the bucket name and the endpoint "
+            "(AWS_ENDPOINT_URL) the credentials point at"
+        )
 
 
 def shard_format(path: str) -> str | None:
@@ -143,6 +198,7 @@ def _expand_input(item: str) -> list[str]:
 def _expand_path(item: str, fs: pafs.FileSystem, fs_path: str) -> list[str]:
     info = fs.get_file_info(fs_path)
     if info.type == pafs.FileType.NotFound:
+        check_bucket(fs, fs_path, f"input {item}")
         raise InputError(f"input path not found: {item}; check the path (globs may use * ? [...])")
     if info.type == pafs.FileType.File:
         if shard_format(fs_path) is None:
@@ -169,6 +225,7 @@ def _expand_glob(item: str) -> list[str]:
     pattern_parts = parts[first_magic:]
     fs, base_fs_path = resolve_filesystem(base)
     if fs.get_file_info(base_fs_path).type != pafs.FileType.Directory:
+        check_bucket(fs, base_fs_path, f"input {item}")
         raise InputError(f"glob {item} matched nothing: its base directory {base} does not exist")
     recursive = len(pattern_parts) > 1 or "**" in pattern_parts
     candidates = _list_shard_files(fs, base_fs_path, recursive=recursive)

@@ -72,6 +72,15 @@ def corpus(tmp_path) -> str:
 
 
 @pytest.fixture
+def big_corpus(tmp_path) -> str:
+    """Fewer, 3x longer shards: removing a node takes longer than killing a process, and the
+    shard must still be mid-way when it lands (the first version raced a 0.3 s shard)."""
+    path = str(tmp_path / "big-corpus")
+    write_sample_corpus(path, num_shards=4, docs_per_shard=3 * DOCS_PER_SHARD, mean_doc_len=CONTEXT_LENGTH / 3)
+    return path
+
+
+@pytest.fixture
 def ray_env():
     """Environment for a subprocess with its own Ray, in a private, short temp dir.
 
@@ -255,14 +264,14 @@ def test_packer_killed_mid_shard_is_rerun_and_output_is_identical(tmp_path, corp
 # ----------------------------------------------------------------------------- 1b: lose a node
 
 
-def test_worker_node_removed_mid_shard_output_is_identical(tmp_path, corpus, ray_env):
+def test_worker_node_removed_mid_shard_output_is_identical(tmp_path, big_corpus, ray_env):
     """A 3-node Cluster on this machine; the worker node hosting a packer mid-shard is removed
     (all its processes SIGKILLed, raylet first): see fault_scripts/remove_node.py for how the
     node is chosen."""
     reference = str(tmp_path / "out-local")
-    clean_local_run(corpus, reference)
+    clean_local_run(big_corpus, reference)
     out, report_path = str(tmp_path / "out-cluster"), tmp_path / "report.json"
-    cmd = [sys.executable, str(FAULT_SCRIPTS / "remove_node.py"), "--input", corpus, "--output", out,
+    cmd = [sys.executable, str(FAULT_SCRIPTS / "remove_node.py"), "--input", big_corpus, "--output", out,
            "--report", str(report_path), "--context-length", str(CONTEXT_LENGTH),
            "--read-batch-size", str(READ_BATCH_SIZE), "--timeout", "100"]
     run, _ = run_job_process(cmd, ray_env, tmp_path)
