@@ -170,7 +170,7 @@ def child_stitch(num_shards: int, out_dir: str, write: bool, repeats: int) -> di
     tasks = tuple(ShardTask(k, p, "parquet", k, int(offsets[k]), 1, r.num_tokens)
                   for k, (p, r) in enumerate(zip(paths, results)))
     plan = Plan(infos, tasks, "int32", num_shards, num_tokens, C)
-    settings = PackSettings(out_dir, C, 0, "int32", "input_ids", 8192, 512)
+    settings = PackSettings(out_dir, C, 0, "int32", "input_ids", 0, 1 << 20, 512)
 
     stitch_s = []
     for _ in range(repeats):

@@ -30,8 +30,11 @@ class PackConfig:
     token_column: str = "input_ids"
     token_dtype: str = "auto"
     """Output token dtype; "auto" takes the narrowest type every shard's type fits in."""
-    read_batch_size: int = 8192
-    """Documents per record batch a packer reads."""
+    read_batch_size: int = 0
+    """Documents per record batch a packer reads; 0 picks it per shard from the shard's mean
+    document length so that a batch holds about ``read_batch_tokens`` tokens."""
+    read_batch_tokens: int = 1 << 20
+    """Target tokens per read batch when ``read_batch_size`` is 0: a packer's memory follows it."""
     chunks_per_record_batch: int = 512
     """Chunks per Arrow record batch written; batches start at multiples of it globally."""
     num_workers: int = 2
@@ -51,10 +54,11 @@ class PackConfig:
             validate_pad_token(self.pad_token, np.dtype(self.token_dtype))
         elif isinstance(self.pad_token, bool) or not isinstance(self.pad_token, int):
             raise TypeError(f"pad_token={self.pad_token!r} must be an integer")
-        for name in ("read_batch_size", "chunks_per_record_batch", "num_workers"):
+        for name in ("read_batch_size", "read_batch_tokens", "chunks_per_record_batch", "num_workers"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be an integer >= 1")
+            least = 0 if name == "read_batch_size" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name}={value!r} must be an integer >= {least}")
         if not 0 < self.worker_num_cpus <= 64:
             raise ValueError(f"worker_num_cpus={self.worker_num_cpus!r} must be in (0, 64]")
 

@@ -70,7 +70,8 @@ def _resolve_token_dtype(config: PackConfig, infos: list[ShardInfo]) -> str:
 
 def settings_for(config: PackConfig, plan: Plan, out_dir: str) -> PackSettings:
     return PackSettings(out_dir, config.context_length, config.pad_token, plan.token_dtype,
-                        config.token_column, config.read_batch_size, config.chunks_per_record_batch)
+                        config.token_column, config.read_batch_size, config.read_batch_tokens,
+                        config.chunks_per_record_batch)
 
 
 def check_output_outside_inputs(output: str, plan: Plan) -> None:

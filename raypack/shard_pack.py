@@ -55,7 +55,7 @@ def pack_shard(task: ShardTask, settings: PackSettings) -> ShardResult:
 
 def _stream_shard(task: ShardTask, settings: PackSettings, packer: StreamPacker, writer: ChunkFileWriter) -> dict[str, int]:
     counts = {"docs": 0, "nonempty": 0, "tokens": 0, "split": 0}
-    batches = iter_token_batches(task.path, task.format, settings.token_column, settings.read_batch_size)
+    batches = iter_token_batches(task.path, task.format, settings.token_column, read_batch_rows(task, settings))
     for first_row, docs in batches:
         lengths = np.diff(docs.offsets.to_numpy())
         counts["docs"] += len(docs)
@@ -77,6 +77,14 @@ def _stream_shard(task: ShardTask, settings: PackSettings, packer: StreamPacker,
 def peak_rss_bytes() -> int:
     """Peak resident set size of this process so far (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def read_batch_rows(task: ShardTask, settings: PackSettings) -> int:
+    """Documents per read batch: the configured number, or enough for ~read_batch_tokens tokens."""
+    if settings.read_batch_size:
+        return settings.read_batch_size
+    mean_len = task.num_tokens / task.num_docs if task.num_docs else 1.0
+    return int(min(1 << 20, max(1, settings.read_batch_tokens / max(mean_len, 1.0))))
 
 
 def count_split_documents(lengths: np.ndarray, start: int, context_length: int) -> int:

@@ -36,6 +36,7 @@ class PackSettings:
     token_dtype: str
     token_column: str
     read_batch_size: int
+    read_batch_tokens: int
     chunks_per_record_batch: int
 
 
