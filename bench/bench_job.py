@@ -120,12 +120,15 @@ def main() -> None:
 
 
 def memory_check(work: str, c: int, args) -> None:
-    """Peak RSS of a packer for shards of S and 10*S tokens (2 shards each, fresh actors)."""
+    """Peak RSS of a packer for shards of S and 10*S tokens (2 shards each, fresh actors).
+
+    S is the main corpus's shard size, so even the small shards span many read batches
+    (a shard smaller than one read batch would measure the batch, not the shard)."""
     print("\n| shard tokens | peak packer RSS (MiB) |")
     print("|---|---|")
     peaks = []
     for scale in (1, 10):
-        docs = int(args.tokens / args.shards / (c / 3) / 10 * scale)
+        docs = int(args.tokens / args.shards / (c / 3) * scale)
         corpus = os.path.join(work, f"mem-{scale}")
         shutil.rmtree(corpus, ignore_errors=True)
         write_sample_corpus(corpus, num_shards=2, docs_per_shard=docs, mean_doc_len=c / 3, seed=scale)
