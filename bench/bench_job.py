@@ -98,7 +98,8 @@ def main() -> None:
         local_sum = run_job(corpus, os.path.join(work, "out-local"), context_length=c, workers=1, engine="local")
         rows.append((copy_s, ray_sum.seconds, local_sum.seconds))
         tokens = ray_sum.manifest["counts"]["tokens"]
-        print(f"rep {rep}: pyarrow copy {copy_s:.2f}s, raypack ray x{args.workers} {ray_sum.seconds:.2f}s, "
+        print(f"rep {rep}: pyarrow copy {copy_s:.2f}s, raypack ray x{args.workers} {ray_sum.seconds:.2f}s "
+              f"(shards packed in {ray_sum.pack_seconds:.2f}s from first start to last end), "
               f"raypack local {local_sum.seconds:.2f}s")
     assert ray_sum.manifest["content_sha256"] == local_sum.manifest["content_sha256"]
     copy_s, ray_s, local_s = (min(col) for col in zip(*rows))
