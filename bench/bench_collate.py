@@ -25,10 +25,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from typing import Callable
 
 import numpy as np
+from timing import time_interleaved
 import torch
 from torch.nn.attention.flex_attention import create_block_mask
 
@@ -41,19 +41,9 @@ from raypack.torch_data import ATTENTION_FORMS, PackedTorchDataset, build_block_
 BLOCK_SIZE = 128
 
 
-def time_interleaved(candidates: dict[str, Callable[[], object]], repeats: int) -> dict[str, tuple[float, float]]:
-    """(median, min) seconds per call of each candidate; one warm-up, then rotating rounds."""
-    names = list(candidates)
-    for name in names:
-        candidates[name]()
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for round_index in range(repeats):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
-            result = candidates[name]()
-            times[name].append(time.perf_counter() - start)
-            del result
+def time_median_min(candidates: dict[str, Callable[[], object]], repeats: int) -> dict[str, tuple[float, float]]:
+    """(median, min) seconds per call of each candidate, measured interleaved."""
+    times = time_interleaved(candidates, repeats)
     return {name: (statistics.median(seconds), min(seconds)) for name, seconds in times.items()}
 
 
@@ -97,7 +87,7 @@ def form_table(packed: str, batch: int, repeats: int) -> None:
     }
     for form in ATTENTION_FORMS:
         candidates[f"collate_packed {form}"] = lambda form=form: collate_packed(samples, form)
-    medians = time_interleaved(candidates, repeats)
+    medians = time_median_min(candidates, repeats)
     length = doc_ids.shape[1]
     print(f"per batch of {batch} chunks x L = {length} ({segments} segments, {len(ds)} chunks packed, "
           f"{repeats} rounds, torch {torch.__version__}, {torch.get_num_threads()} threads)")
@@ -119,7 +109,7 @@ def scaling_table(batch: int, context_lens: list[int], mean_doc_len: float, repe
     print(f"{'L':>6} {'additive':>10} {'bool':>10} {'varlen':>10} {'flex blocks':>12} {'create_block_mask':>18}  (min ms)")
     for context_len in context_lens:
         ids = synthetic_doc_ids(batch, context_len, mean_doc_len, seed=context_len)
-        medians = time_interleaved({
+        medians = time_median_min({
             "additive": lambda: build_intra_document_mask(ids),
             "bool": lambda: build_bool_mask(ids),
             "varlen": lambda: cu_seqlens(ids),

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
-from typing import Callable
 
 import numpy as np
+from timing import time_interleaved
 import numpy.typing as npt
 
 from raypack.masks import (
@@ -50,24 +49,6 @@ def literal_mask(doc_ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
         & (doc_ids[:, None] != -1)
     )
     return np.where(allowed, np.float32(0.0), np.float32(-np.inf))
-
-
-def time_interleaved(
-    candidates: dict[str, Callable[[], object]], repeats: int
-) -> dict[str, list[float]]:
-    """Seconds per call for each candidate; one warm-up, then ``repeats`` rotating rounds."""
-    names = list(candidates)
-    for name in names:
-        candidates[name]()
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for round_index in range(repeats):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
-            result = candidates[name]()
-            times[name].append(time.perf_counter() - start)
-            del result
-    return times
 
 
 def repeats_for(context_len: int, repeats: int) -> int:

@@ -13,7 +13,6 @@ per-token Python; JSONL loops per document.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys

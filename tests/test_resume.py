@@ -10,10 +10,9 @@ import os
 import numpy as np
 import pytest
 
-import raypack.job as job
-import raypack.shard_pack as shard_pack
 from raypack.config import make_config
 from raypack.errors import InputError
+from packing_faults import fail_at_shard
 from raypack.job import run_pack, staging_dir
 from raypack.sample import write_sample_corpus
 
@@ -46,21 +45,6 @@ def config(tmp_path, corpus, name="out", **overrides):
 def clean_run(tmp_path, corpus):
     run_pack(config(tmp_path, corpus, "clean"), engine="local")
     return tree_digest(tmp_path / "clean")
-
-
-def fail_at_shard(monkeypatch, index: int, error: BaseException):
-    """Make the packer die on shard ``index``; return the list of shards packed."""
-    packed = []
-    real = shard_pack.pack_shard
-
-    def flaky(task, settings):
-        if task.shard_index == index:
-            raise error
-        packed.append(task.shard_index)
-        return real(task, settings)
-
-    monkeypatch.setattr(job, "pack_shard", flaky)
-    return packed
 
 
 def test_interrupted_run_is_refused_then_resumed_byte_identical(tmp_path, corpus, clean_run, monkeypatch):

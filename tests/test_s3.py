@@ -24,11 +24,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import raypack.job as job
-import raypack.shard_pack as shard_pack
 from raypack.config import make_config
 from raypack.core import Chunks
 from raypack.errors import InputError
+from packing_faults import fail_at_shard
 from raypack.job import run_pack
 from raypack.output import ChunkFileWriter, chunk_schema
 from raypack.reader import read_packed
@@ -117,20 +116,6 @@ def assert_equals_local(s3, name: str, local_run) -> dict:
     without_path = lambda shards: [{k: v for k, v in s.items() if k != "path"} for s in shards]  # noqa: E731
     assert without_path(manifest["shards"]) == without_path(local_manifest["shards"])
     return manifest
-
-
-def fail_at_shard(monkeypatch, index: int, error: BaseException) -> list[int]:
-    """Make the packer die on shard ``index`` (local engine); return the shards packed."""
-    packed, real = [], shard_pack.pack_shard
-
-    def flaky(task, settings):
-        if task.shard_index == index:
-            raise error
-        packed.append(task.shard_index)
-        return real(task, settings)
-
-    monkeypatch.setattr(job, "pack_shard", flaky)
-    return packed
 
 
 # ----------------------------------------------------------------------------- s3 -> s3

@@ -34,7 +34,6 @@ from raypack.torch_data import (  # noqa: E402
     block_mask_to,
     build_block_mask,
     collate_packed,
-    document_mask_mod,
     iter_ray_batches,
     make_collate_fn,
     to_device,
