@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="input shards to compare with (default: the manifest's shards, if present)")
     verify.add_argument("--no-inputs", action="store_true", help="check the output alone")
     verify.add_argument("--token-column", help="token column of the inputs (default: the manifest's)")
+    stats = commands.add_parser("stats", help="how well an output packed: padding, split documents, fragments")
+    stats.add_argument("output", metavar="OUT", help="packed output directory")
+    stats.add_argument("--plot", metavar="PNG", help="also write a plot (needs matplotlib)")
     return parser
 
 
@@ -45,7 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        return _run_verify(args) if args.command == "verify" else _run_pack(args)
+        runners = {"pack": _run_pack, "verify": _run_verify, "stats": _run_stats}
+        return runners[args.command](args)
     except InputError as e:
         print(f"raypack: error: {e}", file=sys.stderr)
         return 2
@@ -61,6 +65,19 @@ def _run_verify(args: argparse.Namespace) -> int:
         print(f"raypack: verify failed: {e}", file=sys.stderr)
         return 1
     print("\n".join(report.lines()))
+    return 0
+
+
+def _run_stats(args: argparse.Namespace) -> int:
+    from raypack.stats import packing_stats, plot_stats
+
+    report = packing_stats(args.output)
+    print("\n".join(report.lines()))
+    if args.plot:
+        try:
+            print(f"plot written to {plot_stats(report, args.plot)}")
+        except ImportError as e:
+            raise InputError(f"--plot needs matplotlib ({e}); pip install matplotlib") from e
     return 0
 
 

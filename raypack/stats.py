@@ -1,0 +1,130 @@
+"""How well a corpus packed, read from a packed output alone (no inputs, no Ray).
+
+``raypack stats OUT`` reports padding, documents split across chunk boundaries (in all and per
+shard), and a histogram of fragment lengths (a fragment is the piece of one document inside
+one chunk: a segment that is not padding). Everything is computed from the segment columns,
+streaming over the files' record batches.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from raypack.reader import load_manifest
+from raypack.shards import resolve_filesystem
+
+NUM_BINS = 16
+
+
+@dataclass(frozen=True)
+class PackStats:
+    context_length: int
+    num_chunks: int
+    num_tokens: int
+    num_documents: int
+    padding_positions: int
+    split_documents: int
+    fragment_bin_edges: npt.NDArray[np.int64]
+    """(NUM_BINS + 1,) edges over fragment lengths 1..C (the last bin includes C)."""
+    fragment_counts: npt.NDArray[np.int64]
+    """(NUM_BINS,) fragments per bin."""
+    shard_paths: tuple[str, ...]
+    shard_documents: npt.NDArray[np.int64]
+    shard_split_documents: npt.NDArray[np.int64]
+
+    @property
+    def padding_percent(self) -> float:
+        positions = self.num_chunks * self.context_length
+        return 100.0 * self.padding_positions / positions if positions else 0.0
+
+    @property
+    def split_percent(self) -> float:
+        return 100.0 * self.split_documents / self.num_documents if self.num_documents else 0.0
+
+    def lines(self) -> list[str]:
+        out = [
+            f"chunks           {self.num_chunks:>14,}  of {self.context_length} tokens",
+            f"tokens           {self.num_tokens:>14,}",
+            f"documents        {self.num_documents:>14,}",
+            f"padding          {self.padding_positions:>14,}  ({self.padding_percent:.3f}% of positions)",
+            f"split documents  {self.split_documents:>14,}  ({self.split_percent:.2f}% of documents)",
+            "fragment lengths (pieces of one document in one chunk):",
+        ]
+        total = max(1, int(self.fragment_counts.sum()))
+        for lo, hi, n in zip(self.fragment_bin_edges[:-1], self.fragment_bin_edges[1:], self.fragment_counts):
+            bar = "#" * int(round(40 * n / total))
+            out.append(f"  {lo:>7}-{hi - 1 if hi - 1 >= lo else lo:<7} {n:>10,}  {bar}")
+        out.append("per shard: documents, split documents")
+        for path, docs, split in zip(self.shard_paths, self.shard_documents, self.shard_split_documents):
+            pct = 100.0 * split / docs if docs else 0.0
+            out.append(f"  {path}  {docs:,}  {split:,} ({pct:.2f}%)")
+        return out
+
+
+def packing_stats(out: str) -> PackStats:
+    """Stream the output's segment columns and count."""
+    manifest = load_manifest(out)
+    c = manifest["context_length"]
+    edges = np.unique(np.linspace(1, c + 1, NUM_BINS + 1).astype(np.int64))
+    counts = np.zeros(edges.size - 1, np.int64)
+    split_ids: list[np.ndarray] = []
+    previous_last = -1
+    for seg_ids, seg_lens, offsets in _segment_batches(out, manifest):
+        fragments = seg_lens[seg_ids >= 0]
+        counts += np.histogram(fragments, bins=edges)[0]
+        first, last = seg_ids[offsets[:-1]], seg_ids[offsets[1:] - 1]
+        before = np.concatenate([[previous_last], last[:-1]])
+        continued = (first == before) & (first >= 0)
+        split_ids.append(np.unique(first[continued]))
+        previous_last = int(last[-1])
+    split = np.unique(np.concatenate(split_ids)) if split_ids else np.zeros(0, np.int64)
+    shards = manifest["shards"]
+    doc_offsets = np.array([s["doc_offset"] for s in shards] + [manifest["counts"]["documents"]], np.int64)
+    per_shard = np.bincount(np.searchsorted(doc_offsets, split, side="right") - 1, minlength=len(shards))
+    counts_m = manifest["counts"]
+    return PackStats(c, counts_m["chunks"], counts_m["tokens"], counts_m["documents"],
+                     counts_m["padding_positions"], int(split.size), edges, counts,
+                     tuple(s["path"] for s in shards), np.diff(doc_offsets), per_shard[: len(shards)])
+
+
+def _segment_batches(out: str, manifest: dict):
+    """(segment_doc_ids, segment_lengths, offsets) per record batch, in global order."""
+    fs, base = resolve_filesystem(out)
+    for entry in manifest["files"]:
+        with fs.open_input_file(posixpath.join(base, entry["path"])) as f:
+            reader = pa.ipc.open_file(f)
+            for k in range(reader.num_record_batches):
+                batch = reader.get_batch(k)
+                if batch.num_rows == 0:
+                    continue
+                ids = batch.column("segment_doc_ids")
+                offsets = ids.offsets.to_numpy()
+                yield (ids.flatten().to_numpy(), batch.column("segment_lengths").flatten().to_numpy(),
+                       offsets - offsets[0])
+
+
+def plot_stats(stats: PackStats, path: str) -> str:
+    """Write a PNG of the fragment-length histogram and per-shard split rates (needs matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    widths = np.diff(stats.fragment_bin_edges)
+    left.bar(stats.fragment_bin_edges[:-1], stats.fragment_counts, width=widths, align="edge", edgecolor="black")
+    left.set(xlabel="fragment length (tokens)", ylabel="fragments",
+             title=f"pieces of documents in chunks (C={stats.context_length})")
+    rates = np.divide(100.0 * stats.shard_split_documents, np.maximum(stats.shard_documents, 1))
+    right.bar(np.arange(rates.size), rates, edgecolor="black")
+    right.set(xlabel="shard", ylabel="% documents split", title=f"split documents: {stats.split_percent:.2f}% "
+              f"overall; padding {stats.padding_percent:.3f}%")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

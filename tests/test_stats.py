@@ -1,0 +1,87 @@
+"""raypack stats against a naive count over pack_sequences' dense doc ids."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from raypack.cli import main
+from raypack.config import make_config
+from raypack.core import pack_sequences
+from raypack.job import run_pack
+from raypack.stats import NUM_BINS, packing_stats
+
+
+def write_shards(root, docs, cuts):
+    bounds = [0, *cuts, len(docs)]
+    for k in range(len(bounds) - 1):
+        table = pa.table({"input_ids": pa.array(docs[bounds[k]: bounds[k + 1]], pa.list_(pa.int32()))})
+        pq.write_table(table, root / f"part-{k:03d}.parquet")
+    return bounds
+
+
+def naive(docs, c):
+    _, doc_ids = pack_sequences([np.asarray(d, np.int32) for d in docs], c, 0)
+    chunks_of = {}
+    fragments = []
+    for i, row in enumerate(doc_ids):
+        start = 0
+        for j in range(1, len(row) + 1):
+            if j == len(row) or row[j] != row[start]:
+                if row[start] >= 0:
+                    chunks_of.setdefault(int(row[start]), set()).add(i)
+                    fragments.append(j - start)
+                start = j
+    split = sorted(d for d, chunks in chunks_of.items() if len(chunks) > 1)
+    return split, fragments, int((doc_ids == -1).sum())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_stats_equal_a_naive_count(tmp_path, seed):
+    rng = np.random.default_rng(seed)
+    docs = [rng.integers(0, 100, size=n).tolist() for n in rng.integers(0, 40, size=80)]
+    shard_dir = tmp_path / "in"
+    shard_dir.mkdir()
+    bounds = write_shards(shard_dir, docs, [20, 21, 50])
+    out = tmp_path / "out"
+    run_pack(make_config(dict(inputs=[str(shard_dir)], output=str(out), context_length=16, pad_token=0,
+                              chunks_per_record_batch=3)), engine="local")
+    stats = packing_stats(str(out))
+    split, fragments, padding = naive(docs, 16)
+    assert len(split) > 3, "vacuous: the corpus should split documents"
+    assert stats.split_documents == len(split)
+    assert stats.padding_positions == padding
+    assert stats.fragment_counts.sum() == len(fragments)
+    assert stats.fragment_counts.tolist() == np.histogram(fragments, bins=stats.fragment_bin_edges)[0].tolist()
+    assert stats.fragment_counts.size <= NUM_BINS
+    per_shard = [sum(bounds[k] <= d < bounds[k + 1] for d in split) for k in range(len(bounds) - 1)]
+    assert stats.shard_split_documents.tolist() == per_shard
+    assert stats.shard_documents.tolist() == np.diff(bounds).tolist()
+
+
+def test_stats_cli(tmp_path, capsys):
+    shard_dir = tmp_path / "in"
+    shard_dir.mkdir()
+    write_shards(shard_dir, [[1] * 10, [2] * 30, [3] * 5], [1])
+    out = tmp_path / "out"
+    run_pack(make_config(dict(inputs=[str(shard_dir)], output=str(out), context_length=16, pad_token=0)),
+             engine="local")
+    assert main(["stats", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "split documents" in printed and "fragment lengths" in printed and "part-001.parquet" in printed
+
+
+def test_stats_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    from raypack.stats import plot_stats
+
+    shard_dir = tmp_path / "in"
+    shard_dir.mkdir()
+    write_shards(shard_dir, [[1] * 10, [2] * 30, [3] * 5], [1])
+    out = tmp_path / "out"
+    run_pack(make_config(dict(inputs=[str(shard_dir)], output=str(out), context_length=16, pad_token=0)),
+             engine="local")
+    png = plot_stats(packing_stats(str(out)), str(tmp_path / "stats.png"))
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
