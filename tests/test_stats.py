@@ -61,27 +61,26 @@ def test_stats_equal_a_naive_count(tmp_path, seed):
     assert stats.shard_documents.tolist() == np.diff(bounds).tolist()
 
 
-def test_stats_cli(tmp_path, capsys):
+@pytest.fixture
+def small_output(tmp_path):
     shard_dir = tmp_path / "in"
     shard_dir.mkdir()
     write_shards(shard_dir, [[1] * 10, [2] * 30, [3] * 5], [1])
     out = tmp_path / "out"
     run_pack(make_config(dict(inputs=[str(shard_dir)], output=str(out), context_length=16, pad_token=0)),
              engine="local")
-    assert main(["stats", str(out)]) == 0
+    return str(out)
+
+
+def test_stats_cli(small_output, capsys):
+    assert main(["stats", small_output]) == 0
     printed = capsys.readouterr().out
     assert "split documents" in printed and "fragment lengths" in printed and "part-001.parquet" in printed
 
 
-def test_stats_plot(tmp_path):
+def test_stats_plot(small_output, tmp_path):
     pytest.importorskip("matplotlib")
     from raypack.stats import plot_stats
 
-    shard_dir = tmp_path / "in"
-    shard_dir.mkdir()
-    write_shards(shard_dir, [[1] * 10, [2] * 30, [3] * 5], [1])
-    out = tmp_path / "out"
-    run_pack(make_config(dict(inputs=[str(shard_dir)], output=str(out), context_length=16, pad_token=0)),
-             engine="local")
-    png = plot_stats(packing_stats(str(out)), str(tmp_path / "stats.png"))
+    png = plot_stats(packing_stats(small_output), str(tmp_path / "stats.png"))
     assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
