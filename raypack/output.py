@@ -251,14 +251,18 @@ def content_sha256(files: list[dict[str, Any]]) -> str:
     return hashlib.sha256("".join(f["sha256"] + "\n" for f in files).encode()).hexdigest()
 
 
-def write_manifest(out_dir: str, manifest: dict[str, Any]) -> str:
-    """Write ``manifest.json`` whole (:class:`AtomicFile`). Call it last: it is the commit."""
-    text = json.dumps(manifest, indent=2, sort_keys=False) + "\n"
-    file = AtomicFile(out_dir, MANIFEST_NAME)
+def write_whole(out_dir: str, name: str, data: bytes, *, make_dirs: bool = False) -> str:
+    """Write ``data`` as file ``name`` through :class:`AtomicFile`: whole or not at all."""
+    file = AtomicFile(out_dir, name, make_dirs=make_dirs)
     try:
-        file.write(text.encode())
+        file.write(data)
         file.commit()
     except BaseException:
         file.abort()
         raise
     return file.path
+
+
+def write_manifest(out_dir: str, manifest: dict[str, Any]) -> str:
+    """Write ``manifest.json`` whole. Call it last: it is the commit."""
+    return write_whole(out_dir, MANIFEST_NAME, (json.dumps(manifest, indent=2, sort_keys=False) + "\n").encode())

@@ -17,7 +17,7 @@ from dataclasses import asdict, replace
 
 import pyarrow as pa
 
-from raypack.output import AtomicFile
+from raypack.output import write_whole
 from raypack.tasks import PackSettings, ShardResult, ShardTask, result_to_table, table_to_results
 from raypack.shards import resolve_filesystem
 
@@ -40,19 +40,13 @@ def fingerprint(task: ShardTask, settings: PackSettings) -> str:
 
 
 def save_result(task: ShardTask, settings: PackSettings, result: ShardResult, token_type: pa.DataType) -> None:
-    """Record ``result`` durably (:class:`~raypack.output.AtomicFile`: whole or not at all)."""
+    """Record ``result`` durably (written whole or not at all)."""
     table = result_to_table(result, token_type)
     table = table.replace_schema_metadata({_FINGERPRINT_KEY: fingerprint(task, settings).encode()})
     buffer = pa.BufferOutputStream()
     with pa.ipc.new_file(buffer, table.schema) as writer:
         writer.write_table(table)
-    file = AtomicFile(settings.out_dir, record_name(task.shard_index), make_dirs=True)
-    try:
-        file.write(buffer.getvalue())
-        file.commit()
-    except BaseException:
-        file.abort()
-        raise
+    write_whole(settings.out_dir, record_name(task.shard_index), buffer.getvalue(), make_dirs=True)
 
 
 def load_verified_result(task: ShardTask, settings: PackSettings) -> ShardResult | None:
