@@ -71,3 +71,44 @@ def naive_segments(doc_ids_row: list[int]) -> list[tuple[int, int]]:
         else:
             runs.append((doc_id, 1))
     return runs
+
+
+def naive_best_fit(
+    docs: Any, context_length: int, pad_token: int, window: int = 0, dtype: npt.DTypeLike | None = None
+) -> tuple[npt.NDArray[np.integer], npt.NDArray[np.int64]]:
+    """Best-fit pack ``docs`` by the rules of the ``best_fit`` strategy, one item at a time.
+
+    Windows of ``window`` documents (0: all); a document is cut into pieces of C tokens from its
+    start, the last piece possibly shorter; pieces go longest first (ties: earlier piece first)
+    into the open chunk with the least room that holds them (ties: the chunk opened first), else
+    into a new chunk; chunks in opening order, pieces inside by doc id, then padding.
+    Returns ``(input_ids, doc_ids)``, both (n_chunks, C).
+    """
+    dtype = token_dtype(docs) if dtype is None else np.dtype(dtype)
+    docs = _as_python_docs(docs)
+    c = context_length
+    step = window or max(1, len(docs))
+    rows_tokens: list[list[int]] = []
+    rows_ids: list[list[int]] = []
+    for first in range(0, len(docs), step):
+        pieces = [(doc_id, docs[doc_id][at:at + c])
+                  for doc_id in range(first, min(len(docs), first + step))
+                  for at in range(0, len(docs[doc_id]), c)]
+        order = sorted(range(len(pieces)), key=lambda k: (-len(pieces[k][1]), k))
+        chunks: list[list[int]] = []  # piece numbers per chunk, in opening order
+        for k in order:
+            rooms = [c - sum(len(pieces[j][1]) for j in chunk) for chunk in chunks]
+            fitting = [(room, index) for index, room in enumerate(rooms) if room >= len(pieces[k][1])]
+            if fitting:
+                chunks[min(fitting)[1]].append(k)
+            else:
+                chunks.append([k])
+        for chunk in chunks:
+            tokens: list[int] = []
+            ids: list[int] = []
+            for k in sorted(chunk, key=lambda j: pieces[j][0]):
+                tokens += pieces[k][1]
+                ids += [pieces[k][0]] * len(pieces[k][1])
+            rows_tokens.append(tokens + [pad_token] * (c - len(tokens)))
+            rows_ids.append(ids + [-1] * (c - len(ids)))
+    return (np.array(rows_tokens, dtype=dtype).reshape(-1, c), np.array(rows_ids, dtype=np.int64).reshape(-1, c))
