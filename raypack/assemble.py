@@ -76,6 +76,14 @@ def count_stats(results: Sequence[ShardResult], plan: Plan) -> dict[str, int]:
     }
 
 
+def _shard_row(shard, task, strategy: str) -> dict[str, Any]:
+    row = {"path": shard.path, "format": shard.format, "num_docs": shard.num_docs, "num_tokens": shard.num_tokens,
+           "doc_offset": task.doc_offset, "token_offset": task.token_offset}
+    if strategy == "best_fit":
+        row.update(first_chunk=task.first_chunk, num_chunks=task.num_chunks)
+    return row
+
+
 def build_manifest(config: PackConfig, plan: Plan, files: list[WrittenFile], counts: dict[str, int]) -> dict[str, Any]:
     file_rows = [f._asdict() for f in files]
     return {
@@ -84,13 +92,11 @@ def build_manifest(config: PackConfig, plan: Plan, files: list[WrittenFile], cou
         "context_length": config.context_length,
         "pad_token": config.pad_token,
         "token_dtype": plan.token_dtype,
+        "strategy": config.strategy,
+        **({"best_fit_window": config.best_fit_window} if config.strategy == "best_fit" else {}),
         "counts": counts,
         "files": file_rows,
-        "shards": [
-            {"path": s.path, "format": s.format, "num_docs": s.num_docs, "num_tokens": s.num_tokens,
-             "doc_offset": t.doc_offset, "token_offset": t.token_offset}
-            for s, t in zip(plan.shards, plan.tasks)
-        ],
+        "shards": [_shard_row(s, t, config.strategy) for s, t in zip(plan.shards, plan.tasks)],
         "content_sha256": content_sha256(file_rows),
         "config": config.output_dict(),
     }

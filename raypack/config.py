@@ -13,7 +13,9 @@ import numpy as np
 from raypack.core import validate_context_length, validate_pad_token
 from raypack.errors import InputError
 
-OUTPUT_KEYS = ("inputs", "context_length", "pad_token", "token_column", "token_dtype", "chunks_per_record_batch")
+OUTPUT_KEYS = ("inputs", "context_length", "pad_token", "token_column", "token_dtype", "chunks_per_record_batch",
+               "strategy")
+STRATEGIES = ("concat", "best_fit")
 TOKEN_DTYPES = ("auto", "uint8", "uint16", "uint32", "int16", "int32", "int64")
 
 
@@ -35,6 +37,13 @@ class PackConfig:
     document length so that a batch holds about ``read_batch_tokens`` tokens."""
     read_batch_tokens: int = 1 << 20
     """Target tokens per read batch when ``read_batch_size`` is 0: a packer's memory follows it."""
+    strategy: str = "concat"
+    """"concat": the exact rules (concatenate, cut every C tokens, pad only the last chunk).
+    "best_fit": best-fit decreasing within windows of documents; a document of at most C
+    tokens is never cut and every chunk may end with padding (see raypack/best_fit.py)."""
+    best_fit_window: int = 8192
+    """Documents per best-fit window (0: a whole shard). Windows never span shards; a packer
+    holds one window of tokens in memory."""
     chunks_per_record_batch: int = 512
     """Chunks per Arrow record batch written; batches start at multiples of it globally."""
     num_workers: int = 2
@@ -54,9 +63,11 @@ class PackConfig:
             validate_pad_token(self.pad_token, np.dtype(self.token_dtype))
         elif isinstance(self.pad_token, bool) or not isinstance(self.pad_token, int):
             raise TypeError(f"pad_token={self.pad_token!r} must be an integer")
-        for name in ("read_batch_size", "read_batch_tokens", "chunks_per_record_batch", "num_workers"):
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy={self.strategy!r} must be one of {', '.join(STRATEGIES)}")
+        for name in ("read_batch_size", "read_batch_tokens", "chunks_per_record_batch", "num_workers", "best_fit_window"):
             value = getattr(self, name)
-            least = 0 if name == "read_batch_size" else 1
+            least = 0 if name in ("read_batch_size", "best_fit_window") else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name}={value!r} must be an integer >= {least}")
         if not 0 < self.worker_num_cpus <= 64:
@@ -65,7 +76,8 @@ class PackConfig:
     def output_dict(self) -> dict[str, Any]:
         """The keys that decide the output's bytes (workers, batch sizes, address do not)."""
         full = self.to_dict()
-        return {k: full[k] for k in OUTPUT_KEYS}
+        keys = OUTPUT_KEYS + (("best_fit_window",) if self.strategy == "best_fit" else ())
+        return {k: full[k] for k in keys}
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

@@ -39,9 +39,9 @@ from raypack.assemble import build_manifest, check_coverage, count_stats, stitch
 from raypack.config import PackConfig
 from raypack.errors import InputError
 from raypack.output import MANIFEST_NAME, TMP_PREFIX, write_manifest
-from raypack.plan import Plan, check_output_outside_inputs, make_plan, settings_for
+from raypack.plan import Plan, check_output_outside_inputs, make_plan, place_chunks, settings_for
 from raypack.resume import RESULTS_DIR, load_verified_result
-from raypack.shard_pack import pack_shard
+from raypack.shard_pack import count_shard_chunks, pack_shard
 from raypack.shards import bucket_of, check_bucket, resolve_filesystem
 from raypack.tasks import PackSettings, ShardResult
 
@@ -65,8 +65,11 @@ class Summary:
         pad_pct = 100.0 * c["padding_positions"] / positions if positions else 0.0
         split_pct = 100.0 * c["split_documents"] / c["documents"] if c["documents"] else 0.0
         rate = c["tokens"] / self.seconds if self.seconds > 0 else 0.0
+        strategy = self.manifest.get("strategy", "concat")
+        if strategy == "best_fit":
+            strategy += f", windows of {self.manifest['best_fit_window']:,} documents" if self.manifest["best_fit_window"] else ", whole-shard windows"
         return [
-            f"packed {self.output}",
+            f"packed {self.output} ({strategy})",
             f"  documents        {c['documents']:>14,}",
             f"  tokens           {c['tokens']:>14,}",
             f"  chunks           {c['chunks']:>14,}  of {self.manifest['context_length']} tokens",
@@ -82,6 +85,8 @@ class Summary:
 def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False) -> Summary:
     """Pack ``config.inputs`` into ``config.output``. ``engine``: "ray" or "local" (one process)."""
     start = time.perf_counter()
+    if engine not in ("ray", "local"):
+        raise ValueError(f"engine={engine!r} must be 'ray' or 'local'")
     if not config.output:
         raise InputError("no output given: pass --output DIR")
     target = output_target(config.output)
@@ -107,6 +112,8 @@ def _pack_seconds(results: list[ShardResult]) -> float:
 def _pack_into(target: LocalOutput | ObjectStoreOutput, config: PackConfig, plan: Plan, engine: str,
                resume: bool) -> tuple[dict, list[ShardResult]]:
     settings = settings_for(config, plan, target.work_dir)
+    if config.strategy == "best_fit":
+        plan = place_chunks(plan, _count_chunks(plan, settings, config, engine))
     results = _pack_shards(plan, settings, config, engine, resume)
     boundary_runs = stitch_boundaries(results, plan, settings)
     files = [r.file for r in results if r.file is not None] + write_boundaries(boundary_runs, settings)
@@ -122,13 +129,19 @@ def _pack_shards(plan: Plan, settings: PackSettings, config: PackConfig, engine:
     todo = [t for t in plan.tasks if t.shard_index not in kept]
     if kept:
         log.info("resume: %d of %d shards kept (verified), %d to pack", len(kept), len(plan.tasks), len(todo))
-    if engine not in ("ray", "local"):
-        raise ValueError(f"engine={engine!r} must be 'ray' or 'local'")
     if engine == "local" or not todo:
         packed = _pack_locally(todo, settings)
     else:
         packed = _pack_with_ray(todo, settings, config)
     return sorted([*kept.values(), *packed], key=lambda r: r.shard_index)
+
+
+def _count_chunks(plan: Plan, settings: PackSettings, config: PackConfig, engine: str) -> list[int]:
+    """best_fit's first pass: each shard's chunk count, from document lengths alone."""
+    if engine == "local" or not plan.tasks:
+        return [count_shard_chunks(t, settings) for t in plan.tasks]
+    return _on_ray(config, lambda pipeline: pipeline.count_chunks(
+        plan.tasks, settings, num_workers=config.num_workers, worker_num_cpus=config.worker_num_cpus))
 
 
 def _pack_locally(tasks, settings: PackSettings) -> list[ShardResult]:
@@ -144,12 +157,17 @@ def _pack_locally(tasks, settings: PackSettings) -> list[ShardResult]:
 
 
 def _pack_with_ray(tasks, settings: PackSettings, config: PackConfig) -> list[ShardResult]:
+    return _on_ray(config, lambda pipeline: pipeline.pack_shards(
+        tasks, settings, num_workers=config.num_workers, worker_num_cpus=config.worker_num_cpus))
+
+
+def _on_ray(config: PackConfig, run):
+    """``run(pipeline)`` on Ray; the user's InputError/OSError comes out unwrapped."""
     from raypack import pipeline
 
     pipeline.init_ray(config.address)
     try:
-        return pipeline.pack_shards(tasks, settings, num_workers=config.num_workers,
-                                    worker_num_cpus=config.worker_num_cpus)
+        return run(pipeline)
     except Exception as e:
         cause = pipeline.original_error(e)
         if isinstance(cause, (InputError, OSError)):

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import ray
 
-from raypack.shard_pack import pack_shard
+from raypack.shard_pack import count_shard_chunks, pack_shard
 from raypack.tasks import PackSettings, ShardResult, ShardTask, result_to_table, table_to_results
 
 log = logging.getLogger(__name__)
@@ -50,15 +50,45 @@ class ShardPackerActor:
             yield result_to_table(result, self.token_type)
 
 
+class ShardCounterActor:
+    """best_fit's first pass: counts each shard's chunks from its document lengths."""
+
+    def __init__(self, settings: dict) -> None:
+        self.settings = PackSettings(**settings)
+
+    def __call__(self, batch: pa.Table) -> Iterator[pa.Table]:
+        for row in batch.to_pylist():
+            task = ShardTask(**row)
+            yield pa.table({"shard_index": [task.shard_index], "num_chunks": [count_shard_chunks(task, self.settings)]})
+
+
 def pack_shards(
     tasks: Sequence[ShardTask], settings: PackSettings, *, num_workers: int, worker_num_cpus: float
 ) -> list[ShardResult]:
     """Pack every shard on a pool of actors; results in shard order."""
+    blocks = _map_shards(ShardPackerActor, tasks, settings, num_workers, worker_num_cpus)
+    results = [r for block in blocks for r in table_to_results(block)]
+    return sorted(results, key=lambda r: r.shard_index)
+
+
+def count_chunks(
+    tasks: Sequence[ShardTask], settings: PackSettings, *, num_workers: int, worker_num_cpus: float
+) -> list[int]:
+    """best_fit: every shard's chunk count, in shard order."""
+    counts = {}
+    for block in _map_shards(ShardCounterActor, tasks, settings, num_workers, worker_num_cpus):
+        counts.update(zip(block.column("shard_index").to_pylist(), block.column("num_chunks").to_pylist()))
+    return [counts[t.shard_index] for t in tasks]
+
+
+def _map_shards(actor_class: type, tasks: Sequence[ShardTask], settings: PackSettings, num_workers: int,
+                worker_num_cpus: float) -> Iterator[pa.Table]:
+    """Run ``actor_class`` over the shards, one shard per call, on a pool of stateful actors."""
     if not tasks:
-        return []
+        return iter(())
     dataset = ray.data.from_items([asdict(t) for t in tasks], override_num_blocks=len(tasks))
-    packed = dataset.map_batches(
-        ShardPackerActor,
+    mapped = dataset.map_batches(
+        actor_class,
         fn_constructor_kwargs={"settings": asdict(settings)},
         batch_size=1,
         batch_format="pyarrow",
@@ -66,9 +96,7 @@ def pack_shards(
                                            max_tasks_in_flight_per_actor=1),
         num_cpus=worker_num_cpus,
     )
-    results = [r for block in packed.iter_batches(batch_size=None, batch_format="pyarrow")
-               for r in table_to_results(block)]
-    return sorted(results, key=lambda r: r.shard_index)
+    return mapped.iter_batches(batch_size=None, batch_format="pyarrow")
 
 
 def original_error(error: BaseException) -> BaseException:

@@ -12,7 +12,8 @@ import logging
 import os
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Sequence
 
 import numpy as np
 
@@ -33,10 +34,25 @@ class Plan:
     num_docs: int
     num_tokens: int
     context_length: int
+    strategy: str = "concat"
 
     @property
     def num_chunks(self) -> int:
-        return -(-self.num_tokens // self.context_length)
+        if self.strategy == "concat":
+            return -(-self.num_tokens // self.context_length)
+        if any(t.num_chunks < 0 for t in self.tasks):
+            raise RuntimeError("internal error: best_fit chunk counts not placed yet (call place_chunks)")
+        return sum(t.num_chunks for t in self.tasks)
+
+
+def place_chunks(plan: Plan, chunk_counts: Sequence[int]) -> Plan:
+    """best_fit: give each shard its chunk range from every shard's counted chunks (a cumsum)."""
+    if len(chunk_counts) != len(plan.tasks):
+        raise RuntimeError(f"internal error: {len(chunk_counts)} chunk counts for {len(plan.tasks)} shards")
+    firsts = np.concatenate([[0], np.cumsum(np.asarray(chunk_counts, dtype=np.int64))[:-1]])
+    tasks = tuple(replace(t, first_chunk=int(first), num_chunks=int(n))
+                  for t, first, n in zip(plan.tasks, firsts, chunk_counts))
+    return replace(plan, tasks=tasks)
 
 
 def make_plan(config: PackConfig, *, max_threads: int = 8) -> Plan:
@@ -54,7 +70,7 @@ def make_plan(config: PackConfig, *, max_threads: int = 8) -> Plan:
         for k, info in enumerate(infos)
     )
     return Plan(tuple(infos), tasks, token_dtype, int(offsets.doc_offsets[-1]),
-                int(offsets.token_offsets[-1]), config.context_length)
+                int(offsets.token_offsets[-1]), config.context_length, config.strategy)
 
 
 def _resolve_token_dtype(config: PackConfig, infos: list[ShardInfo]) -> str:
@@ -71,7 +87,8 @@ def _resolve_token_dtype(config: PackConfig, infos: list[ShardInfo]) -> str:
 def settings_for(config: PackConfig, plan: Plan, out_dir: str) -> PackSettings:
     return PackSettings(out_dir, config.context_length, config.pad_token, plan.token_dtype,
                         config.token_column, config.read_batch_size, config.read_batch_tokens,
-                        config.chunks_per_record_batch)
+                        config.chunks_per_record_batch, config.strategy,
+                        config.best_fit_window if config.strategy == "best_fit" else 0)
 
 
 def check_output_outside_inputs(output: str, plan: Plan) -> None:

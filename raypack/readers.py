@@ -47,6 +47,7 @@ def iter_token_batches(
     batch_size: int = 8192,
     *,
     json_block_size: int = JSON_BLOCK_SIZE,
+    validate: bool = True,
 ) -> Iterator[tuple[int, pa.ListArray | pa.LargeListArray]]:
     """Yield ``(first_row, tokens)`` for ``path`` in file order, each batch validated.
 
@@ -54,6 +55,7 @@ def iter_token_batches(
     of what the format reader produced; JSONL gives list<int64>). Consecutive batches are
     contiguous: ``first_row`` of the next batch is this one's ``first_row + len(tokens)``.
     Memory: one Parquet batch, one JSON block or one IPC record batch at a time.
+    ``validate=False`` skips the token checks (for a pass that reads only document lengths).
     """
     if fmt not in FORMATS:
         raise ValueError(f"fmt={fmt!r} must be one of {', '.join(FORMATS)}")
@@ -70,7 +72,8 @@ def iter_token_batches(
     for lists in lists_iter:
         for start in range(0, len(lists), batch_size):
             tokens = lists.slice(start, batch_size)
-            validate_token_batch(tokens, path=path, first_row=first_row)
+            if validate:
+                validate_token_batch(tokens, path=path, first_row=first_row)
             yield first_row, tokens
             first_row += len(tokens)
 

@@ -1,10 +1,15 @@
 """Pack one shard: stream its documents in order, write the complete chunks it owns to one
 file, and hand back the fragments at its edges for the driver to stitch. No Ray here.
 
-A shard owns every chunk that lies entirely inside its slice ``[token_offset,
+``concat``: a shard owns every chunk that lies entirely inside its slice ``[token_offset,
 token_offset + num_tokens)`` of the global stream. The tokens before its first chunk boundary
 (its *head*) and after its last one (its *tail*) belong to chunks it shares with neighbours;
 they are returned as :class:`~raypack.core.Fragment` s, each shorter than one chunk.
+
+``best_fit``: windows never span shards, so a shard owns all of its chunks and has no edge
+fragments; how many it has is known only after best-fit packing its windows, so the driver
+first runs :func:`count_shard_chunks` on every shard (document lengths only) and hands each
+shard its first chunk index.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from raypack.core import StreamPacker, flatten_documents
+from raypack.best_fit import BestFitChunkCounter, BestFitPacker
+from raypack.core import Chunks, StreamPacker, flatten_documents
 from raypack.errors import InputError
 from raypack.output import ChunkFileWriter, chunk_schema
 from raypack.readers import check_tokens_fit, iter_token_batches
@@ -30,16 +36,17 @@ def first_owned_chunk(token_offset: int, context_length: int) -> int:
 def pack_shard(task: ShardTask, settings: PackSettings) -> ShardResult:
     """Pack ``task``'s shard; its file appears (rename, or one upload) only when complete."""
     started_at = time.time()
-    c = settings.context_length
     dtype = np.dtype(settings.token_dtype)
-    packer = StreamPacker(c, settings.pad_token, start_position=task.token_offset, dtype=dtype)
-    schema = chunk_schema(c, pa.from_numpy_dtype(dtype), settings.pad_token)
-    writer = ChunkFileWriter(settings.out_dir, first_owned_chunk(task.token_offset, c), schema,
-                             settings.chunks_per_record_batch)
+    packer = make_shard_packer(task, settings)
+    schema = chunk_schema(settings.context_length, pa.from_numpy_dtype(dtype), settings.pad_token)
+    writer = ChunkFileWriter(settings.out_dir, packer.first_chunk, schema, settings.chunks_per_record_batch)
     try:
         counts = _stream_shard(task, settings, packer, writer)
-        packer.finish(pad=False)
+        last = packer.finish()
+        if last.num_chunks:
+            writer.write(last)
         _check_counts(task, counts)
+        packer.check_num_chunks(task, writer.num_chunks)
         written = writer.close() if writer.num_chunks else None
         if written is None:
             writer.abort()
@@ -53,7 +60,76 @@ def pack_shard(task: ShardTask, settings: PackSettings) -> ShardResult:
     return result
 
 
-def _stream_shard(task: ShardTask, settings: PackSettings, packer: StreamPacker, writer: ChunkFileWriter) -> dict[str, int]:
+class ConcatShardPacker:
+    """``concat``: the shard's slice of the global stream; edges kept as head/tail fragments."""
+
+    def __init__(self, task: ShardTask, settings: PackSettings) -> None:
+        c = settings.context_length
+        self.context_length = c
+        self.first_chunk = first_owned_chunk(task.token_offset, c)
+        self._packer = StreamPacker(c, settings.pad_token, start_position=task.token_offset,
+                                    dtype=np.dtype(settings.token_dtype))
+        self.head = self.tail = None
+
+    def push(self, documents: pa.Array, first_doc_id: int) -> Chunks:
+        return self._packer.push(documents, first_doc_id)
+
+    def count_split(self, lengths: np.ndarray) -> int:
+        """Call before ``push``: documents of this batch that cross a chunk boundary."""
+        return count_split_documents(lengths, self._packer.position, self.context_length)
+
+    def finish(self) -> Chunks:
+        last = self._packer.finish(pad=False)
+        self.head, self.tail = self._packer.head, self._packer.tail
+        return last
+
+    def check_num_chunks(self, task: ShardTask, num_chunks: int) -> None:
+        pass  # decided by token offsets alone
+
+
+class BestFitShardPacker:
+    """``best_fit``: windows of the shard's documents, its chunks from ``task.first_chunk``."""
+
+    def __init__(self, task: ShardTask, settings: PackSettings) -> None:
+        if task.first_chunk < 0:
+            raise RuntimeError(f"internal error: best_fit shard {task.shard_index} has no first chunk")
+        self.context_length = settings.context_length
+        self.first_chunk = task.first_chunk
+        self._packer = BestFitPacker(settings.context_length, settings.pad_token, window=settings.best_fit_window,
+                                     first_doc_id=task.doc_offset, dtype=np.dtype(settings.token_dtype))
+        self.head = self.tail = None
+
+    def push(self, documents: pa.Array, first_doc_id: int) -> Chunks:
+        return self._packer.push(documents)
+
+    def count_split(self, lengths: np.ndarray) -> int:
+        return int(np.count_nonzero(lengths > self.context_length))
+
+    def finish(self) -> Chunks:
+        return self._packer.finish()
+
+    def check_num_chunks(self, task: ShardTask, num_chunks: int) -> None:
+        if num_chunks != task.num_chunks:
+            raise InputError(f"shard {task.path}: counted {task.num_chunks} best_fit chunks but packed "
+                             f"{num_chunks}; the file changed during the run (rerun on a stable copy)")
+
+
+def make_shard_packer(task: ShardTask, settings: PackSettings) -> ConcatShardPacker | BestFitShardPacker:
+    return BestFitShardPacker(task, settings) if settings.strategy == "best_fit" else ConcatShardPacker(task, settings)
+
+
+def count_shard_chunks(task: ShardTask, settings: PackSettings) -> int:
+    """best_fit: the chunks ``task``'s shard packs into, from its document lengths alone."""
+    counter = BestFitChunkCounter(settings.context_length, window=settings.best_fit_window)
+    batches = iter_token_batches(task.path, task.format, settings.token_column, read_batch_rows(task, settings),
+                                 validate=False)
+    for _, docs in batches:
+        counter.push(np.diff(docs.offsets.to_numpy()))
+    return counter.finish()
+
+
+def _stream_shard(task: ShardTask, settings: PackSettings, packer: ConcatShardPacker | BestFitShardPacker,
+                  writer: ChunkFileWriter) -> dict[str, int]:
     counts = {"docs": 0, "nonempty": 0, "tokens": 0, "split": 0}
     batches = iter_token_batches(task.path, task.format, settings.token_column, read_batch_rows(task, settings))
     for first_row, docs in batches:
@@ -61,7 +137,7 @@ def _stream_shard(task: ShardTask, settings: PackSettings, packer: StreamPacker,
         counts["docs"] += len(docs)
         counts["nonempty"] += int(np.count_nonzero(lengths))
         counts["tokens"] += int(lengths.sum())
-        counts["split"] += count_split_documents(lengths, packer.position, settings.context_length)
+        counts["split"] += packer.count_split(lengths)
         _check_not_past_plan(task, counts)
         try:
             chunks = packer.push(docs, task.doc_offset + first_row)

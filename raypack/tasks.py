@@ -24,6 +24,10 @@ class ShardTask:
     token_offset: int
     num_docs: int
     num_tokens: int
+    first_chunk: int = -1
+    """best_fit only: the global index of the shard's first chunk (from the counting pass)."""
+    num_chunks: int = -1
+    """best_fit only: the chunks the shard packs into (from the counting pass)."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,8 @@ class PackSettings:
     read_batch_size: int
     read_batch_tokens: int
     chunks_per_record_batch: int
+    strategy: str = "concat"
+    best_fit_window: int = 0
 
 
 @dataclass(frozen=True)
