@@ -2,6 +2,7 @@
 
     python bench/bench_job.py                      # 200M tokens, 16 Parquet shards, 2 workers
     python bench/bench_job.py --tokens 20e6        # quicker
+    python bench/bench_job.py --strategy best_fit  # the best_fit strategy (two passes over each shard)
 
 Runs in one process, side by side on the same generated corpus:
   1. a single-process pyarrow copy: read every shard's token column from Parquet and write it
@@ -48,9 +49,13 @@ def pyarrow_copy(shards: list[str], out_dir: str, column: str = "input_ids") -> 
     return time.perf_counter() - start
 
 
+STRATEGY: dict = {}
+"""``strategy`` / ``best_fit_window`` for every run, from the command line."""
+
+
 def run_job(shards_dir: str, out: str, *, context_length: int, workers: int, engine: str):
     config = make_config(dict(inputs=[shards_dir], output=out, context_length=context_length, pad_token=0,
-                              num_workers=workers, overwrite=True))
+                              num_workers=workers, overwrite=True, **STRATEGY))
     return run_pack(config, engine=engine)
 
 
@@ -68,7 +73,12 @@ def main() -> None:
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--reuse", action="store_true", help="reuse the corpus in --workdir if it is there")
+    parser.add_argument("--strategy", choices=("concat", "best_fit"), default="concat")
+    parser.add_argument("--best-fit-window", type=int, default=8192)
     args = parser.parse_args()
+    STRATEGY.update(strategy=args.strategy)
+    if args.strategy == "best_fit":
+        STRATEGY.update(best_fit_window=args.best_fit_window)
 
     work = args.workdir or tempfile.mkdtemp(prefix="raypack-bench-")
     c = args.context_length
@@ -81,7 +91,8 @@ def main() -> None:
         shutil.rmtree(corpus, ignore_errors=True)
         shards = write_sample_corpus(corpus, num_shards=args.shards, docs_per_shard=docs_per_shard, mean_doc_len=mean)
     gen_s = time.perf_counter() - t
-    print(f"# corpus: {len(shards)} Parquet shards x {docs_per_shard:,} docs, C={c} (generated in {gen_s:.1f}s)")
+    print(f"# corpus: {len(shards)} Parquet shards x {docs_per_shard:,} docs, C={c} (generated in {gen_s:.1f}s); "
+          f"raypack {STRATEGY}")
     print(f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]},"
           f" pyarrow {pa.__version__}, numpy {np.__version__}")
 

@@ -27,6 +27,14 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--token-dtype")
     pack.add_argument("--workers", dest="num_workers", type=int, help="packer actors")
     pack.add_argument("--read-batch-size", type=int, help="documents per record batch read")
+    pack.add_argument("--strategy", choices=("concat", "best_fit"),
+                      help="concat (default): the exact rules; best_fit: never cut a document that fits a chunk")
+    pack.add_argument("--best-fit-window", type=int, metavar="DOCS",
+                      help="documents per best-fit window (0: a whole shard; default 8192)")
+    pack.add_argument("--dry-run", action="store_true",
+                      help="print what concat and best_fit would give on a sample; write nothing")
+    pack.add_argument("--sample-docs", type=int, default=100_000, metavar="N",
+                      help="with --dry-run: the first N documents of the stream (0: all; default 100000)")
     pack.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded local Ray)")
     pack.add_argument("--overwrite", action="store_true", default=None, help="replace a non-empty output directory")
     pack.add_argument("--resume", action="store_true",
@@ -84,8 +92,16 @@ def _run_stats(args: argparse.Namespace) -> int:
 def _run_pack(args: argparse.Namespace) -> int:
     from raypack.job import run_pack
 
-    overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config", "local", "resume")}
+    skip = ("command", "config", "local", "resume", "dry_run", "sample_docs")
+    overrides = {k: v for k, v in vars(args).items() if k not in skip}
     config = load_config(args.config, **overrides)
+    if args.dry_run:
+        from raypack.dry_run import dry_run
+
+        if args.sample_docs < 0:
+            raise InputError(f"--sample-docs={args.sample_docs} must be >= 0 (0: every document)")
+        print("\n".join(dry_run(config, sample_docs=args.sample_docs).lines()))
+        return 0
     summary = run_pack(config, engine="local" if args.local else "ray", resume=args.resume)
     print("\n".join(summary.lines()))
     return 0

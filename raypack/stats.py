@@ -36,6 +36,7 @@ class PackStats:
     shard_paths: tuple[str, ...]
     shard_documents: npt.NDArray[np.int64]
     shard_split_documents: npt.NDArray[np.int64]
+    strategy: str = "concat"
 
     @property
     def padding_percent(self) -> float:
@@ -48,6 +49,7 @@ class PackStats:
 
     def lines(self) -> list[str]:
         out = [
+            f"strategy         {self.strategy:>14}",
             f"chunks           {self.num_chunks:>14,}  of {self.context_length} tokens",
             f"tokens           {self.num_tokens:>14,}",
             f"documents        {self.num_documents:>14,}",
@@ -72,24 +74,56 @@ def packing_stats(out: str) -> PackStats:
     c = manifest["context_length"]
     edges = np.unique(np.linspace(1, c + 1, NUM_BINS + 1).astype(np.int64))
     counts = np.zeros(edges.size - 1, np.int64)
-    split_ids: list[np.ndarray] = []
-    previous_last = -1
+    find_split = _BestFitSplits(c) if manifest.get("strategy", "concat") == "best_fit" else _ConcatSplits()
     for seg_ids, seg_lens, offsets in _segment_batches(out, manifest):
         fragments = seg_lens[seg_ids >= 0]
         counts += np.histogram(fragments, bins=edges)[0]
-        first, last = seg_ids[offsets[:-1]], seg_ids[offsets[1:] - 1]
-        before = np.concatenate([[previous_last], last[:-1]])
-        continued = (first == before) & (first >= 0)
-        split_ids.append(np.unique(first[continued]))
-        previous_last = int(last[-1])
-    split = np.unique(np.concatenate(split_ids)) if split_ids else np.zeros(0, np.int64)
+        find_split.add(seg_ids, seg_lens, offsets)
+    split = find_split.split_ids()
     shards = manifest["shards"]
     doc_offsets = np.array([s["doc_offset"] for s in shards] + [manifest["counts"]["documents"]], np.int64)
     per_shard = np.bincount(np.searchsorted(doc_offsets, split, side="right") - 1, minlength=len(shards))
     counts_m = manifest["counts"]
     return PackStats(c, counts_m["chunks"], counts_m["tokens"], counts_m["documents"],
                      counts_m["padding_positions"], int(split.size), edges, counts,
-                     tuple(s["path"] for s in shards), np.diff(doc_offsets), per_shard[: len(shards)])
+                     tuple(s["path"] for s in shards), np.diff(doc_offsets), per_shard[: len(shards)],
+                     manifest.get("strategy", "concat"))
+
+
+class _ConcatSplits:
+    """concat: a document is split where a chunk starts with the id the previous chunk ended with."""
+
+    def __init__(self) -> None:
+        self._ids: list[np.ndarray] = []
+        self._previous_last = -1
+
+    def add(self, seg_ids: np.ndarray, seg_lens: np.ndarray, offsets: np.ndarray) -> None:
+        first, last = seg_ids[offsets[:-1]], seg_ids[offsets[1:] - 1]
+        before = np.concatenate([[self._previous_last], last[:-1]])
+        self._ids.append(np.unique(first[(first == before) & (first >= 0)]))
+        self._previous_last = int(last[-1])
+
+    def split_ids(self) -> np.ndarray:
+        return np.unique(np.concatenate(self._ids)) if self._ids else np.zeros(0, np.int64)
+
+
+class _BestFitSplits:
+    """best_fit: only a document with a full-chunk piece can have another piece, and its full
+    pieces come before its remainder in chunk order; so only segments of such documents are kept."""
+
+    def __init__(self, context_length: int) -> None:
+        self.context_length = context_length
+        self._candidates = np.zeros(0, np.int64)
+        self._hits: list[np.ndarray] = []
+
+    def add(self, seg_ids: np.ndarray, seg_lens: np.ndarray, offsets: np.ndarray) -> None:
+        self._candidates = np.union1d(self._candidates, seg_ids[seg_lens == self.context_length])
+        self._hits.append(seg_ids[np.isin(seg_ids, self._candidates)])
+
+    def split_ids(self) -> np.ndarray:
+        ids, counts = np.unique(np.concatenate(self._hits) if self._hits else np.zeros(0, np.int64),
+                                return_counts=True)
+        return ids[counts > 1]
 
 
 def _segment_batches(out: str, manifest: dict):

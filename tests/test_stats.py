@@ -12,6 +12,7 @@ from raypack.config import make_config
 from raypack.core import pack_sequences
 from raypack.job import run_pack
 from raypack.stats import NUM_BINS, packing_stats
+from reference import naive_best_fit
 
 
 def write_shards(root, docs, cuts):
@@ -22,8 +23,13 @@ def write_shards(root, docs, cuts):
     return bounds
 
 
-def naive(docs, c):
-    _, doc_ids = pack_sequences([np.asarray(d, np.int32) for d in docs], c, 0)
+def naive(docs, c, bounds=None, window=None):
+    """Dense doc ids by the reference (concat; best_fit per shard when ``window`` is given)."""
+    if window is None:
+        _, doc_ids = pack_sequences([np.asarray(d, np.int32) for d in docs], c, 0)
+    else:
+        parts = [naive_best_fit(docs[a:b], c, 0, window, dtype=np.int32)[1] for a, b in zip(bounds, bounds[1:])]
+        doc_ids = np.concatenate([np.where(p >= 0, p + a, -1) for p, a in zip(parts, bounds)])
     chunks_of = {}
     fragments = []
     for i, row in enumerate(doc_ids):
@@ -38,8 +44,9 @@ def naive(docs, c):
     return split, fragments, int((doc_ids == -1).sum())
 
 
+@pytest.mark.parametrize("strategy", ["concat", "best_fit"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_stats_equal_a_naive_count(tmp_path, seed):
+def test_stats_equal_a_naive_count(tmp_path, seed, strategy):
     rng = np.random.default_rng(seed)
     docs = [rng.integers(0, 100, size=n).tolist() for n in rng.integers(0, 40, size=80)]
     shard_dir = tmp_path / "in"
@@ -47,9 +54,10 @@ def test_stats_equal_a_naive_count(tmp_path, seed):
     bounds = write_shards(shard_dir, docs, [20, 21, 50])
     out = tmp_path / "out"
     run_pack(make_config(dict(inputs=[str(shard_dir)], output=str(out), context_length=16, pad_token=0,
-                              chunks_per_record_batch=3)), engine="local")
+                              chunks_per_record_batch=3, strategy=strategy, best_fit_window=7)), engine="local")
     stats = packing_stats(str(out))
-    split, fragments, padding = naive(docs, 16)
+    split, fragments, padding = naive(docs, 16, bounds, 7 if strategy == "best_fit" else None)
+    assert stats.strategy == strategy
     assert len(split) > 3, "vacuous: the corpus should split documents"
     assert stats.split_documents == len(split)
     assert stats.padding_positions == padding
