@@ -472,3 +472,607 @@ def test_recorded_shard_counts_are_checked(tmp_path):
                                           rf"{len(docs) - 41} / \d+ at packing; it changed after packing"):
         verify_output(out)
 
+
+
+# ============================================================================= best_fit outputs
+#
+# One corpus, packed once per window size and copied per test: 70 documents (empty ones, one of
+# exactly C tokens, one of 2C, several of 3C+), shards of 20, 0 (an empty shard), 21, 22 and 7
+# documents, best_fit_window=7 by default (it divides neither the 20- nor the 22-document shard).
+
+BF_CUTS = (20, 20, 41, 63)
+BF_WINDOW = 7
+
+
+def make_best_fit_docs() -> list[list[int]]:
+    docs = make_docs(2, num_docs=70)
+    rng = np.random.default_rng(7)
+    for i, n in ((12, C), (13, 2 * C), (55, 3 * C + 6)):
+        docs[i] = rng.integers(1, 1000, size=n).tolist()
+    return docs
+
+
+@pytest.fixture(scope="module")
+def best_fit_outputs(tmp_path_factory):
+    """``window -> (out, shard_dir, docs)``, packed on first use; tests copy ``out`` before changing it."""
+    root = tmp_path_factory.mktemp("best_fit")
+    docs = make_best_fit_docs()
+    shard_dir = write_shards(root, docs, list(BF_CUTS))
+    packed: dict[int, str] = {}
+
+    def get(window: int) -> tuple[str, str, list[list[int]]]:
+        if window not in packed:
+            out = str(root / f"out-{window}")
+            run_pack(make_config(dict(inputs=[shard_dir], output=out, context_length=C, pad_token=0,
+                                      read_batch_size=3, strategy="best_fit", best_fit_window=window)),
+                     engine="local")
+            packed[window] = out
+        return packed[window], shard_dir, docs
+
+    return get
+
+
+@pytest.fixture
+def bf(tmp_path, best_fit_outputs):
+    """A private copy of the window-7 best_fit output: (out, shard_dir, docs)."""
+    out, shard_dir, docs = best_fit_outputs(BF_WINDOW)
+    shutil.copytree(out, tmp_path / "out")
+    return str(tmp_path / "out"), shard_dir, docs
+
+
+class Layout:
+    """Where things are in a best_fit output (read with plain pyarrow) and in its corpus."""
+
+    def __init__(self, out: str, docs: list[list[int]]) -> None:
+        self.out, self.docs = out, docs
+        self.manifest = load_manifest(out)
+        self.window = self.manifest["best_fit_window"]
+        self.segs = segments(out)
+        self.input_ids, _ = read_dense(out)
+
+    def shard_of(self, doc: int) -> tuple[int, int]:
+        """(shard, row) of a doc id."""
+        shards = self.manifest["shards"]
+        k = max(k for k, s in enumerate(shards) if s["doc_offset"] <= doc and s["num_docs"])
+        return k, doc - shards[k]["doc_offset"]
+
+    def window_of(self, doc: int) -> tuple[int, int]:
+        """(shard, window index inside the shard) of a doc id."""
+        k, row = self.shard_of(doc)
+        return k, row // self.window if self.window else 0
+
+    def chunk_window(self, chunk: int) -> tuple[int, int]:
+        return self.window_of(self.segs[chunk][0][0])
+
+    def real(self, chunk: int) -> list[tuple[int, int, int]]:
+        """(doc id, start, length) of the chunk's document segments."""
+        ids, lens = self.segs[chunk]
+        starts = np.cumsum([0] + lens[:-1]).tolist()
+        return [(d, s, n) for d, s, n in zip(ids, starts, lens) if d >= 0]
+
+    def padding(self, chunk: int) -> int:
+        ids, lens = self.segs[chunk]
+        return lens[-1] if ids[-1] == -1 else 0
+
+    def doc_label(self, doc: int) -> str:
+        k, row = self.shard_of(doc)
+        return rf"doc id {doc} \(shard {k} {re.escape(self.manifest['shards'][k]['path'])} row {row}\)"
+
+    def place(self, chunk: int, position: int) -> str:
+        name, row = file_of_chunk(self.out, chunk)
+        return rf"output chunk {chunk} position {position} \({re.escape(name)} row {row}\)"
+
+    def window_label(self, shard: int, index: int) -> str:
+        return rf"window {index} of shard {shard} \({re.escape(self.manifest['shards'][shard]['path'])} rows "
+
+
+def set_chunk(out: str, chunk: int, **columns) -> None:
+    """Replace whole columns of one chunk (hashes fixed up)."""
+    for column, value in columns.items():
+        edit_chunk(out, chunk, column, lambda _, v=value: v)
+
+
+def pad_tail(ids: list[int], num_pad: int) -> list[int]:
+    return ids[:C - num_pad] + [0] * num_pad
+
+
+# ----------------------------------------------------------------------------- best_fit: clean
+
+
+def test_best_fit_corpus_is_not_vacuous(bf):
+    out, _, docs = bf
+    layout = Layout(out, docs)
+    manifest = layout.manifest
+    assert manifest["strategy"] == "best_fit" and manifest["best_fit_window"] == BF_WINDOW
+    assert [s["num_docs"] for s in manifest["shards"]] == [20, 0, 21, 22, 7]
+    assert any(s["num_docs"] % BF_WINDOW for s in manifest["shards"])
+    assert {len(d) for d in docs} >= {0, C, 2 * C, 3 * C + 1, 3 * C + 6}
+    assert manifest["counts"]["split_documents"] == sum(len(d) > C for d in docs) > 0
+    padded = [i for i in range(len(layout.segs)) if layout.padding(i)]
+    assert len(padded) > 5 and padded[0] < len(layout.segs) - 1  # padding in many chunks, not only the last
+    assert any(len(layout.real(i)) >= 3 for i in range(len(layout.segs)))
+
+
+@pytest.mark.parametrize("window", [0, 1, BF_WINDOW])
+def test_best_fit_clean_output_verifies_with_and_without_inputs(best_fit_outputs, window):
+    out, shard_dir, docs = best_fit_outputs(window)
+    counts = load_manifest(out)["counts"]
+    for batch_chunks in (1, 3, 1024):
+        reports = [verify_output(out, batch_chunks=batch_chunks), verify_output(out, [shard_dir], batch_chunks=batch_chunks),
+                   verify_output(out, [], batch_chunks=batch_chunks)]
+        assert [r.inputs_compared for r in reports] == [True, True, False]
+        for report in reports:
+            assert (report.num_chunks, report.num_tokens, report.num_padding_positions, report.num_documents,
+                    report.num_split_documents) == (counts["chunks"], counts["tokens"], counts["padding_positions"],
+                                                    counts["documents"], counts["split_documents"])
+            assert (report.strategy, report.best_fit_window) == ("best_fit", window)
+    assert reports[0].num_tokens == sum(map(len, docs)) and reports[0].num_shards == 5
+    assert any("best_fit" in line for line in reports[0].lines())
+
+
+def test_best_fit_output_of_empty_documents_only_verifies(tmp_path):
+    out, _, _ = pack(tmp_path, docs=[[], [], []], cuts=[1], strategy="best_fit", best_fit_window=2)
+    report = verify_output(out)
+    assert report.inputs_compared and (report.num_chunks, report.num_tokens, report.num_documents) == (0, 0, 3)
+
+
+def test_best_fit_verify_streams_window_by_window(best_fit_outputs):
+    """With one chunk per block, every piece compared with the inputs is exactly one window."""
+    from raypack import verify as verify_module
+    import pyarrow.fs as pafs
+
+    out, _, docs = best_fit_outputs(BF_WINDOW)
+    manifest = load_manifest(out)
+    structure = verify_module._BestFitStructure(manifest, keep_tokens=True)
+    pieces = list(verify_module._output_pieces(pafs.LocalFileSystem(), out, manifest, structure, 1))
+    layout = Layout(out, docs)
+    windows = [{layout.window_of(int(d)) for d in np.unique(p.doc_ids)} for p in pieces]
+    assert all(len(w) == 1 for w in windows)
+    nonempty = {layout.window_of(d) for d in range(len(docs)) if docs[d]}
+    assert len(pieces) == len(nonempty) and {w.pop() for w in windows} == nonempty
+    for piece in pieces:  # each piece is its documents, in doc id order
+        ids = np.unique(piece.doc_ids)
+        assert piece.tokens.tolist() == [t for d in ids for t in docs[d]]
+
+
+def test_best_fit_cli_verify(best_fit_outputs, capsys):
+    from raypack.cli import main
+
+    out, _, _ = best_fit_outputs(BF_WINDOW)
+    assert main(["verify", out]) == 0
+    printed = capsys.readouterr().out
+    assert "best_fit" in printed and "unpack(pack(x)) == x" in printed
+    assert main(["verify", "--no-inputs", out]) == 0
+
+
+# ----------------------------------------------------------------------------- best_fit: manifest
+
+
+def test_manifest_without_strategy_is_concat(tmp_path, bf):
+    out, _, _ = bf
+    manifest = load_manifest(out)
+    del manifest["strategy"], manifest["config"]["strategy"]
+    save_manifest(out, manifest)
+    with pytest.raises(VerifyError, match=r"padding may only be the last segment of the last chunk"):
+        verify_output(out, [])  # read as concat, the best_fit layout is wrong
+    concat_out, _, _ = pack(tmp_path / "concat")
+    manifest = load_manifest(concat_out)
+    manifest.pop("strategy", None)
+    manifest["config"].pop("strategy", None)
+    save_manifest(concat_out, manifest)
+    assert verify_output(concat_out).strategy == "concat"  # an output written before strategies existed
+
+
+def test_unknown_strategy(bf):
+    out, _, _ = bf
+    manifest = load_manifest(out)
+    manifest["strategy"] = "zigzag"
+    save_manifest(out, manifest)
+    with pytest.raises(VerifyError, match=r"manifest.json: strategy='zigzag' is unknown; expected one of concat, best_fit"):
+        verify_output(out, [])
+
+
+def test_strategy_differs_from_config(bf):
+    out, _, _ = bf
+    manifest = load_manifest(out)
+    manifest["config"]["best_fit_window"] = 8
+    save_manifest(out, manifest)
+    with pytest.raises(VerifyError, match=rf"best_fit_window={BF_WINDOW} but config.best_fit_window=8"):
+        verify_output(out, [])
+
+
+@pytest.mark.parametrize("key", ["tokens", "chunks", "padding_positions", "split_documents", "documents"])
+def test_best_fit_manifest_with_a_wrong_count(bf, key):
+    out, _, _ = bf
+    manifest = load_manifest(out)
+    manifest["counts"][key] += 1
+    save_manifest(out, manifest)
+    with pytest.raises(VerifyError, match=rf"counts\.{key}={manifest['counts'][key]} but "):
+        verify_output(out, [])
+
+
+def test_best_fit_split_documents_are_those_longer_than_c(bf):
+    """A concat-style count (documents crossing a chunk boundary) would differ: it is caught."""
+    out, _, docs = bf
+    manifest = load_manifest(out)
+    manifest["counts"]["split_documents"] = sum(len(d) > C for d in docs) - 1
+    save_manifest(out, manifest)
+    with pytest.raises(VerifyError, match=rf"counts\.split_documents={sum(len(d) > C for d in docs) - 1} but the "
+                                          rf"chunk files hold {sum(len(d) > C for d in docs)}"):
+        verify_output(out, [])
+
+
+def test_shard_chunk_ranges_must_tile(bf):
+    out, _, _ = bf
+    manifest = load_manifest(out)
+    first = manifest["shards"][2]["first_chunk"]
+    manifest["shards"][2]["first_chunk"] += 1
+    save_manifest(out, manifest)
+    with pytest.raises(VerifyError, match=rf"shards\[2\] \(.*part-0002.parquet\): first_chunk={first + 1}, expected "
+                                          rf"{first}; best_fit shard chunk ranges tile the chunks in shard order"):
+        verify_output(out, [])
+
+
+def test_shard_chunk_ranges_must_cover_the_files(bf):
+    out, _, _ = bf
+    manifest = load_manifest(out)
+    manifest["shards"][-1]["num_chunks"] -= 1
+    save_manifest(out, manifest)
+    total = manifest["counts"]["chunks"]
+    with pytest.raises(VerifyError, match=rf"the shards' chunk ranges cover chunks 0..{total - 2} \({total - 1} chunks\) "
+                                          rf"but the files hold {total}"):
+        verify_output(out, [])
+
+
+def test_chunk_outside_its_shards_range(bf):
+    """Shard 0's last chunk handed to the (empty) shard 1 by the manifest: its doc ids are shard 0's."""
+    out, _, docs = bf
+    manifest = load_manifest(out)
+    shards = manifest["shards"]
+    assert shards[1]["num_docs"] == 0 and shards[1]["num_chunks"] == 0
+    shards[0]["num_chunks"] -= 1
+    shards[1]["first_chunk"] -= 1
+    shards[1]["num_chunks"] = 1
+    save_manifest(out, manifest)
+    chunk = shards[1]["first_chunk"]
+    layout = Layout(out, docs)
+    doc = layout.real(chunk)[0][0]
+    with pytest.raises(VerifyError, match=rf"{layout.place(chunk, 0)}: {layout.doc_label(doc)} is in chunk {chunk}, "
+                                          rf"which lies in shard 1's chunk range {chunk}..{chunk} \(.*part-0001.parquet\); "
+                                          r"a shard's chunks hold only its own documents"):
+        verify_output(out, [])
+
+
+def test_shard_tokens_must_match_its_chunks(bf):
+    out, _, _ = bf
+    manifest = load_manifest(out)
+    shards = manifest["shards"]
+    shards[2]["num_tokens"] += 1  # shard 3 gives one: the totals and offsets still add up
+    shards[3]["num_tokens"] -= 1
+    shards[3]["token_offset"] += 1
+    save_manifest(out, manifest)
+    first, n = shards[2]["first_chunk"], shards[2]["num_chunks"]
+    with pytest.raises(VerifyError, match=rf"shards\[2\] \(.*part-0002.parquet\): num_tokens={shards[2]['num_tokens']} "
+                                          rf"but its chunks {first}..{first + n - 1} hold {shards[2]['num_tokens'] - 1} tokens"):
+        verify_output(out, [])
+
+
+# ----------------------------------------------------------------------------- best_fit: per chunk
+
+
+def test_best_fit_padding_moved_inside_a_chunk(bf):
+    out, _, docs = bf
+    layout = Layout(out, docs)
+    chunk = next(i for i in range(len(layout.segs)) if len(layout.segs[i][0]) == 2 and layout.padding(i))
+    (doc, _, n), = layout.real(chunk)
+    pad = C - n
+    tokens = layout.input_ids[chunk].tolist()
+    set_chunk(out, chunk, input_ids=[0] * pad + tokens[:n], segment_doc_ids=[-1, doc], segment_lengths=[pad, n])
+    with pytest.raises(VerifyError, match=rf"{layout.place(chunk, 0)}: padding \(doc id -1\) in chunk {chunk} segment 0 "
+                                          rf"of 2, before {layout.doc_label(doc)}; a best_fit chunk holds its "
+                                          r"documents first and padding only as its last segment"):
+        verify_output(out, [])
+
+
+def test_best_fit_padding_holds_the_pad_token(bf):
+    out, _, docs = bf
+    layout = Layout(out, docs)
+    chunk = next(i for i in range(len(layout.segs)) if layout.padding(i))
+    edit_chunk(out, chunk, "input_ids", lambda ids: replace_at(ids, C - 1, 7))
+    with pytest.raises(VerifyError, match=rf"{layout.place(chunk, C - 1)}: doc id -1 \(padding\) holds token 7, "
+                                          r"expected pad_token 0"):
+        verify_output(out, [])
+
+
+def test_best_fit_chunk_of_padding_only(bf):
+    out, _, docs = bf
+    layout = Layout(out, docs)
+    chunk = 3
+    set_chunk(out, chunk, input_ids=[0] * C, segment_doc_ids=[-1], segment_lengths=[C])
+    with pytest.raises(VerifyError, match=rf"{layout.place(chunk, 0)}: chunk {chunk} is all padding \(doc id -1\); "
+                                          r"best_fit never emits a chunk without a document"):
+        verify_output(out, [])
+
+
+def test_best_fit_doc_id_twice_in_a_chunk(bf):
+    out, _, docs = bf
+    layout = Layout(out, docs)
+    chunk = next(i for i in range(len(layout.segs)) if len(layout.real(i)) >= 3)
+    (a, _, na), (b, sb, _) = layout.real(chunk)[:2]
+    edit_chunk(out, chunk, "segment_doc_ids", lambda s: replace_at(s, 1, a))
+    with pytest.raises(VerifyError, match=rf"{layout.place(chunk, sb)}: {layout.doc_label(a)} appears twice in chunk "
+                                          rf"{chunk} \(segments at positions 0 and {na}\); a best_fit chunk holds each "
+                                          r"document at most once"):
+        verify_output(out, [])
+
+
+def test_best_fit_doc_ids_decreasing_in_a_chunk(bf):
+    out, _, docs = bf
+    layout = Layout(out, docs)
+    chunk = next(i for i in range(len(layout.segs)) if len(layout.real(i)) >= 2)
+    (a, _, na), (b, _, nb) = layout.real(chunk)[:2]
+    edit_chunk(out, chunk, "segment_doc_ids", lambda s: [b, a] + s[2:])
+    edit_chunk(out, chunk, "segment_lengths", lambda s: [na, nb] + s[2:])
+    with pytest.raises(VerifyError, match=rf"{layout.place(chunk, na)}: segment {layout.doc_label(a)} follows doc id "
+                                          rf"{b} in chunk {chunk}; a best_fit chunk lays out its documents in "
+                                          "increasing doc id order"):
+        verify_output(out, [])
+
+
+def test_best_fit_doc_id_beyond_the_documents(bf):
+    out, _, docs = bf
+    layout = Layout(out, docs)
+    last = len(layout.segs) - 1
+    doc, start, _ = layout.real(last)[-1]
+    edit_chunk(out, last, "segment_doc_ids", lambda s: replace_at(s, len(layout.real(last)) - 1, len(docs)))
+    with pytest.raises(VerifyError, match=rf"{layout.place(last, start)}: doc id {len(docs)} is in no shard; the shards "
+                                          rf"hold counts.documents={len(docs)} documents \(doc ids 0..{len(docs) - 1}\)"):
+        verify_output(out, [])
+
+
+# ----------------------------------------------------------------------------- best_fit: documents
+
+
+def test_best_fit_short_document_cut_across_two_chunks(bf):
+    """A document of <= C tokens split by editing segments: its last token moved to another chunk."""
+    out, _, docs = bf
+    layout = Layout(out, docs)
+    chunk, other, doc, n = next(
+        (x, y, d, n) for x in range(len(layout.segs)) for (d, _, n) in layout.real(x)[-1:]
+        for y in range(x + 1, len(layout.segs))
+        if n >= 2 and len(layout.real(x)) >= 2 and layout.padding(y) >= 1
+        and layout.chunk_window(y) == layout.chunk_window(x) and d < layout.real(y)[0][0])
+    pad = layout.padding(chunk)
+    ids, lens = layout.segs[chunk]
+    real_x = [(d, m) for d, m in zip(ids, lens) if d >= 0]
+    real_x[-1] = (doc, n - 1)
+    set_chunk(out, chunk, input_ids=pad_tail(layout.input_ids[chunk].tolist(), pad + 1),
+              segment_doc_ids=[d for d, _ in real_x] + [-1], segment_lengths=[m for _, m in real_x] + [pad + 1])
+    ids, lens = layout.segs[other]
+    q = layout.padding(other)
+    set_chunk(out, other, segment_doc_ids=[doc] + ids[:-1] + ([-1] if q > 1 else []),
+              segment_lengths=[1] + lens[:-1] + ([q - 1] if q > 1 else []))
+    start = C - pad - n
+    with pytest.raises(VerifyError, match=rf"{layout.place(chunk, start)}: {layout.doc_label(doc)} holds {n} <= C={C} "
+                                          rf"tokens but is cut: {n - 1} of them here, 1 in chunk {other} position 0; "
+                                          r"best_fit never cuts a document that fits one chunk"):
+        verify_output(out, [])
+
+
+def test_best_fit_long_document_pieces_out_of_order(bf):
+    """A full piece of a long document shortened: a short segment now precedes the document's others."""
+    out, _, docs = bf
+    layout = Layout(out, docs)
+    doc = next(d for d in range(len(docs)) if len(docs[d]) > 3 * C)
+    chunks = [i for i in range(len(layout.segs)) if doc in layout.segs[i][0]]
+    chunk = chunks[0]
+    assert layout.segs[chunk] == ([doc], [C])
+    set_chunk(out, chunk, input_ids=pad_tail(layout.input_ids[chunk].tolist(), C - 3),
+              segment_doc_ids=[doc, -1], segment_lengths=[3, C - 3])
+    total = len(docs[doc]) - (C - 3)
+    with pytest.raises(VerifyError, match=rf"{layout.place(chunk, 0)}: {layout.doc_label(doc)} holds {total} > C={C} "
+                                          rf"tokens; its segment here holds 3 tokens and another follows in chunk "
+                                          rf"{chunks[1]} position 0: a document longer than C is its full {C}-token "
+                                          rf"pieces, then its remainder of {total % C} tokens, in chunk order"):
+        verify_output(out, [])
+
+
+# ----------------------------------------------------------------------------- best_fit: windows
+
+
+def test_best_fit_chunk_mixing_two_windows(bf):
+    out, _, docs = bf
+    layout = Layout(out, docs)
+    shards = layout.manifest["shards"]
+
+    def next_window_doc(chunk: int) -> int | None:
+        k, w = layout.chunk_window(chunk)
+        first = shards[k]["doc_offset"] + (w + 1) * BF_WINDOW
+        return first if (w + 1) * BF_WINDOW < shards[k]["num_docs"] else None
+
+    chunk = next(i for i in range(len(layout.segs)) if len(layout.real(i)) >= 2 and next_window_doc(i) is not None)
+    (a, _, _), (b, sb, _) = layout.real(chunk)[:2]
+    e = next_window_doc(chunk)
+    k, w = layout.chunk_window(chunk)
+    edit_chunk(out, chunk, "segment_doc_ids", lambda s: replace_at(s, 1, e))
+    with pytest.raises(VerifyError, match=rf"{layout.place(chunk, sb)}: {layout.doc_label(e)} is in "
+                                          rf"{layout.window_label(k, w + 1)}.*, but chunk {chunk} also holds "
+                                          rf"{layout.doc_label(a)} of {layout.window_label(k, w)}.*; a best_fit chunk "
+                                          r"holds documents of one window"):
+        verify_output(out, [])
+
+
+def test_best_fit_windows_out_of_order(bf):
+    """The last chunk of one window swapped with the first of the next: window order is violated."""
+    out, _, docs = bf
+    layout = Layout(out, docs)
+    chunk = next(i for i in range(len(layout.segs) - 1)
+                 if layout.chunk_window(i)[0] == layout.chunk_window(i + 1)[0]
+                 and layout.chunk_window(i) != layout.chunk_window(i + 1))
+    for x, y in ((chunk, chunk + 1), (chunk + 1, chunk)):
+        ids, lens = layout.segs[y]
+        set_chunk(out, x, input_ids=layout.input_ids[y].tolist(), segment_doc_ids=ids, segment_lengths=lens)
+    (k, w), (_, w_next) = layout.chunk_window(chunk), layout.chunk_window(chunk + 1)
+    first = layout.segs[chunk][0][0]
+    with pytest.raises(VerifyError, match=rf"{layout.place(chunk + 1, 0)}: {layout.doc_label(first)} of "
+                                          rf"{layout.window_label(k, w)}.* comes after chunk {chunk}, which holds "
+                                          rf"{layout.window_label(k, w_next)}.*; windows are packed one after another"):
+        verify_output(out, [])
+
+
+# ----------------------------------------------------------------------------- best_fit: best-fit decreasing
+
+
+def test_best_fit_swapped_chunks_are_not_best_fit(bf):
+    """Two whole chunks of one window swapped: every other rule holds, the layout is not best-fit."""
+    out, _, docs = bf
+    layout = Layout(out, docs)
+    x, y = next((x, y) for x in range(len(layout.segs)) for y in range(x + 1, len(layout.segs))
+                if layout.chunk_window(x) == layout.chunk_window(y)
+                and layout.segs[x] == ([layout.segs[x][0][0]], [C]) and len(docs[layout.segs[x][0][0]]) == C
+                and layout.segs[y] == ([layout.segs[y][0][0]], [C]) and len(docs[layout.segs[y][0][0]]) <= 2 * C
+                and layout.segs[x] != layout.segs[y])
+    for a, b in ((x, y), (y, x)):
+        ids, lens = layout.segs[b]
+        set_chunk(out, a, input_ids=layout.input_ids[b].tolist(), segment_doc_ids=ids, segment_lengths=lens)
+    dx, dy = layout.segs[x][0][0], layout.segs[y][0][0]
+    with pytest.raises(VerifyError, match=rf"{layout.place(x, 0)}: {layout.doc_label(dy)} \({C} tokens\) is here, "
+                                          rf"where best-fit decreasing over window .* puts doc id {dx} \({C} tokens\) in "
+                                          rf"chunk {x}: not best-fit"):
+        verify_output(out, [])
+
+
+def test_best_fit_equal_chunks_swapped_is_not_best_fit(tmp_path):
+    """Every piece longer than C/2, two of equal length: best-fit decreasing breaks the tie in stream
+    order, so the two chunks swapped (same fills, same lengths) are caught."""
+    rng = np.random.default_rng(4)
+    docs = [rng.integers(1, 1000, size=n).tolist() for n in (6, 5, 6, 7)]
+    out, _, _ = pack(tmp_path, docs=docs, cuts=[], strategy="best_fit", best_fit_window=0)
+    verify_output(out)
+    assert [ids for ids, _ in segments(out)] == [[3, -1], [0, -1], [2, -1], [1, -1]]
+    input_ids, _ = read_dense(out)
+    for a, b in ((1, 2), (2, 1)):
+        set_chunk(out, a, input_ids=input_ids[b].tolist(), segment_doc_ids=[2 if a == 1 else 0, -1],
+                  segment_lengths=[6, 2])
+    with pytest.raises(VerifyError, match=r"output chunk 1 position 0 \(chunks-000000000000.arrow row 1\): doc id 2 "
+                                          r"\(shard 0 .*part-0000.parquet row 2\) \(6 tokens\) is here, where best-fit "
+                                          r"decreasing over window 0 of shard 0 .* puts doc id 0 \(6 tokens\) in chunk 1: "
+                                          "not best-fit"):
+        verify_output(out)
+
+
+def test_best_fit_document_moved_to_another_chunk_is_not_best_fit(bf):
+    """A whole short document moved into another chunk of its window with room: the fills differ."""
+    out, _, docs = bf
+    layout = Layout(out, docs)
+    chunk, other, doc, n = next(
+        (x, y, d, n) for x in range(len(layout.segs)) for (d, _, n) in layout.real(x)[-1:]
+        for y in range(x + 1, len(layout.segs))
+        if len(layout.real(x)) >= 2 and layout.padding(y) > n
+        and layout.chunk_window(y) == layout.chunk_window(x) and d < layout.real(y)[0][0])
+    pad = layout.padding(chunk)
+    ids, lens = layout.segs[chunk]
+    kept = [(d, m) for d, m in zip(ids, lens) if d >= 0][:-1]
+    set_chunk(out, chunk, input_ids=pad_tail(layout.input_ids[chunk].tolist(), pad + n),
+              segment_doc_ids=[d for d, _ in kept] + [-1], segment_lengths=[m for _, m in kept] + [pad + n])
+    ids, lens = layout.segs[other]
+    q = layout.padding(other)
+    set_chunk(out, other, segment_doc_ids=[doc] + ids[:-1] + [-1], segment_lengths=[n] + lens[:-1] + [q - n])
+    fill = C - pad - n
+    with pytest.raises(VerifyError, match=rf"{layout.place(chunk, fill)}: chunk {chunk} holds {fill} tokens \(doc ids "
+                                          rf"\[.*\]\) of window .*; best-fit decreasing fills it with {C - pad}: "
+                                          "not best-fit"):
+        verify_output(out, [])
+
+
+def test_best_fit_fewer_chunks_than_best_fit_decreasing_is_not_best_fit(tmp_path):
+    """Lengths 4,3,3,2,2,2 fit two chunks of 8 ([4,2,2], [3,3,2]) but best-fit decreasing opens three:
+    the two-chunk packing is valid in every other way (it even round-trips) and is reported."""
+    rng = np.random.default_rng(3)
+    docs = [rng.integers(1, 1000, size=n).tolist() for n in (4, 3, 3, 2, 2, 2)]
+    out, _, _ = pack(tmp_path, docs=docs, cuts=[], strategy="best_fit", best_fit_window=0)
+    assert load_manifest(out)["counts"]["chunks"] == 3
+    name = load_manifest(out)["files"][0]["path"]
+    path = os.path.join(out, name)
+    schema = pa.ipc.open_file(path).schema
+    layout = [[0, 3, 4], [1, 2, 5]]
+    table = pa.table({
+        "chunk_index": pa.array([0, 1], pa.int64()),
+        "input_ids": pa.array([[t for d in chunk for t in docs[d]] for chunk in layout], schema.field("input_ids").type),
+        "segment_doc_ids": pa.array(layout, pa.list_(pa.int64())),
+        "segment_lengths": pa.array([[len(docs[d]) for d in chunk] for chunk in layout], pa.list_(pa.int32())),
+    }, schema=schema)
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+        writer.write_table(table)
+    manifest = load_manifest(out)
+    manifest["files"][0]["num_chunks"] = manifest["shards"][0]["num_chunks"] = manifest["counts"]["chunks"] = 2
+    manifest["counts"]["padding_positions"] = 0
+    save_manifest(out, manifest)
+    refresh_hashes(out)
+    pattern = (rf"output chunk 0 position 0 \({name} row 0\): window 0 of shard 0 \(.*part-0000.parquet rows 0..5, doc "
+               r"ids 0..5; best_fit_window=0\) fills chunks 0..1 \(2 chunks, 16 tokens\), but best-fit decreasing "
+               r"packs its 6 pieces into 3: not best-fit")
+    with pytest.raises(VerifyError, match=pattern):
+        verify_output(out, [])
+    with pytest.raises(VerifyError, match=pattern):
+        verify_output(out)
+
+
+# ----------------------------------------------------------------------------- best_fit: inputs
+
+
+def test_best_fit_token_changed_is_caught_by_the_inputs(bf):
+    out, shard_dir, docs = bf
+    layout = Layout(out, docs)
+    shards = layout.manifest["shards"]
+    # a short document in shard 3, and the second piece of a long one
+    short = next((i, d, s) for i in range(len(layout.segs)) for d, s, n in layout.real(i)
+                 if layout.shard_of(d)[0] == 3 and 2 <= len(docs[d]) <= C)
+    long_doc = next(d for d in range(len(docs)) if len(docs[d]) > 2 * C)
+    second = [i for i in range(len(layout.segs)) if long_doc in layout.segs[i][0]][1]
+    for chunk, doc, start, offset in ((short[0], short[1], short[2], 1), (second, long_doc, 0, C + 2)):
+        position = start + offset % C
+        old = int(layout.input_ids[chunk, position])
+        assert docs[doc][offset] == old
+        edit_chunk(out, chunk, "input_ids", lambda ids: replace_at(ids, position, old + 1))
+        verify_output(out, [])  # hashes fixed up, structure intact: only the inputs can tell
+        k, row = layout.shard_of(doc)
+        pattern = (rf"{layout.place(chunk, position)}: found doc id {doc} token {old + 1}; input shard "
+                   rf"{re.escape(shard_path(shard_dir, k))} row {row} \(doc id {doc}, token {offset} of "
+                   rf"{len(docs[doc])}\): expected doc id {doc} token {old}")
+        with pytest.raises(VerifyError, match=pattern):
+            verify_output(out)
+        edit_chunk(out, chunk, "input_ids", lambda ids: replace_at(ids, position, old))
+        verify_output(out)
+    assert shards[3]["num_docs"] == 22
+
+
+def test_best_fit_swapped_chunk_tokens_are_caught_by_the_inputs(bf):
+    """Two full chunks exchange their tokens (segments unchanged): only the round trip can tell."""
+    out, shard_dir, docs = bf
+    layout = Layout(out, docs)
+    full = [i for i in range(len(layout.segs)) if len(layout.segs[i][0]) == 1]
+    x, y = full[1], full[-2]
+    dx = layout.segs[x][0][0]
+    tx, ty = layout.input_ids[x].tolist(), layout.input_ids[y].tolist()
+    set_chunk(out, x, input_ids=ty)
+    set_chunk(out, y, input_ids=tx)
+    verify_output(out, [])
+    i = next(p for p in range(C) if tx[p] != ty[p])
+    piece = [j for j in range(len(layout.segs)) if dx in layout.segs[j][0]].index(x)
+    k, row = layout.shard_of(dx)
+    with pytest.raises(VerifyError, match=rf"{layout.place(x, i)}: found doc id {dx} token {ty[i]}; input shard "
+                                          rf"{re.escape(shard_path(shard_dir, k))} row {row} \(doc id {dx}, token "
+                                          rf"{piece * C + i} of {len(docs[dx])}\): expected doc id {dx} token {tx[i]}"):
+        verify_output(out)
+
+
+def test_best_fit_input_document_added_after_packing(bf):
+    out, shard_dir, docs = bf
+    # the shards are shared by the tests: compare against a changed copy
+    copy = os.path.join(os.path.dirname(out), "shards-copy")
+    shutil.copytree(shard_dir, copy)
+    pq.write_table(pa.table({"input_ids": pa.array(docs[63:] + [[5, 6]], pa.list_(pa.int32()))}), shard_path(copy, 4))
+    with pytest.raises(VerifyError, match=rf"input shard {re.escape(shard_path(copy, 4))} row 7 \(doc id 70, token 0 "
+                                          r"of 2\): not in the output"):
+        verify_output(out, [copy])
