@@ -11,11 +11,13 @@ chunks it holds, never on how they were read or computed.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import logging
 import os
 import posixpath
+import threading
 import uuid
 from typing import Any, NamedTuple
 
@@ -146,22 +148,73 @@ class AtomicFile:
 
 
 class _HashingSink:
-    """A write-only file object that hashes what passes through it."""
+    """A write-only file object that hashes what passes through it and writes it to ``f``.
 
-    def __init__(self, f) -> None:
+    Hashing and writing happen in order on one background thread (both release the GIL), so
+    they overlap the caller's decoding and packing. ``write`` only queues (at most
+    ``max_queued`` bytes; the queue keeps a reference to each buffer, which the caller never
+    changes afterwards). :meth:`finish` waits for everything queued and raises the first
+    error the thread met (as does the next ``write`` after an error).
+    """
+
+    def __init__(self, f, max_queued: int = 64 << 20) -> None:
         self._f = f
         self.sha256 = hashlib.sha256()
         self.num_bytes = 0
         self.closed = False
+        self._max_queued = max_queued
+        self._queue: collections.deque = collections.deque()
+        self._queued = 0
+        self._error: BaseException | None = None
+        self._stopping = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="raypack-chunk-writer", daemon=True)
+        self._thread.start()
 
     def write(self, data) -> int:
         view = memoryview(data)
-        self.sha256.update(view)
-        self.num_bytes += view.nbytes
-        return self._f.write(view)
+        with self._cond:
+            while self._queued > self._max_queued and self._error is None:
+                self._cond.wait()
+            if self._error is not None:
+                raise self._error
+            self._queue.append(view)
+            self._queued += view.nbytes
+            self.num_bytes += view.nbytes
+            self._cond.notify_all()
+        return view.nbytes
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopping:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                view = self._queue[0]
+            try:
+                if self._error is None:
+                    self.sha256.update(view)
+                    self._f.write(view)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                with self._cond:
+                    self._error = e
+            with self._cond:
+                self._queue.popleft()
+                self._queued -= view.nbytes
+                self._cond.notify_all()
+
+    def finish(self) -> None:
+        """Wait until everything queued is hashed and written; raise the thread's error."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
     def flush(self) -> None:
-        self._f.flush()
+        pass  # the thread writes in order; commit flushes and syncs the file
 
     def close(self) -> None:
         self.closed = True
@@ -226,12 +279,17 @@ class ChunkFileWriter:
         """Finish the file and publish it (local: fsync and rename)."""
         self._flush()
         self._writer.close()
+        self._sink.finish()
         self._file.commit()
         return WrittenFile(posixpath.basename(self._file.path), self.first_chunk,
                            self.next_chunk - self.first_chunk, self._sink.num_bytes, self._sink.sha256.hexdigest())
 
     def abort(self) -> None:
         """Drop what was written (on error)."""
+        try:
+            self._sink.finish()
+        except BaseException:  # noqa: BLE001 - the caller is already handling an error
+            pass
         self._file.abort()
 
 
