@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 TMP_PREFIX = ".tmp-"
+WRITEBACK_BYTES = 8 << 20
+"""A local file being written asks the kernel to start writing back every this many bytes."""
+_CAN_START_WRITEBACK = hasattr(os, "posix_fadvise")
 
 
 def chunk_file_name(first_chunk: int) -> str:
@@ -97,6 +100,7 @@ class AtomicFile:
         self.path = posixpath.join(base, name)
         self.is_local = isinstance(self._fs, pafs.LocalFileSystem)
         self._stream = None
+        self._flushed_to = self._unflushed = 0
         if self.is_local:
             directory, file_name = os.path.split(self.path)
             if make_dirs:
@@ -107,7 +111,22 @@ class AtomicFile:
     def write(self, data) -> int:
         if self._stream is None:
             self._stream = self._fs.open_output_stream(self.path)
-        return self._stream.write(data)
+        n = self._stream.write(data)
+        if self.is_local and _CAN_START_WRITEBACK:
+            self._unflushed += n
+            if self._unflushed >= WRITEBACK_BYTES:
+                self._start_writeback()
+        return n
+
+    def _start_writeback(self) -> None:
+        """Have the kernel start writing what was written so far, without waiting for it, so
+        that the fsync in :meth:`commit` finds little left to write. Durability still comes
+        from that fsync; this only spreads the disk writes over the time the file is written.
+        (On Linux, POSIX_FADV_DONTNEED starts writeback of the range's dirty pages.)"""
+        self._stream.flush()
+        os.posix_fadvise(self._stream.fileno(), self._flushed_to, self._unflushed, os.POSIX_FADV_DONTNEED)
+        self._flushed_to += self._unflushed
+        self._unflushed = 0
 
     def flush(self) -> None:
         if self._stream is not None:
