@@ -176,7 +176,7 @@ class _HashingSink:
     error the thread met (as does the next ``write`` after an error).
     """
 
-    def __init__(self, f, max_queued: int = 64 << 20) -> None:
+    def __init__(self, f, max_queued: int = 16 << 20) -> None:
         self._f = f
         self.sha256 = hashlib.sha256()
         self.num_bytes = 0
