@@ -13,8 +13,10 @@ one doc id: the pieces of documents that fall in that chunk, and a final padding
 ``Chunks.doc_ids()`` expands them to the dense per-position form. Because doc ids strictly
 increase along the stream, segments are canonical: two runs of the same id never touch.
 
-Cost: one copy of the tokens into the chunk matrix (zero copies when a batch starts on a
-chunk boundary and needs no carry), plus O(documents + chunks) index work per batch.
+Cost: O(documents + chunks) index work per batch, and no bulk copy of the tokens with
+``push_parts``: full chunks are a zero-copy (n, C) view of the batch's tokens, except the one
+chunk that completes the partial chunk carried from the batch before (``push`` joins the
+parts, which copies them when there are two).
 """
 
 from __future__ import annotations
@@ -276,20 +278,37 @@ class StreamPacker:
 
     def push(self, documents: Any, first_doc_id: int) -> Chunks:
         """Add a batch of documents whose first has global id ``first_doc_id``; return full chunks."""
+        return _join(self.push_parts(documents, first_doc_id), self.context_length)
+
+    def push_parts(self, documents: Any, first_doc_id: int) -> list[Chunks]:
+        """Like :meth:`push`, but the full chunks come as up to two consecutive parts, so the
+        tokens are never copied in bulk: the chunk completing the carried partial one (copied,
+        one chunk), then the rest as a zero-copy (n, C) view of the batch's tokens."""
         tokens, lengths = flatten_documents(documents)
         doc_ids = np.arange(first_doc_id, first_doc_id + lengths.size, dtype=np.int64)
-        return self.push_runs(tokens, lengths, doc_ids)
+        return self.push_runs_parts(tokens, lengths, doc_ids)
 
     def push_runs(self, tokens: np.ndarray, lengths: np.ndarray, doc_ids: np.ndarray) -> Chunks:
         """Add flat tokens in runs of ``lengths`` labelled ``doc_ids``; return full chunks."""
+        return _join(self.push_runs_parts(tokens, lengths, doc_ids), self.context_length)
+
+    def push_runs_parts(self, tokens: np.ndarray, lengths: np.ndarray, doc_ids: np.ndarray) -> list[Chunks]:
+        """:meth:`push_runs` as consecutive parts (see :meth:`push_parts`)."""
         tokens = self._to_dtype(tokens)
         doc_ids, lengths = _merge_runs(np.asarray(doc_ids, np.int64), np.asarray(lengths, np.int64))
         self.position += tokens.size
         if self._head_space:
             tokens, doc_ids, lengths = self._fill_head(tokens, doc_ids, lengths)
+        parts = []
         if self._carry is not None:
-            tokens, doc_ids, lengths = self._prepend_carry(tokens, doc_ids, lengths)
-        return self._emit(tokens, doc_ids, lengths)
+            need = self.context_length - self._carry[0].size
+            if tokens.size < need:  # the batch does not complete the carried chunk
+                return [self._emit(*self._prepend_carry(tokens, doc_ids, lengths))]
+            (f_ids, f_lens), (doc_ids, lengths) = _split_runs(doc_ids, lengths, need)
+            parts.append(self._emit(*self._prepend_carry(tokens[:need], f_ids, f_lens)))
+            tokens = tokens[need:]
+        parts.append(self._emit(tokens, doc_ids, lengths))
+        return parts
 
     def finish(self, *, pad: bool = True) -> Chunks:
         """End the stream. With ``pad`` the last partial chunk is padded and returned."""
@@ -363,6 +382,14 @@ class StreamPacker:
         offsets = np.searchsorted(starts[:num_full_segs], np.arange(num_full + 1, dtype=np.int64) * c)
         return Chunks(tokens[:full_len].reshape(num_full, c), offsets.astype(np.int64),
                       seg_ids[:num_full_segs], seg_lens[:num_full_segs])
+
+
+def _join(parts: list[Chunks], context_length: int) -> Chunks:
+    """Consecutive parts as one Chunks (no copy unless two parts hold chunks)."""
+    full = [p for p in parts if p.num_chunks]
+    if len(full) > 1:
+        return concat_chunks(full, context_length, full[0].input_ids.dtype)
+    return full[0] if full else parts[-1]
 
 
 def _split_runs(doc_ids: np.ndarray, lengths: np.ndarray, at: int):

@@ -7,6 +7,9 @@ scheduling order and retries cannot change what is packed. Actors write their ow
 (kept out of the object store) and return one small Arrow row: counts, the file written and
 the edge fragments. Actors reserve a fraction of a CPU so that Ray Data's read and output
 tasks can always be scheduled beside them (whole-CPU actors deadlock a 2-CPU machine).
+Each actor holds its next shard queued (two calls in flight; it runs them one after the
+other), so it starts that shard as soon as it ends one instead of waiting for the driver's
+scheduling loop to notice and dispatch.
 """
 
 from __future__ import annotations
@@ -93,7 +96,7 @@ def _map_shards(actor_class: type, tasks: Sequence[ShardTask], settings: PackSet
         batch_size=1,
         batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=max(1, min(num_workers, len(tasks))),
-                                           max_tasks_in_flight_per_actor=1),
+                                           max_tasks_in_flight_per_actor=2),
         num_cpus=worker_num_cpus,
     )
     return mapped.iter_batches(batch_size=None, batch_format="pyarrow")

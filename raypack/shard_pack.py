@@ -140,13 +140,14 @@ def _stream_shard(task: ShardTask, settings: PackSettings, packer: ConcatShardPa
         counts["split"] += packer.count_split(lengths)
         _check_not_past_plan(task, counts)
         try:
-            chunks = packer.push(docs, task.doc_offset + first_row)
+            parts = packer.push_parts(docs, task.doc_offset + first_row)
         except ValueError as e:  # a token that does not fit the output dtype: name its row
             tokens, lengths = flatten_documents(docs)
             check_tokens_fit(tokens, lengths, settings.token_dtype, path=task.path, first_row=first_row)
             raise InputError(f"shard {task.path} rows {first_row}..{first_row + len(docs) - 1}: {e}") from e
-        if chunks.num_chunks:
-            writer.write(chunks)
+        for chunks in parts:
+            if chunks.num_chunks:
+                writer.write(chunks)
     return counts
 
 
