@@ -71,8 +71,9 @@ class ConcatShardPacker:
                                     dtype=np.dtype(settings.token_dtype))
         self.head = self.tail = None
 
-    def push(self, documents: pa.Array, first_doc_id: int) -> Chunks:
-        return self._packer.push(documents, first_doc_id)
+    def push_parts(self, documents: pa.Array, first_doc_id: int) -> list[Chunks]:
+        """Full chunks as consecutive parts, the tokens never copied in bulk (StreamPacker.push_parts)."""
+        return self._packer.push_parts(documents, first_doc_id)
 
     def count_split(self, lengths: np.ndarray) -> int:
         """Call before ``push``: documents of this batch that cross a chunk boundary."""
@@ -99,8 +100,8 @@ class BestFitShardPacker:
                                      first_doc_id=task.doc_offset, dtype=np.dtype(settings.token_dtype))
         self.head = self.tail = None
 
-    def push(self, documents: pa.Array, first_doc_id: int) -> Chunks:
-        return self._packer.push(documents)
+    def push_parts(self, documents: pa.Array, first_doc_id: int) -> list[Chunks]:
+        return [self._packer.push(documents)]
 
     def count_split(self, lengths: np.ndarray) -> int:
         return int(np.count_nonzero(lengths > self.context_length))
