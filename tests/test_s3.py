@@ -159,6 +159,23 @@ def test_read_packed_and_verify_over_s3(s3, local_run):
     assert report.content_sha256 == local_run[2]["content_sha256"]
 
 
+def test_best_fit_over_s3_equals_the_local_run(s3, corpus, tmp_path):
+    """best_fit's counting pass and packers read the shards through the store too."""
+    best_fit = dict(strategy="best_fit", best_fit_window=5)
+    local = str(tmp_path / "out")
+    run_pack(make_config(dict(inputs=[corpus], output=local, **SETTINGS, **best_fit)), engine="local")
+    run_pack(s3_config(s3, "best-fit", **best_fit), engine="local")
+    objects = s3.objects("best-fit")
+    local_names = sorted(os.listdir(local))
+    assert sorted(objects) == local_names and len(local_names) >= 3
+    for name in local_names:
+        if name.startswith("chunks-"):
+            assert objects[name] == Path(local, name).read_bytes(), name
+    assert json.loads(objects["manifest.json"])["content_sha256"] == json.load(open(Path(local, "manifest.json")))["content_sha256"]
+    report = verify_output(f"s3://{BUCKET}/best-fit")
+    assert report.inputs_compared and report.strategy == "best_fit"
+
+
 # ----------------------------------------------------------------------------- errors
 
 
