@@ -76,7 +76,7 @@ class ConcatShardPacker:
         return self._packer.push_parts(documents, first_doc_id)
 
     def count_split(self, lengths: np.ndarray) -> int:
-        """Call before ``push``: documents of this batch that cross a chunk boundary."""
+        """Call before ``push_parts``: documents of this batch that cross a chunk boundary."""
         return count_split_documents(lengths, self._packer.position, self.context_length)
 
     def finish(self) -> Chunks:
