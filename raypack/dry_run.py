@@ -80,7 +80,7 @@ def dry_run(config: PackConfig, *, sample_docs: int = 100_000) -> DryRunReport:
     best_fit_windows = sorted({*WINDOWS, config.best_fit_window}, key=lambda w: (w == 0, w))
     window_padding = tuple((w, _best_fit_chunks(per_shard, c, w) * c - int(lengths.sum())) for w in best_fit_windows)
     figures = (_concat_figures(lengths, c),
-               _best_fit_figures(per_shard, lengths, c, config.best_fit_window))
+               _best_fit_figures(lengths, c, config.best_fit_window, dict(window_padding)[config.best_fit_window]))
     return DryRunReport(c, int(lengths.size), int(lengths.sum()), len(per_shard), plan.num_docs, plan.num_tokens,
                         int(np.count_nonzero(lengths > c)), figures, window_padding)
 
@@ -113,10 +113,10 @@ def _concat_figures(lengths: np.ndarray, c: int) -> StrategyFigures:
                            int(np.count_nonzero(cut & (lengths <= c))))
 
 
-def _best_fit_figures(per_shard: list[np.ndarray], lengths: np.ndarray, c: int, window: int) -> StrategyFigures:
-    chunks = _best_fit_chunks(per_shard, c, window)
+def _best_fit_figures(lengths: np.ndarray, c: int, window: int, padding: int) -> StrategyFigures:
     name = f"best_fit (window {window:,})" if window else "best_fit (whole shard)"
-    return StrategyFigures(name, chunks, chunks * c - int(lengths.sum()), int(np.count_nonzero(lengths > c)), 0)
+    chunks = (int(lengths.sum()) + padding) // c
+    return StrategyFigures(name, chunks, padding, int(np.count_nonzero(lengths > c)), 0)
 
 
 def _best_fit_chunks(per_shard: list[np.ndarray], c: int, window: int) -> int:
