@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from raypack.core import Chunks, concat_chunks, flatten_documents, validate_context_length, validate_pad_token
+from raypack.core import Chunks, cast_tokens, concat_chunks, flatten_documents, validate_context_length, validate_pad_token
 
 __all__ = [
     "BestFitChunkCounter",
@@ -234,13 +234,7 @@ class BestFitPacker:
             if tokens.size:
                 self.dtype = tokens.dtype
             return tokens
-        if tokens.dtype != self.dtype and tokens.size:
-            info = np.iinfo(self.dtype)
-            if not np.can_cast(tokens.dtype, self.dtype, "safe") and (tokens.min() < info.min or tokens.max() > info.max):
-                bad = tokens.min() if tokens.min() < info.min else tokens.max()
-                raise ValueError(f"token {bad} does not fit the token dtype {self.dtype.name}")
-            return tokens.astype(self.dtype)
-        return tokens.astype(self.dtype, copy=False)
+        return cast_tokens(tokens, self.dtype)
 
 
 class _DocumentBuffer:

@@ -32,6 +32,7 @@ __all__ = [
     "Chunks",
     "Fragment",
     "StreamPacker",
+    "cast_tokens",
     "concat_chunks",
     "flatten_documents",
     "pack_sequences",
@@ -110,6 +111,19 @@ def validate_pad_token(pad_token: Any, dtype: npt.DTypeLike) -> int:
             f"(range {info.min}..{info.max}); choose a pad token in that range"
         )
     return int(pad_token)
+
+
+def cast_tokens(tokens: npt.NDArray[np.integer], dtype: np.dtype) -> npt.NDArray[np.integer]:
+    """``tokens`` as ``dtype`` (no copy if already), or ValueError naming a token that does not fit."""
+    if tokens.dtype == dtype:
+        return tokens
+    if not np.can_cast(tokens.dtype, dtype, "safe") and tokens.size:
+        info = np.iinfo(dtype)
+        low, high = tokens.min(), tokens.max()
+        if low < info.min or high > info.max:
+            bad = low if low < info.min else high
+            raise ValueError(f"token {bad} does not fit the token dtype {dtype.name}")
+    return tokens.astype(dtype)
 
 
 def _check_integer_dtype(dtype: np.dtype, what: str) -> None:
@@ -333,15 +347,7 @@ class StreamPacker:
         if self.dtype is None:
             self.dtype = tokens.dtype
             validate_pad_token(self.pad_token, self.dtype)
-        if tokens.dtype == self.dtype:
-            return tokens
-        if not np.can_cast(tokens.dtype, self.dtype, "safe") and tokens.size:
-            info = np.iinfo(self.dtype)
-            low, high = tokens.min(), tokens.max()
-            if low < info.min or high > info.max:
-                bad = low if low < info.min else high
-                raise ValueError(f"token {bad} does not fit the token dtype {self.dtype.name}")
-        return tokens.astype(self.dtype)
+        return cast_tokens(tokens, self.dtype)
 
     def _fill_head(self, tokens, doc_ids, lengths):
         take = min(self._head_space, tokens.size)

@@ -87,16 +87,15 @@ def dry_run(config: PackConfig, *, sample_docs: int = 100_000) -> DryRunReport:
 
 def _sample_lengths(tasks, settings: PackSettings, sample_docs: int) -> list[npt.NDArray[np.int64]]:
     """Document lengths of the first ``sample_docs`` documents (0: all), one array per shard."""
-    per_shard, remaining = [], sample_docs or -1
+    per_shard, remaining = [], sample_docs or sum(t.num_docs for t in tasks) + 1  # 0: a count never reached
     for task in tasks:
         if remaining == 0:
             break
         parts = []
         for _, docs in iter_token_batches(task.path, task.format, settings.token_column,
                                           read_batch_rows(task, settings), validate=False):
-            lengths = np.diff(docs.offsets.to_numpy()).astype(np.int64)
-            parts.append(lengths[:remaining] if remaining > 0 else lengths)
-            remaining -= parts[-1].size if remaining > 0 else 0
+            parts.append(np.diff(docs.offsets.to_numpy()).astype(np.int64)[:remaining])
+            remaining -= parts[-1].size
             if remaining == 0:
                 break
         per_shard.append(np.concatenate(parts) if parts else np.zeros(0, np.int64))
