@@ -1,48 +1,23 @@
-"""One packing run, start to finish: plan, pack the shards, stitch, publish.
+"""One packing run, start to finish: lock, plan, pack the shards, stitch, publish.
 
-Where the output lives decides how it is published (:func:`output_target`):
-
-A local directory (:class:`LocalOutput`): everything is written into a staging directory
-beside the output, ``.<name>.raypack-staging-partial``, and published by renaming it into
-place only after the manifest is written. So:
-  * bad input (found while planning or while packing) and a full disk leave nothing behind;
-  * ``overwrite`` replaces the old output only once the new one is complete;
-  * a run that dies for any other reason (a crash, a lost cluster, Ctrl-C) keeps its staging
-    directory, and ``resume`` finishes it: shards whose recorded result and file still verify
-    are kept, the rest are packed again. The result is byte-identical to a clean run.
-
-An object-store prefix such as ``s3://bucket/out`` (:class:`ObjectStoreOutput`; any
-non-local filesystem): there is no rename, so the manifest is the commit marker. Data objects
-are written straight under the prefix (each appears only once its upload completes), the
-resume records under ``_results/``; then every object the new manifest does not list is
-deleted, and ``manifest.json`` is written last. Readers refuse a prefix without a manifest.
-``overwrite`` deletes the old manifest before packing starts, so the old output stops being
-readable before any of its objects is replaced. Bad input deletes everything under the
-prefix; any other failure keeps the work (no manifest) for ``resume``, exactly as locally.
+How the output is locked, written and published (a local directory or an object-store
+prefix) is :mod:`raypack.publish`.
 """
 
 from __future__ import annotations
 
-import errno
-import fnmatch
-import glob
 import logging
-import os
-import posixpath
-import shutil
 import time
 from dataclasses import dataclass
-
-import pyarrow.fs as pafs
 
 from raypack.assemble import build_manifest, check_coverage, count_stats, stitch_boundaries, write_boundaries
 from raypack.config import PackConfig
 from raypack.errors import InputError
-from raypack.output import MANIFEST_NAME, TMP_PREFIX, write_manifest
+from raypack.output import write_manifest
 from raypack.plan import Plan, check_output_outside_inputs, make_plan, place_chunks, settings_for
-from raypack.resume import RESULTS_DIR, load_verified_result
+from raypack.resume import load_verified_result
 from raypack.shard_pack import count_shard_chunks, pack_shard
-from raypack.shards import bucket_of, check_bucket, resolve_filesystem
+from raypack.publish import LocalOutput, ObjectStoreOutput, output_target
 from raypack.tasks import PackSettings, ShardResult
 
 log = logging.getLogger(__name__)
@@ -90,16 +65,21 @@ def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False) -
     if not config.output:
         raise InputError("no output given: pass --output DIR")
     target = output_target(config.output)
-    target.check_free(overwrite=config.overwrite, resume=resume)
-    plan = make_plan(config)
-    check_output_outside_inputs(config.output, plan)
-    target.prepare(fresh=config.overwrite and not resume)
+    target.lock.acquire()
     try:
-        manifest, results = _pack_into(target, config, plan, engine, resume)
-        target.publish()
-    except BaseException as e:
-        target.after_failure(e)
-        raise
+        target.recover()
+        target.check_free(overwrite=config.overwrite, resume=resume)
+        plan = make_plan(config)
+        check_output_outside_inputs(config.output, plan)
+        target.prepare(fresh=config.overwrite and not resume)
+        try:
+            manifest, results = _pack_into(target, config, plan, engine, resume)
+            target.publish()
+        except BaseException as e:
+            target.after_failure(e)
+            raise
+    finally:
+        target.lock.release()
     return Summary(config.output, manifest, time.perf_counter() - start,
                    max((r.peak_rss_bytes for r in results), default=0), _pack_seconds(results))
 
@@ -173,159 +153,3 @@ def _on_ray(config: PackConfig, run):
         if isinstance(cause, (InputError, OSError)):
             raise cause from e
         raise
-
-
-def staging_dir(output: str) -> str:
-    parent, name = os.path.split(os.path.abspath(output))
-    return os.path.join(parent, f".{name}.raypack-staging-partial")
-
-
-def output_target(output: str) -> LocalOutput | ObjectStoreOutput:
-    """How ``output`` (a local path or a URI) is written and published."""
-    if "://" not in output:
-        return LocalOutput(output)
-    fs, base = resolve_filesystem(output)
-    if isinstance(fs, pafs.LocalFileSystem):
-        return LocalOutput(base)
-    return ObjectStoreOutput(output.rstrip("/"), fs, base)
-
-
-class LocalOutput:
-    """A local directory, published by renaming a complete staging directory into its place."""
-
-    def __init__(self, output: str) -> None:
-        self.output = output
-        self.work_dir = staging_dir(output)
-        """Where the run writes: the staging directory."""
-
-    def check_free(self, *, overwrite: bool, resume: bool) -> None:
-        out, staging = self.output, self.work_dir
-        if os.path.exists(out) and not os.path.isdir(out):
-            raise InputError(f"output {out} exists and is not a directory")
-        if os.path.isdir(staging) and not (resume or overwrite):
-            raise InputError(f"an earlier run into {out} did not finish (its work is in {staging}); "
-                             f"pass --resume to finish it or --overwrite to start over")
-        if os.path.isdir(out) and os.listdir(out) and not overwrite:
-            if resume and os.path.exists(os.path.join(out, MANIFEST_NAME)) and not os.path.isdir(staging):
-                raise InputError(f"output {out} is already complete; nothing to resume")
-            raise InputError(f"output directory {out} is not empty; pass --overwrite to replace it "
-                             f"(the old output is removed only after the new one is complete)")
-
-    def prepare(self, *, fresh: bool) -> None:
-        if fresh:
-            shutil.rmtree(self.work_dir, ignore_errors=True)
-        os.makedirs(self.work_dir, exist_ok=True)
-
-    def sweep(self, keep: set[str]) -> None:
-        """Drop what killed attempts left (temporary files) and the resume records."""
-        for path in glob.glob(os.path.join(self.work_dir, f"{TMP_PREFIX}*")):
-            os.remove(path)
-        shutil.rmtree(os.path.join(self.work_dir, RESULTS_DIR), ignore_errors=True)
-
-    def publish(self) -> None:
-        """Move the complete staging directory to the output, replacing what was there."""
-        staging, output = self.work_dir, self.output
-        old = None
-        if os.path.exists(output):
-            old = f"{staging[:-len('-partial')]}-old"
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(output, old)
-        os.replace(staging, output)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-
-    def after_failure(self, error: BaseException) -> None:
-        """Bad input and a full disk leave nothing; anything else keeps the work for --resume."""
-        staging = self.work_dir
-        if isinstance(error, InputError) or (isinstance(error, OSError) and error.errno == errno.ENOSPC):
-            shutil.rmtree(staging, ignore_errors=True)
-            if isinstance(error, OSError):
-                raise InputError(f"writing the output failed: {error.strerror} ({error.filename or staging}); "
-                                 f"nothing was published; free space and run again") from error
-        else:
-            log.error("the run failed; its finished shards are kept in %s: rerun with --resume to finish it", staging)
-
-
-class ObjectStoreOutput:
-    """A prefix of an object store (any non-local filesystem). No rename: the manifest is the commit."""
-
-    def __init__(self, output: str, fs: pafs.FileSystem, base: str) -> None:
-        self.output = output
-        self.work_dir = output
-        """Where the run writes: the output prefix itself."""
-        self._fs = fs
-        self._base = base.rstrip("/")
-
-    def check_free(self, *, overwrite: bool, resume: bool) -> None:
-        out = self.output
-        if self._base.strip("/") in ("", bucket_of(self._fs, self._base)):
-            raise InputError(f"output {out} is the root of a bucket or filesystem; give a prefix inside it "
-                             f"(e.g. {out.rstrip('/')}/packed), which the run may empty")
-        try:
-            check_bucket(self._fs, self._base, f"output {out}")
-            if self._fs.get_file_info(self._base).type == pafs.FileType.File:
-                raise InputError(f"output {out} exists and is an object, not a prefix")
-            names = self._names()
-        except OSError as e:
-            raise InputError(f"cannot list the output {out} ({e}); check the credentials and the endpoint") from e
-        if not names or overwrite:
-            return
-        complete = MANIFEST_NAME in names
-        ours = all(_is_run_object(n) for n in names)
-        if resume and complete:
-            raise InputError(f"output {out} is already complete; nothing to resume")
-        if ours and not complete:
-            if resume:
-                return
-            raise InputError(f"an earlier run into {out} did not finish (its objects are there, without a "
-                             f"{MANIFEST_NAME}); pass --resume to finish it or --overwrite to start over")
-        raise InputError(f"output {out} is not empty (it holds {names[0]}, ...); pass --overwrite to replace it "
-                         f"(on an object store the old {MANIFEST_NAME} is deleted when packing starts, and "
-                         f"the old objects just before the new manifest is written)")
-
-    def prepare(self, *, fresh: bool) -> None:
-        if fresh:  # the old output stops being readable before any of its objects is replaced
-            self._delete([n for n in self._names() if n == MANIFEST_NAME or n.startswith(f"{RESULTS_DIR}/")])
-
-    def sweep(self, keep: set[str]) -> None:
-        """Delete every object the new manifest will not list: resume records, leftovers, an old output."""
-        self._delete([n for n in self._names() if n not in keep])
-
-    def publish(self) -> None:
-        """Nothing to do: the manifest, written last, published the output."""
-
-    def after_failure(self, error: BaseException) -> None:
-        """Bad input leaves nothing (everything under the prefix is deleted); anything else keeps the work."""
-        if isinstance(error, InputError):
-            try:
-                self._fs.delete_dir(self._base)
-            except FileNotFoundError:
-                pass
-        else:
-            log.error("the run failed; its finished shards are kept under %s (no %s, so nothing is readable): "
-                      "rerun with --resume to finish it", self.output, MANIFEST_NAME)
-
-    def _names(self) -> list[str]:
-        """Every object under the prefix, relative to it, sorted."""
-        selector = pafs.FileSelector(self._base, recursive=True, allow_not_found=True)
-        return sorted(posixpath.relpath(i.path, self._base) for i in self._fs.get_file_info(selector)
-                      if i.type == pafs.FileType.File)
-
-    def _delete(self, names: list[str]) -> None:
-        if any(n.startswith(f"{RESULTS_DIR}/") for n in names):  # one bulk delete for the records
-            try:
-                self._fs.delete_dir(posixpath.join(self._base, RESULTS_DIR))
-            except FileNotFoundError:
-                pass
-        for name in names:
-            if not name.startswith(f"{RESULTS_DIR}/"):
-                try:
-                    self._fs.delete_file(posixpath.join(self._base, name))
-                except FileNotFoundError:
-                    pass
-
-
-def _is_run_object(name: str) -> bool:
-    """An object a raypack run writes under its output prefix."""
-    return (name == MANIFEST_NAME or name.startswith(f"{RESULTS_DIR}/")
-            or ("/" not in name and fnmatch.fnmatchcase(name, "chunks-*.arrow")))

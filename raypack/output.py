@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import posixpath
+import re
 import threading
 import uuid
 from typing import Any, NamedTuple
@@ -30,7 +31,7 @@ from raypack.shards import resolve_filesystem
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 TMP_PREFIX = ".tmp-"
 WRITEBACK_BYTES = 8 << 20
@@ -38,7 +39,18 @@ WRITEBACK_BYTES = 8 << 20
 _CAN_START_WRITEBACK = hasattr(os, "posix_fadvise")
 
 
-def chunk_file_name(first_chunk: int) -> str:
+CHUNK_FILE_RE = re.compile(r"^chunks-(\d{12})-([0-9a-f]{16})\.arrow$")
+"""A chunk file's name: its first global chunk and the first 16 hex digits of its sha256."""
+
+
+def chunk_file_name(first_chunk: int, sha256: str) -> str:
+    """``chunks-{first_chunk:012d}-{sha256[:16]}.arrow``: content-addressed, so the same chunks
+    always get the same name and different bytes never hide under a name a reader knows."""
+    return f"chunks-{first_chunk:012d}-{sha256[:16]}.arrow"
+
+
+def chunk_file_stem(first_chunk: int) -> str:
+    """The name a chunk file is written under until its hash is known."""
     return f"chunks-{first_chunk:012d}.arrow"
 
 
@@ -84,33 +96,41 @@ def slice_chunks(chunks: Chunks, start: int, stop: int) -> Chunks:
 
 
 class AtomicFile:
-    """A new file ``name`` in directory ``out_dir`` (a local path or a URI) that appears whole.
+    """A new file in directory ``out_dir`` (a local path or a URI) that appears whole.
+
+    ``name`` is the final name, or, with ``named_at_commit=True``, only a stem: the final name
+    is then given to :meth:`commit` (a content-addressed name is known only once the bytes are).
 
     Local: written as ``.tmp-<uuid>-<name>`` beside its final name (opened at once), fsynced
-    and renamed into place by :meth:`commit`. Object store: one upload to the final key,
-    opened by the first :meth:`write` and completed by :meth:`commit`; the store shows the
-    object only then, and a process that dies mid-upload leaves none. pyarrow cannot abort an
-    upload from Python (closing or dropping the stream completes it), so :meth:`abort`
-    deletes the object right after closing it: a partial object exists only for that moment,
-    and no manifest ever lists it.
+    and renamed into place by :meth:`commit`. Object store: one upload, opened by the first
+    :meth:`write` and completed by :meth:`commit`; the store shows the object only then, and a
+    process that dies mid-upload leaves none. When the name comes at commit, the upload goes to
+    ``.tmp-<uuid>-<name>`` and is copied to its final key by the store (no bytes through
+    this process), then the temporary object is deleted. pyarrow cannot abort an upload from
+    Python (closing or dropping the stream completes it), so :meth:`abort` deletes the object
+    right after closing it: a partial object exists only for that moment, and no manifest
+    ever lists it.
     """
 
-    def __init__(self, out_dir: str, name: str, *, make_dirs: bool = False) -> None:
-        self._fs, base = resolve_filesystem(out_dir)
-        self.path = posixpath.join(base, name)
+    def __init__(self, out_dir: str, name: str, *, make_dirs: bool = False, named_at_commit: bool = False) -> None:
+        self._fs, self._base = resolve_filesystem(out_dir)
+        self.path = posixpath.join(self._base, name)
         self.is_local = isinstance(self._fs, pafs.LocalFileSystem)
         self._stream = None
         self._flushed_to = self._unflushed = 0
+        self._upload_path = self.path
+        tmp_name = f"{TMP_PREFIX}{uuid.uuid4().hex}-{posixpath.basename(name)}"
         if self.is_local:
-            directory, file_name = os.path.split(self.path)
             if make_dirs:
-                os.makedirs(directory, exist_ok=True)
-            self._tmp_path = os.path.join(directory, f"{TMP_PREFIX}{uuid.uuid4().hex}-{file_name}")
-            self._stream = open(self._tmp_path, "wb")
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            self._upload_path = os.path.join(os.path.dirname(self.path), tmp_name)
+            self._stream = open(self._upload_path, "wb")
+        elif named_at_commit:
+            self._upload_path = posixpath.join(posixpath.dirname(self.path), tmp_name)
 
     def write(self, data) -> int:
         if self._stream is None:
-            self._stream = self._fs.open_output_stream(self.path)
+            self._stream = self._fs.open_output_stream(self._upload_path)
         n = self._stream.write(data)
         if self.is_local and _CAN_START_WRITEBACK:
             self._unflushed += n
@@ -128,21 +148,22 @@ class AtomicFile:
         self._flushed_to += self._unflushed
         self._unflushed = 0
 
-    def flush(self) -> None:
-        if self._stream is not None:
-            self._stream.flush()
-
-    def commit(self) -> None:
-        """Make the file visible under its final name, complete."""
+    def commit(self, name: str | None = None) -> None:
+        """Make the file visible under its final name (``name``, if given), complete."""
+        if name is not None:
+            self.path = posixpath.join(posixpath.dirname(self.path), name)
         if self._stream is None:
             self.write(b"")
         if self.is_local:
             self._stream.flush()
             os.fsync(self._stream.fileno())
             self._stream.close()
-            os.replace(self._tmp_path, self.path)
-        else:
-            self._stream.close()
+            os.replace(self._upload_path, self.path)
+            return
+        self._stream.close()
+        if self._upload_path != self.path:
+            self._fs.copy_file(self._upload_path, self.path)
+            self._delete(self._upload_path)
 
     def abort(self) -> None:
         """Leave nothing behind (on error)."""
@@ -152,18 +173,18 @@ class AtomicFile:
             self._stream.close()
         finally:
             if self.is_local:
-                if os.path.exists(self._tmp_path):
-                    os.remove(self._tmp_path)
+                if os.path.exists(self._upload_path):
+                    os.remove(self._upload_path)
             else:
-                self._delete_partial()
+                self._delete(self._upload_path)
 
-    def _delete_partial(self) -> None:
+    def _delete(self, path: str) -> None:
         try:
-            self._fs.delete_file(self.path)
+            self._fs.delete_file(path)
         except FileNotFoundError:
             pass
         except OSError as e:  # keep the original error; the object is never listed in a manifest
-            log.warning("could not delete the partial object %s: %s", self.path, e)
+            log.warning("could not delete the partial object %s: %s", path, e)
 
 
 class _HashingSink:
@@ -263,7 +284,7 @@ class ChunkFileWriter:
         self.next_chunk = first_chunk
         self.schema = schema
         self.batch_rows = chunks_per_record_batch
-        self._file = AtomicFile(out_dir, chunk_file_name(first_chunk))
+        self._file = AtomicFile(out_dir, chunk_file_stem(first_chunk), named_at_commit=True)
         self._sink = _HashingSink(self._file)
         self._writer = pa.ipc.new_file(pa.PythonFile(self._sink, mode="w"), schema)
         self._pending: list[Chunks] = []
@@ -299,9 +320,10 @@ class ChunkFileWriter:
         self._flush()
         self._writer.close()
         self._sink.finish()
-        self._file.commit()
-        return WrittenFile(posixpath.basename(self._file.path), self.first_chunk,
-                           self.next_chunk - self.first_chunk, self._sink.num_bytes, self._sink.sha256.hexdigest())
+        sha256 = self._sink.sha256.hexdigest()
+        name = chunk_file_name(self.first_chunk, sha256)
+        self._file.commit(name)
+        return WrittenFile(name, self.first_chunk, self.next_chunk - self.first_chunk, self._sink.num_bytes, sha256)
 
     def abort(self) -> None:
         """Drop what was written (on error)."""

@@ -268,10 +268,11 @@ def _check_file_entries(files: Any, where: str) -> None:
         if first != next_chunk:
             raise VerifyError(f"{label}: first_chunk={first}, expected {next_chunk}; the files must "
                               "cover the chunks contiguously from 0, in order")
-        if entry["path"] != chunk_file_name(first):
-            raise VerifyError(f"{label}: expected the name {chunk_file_name(first)!r} (chunks-{{first_chunk:012d}}.arrow)")
         if not isinstance(entry["sha256"], str):
             raise VerifyError(f"{label}: sha256={entry['sha256']!r}, expected a hex digest")
+        if entry["path"] != chunk_file_name(first, entry["sha256"]):
+            raise VerifyError(f"{label}: expected the name {chunk_file_name(first, entry['sha256'])!r} "
+                              f"(chunks-{{first_chunk:012d}}-{{sha256[:16]}}.arrow)")
         next_chunk += entry["num_chunks"]
 
 

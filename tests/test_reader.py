@@ -3,6 +3,7 @@ reader is tested independently of the job: every chunk, every range, every batch
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 from raypack.core import pack_sequences
 from raypack.errors import InputError
+from raypack.output import FORMAT_VERSION, chunk_file_name
 from raypack.reader import load_manifest, read_packed
 
 # ----------------------------------------------------------------------------- helpers
@@ -38,12 +40,12 @@ def write_packed(out, input_ids, doc_ids, *, file_sizes, batch_sizes=(2, 1, 3), 
     schema = pa.schema(
         [("chunk_index", pa.int64()), ("input_ids", pa.list_(token_type, c)),
          ("segment_doc_ids", pa.list_(pa.int64())), ("segment_lengths", pa.list_(pa.int32()))],
-        metadata={"raypack.format_version": "1", "raypack.context_length": str(c), "raypack.pad_token": str(pad_token)},
+        metadata={"raypack.format_version": str(FORMAT_VERSION), "raypack.context_length": str(c), "raypack.pad_token": str(pad_token)},
     )
     files, first = [], 0
     for f, size in enumerate(file_sizes):
-        name = f"chunks-{first:012d}.arrow"
-        with pa.ipc.new_file(os.path.join(out, name), schema) as writer:
+        stem = os.path.join(out, "unnamed.arrow")
+        with pa.ipc.new_file(stem, schema) as writer:
             start, k = first, 0
             if f == empty_batch_in_file:
                 writer.write_batch(record_batch(schema, input_ids, doc_ids, start, start))
@@ -51,9 +53,14 @@ def write_packed(out, input_ids, doc_ids, *, file_sizes, batch_sizes=(2, 1, 3), 
                 stop = min(start + batch_sizes[k % len(batch_sizes)], first + size)
                 writer.write_batch(record_batch(schema, input_ids, doc_ids, start, stop))
                 start, k = stop, k + 1
-        files.append({"path": name, "first_chunk": first, "num_chunks": size, "num_bytes": 0, "sha256": ""})
+        data = open(stem, "rb").read()
+        sha256 = hashlib.sha256(data).hexdigest()
+        name = chunk_file_name(first, sha256)
+        os.replace(stem, os.path.join(out, name))
+        files.append({"path": name, "first_chunk": first, "num_chunks": size, "num_bytes": len(data),
+                      "sha256": sha256})
         first += size
-    manifest = {"format_version": 1, "context_length": c, "pad_token": pad_token,
+    manifest = {"format_version": FORMAT_VERSION, "context_length": c, "pad_token": pad_token,
                 "token_dtype": input_ids.dtype.name, "counts": {"chunks": n}, "files": files}
     write_manifest(out, manifest)
     return str(out)
@@ -229,7 +236,7 @@ def test_property_reads_back_pack_sequences(lengths, context_length, file_patter
 def test_empty_output(tmp_path):
     out = tmp_path / "out"
     os.makedirs(out)
-    write_manifest(out, {"format_version": 1, "context_length": 4, "pad_token": 0, "token_dtype": "int32",
+    write_manifest(out, {"format_version": FORMAT_VERSION, "context_length": 4, "pad_token": 0, "token_dtype": "int32",
                          "counts": {"chunks": 0}, "files": []})
     ds = read_packed(str(out))
     assert len(ds) == 0
@@ -254,7 +261,7 @@ def test_missing_directory(tmp_path):
         read_packed(str(tmp_path / "nowhere"))
 
 
-@pytest.mark.parametrize("version", [2, "1", None])
+@pytest.mark.parametrize("version", [FORMAT_VERSION + 1, 1, str(FORMAT_VERSION), None])
 def test_unknown_format_version(packed, version):
     out = packed[0].path
     manifest = load_manifest(out)

@@ -13,7 +13,8 @@ import pytest
 from raypack.config import make_config
 from raypack.errors import InputError
 from packing_faults import fail_at_shard
-from raypack.job import run_pack, staging_dir
+from raypack.job import run_pack
+from raypack.publish import staging_dir
 from raypack.sample import write_sample_corpus
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from raypack.config import make_config
 from raypack.job import run_pack
-from raypack.output import content_sha256
+from raypack.output import chunk_file_name, content_sha256
 from raypack.verify import VerifyError, VerifyReport, verify_output
 
 C = 8
@@ -92,11 +92,15 @@ def save_manifest(out: str, manifest: dict[str, Any]) -> None:
 
 
 def refresh_hashes(out: str) -> None:
-    """Make the manifest vouch for the files as they are now (sha256, num_bytes, content_sha256)."""
+    """Make the manifest vouch for the files as they are now (sha256, num_bytes, content_sha256),
+    renamed to their content-addressed names."""
     manifest = load_manifest(out)
     for entry in manifest["files"]:
         data = open(os.path.join(out, entry["path"]), "rb").read()
         entry["sha256"], entry["num_bytes"] = hashlib.sha256(data).hexdigest(), len(data)
+        name = chunk_file_name(entry["first_chunk"], entry["sha256"])
+        os.replace(os.path.join(out, entry["path"]), os.path.join(out, name))
+        entry["path"] = name
     manifest["content_sha256"] = content_sha256(manifest["files"])
     save_manifest(out, manifest)
 
@@ -316,7 +320,7 @@ def test_token_changed_with_hashes_updated_is_caught_by_the_inputs(tmp_path):
     assert docs[doc][offset] == old
     edit_chunk(out, chunk, "input_ids", lambda ids: replace_at(ids, position, old + 1))
     verify_output(out, [])  # hashes fixed up, structure intact: only the inputs can tell
-    pattern = (rf"output chunk {chunk} position {position} \(chunks-\d+\.arrow\): found doc id {doc} token "
+    pattern = (rf"output chunk {chunk} position {position} \(chunks-\d+-[0-9a-f]{{16}}\.arrow\): found doc id {doc} token "
                rf"{old + 1}; input shard {re.escape(shard_path(shard_dir, shard))} row {row} \(doc id {doc}, "
                rf"token {offset} of {len(docs[doc])}\): expected doc id {doc} token {old}")
     with pytest.raises(VerifyError, match=pattern):
@@ -393,8 +397,8 @@ def test_negative_doc_id_other_than_padding(tmp_path):
 
 def test_segment_lengths_must_sum_to_context_length(tmp_path):
     out, _, _ = pack(tmp_path)
-    name, row = file_of_chunk(out, 3)
     edit_chunk(out, 3, "segment_lengths", lambda s: replace_at(s, 0, s[0] + 1))
+    name, row = file_of_chunk(out, 3)
     with pytest.raises(VerifyError, match=rf"{re.escape(name)} row {row} \(chunk 3\): segment lengths sum to "
                                           rf"{C + 1}, expected the context length {C}"):
         verify_output(out, [])
@@ -402,8 +406,8 @@ def test_segment_lengths_must_sum_to_context_length(tmp_path):
 
 def test_chunk_index_must_run_in_order(tmp_path):
     out, _, _ = pack(tmp_path)
-    name, row = file_of_chunk(out, 3)
     edit_chunk(out, 3, "chunk_index", lambda _: 7)
+    name, row = file_of_chunk(out, 3)
     with pytest.raises(VerifyError, match=rf"{re.escape(name)} row {row}: chunk_index=7, expected 3"):
         verify_output(out, [])
 
@@ -954,7 +958,7 @@ def test_best_fit_equal_chunks_swapped_is_not_best_fit(tmp_path):
     for a, b in ((1, 2), (2, 1)):
         set_chunk(out, a, input_ids=input_ids[b].tolist(), segment_doc_ids=[2 if a == 1 else 0, -1],
                   segment_lengths=[6, 2])
-    with pytest.raises(VerifyError, match=r"output chunk 1 position 0 \(chunks-000000000000.arrow row 1\): doc id 2 "
+    with pytest.raises(VerifyError, match=r"output chunk 1 position 0 \(chunks-000000000000-[0-9a-f]{16}.arrow row 1\): doc id 2 "
                                           r"\(shard 0 .*part-0000.parquet row 2\) \(6 tokens\) is here, where best-fit "
                                           r"decreasing over window 0 of shard 0 .* puts doc id 0 \(6 tokens\) in chunk 1: "
                                           "not best-fit"):
@@ -1009,7 +1013,7 @@ def test_best_fit_fewer_chunks_than_best_fit_decreasing_is_not_best_fit(tmp_path
     manifest["counts"]["padding_positions"] = 0
     save_manifest(out, manifest)
     refresh_hashes(out)
-    pattern = (rf"output chunk 0 position 0 \({name} row 0\): window 0 of shard 0 \(.*part-0000.parquet rows 0..5, doc "
+    pattern = (rf"output chunk 0 position 0 \(chunks-000000000000-[0-9a-f]{{16}}.arrow row 0\): window 0 of shard 0 \(.*part-0000.parquet rows 0..5, doc "
                r"ids 0..5; best_fit_window=0\) fills chunks 0..1 \(2 chunks, 16 tokens\), but best-fit decreasing "
                r"packs its 6 pieces into 3: not best-fit")
     with pytest.raises(VerifyError, match=pattern):

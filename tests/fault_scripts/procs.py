@@ -104,7 +104,8 @@ def staging_dirs(output: str) -> list[str]:
 
 
 def final_name(tmp_path: str) -> str:
-    """``.tmp-<uuid hex>-chunks-N.arrow`` -> ``chunks-N.arrow`` (see raypack.output)."""
+    """``.tmp-<uuid hex>-chunks-N.arrow`` -> ``chunks-N-`` (see raypack.output: the final name
+    adds the file's hash)."""
     base = os.path.basename(tmp_path)
     assert base.startswith(TMP_PREFIX), base
-    return base[len(TMP_PREFIX):].split("-", 1)[1]
+    return base[len(TMP_PREFIX):].split("-", 1)[1].removesuffix(".arrow") + "-"

@@ -1,0 +1,168 @@
+"""One writer per output: a lock taken before a run looks at, plans or writes its output.
+
+Local (:class:`LocalLock`): the file ``.<name>.raypack-lock`` beside the output, locked with
+``flock(LOCK_EX | LOCK_NB)`` and holding the owner's host, pid and start time. The kernel
+drops the lock when its process dies however it dies (SIGKILL included), so a lock left by
+a dead run is never in the way: the file stays, the lock does not. Works across hosts on
+filesystems whose flock reaches the server (NFSv4, Lustre, CephFS, GPFS). Where flock is not
+supported at all, the owner record alone decides: a live pid on this host, or any other host,
+holds the lock; a dead pid on this host is stale and taken over.
+
+Object store (:class:`ObjectStoreLock`): an object ``.raypack-lock.json`` under the output
+prefix, written when absent and read back. pyarrow offers no conditional put, so this is
+advisory: two runs started within the same moment can both pass. A lock whose owner is a dead
+pid on this host is taken over; one from another host must be deleted by hand (the message
+says which object) when its run is known to be gone.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import socket
+import time
+
+import pyarrow.fs as pafs
+
+from raypack.errors import InputError
+
+log = logging.getLogger(__name__)
+
+
+def owner_record() -> dict:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def describe(owner: dict) -> str:
+    return f"pid {owner.get('pid')} on {owner.get('host')}, since {owner.get('started')}"
+
+
+def is_stale(owner: dict) -> bool:
+    """A record of a process on this host that no longer runs."""
+    if owner.get("host") != socket.gethostname() or not isinstance(owner.get("pid"), int):
+        return False
+    try:
+        os.kill(owner["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+class LocalLock:
+    """An exclusive lock on a local output, held from :meth:`acquire` to :meth:`release`."""
+
+    def __init__(self, path: str, *, what: str) -> None:
+        self.path = path
+        self.what = what
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock or raise InputError naming the run that holds it."""
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                locked = self._flock(fd)
+            except BaseException:
+                os.close(fd)
+                raise
+            if not locked:
+                owner = _read_record(fd)
+                os.close(fd)
+                raise InputError(f"{self.what} is being written by another raypack run ({describe(owner)}); "
+                                 f"wait for it to finish or stop it, then run again")
+            if _same_file(fd, self.path):  # not a lock file its last owner just removed
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(owner_record()).encode(), 0)
+        self._fd = fd
+
+    def _flock(self, fd: int) -> bool:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+        except OSError as e:
+            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+        owner = _read_record(fd)  # no flock on this filesystem: the record decides
+        return not owner or is_stale(owner) or owner.get("pid") == os.getpid()
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            os.remove(self.path)
+        except FileNotFoundError:
+            pass
+        os.close(self._fd)
+        self._fd = None
+
+
+def _read_record(fd: int) -> dict:
+    try:
+        record = json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _same_file(fd: int, path: str) -> bool:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (st.st_dev, st.st_ino)
+
+
+class ObjectStoreLock:
+    """An advisory lock object under an object-store prefix (no conditional put in pyarrow)."""
+
+    NAME = ".raypack-lock.json"
+
+    def __init__(self, fs: pafs.FileSystem, path: str, *, what: str) -> None:
+        self._fs = fs
+        self.path = path
+        self.what = what
+        self._record: dict | None = None
+
+    def acquire(self) -> None:
+        owner = self._read()
+        if owner is not None and not is_stale(owner):
+            raise InputError(f"{self.what} is being written by another raypack run ({describe(owner)}); wait for "
+                             f"it to finish, or if that run is gone delete {self.path} and run again")
+        record = owner_record()
+        with self._fs.open_output_stream(self.path) as f:
+            f.write(json.dumps(record).encode())
+        if self._read() != record:
+            raise InputError(f"{self.what} was taken by another raypack run just now; wait for it to finish")
+        self._record = record
+
+    def release(self) -> None:
+        if self._record is None:
+            return
+        self._record = None
+        try:
+            self._fs.delete_file(self.path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.warning("could not delete the lock %s: %s", self.path, e)
+
+    def _read(self) -> dict | None:
+        try:
+            with self._fs.open_input_stream(self.path) as f:
+                record = json.loads(f.read() or b"{}")
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            return {}
+        return record if isinstance(record, dict) else {}
