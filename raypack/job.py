@@ -65,7 +65,7 @@ def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False) -
     if not config.output:
         raise InputError("no output given: pass --output DIR")
     target = output_target(config.output)
-    target.lock.acquire()
+    target.acquire()
     try:
         target.recover()
         target.check_free(overwrite=config.overwrite, resume=resume)

@@ -82,6 +82,9 @@ class LocalOutput:
         parent, name = os.path.split(self.output)
         self.lock = LocalLock(os.path.join(parent, f".{name}.raypack-lock"), what=f"output {output}")
 
+    def acquire(self) -> None:
+        self.lock.acquire()
+
     def recover(self) -> None:
         """Finish a publish that a dead run left half done (call holding the lock)."""
         staging, output, old = self.work_dir, self.output, self.old_dir
@@ -203,16 +206,24 @@ class ObjectStoreOutput:
         self._base = base.rstrip("/")
         self.lock = ObjectStoreLock(fs, posixpath.join(self._base, ObjectStoreLock.NAME), what=f"output {output}")
 
-    def recover(self) -> None:
-        """Nothing to recover: the manifest, written last, is the only commit."""
-
-    def check_free(self, *, overwrite: bool, resume: bool) -> None:
+    def acquire(self) -> None:
+        """Check the prefix can be an output, then take its lock."""
         out = self.output
         if self._base.strip("/") in ("", bucket_of(self._fs, self._base)):
             raise InputError(f"output {out} is the root of a bucket or filesystem; give a prefix inside it "
                              f"(e.g. {out.rstrip('/')}/packed), which the run may empty")
         try:
             check_bucket(self._fs, self._base, f"output {out}")
+        except OSError as e:
+            raise InputError(f"cannot reach the output {out} ({e}); check the credentials and the endpoint") from e
+        self.lock.acquire()
+
+    def recover(self) -> None:
+        """Nothing to recover: the manifest, written last, is the only commit."""
+
+    def check_free(self, *, overwrite: bool, resume: bool) -> None:
+        out = self.output
+        try:
             if self._fs.get_file_info(self._base).type == pafs.FileType.File:
                 raise InputError(f"output {out} exists and is an object, not a prefix")
             names = [n for n in self._names() if n != ObjectStoreLock.NAME]

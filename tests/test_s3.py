@@ -295,3 +295,40 @@ def test_an_fsspec_filesystem_works_like_an_object_store(corpus, local_run):
     np.testing.assert_array_equal(read_packed(out).get_batch(0, 5)["input_ids"],
                                   read_packed(local_run[0]).get_batch(0, 5)["input_ids"])
     assert verify_output(out).inputs_compared
+
+
+# ----------------------------------------------------------------------------- issue 12 on a store
+
+
+def test_s3_resume_after_inputs_changed_holds_exactly_the_manifest(s3, monkeypatch):
+    """A crash, then a resume over fewer shards: every object of the old layout is gone."""
+    fail_at_shard(monkeypatch, 4, RuntimeError("crash"))
+    with pytest.raises(RuntimeError):
+        run_pack(s3_config(s3, "changed"), engine="local")
+    monkeypatch.undo()
+    fewer = [f"{s3.corpus}/a", f"{s3.corpus}/c"]
+    run_pack(s3_config(s3, "changed", inputs=fewer), engine="local", resume=True)
+    objects = s3.objects("changed")
+    manifest = json.loads(objects["manifest.json"])
+    assert sorted(objects) == sorted([f["path"] for f in manifest["files"]] + ["manifest.json"])
+    run_pack(s3_config(s3, "changed-clean", inputs=fewer), engine="local")
+    assert s3.objects("changed-clean") == objects
+
+
+def test_s3_lock_object_refuses_a_live_owner_and_takes_over_a_dead_one(s3):
+    from raypack.lock import ObjectStoreLock
+
+    key = f"locked/{ObjectStoreLock.NAME}"
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=json.dumps({"host": "elsewhere", "pid": 1, "started": "x"}))
+    with pytest.raises(InputError, match=rf"being written by another raypack run \(pid 1 on elsewhere.*delete "
+                                         rf"{BUCKET}/{key}"):
+        run_pack(s3_config(s3, "locked"), engine="local")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    import socket
+
+    owner = {"host": socket.gethostname(), "pid": int(dead.stdout), "started": "x"}
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(owner))
+    run_pack(s3_config(s3, "locked"), engine="local")
+    objects = s3.objects("locked")
+    assert ObjectStoreLock.NAME not in objects and "manifest.json" in objects
+    assert not [n for n in objects if n.startswith(".tmp-")]

@@ -1,0 +1,273 @@
+"""Nothing stale, nothing foreign (issue 12): a resumed output holds exactly what its manifest
+lists whatever changed since the crash; one writer per output; a publish that dies half way
+is finished by the next run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import raypack.job as job
+import raypack.publish as publish
+from packing_faults import fail_at_shard
+from raypack.config import make_config
+from raypack.errors import InputError
+from raypack.job import run_pack
+from raypack.lock import LocalLock
+from raypack.publish import staging_dir
+from raypack.sample import write_sample_corpus
+from raypack.verify import verify_output
+from test_resume import tree_digest
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    root = tmp_path / "corpus"
+    write_sample_corpus(str(root), num_shards=6, docs_per_shard=40, mean_doc_len=20, seed=3)
+    return root
+
+
+def config(tmp_path, inputs, name="out", **overrides):
+    values = dict(inputs=[str(i) for i in inputs], output=str(tmp_path / name), context_length=16, pad_token=0,
+                  read_batch_size=7, chunks_per_record_batch=4)
+    values.update(overrides)
+    return make_config(values)
+
+
+def shards(corpus) -> list:
+    return sorted(p for p in corpus.iterdir() if p.suffix == ".parquet")
+
+
+def crash_at(monkeypatch, tmp_path, inputs, shard, **overrides):
+    fail_at_shard(monkeypatch, shard, RuntimeError("crash"))
+    with pytest.raises(RuntimeError, match="crash"):
+        run_pack(config(tmp_path, inputs, **overrides), engine="local")
+    monkeypatch.undo()
+    assert os.path.isdir(staging_dir(str(tmp_path / "out")))
+
+
+def append_rows(path, num_rows: int) -> None:
+    table = pq.read_table(path)
+    pq.write_table(pa.concat_tables([table, table.slice(0, num_rows)]), path)
+
+
+def assert_exactly_the_manifest(out) -> dict:
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert sorted(os.listdir(out)) == sorted([f["path"] for f in manifest["files"]] + ["manifest.json"])
+    verify_output(str(out))
+    return manifest
+
+
+# ----------------------------------------------------------------------------- 1: resume after a change
+
+
+def change_append(corpus, tmp_path):
+    append_rows(shards(corpus)[0], 10)
+    return [corpus], {}
+
+
+def change_delete(corpus, tmp_path):
+    os.remove(shards(corpus)[1])
+    return [corpus], {}
+
+
+def change_context_length(corpus, tmp_path):
+    return [corpus], {"context_length": 12}
+
+
+def change_input_set(corpus, tmp_path):
+    return shards(corpus)[2:], {}
+
+
+@pytest.mark.parametrize("change", [change_append, change_delete, change_context_length, change_input_set])
+def test_resume_after_any_change_equals_a_clean_run_on_the_new_inputs(tmp_path, corpus, monkeypatch, change):
+    crash_at(monkeypatch, tmp_path, [corpus], 4)
+    inputs, overrides = change(corpus, tmp_path)
+    run_pack(config(tmp_path, inputs, **overrides), engine="local", resume=True)
+    out = tmp_path / "out"
+    assert_exactly_the_manifest(out)
+    run_pack(config(tmp_path, inputs, "clean", **overrides), engine="local")
+    assert tree_digest(out) == tree_digest(tmp_path / "clean")
+
+
+def test_a_crash_leaves_files_a_resume_on_changed_inputs_must_drop(tmp_path, corpus, monkeypatch):
+    """Guards the test above: the crash really leaves chunk files the new layout does not use."""
+    crash_at(monkeypatch, tmp_path, [corpus], 4)
+    staged = {n for n in os.listdir(staging_dir(str(tmp_path / "out"))) if n.startswith("chunks-")}
+    append_rows(shards(corpus)[0], 10)
+    run_pack(config(tmp_path, [corpus], "clean"), engine="local")
+    assert staged - set(os.listdir(tmp_path / "clean"))
+
+
+# ----------------------------------------------------------------------------- 4: one writer per output
+
+
+def test_a_second_run_on_the_same_output_is_refused_while_the_first_plans(tmp_path, corpus, monkeypatch):
+    planning, release = threading.Event(), threading.Event()
+    real_plan = job.make_plan
+
+    def slow_plan(cfg):
+        planning.set()
+        release.wait(30)
+        return real_plan(cfg)
+
+    monkeypatch.setattr(job, "make_plan", slow_plan)
+    first = threading.Thread(target=run_pack, args=(config(tmp_path, [corpus]),), kwargs={"engine": "local"})
+    first.start()
+    try:
+        assert planning.wait(30)
+        for flags in ({}, {"overwrite": True}):
+            with pytest.raises(InputError, match=rf"being written by another raypack run \(pid {os.getpid()} on "):
+                run_pack(config(tmp_path, [corpus], **flags), engine="local")
+        with pytest.raises(InputError, match="being written by another raypack run"):
+            run_pack(config(tmp_path, [corpus]), engine="local", resume=True)
+    finally:
+        release.set()
+        first.join(60)
+    assert_exactly_the_manifest(tmp_path / "out")
+    assert not os.path.exists(tmp_path / ".out.raypack-lock")
+
+
+HOLD_LOCK = """
+import sys, time
+from raypack.lock import LocalLock
+LocalLock(sys.argv[1], what="output").acquire()
+print("locked", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_lock_held_by_a_live_process_refuses_and_a_killed_one_does_not(tmp_path, corpus):
+    lock_path = str(tmp_path / ".out.raypack-lock")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, lock_path], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(InputError, match=rf"pid {holder.pid} on "):
+            run_pack(config(tmp_path, [corpus]), engine="local")
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert os.path.exists(lock_path)  # the file stays; the kernel dropped the lock
+    run_pack(config(tmp_path, [corpus]), engine="local")
+    assert_exactly_the_manifest(tmp_path / "out")
+
+
+def test_the_lock_is_not_taken_on_a_file_its_owner_just_removed(tmp_path):
+    path = str(tmp_path / "lock")
+    a = LocalLock(path, what="output")
+    a.acquire()
+    b = LocalLock(path, what="output")
+    with pytest.raises(InputError):
+        b.acquire()
+    a.release()
+    b.acquire()
+    c = LocalLock(path, what="output")
+    with pytest.raises(InputError):
+        c.acquire()
+    b.release()
+
+
+# ----------------------------------------------------------------------------- 7: publish
+
+
+def test_overwrite_publishes_with_one_exchange(tmp_path, corpus, monkeypatch):
+    run_pack(config(tmp_path, [corpus]), engine="local")
+    calls, real = [], publish.exchange_paths
+
+    def exchange(a, b):
+        calls.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(publish, "exchange_paths", exchange)
+    run_pack(config(tmp_path, [corpus], context_length=12, overwrite=True), engine="local")
+    assert calls == [(staging_dir(str(tmp_path / "out")), str(tmp_path / "out"))]
+    assert_exactly_the_manifest(tmp_path / "out")["context_length"] == 12
+    assert sorted(os.listdir(tmp_path)) == ["corpus", "out"]
+
+
+def test_exchange_swaps_two_directories(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "x").write_text("a")
+    if not publish.exchange_paths(str(tmp_path / "a"), str(tmp_path / "b")):
+        pytest.skip("renameat2(RENAME_EXCHANGE) is not available here")
+    assert os.listdir(tmp_path / "b") == ["x"] and os.listdir(tmp_path / "a") == []
+
+
+def test_overwrite_without_exchange_falls_back_to_two_renames(tmp_path, corpus, monkeypatch):
+    run_pack(config(tmp_path, [corpus]), engine="local")
+    monkeypatch.setattr(publish, "exchange_paths", lambda a, b: False)
+    run_pack(config(tmp_path, [corpus], context_length=12, overwrite=True), engine="local")
+    assert_exactly_the_manifest(tmp_path / "out")["context_length"] == 12
+    assert sorted(os.listdir(tmp_path)) == ["corpus", "out"]
+
+
+def die_in_publish(monkeypatch, after: str):
+    """Make the publish stop dead right after ``after`` ("exchange" or "first rename")."""
+    class Died(BaseException):
+        pass
+
+    if after == "exchange":
+        real = publish.exchange_paths
+
+        def exchange_then_die(a, b):
+            assert real(a, b)
+            raise Died()
+
+        monkeypatch.setattr(publish, "exchange_paths", exchange_then_die)
+    else:
+        monkeypatch.setattr(publish, "exchange_paths", lambda a, b: False)
+        real_replace = os.replace
+
+        def replace_then_die(a, b):
+            real_replace(a, b)
+            if b.endswith("-old"):
+                raise Died()
+
+        monkeypatch.setattr(publish.os, "replace", replace_then_die)
+    return Died
+
+
+@pytest.mark.parametrize("after", ["exchange", "first rename"])
+def test_a_publish_that_died_is_finished_by_the_next_run(tmp_path, corpus, monkeypatch, after):
+    if after == "exchange" and publish._renameat2() is None:
+        pytest.skip("renameat2(RENAME_EXCHANGE) is not available here")
+    run_pack(config(tmp_path, [corpus]), engine="local")
+    died = die_in_publish(monkeypatch, after)
+    with pytest.raises(died):
+        run_pack(config(tmp_path, [corpus], context_length=12, overwrite=True), engine="local")
+    monkeypatch.undo()
+    # The next run on the output (here one that is refused: the output is complete) first
+    # finishes the publish: the new output is in place and nothing of the old one is left.
+    with pytest.raises(InputError, match="not empty"):
+        run_pack(config(tmp_path, [corpus]), engine="local")
+    assert_exactly_the_manifest(tmp_path / "out")["context_length"] == 12
+    assert sorted(os.listdir(tmp_path)) == ["corpus", "out"]
+
+
+def test_a_complete_staging_directory_is_published_by_the_next_run(tmp_path, corpus):
+    """A run that died between writing its manifest and the rename."""
+    run_pack(config(tmp_path, [corpus], "done"), engine="local")
+    shutil.copytree(tmp_path / "done", staging_dir(str(tmp_path / "out")))
+    run_pack(config(tmp_path, [corpus], "out", context_length=12, overwrite=True), engine="local")
+    assert_exactly_the_manifest(tmp_path / "out")["context_length"] == 12
+    assert not os.path.exists(staging_dir(str(tmp_path / "out")))
+
+
+def test_an_old_output_moved_aside_is_restored_when_its_replacement_never_came(tmp_path, corpus):
+    run_pack(config(tmp_path, [corpus]), engine="local")
+    before = tree_digest(tmp_path / "out")
+    old = publish.LocalOutput(str(tmp_path / "out")).old_dir
+    os.replace(tmp_path / "out", old)
+    with pytest.raises(InputError, match="not empty"):
+        run_pack(config(tmp_path, [corpus]), engine="local")
+    assert tree_digest(tmp_path / "out") == before and not os.path.exists(old)
