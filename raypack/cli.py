@@ -39,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--overwrite", action="store_true", default=None, help="replace a non-empty output directory")
     pack.add_argument("--resume", action="store_true",
                       help="finish an interrupted run: keep shards whose output verifies, pack the rest")
+    pack.add_argument("--verify-inputs", action="store_true", default=None,
+                      help="identify inputs by the sha256 of all their bytes, not only size and first/last MiB "
+                           "(and Parquet footer): costs one more full read of every shard when packing, and of "
+                           "every kept shard on --resume; a record made without it is not reused with it")
     pack.add_argument("--local", action="store_true", help="pack in this process, without Ray")
     verify = commands.add_parser("verify", help="audit a packed output against its manifest and its inputs")
     verify.add_argument("output", metavar="OUT", help="packed output directory")

@@ -51,6 +51,10 @@ class PackConfig:
     worker_num_cpus: float = 0.5
     """CPUs each packer actor reserves; fractional so reads and writes can always run."""
     overwrite: bool = False
+    verify_inputs: bool = False
+    """Identify each input by the sha256 of all its bytes for ``--resume``, not only by its size and
+    first/last MiB (and Parquet footer): every packer reads its shard once more, and ``--resume``
+    reads every input whose record it checks once more. Does not change the output."""
     address: str | None = None
     """Ray cluster address; None uses RAY_ADDRESS or starts an embedded local Ray."""
     extra: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -70,6 +74,8 @@ class PackConfig:
             least = 0 if name in ("read_batch_size", "best_fit_window") else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name}={value!r} must be an integer >= {least}")
+        if not isinstance(self.verify_inputs, bool):
+            raise ValueError(f"verify_inputs={self.verify_inputs!r} must be true or false")
         if not 0 < self.worker_num_cpus <= 64:
             raise ValueError(f"worker_num_cpus={self.worker_num_cpus!r} must be in (0, 64]")
 

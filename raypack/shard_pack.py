@@ -25,7 +25,7 @@ from raypack.core import Chunks, StreamPacker, flatten_documents
 from raypack.errors import InputError
 from raypack.output import ChunkFileWriter, chunk_schema
 from raypack.readers import check_tokens_fit, iter_token_batches
-from raypack.resume import save_result
+from raypack.resume import identify_input, save_result
 from raypack.tasks import PackSettings, ShardResult, ShardTask
 
 
@@ -34,8 +34,13 @@ def first_owned_chunk(token_offset: int, context_length: int) -> int:
 
 
 def pack_shard(task: ShardTask, settings: PackSettings) -> ShardResult:
-    """Pack ``task``'s shard; its file appears (rename, or one upload) only when complete."""
+    """Pack ``task``'s shard; its file appears (rename, or one upload) only when complete.
+
+    The input's identity for the resume record is taken first, so a file that changes while it
+    is packed is not recorded as the new version (cost: see raypack/resume.py).
+    """
     started_at = time.time()
+    identity = identify_input(task, settings)
     dtype = np.dtype(settings.token_dtype)
     packer = make_shard_packer(task, settings)
     schema = chunk_schema(settings.context_length, pa.from_numpy_dtype(dtype), settings.pad_token)
@@ -56,7 +61,7 @@ def pack_shard(task: ShardTask, settings: PackSettings) -> ShardResult:
     result = ShardResult(task.shard_index, written, packer.head, packer.tail, counts["docs"],
                          counts["nonempty"], counts["tokens"], counts["split"], peak_rss_bytes(),
                          started_at, time.time())
-    save_result(task, settings, result, schema.field("input_ids").type.value_type)
+    save_result(task, settings, result, identity)
     return result
 
 

@@ -44,6 +44,8 @@ class PackSettings:
     chunks_per_record_batch: int
     strategy: str = "concat"
     best_fit_window: int = 0
+    verify_inputs: bool = False
+    """Resume records also hold each input's full sha256 (PackConfig.verify_inputs); no effect on output."""
 
 
 @dataclass(frozen=True)
