@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from raypack.core import Fragment
-from raypack.output import WrittenFile, write_whole
+from raypack.output import CHUNK_FILE_RE, WrittenFile, write_whole
 from raypack.shards import resolve_filesystem
 from raypack.tasks import PackSettings, ShardResult, ShardTask, asdict_file
 
@@ -171,6 +171,8 @@ def _check_record(data: bytes, task: ShardTask, settings: PackSettings, fs, base
     if not same_run:
         raise _Rejected("was made for another task or other settings")
     _check_input(recorded_input, task, settings)
+    if result.file is not None and not CHUNK_FILE_RE.match(result.file.path):
+        raise _Rejected(f"names {result.file.path!r}, which is not a chunk file name")
     if result.file is not None and not _file_intact(fs, posixpath.join(base, result.file.path), result.file.sha256):
         raise _Rejected(f"names chunk file {result.file.path}, which is missing or no longer hashes to its sha256")
     return result
