@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from raypack.assemble import build_manifest, check_coverage, count_stats, stitch_boundaries, write_boundaries
 from raypack.config import PackConfig
@@ -16,7 +16,7 @@ from raypack.errors import InputError
 from raypack.output import write_manifest
 from raypack.plan import Plan, check_output_outside_inputs, make_plan, place_chunks, settings_for
 from raypack.resume import load_verified_result
-from raypack.shard_pack import count_shard_chunks, pack_shard
+from raypack.shard_pack import count_shard_chunks, current_rss_bytes, pack_shard
 from raypack.publish import LocalOutput, ObjectStoreOutput, output_target
 from raypack.tasks import PackSettings, ShardResult
 
@@ -30,9 +30,11 @@ class Summary:
     seconds: float
     """Wall time of planning, packing and publishing (Ray start-up excluded)."""
     peak_worker_rss_bytes: int = 0
-    """The largest peak resident memory of any packing process."""
+    """The largest peak resident memory of a packer actor while packing a shard; with the local
+    engine, the most packing added to this process's resident memory."""
     pack_seconds: float = 0.0
     """From the first shard's start to the last shard's end (excludes engine start-up)."""
+    engine: str = "ray"
 
     def lines(self) -> list[str]:
         c = self.manifest["counts"]
@@ -53,7 +55,8 @@ class Summary:
             f"  files            {len(self.manifest['files']):>14,}",
             f"  time             {self.seconds:>14.2f}s  ({rate / 1e6:,.1f}M tokens/s, start-up included)",
             f"  packing          {self.pack_seconds:>14.2f}s  (first shard start to last shard end)",
-            f"  peak packer RSS  {self.peak_worker_rss_bytes / 2**20:>14,.0f} MiB",
+            f"  peak packer RSS  {self.peak_worker_rss_bytes / 2**20:>14,.0f} MiB"
+            + ("  (added to this process)" if self.engine == "local" else ""),
         ]
 
 
@@ -81,7 +84,7 @@ def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False) -
     finally:
         target.lock.release()
     return Summary(config.output, manifest, time.perf_counter() - start,
-                   max((r.peak_rss_bytes for r in results), default=0), _pack_seconds(results))
+                   max((r.peak_rss_bytes for r in results), default=0), _pack_seconds(results), engine)
 
 
 def _pack_seconds(results: list[ShardResult]) -> float:
@@ -128,7 +131,9 @@ def _pack_locally(tasks, settings: PackSettings) -> list[ShardResult]:
     """One process, shard after shard, with a progress line at most once a second."""
     results, last_report = [], time.monotonic()
     for done, task in enumerate(tasks, start=1):
-        results.append(pack_shard(task, settings))
+        base = current_rss_bytes()  # this process also holds whatever its caller holds
+        result = pack_shard(task, settings)
+        results.append(replace(result, peak_rss_bytes=max(0, result.peak_rss_bytes - base)))
         if time.monotonic() - last_report >= 1.0 or done == len(tasks):
             tokens = sum(r.num_tokens for r in results)
             log.info("packed %d/%d shards (%s tokens)", done, len(tasks), f"{tokens:,}")

@@ -40,6 +40,7 @@ def pack_shard(task: ShardTask, settings: PackSettings) -> ShardResult:
     is packed is not recorded as the new version (cost: see raypack/resume.py).
     """
     started_at = time.time()
+    reset_peak_rss()
     identity = identify_input(task, settings)
     dtype = np.dtype(settings.token_dtype)
     packer = make_shard_packer(task, settings)
@@ -157,9 +158,35 @@ def _stream_shard(task: ShardTask, settings: PackSettings, packer: ConcatShardPa
     return counts
 
 
+def reset_peak_rss() -> None:
+    """Start measuring a new peak: Linux resets VmHWM on ``5`` written to /proc/self/clear_refs.
+    Elsewhere (or where that is refused) the peak stays the process's lifetime peak."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
 def peak_rss_bytes() -> int:
-    """Peak resident set size of this process so far (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """Peak resident set size of this process since :func:`reset_peak_rss` (else since it started)."""
+    return _proc_status_bytes("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def current_rss_bytes() -> int:
+    """Resident set size of this process now (0 where /proc is not available)."""
+    return _proc_status_bytes("VmRSS")
+
+
+def _proc_status_bytes(key: str) -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def read_batch_rows(task: ShardTask, settings: PackSettings) -> int:
