@@ -39,6 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--overwrite", action="store_true", default=None, help="replace a non-empty output directory")
     pack.add_argument("--resume", action="store_true",
                       help="finish an interrupted run: keep shards whose output verifies, pack the rest")
+    pack.add_argument("--progress-timeout", dest="progress_timeout_s", type=float, metavar="SECONDS",
+                      help="report a packer that makes no progress on its shard for this long (0: never; "
+                           "default 600)")
+    pack.add_argument("--restart-stalled", action="store_true", default=None,
+                      help="on Ray, also end a stalled packer so that Ray restarts it and packs its shard again")
     pack.add_argument("--verify-inputs", action="store_true", default=None,
                       help="identify inputs by the sha256 of all their bytes, not only size and first/last MiB "
                            "(and Parquet footer): costs one more full read of every shard when packing, and of "

@@ -55,6 +55,11 @@ class PackConfig:
     """Identify each input by the sha256 of all its bytes for ``--resume``, not only by its size and
     first/last MiB (and Parquet footer): every packer reads its shard once more, and ``--resume``
     reads every input whose record it checks once more. Does not change the output."""
+    progress_timeout_s: float = 600.0
+    """A packer that makes no progress on its shard for this long is reported (0: never)."""
+    restart_stalled: bool = False
+    """On Ray, a stalled packer (see ``progress_timeout_s``) is also ended, so that Ray restarts it
+    and packs its shard again; the local engine only reports."""
     address: str | None = None
     """Ray cluster address; None uses RAY_ADDRESS or starts an embedded local Ray."""
     extra: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -74,8 +79,13 @@ class PackConfig:
             least = 0 if name in ("read_batch_size", "best_fit_window") else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name}={value!r} must be an integer >= {least}")
-        if not isinstance(self.verify_inputs, bool):
-            raise ValueError(f"verify_inputs={self.verify_inputs!r} must be true or false")
+        for name in ("verify_inputs", "restart_stalled"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be true or false")
+        if isinstance(self.progress_timeout_s, bool) or not isinstance(self.progress_timeout_s, (int, float)) \
+                or not 0 <= self.progress_timeout_s < 1e9:
+            raise ValueError(f"progress_timeout_s={self.progress_timeout_s!r} must be a number of seconds >= 0 "
+                             "(0: never)")
         if not 0 < self.worker_num_cpus <= 64:
             raise ValueError(f"worker_num_cpus={self.worker_num_cpus!r} must be in (0, 64]")
 

@@ -88,7 +88,8 @@ def settings_for(config: PackConfig, plan: Plan, out_dir: str) -> PackSettings:
     return PackSettings(out_dir, config.context_length, config.pad_token, plan.token_dtype,
                         config.token_column, config.read_batch_size, config.read_batch_tokens,
                         config.chunks_per_record_batch, config.strategy,
-                        config.best_fit_window if config.strategy == "best_fit" else 0, config.verify_inputs)
+                        config.best_fit_window if config.strategy == "best_fit" else 0, config.verify_inputs,
+                        config.progress_timeout_s, config.restart_stalled)
 
 
 def check_output_outside_inputs(output: str, plan: Plan) -> None:

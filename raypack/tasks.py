@@ -46,6 +46,10 @@ class PackSettings:
     best_fit_window: int = 0
     verify_inputs: bool = False
     """Resume records also hold each input's full sha256 (PackConfig.verify_inputs); no effect on output."""
+    progress_timeout_s: float = 0.0
+    """Report a shard with no progress for this long (raypack.watchdog); no effect on output."""
+    restart_stalled: bool = False
+    """End a stalled packer's process (Ray restarts it); no effect on output."""
 
 
 @dataclass(frozen=True)

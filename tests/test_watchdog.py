@@ -1,0 +1,50 @@
+"""The per-shard progress deadline (raypack.watchdog): a packer that makes no progress is
+reported (shard, process, how long) and, when asked, ended so that Ray restarts it."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import time
+
+from raypack.watchdog import STALL_EXIT_CODE, ProgressWatchdog
+
+
+def test_a_stalled_shard_is_reported_once_per_timeout(caplog):
+    caplog.set_level(logging.WARNING, logger="raypack.watchdog")
+    with ProgressWatchdog("shard /data/a.parquet", 0.2) as dog:
+        time.sleep(1.0)
+    assert 2 <= dog.stalls <= 5
+    message = caplog.records[0].getMessage()
+    assert message.startswith("shard /data/a.parquet has made no progress for ")
+    assert "packer pid" in message and "restart_stalled" in message
+
+
+def test_beats_keep_it_quiet(caplog):
+    with ProgressWatchdog("shard x", 0.3) as dog:
+        for _ in range(20):
+            time.sleep(0.05)
+            dog.beat()
+    assert dog.stalls == 0 and not caplog.records
+
+
+def test_zero_turns_it_off():
+    with ProgressWatchdog("shard x", 0) as dog:
+        assert dog._thread is None
+
+
+STALL = """
+import logging, time
+from raypack.watchdog import ProgressWatchdog
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+with ProgressWatchdog("shard s", 0.2, restart=True):
+    time.sleep(30)
+"""
+
+
+def test_restart_ends_the_process_after_saying_why():
+    started = time.monotonic()
+    run = subprocess.run([sys.executable, "-c", STALL], capture_output=True, text=True, timeout=60)
+    assert run.returncode == STALL_EXIT_CODE and time.monotonic() - started < 20
+    assert "shard s has made no progress" in run.stderr and "Ray restarts it" in run.stderr
