@@ -209,7 +209,7 @@ def iter_jsonl_texts(
     for block in _iter_line_blocks(fs, fs_path, path, start, None if compression else end, block_bytes):
         texts = _parse_block(block.data, path, column, lambda i, b=block: _line_number(fs, fs_path, b, i))
         for offset in range(0, len(texts), batch_rows):
-            yield first_row, texts.slice(offset, batch_rows)
+            yield first_row + offset, texts.slice(offset, batch_rows)
         first_row += len(texts)
 
 
