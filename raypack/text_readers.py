@@ -237,8 +237,6 @@ def _iter_line_blocks(
             source.seek(aligned_start)
             yield from _split_lines(source, aligned_start, end, block_bytes)
     except (pa.ArrowException, OSError) as e:
-        if isinstance(e, InputError):
-            raise
         raise InputError(f"text file {path}: cannot read ({_msg(e)}); check the file") from e
 
 

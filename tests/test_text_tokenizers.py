@@ -349,3 +349,13 @@ def test_hf_identity(hf):
         "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
     }
     assert json.dumps(identity)  # JSON-ready for a manifest
+
+
+def test_tokenizers_pickle_and_encode_alike(hf, cl100k):
+    """Ray ships task arguments by pickle; a tiktoken one must not look its ranks up online."""
+    import pickle
+
+    texts = pa.array(TEXTS)
+    for loaded in (load_tokenizer(str(hf[1])), cl100k):
+        copy = pickle.loads(pickle.dumps(loaded))
+        assert copy.encode_batch(texts, eos_id=1).to_pylist() == loaded.encode_batch(texts, eos_id=1).to_pylist()
