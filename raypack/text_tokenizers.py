@@ -1,0 +1,359 @@
+"""Text to token ids: one small protocol, two adapters, a registry keyed by kind. No Ray.
+
+``load_tokenizer(spec)`` returns a ``TextTokenizer``:
+
+  * ``"hf"``: a Hugging Face ``tokenizer.json`` (the file, or a directory holding it) through
+    the ``tokenizers`` library. A document's ids equal
+    ``Tokenizer.encode(text, add_special_tokens=False).ids`` with the file's truncation and
+    padding switched off (padding would make ids depend on the batch, truncation would drop
+    text). Added tokens written in the text (e.g. ``"<|endoftext|>"``) are matched as the
+    tokenizer itself matches them.
+  * ``"tiktoken"``: ``tiktoken:NAME`` for NAME in ``TIKTOKEN_ENCODINGS``, built from the rank
+    file the ``bpe-openai`` package ships (gzip) with the pattern and special tokens of
+    tiktoken's own ``tiktoken_ext/openai_public.py``; no network, no cache directory. A
+    document's ids equal ``tiktoken.get_encoding(NAME).encode_ordinary(text)``: special-token
+    text in a document is ordinary text.
+
+``encode_batch`` returns one list<uintN> array (N from ``token_dtype_for``): offsets plus one
+flat numpy values array, with the optional BOS/EOS ids placed by index arithmetic. The
+libraries hand back one Python list of ids per document; flattening those costs a few percent
+of the encode itself (bench/bench_tokenize.py measures both).
+
+``tokenizers`` and ``tiktoken`` are imported only when a tokenizer of their kind is loaded; a
+missing one is an InputError naming the extra (``pip install "raypack[text]"``).
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import importlib
+import importlib.util
+import itertools
+import os
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from raypack.errors import InputError
+
+__all__ = [
+    "TEXT_EXTRA",
+    "TIKTOKEN_ENCODINGS",
+    "TOKENIZER_KINDS",
+    "HFTokenizer",
+    "TextTokenizer",
+    "TiktokenTokenizer",
+    "ids_to_list_array",
+    "load_tokenizer",
+    "token_dtype_for",
+]
+
+TEXT_EXTRA = 'pip install "raypack[text]"'
+TOKEN_DTYPES = ("uint8", "uint16", "uint32")
+
+
+class TextTokenizer(Protocol):
+    """What the tokenize stage asks of a tokenizer."""
+
+    kind: str
+    vocab_size: int  # every id it can produce is < vocab_size
+
+    def identity(self) -> dict[str, Any]:
+        """kind, name or file, vocab_size, sha256 of the tokenizer or rank file: for manifests."""
+        ...
+
+    def token_id(self, token: str | int) -> int:
+        """The id of a token string the vocabulary holds, or an int id < vocab_size."""
+        ...
+
+    def encode_batch(
+        self, texts: pa.StringArray | pa.LargeStringArray, *, bos_id: int | None = None, eos_id: int | None = None
+    ) -> pa.ListArray | pa.LargeListArray:
+        """One list<uintN> row per text: [bos] + ids + [eos]."""
+        ...
+
+
+# ---------------------------------------------------------------------------------------------
+# Token dtype and the Arrow result
+
+
+def token_dtype_for(vocab_size: int, requested: str = "auto") -> np.dtype:
+    """The narrowest of uint8/uint16/uint32 holding ids < vocab_size, or ``requested`` if it does.
+
+    Raises InputError if ``requested`` is unknown or cannot hold the vocabulary.
+    """
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 1 <= vocab_size <= 2**32:
+        raise ValueError(f"vocab_size={vocab_size!r} must be an integer in [1, 2**32]")
+    if requested == "auto":
+        return next(np.dtype(d) for d in TOKEN_DTYPES if np.iinfo(d).max >= vocab_size - 1)
+    if requested not in TOKEN_DTYPES:
+        raise InputError(f"--token-dtype {requested!r} is not one of auto, {', '.join(TOKEN_DTYPES)}")
+    if np.iinfo(requested).max < vocab_size - 1:
+        raise InputError(
+            f"--token-dtype {requested} holds ids up to {np.iinfo(requested).max}, but the tokenizer's "
+            f"vocabulary has {vocab_size} ids; use --token-dtype {token_dtype_for(vocab_size).name} or auto"
+        )
+    return np.dtype(requested)
+
+
+def ids_to_list_array(
+    id_lists: Sequence[Sequence[int]], dtype: np.dtype, *, bos_id: int | None = None, eos_id: int | None = None
+) -> pa.ListArray | pa.LargeListArray:
+    """``[bos] + ids + [eos]`` per document as one list<dtype> array (large_list past 2**31 ids).
+
+    id_lists: n sequences of ints, each < 2**(8*itemsize). Cost: one pass over the ids into a
+    flat numpy array (np.fromiter over the chained lists), then O(n) numpy for offsets and
+    BOS/EOS positions.
+    """
+    body_lens = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
+    num_extra = (bos_id is not None) + (eos_id is not None)
+    offsets = np.zeros(len(id_lists) + 1, dtype=np.int64)
+    np.cumsum(body_lens + num_extra, out=offsets[1:])
+    body = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=dtype, count=int(body_lens.sum()))
+    values = _with_bos_eos(body, offsets, bos_id, eos_id) if num_extra else body
+    if offsets[-1] < 2**31:
+        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
+    return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
+
+
+def _with_bos_eos(body: np.ndarray, offsets: np.ndarray, bos_id: int | None, eos_id: int | None) -> np.ndarray:
+    """Spread ``body`` into ``offsets[-1]`` slots, BOS at each row start and EOS at each row end."""
+    values = np.empty(int(offsets[-1]), dtype=body.dtype)
+    is_body = np.ones(values.size, dtype=bool)
+    if bos_id is not None:
+        values[offsets[:-1]] = bos_id
+        is_body[offsets[:-1]] = False
+    if eos_id is not None:
+        values[offsets[1:] - 1] = eos_id
+        is_body[offsets[1:] - 1] = False
+    values[is_body] = body
+    return values
+
+
+def _texts_to_list(texts: pa.Array) -> list[str]:
+    """Python strs of a string/large_string array; a null is an InputError naming its row."""
+    if not pa.types.is_string(texts.type) and not pa.types.is_large_string(texts.type):
+        raise TypeError(f"texts must be a string or large_string array, not {texts.type}")
+    if texts.null_count:
+        row = int(np.flatnonzero(texts.is_null().to_numpy(zero_copy_only=False))[0])
+        raise InputError(f"text row {row} is null; every document must be a string (an empty text is \"\")")
+    return texts.to_pylist()
+
+
+def _check_id(token_id: int, vocab_size: int) -> int:
+    if not 0 <= token_id < vocab_size:
+        raise InputError(f"token id {token_id} is outside the vocabulary [0, {vocab_size}); give an id below {vocab_size}")
+    return token_id
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _import_extra(module: str, kind: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise InputError(f"the {kind} tokenizer needs the {module!r} package, which is not installed; {TEXT_EXTRA}") from e
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face tokenizer.json
+
+
+class HFTokenizer:
+    """A ``tokenizer.json`` through ``tokenizers.Tokenizer``; threads: its Rayon pool (RAYON_NUM_THREADS)."""
+
+    kind = "hf"
+
+    def __init__(self, path: Path) -> None:
+        tokenizers = _import_extra("tokenizers", self.kind)
+        try:
+            tokenizer = tokenizers.Tokenizer.from_file(str(path))
+        except Exception as e:  # the library raises a bare Exception for a bad file
+            first_line = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise InputError(
+                f"tokenizer {path} is not a Hugging Face tokenizer.json ({first_line}); "
+                f"give the tokenizer.json a model ships, or tiktoken:NAME"
+            ) from e
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        self.path = path
+        self._tokenizer = tokenizer
+        vocab = tokenizer.get_vocab(with_added_tokens=True)
+        self.vocab_size = max(tokenizer.get_vocab_size(with_added_tokens=True), max(vocab.values(), default=-1) + 1)
+        self._encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+
+    @classmethod
+    def from_spec(cls, spec: str) -> HFTokenizer:
+        path = Path(spec)
+        if path.is_dir():
+            path = path / "tokenizer.json"
+        if not path.is_file():
+            raise InputError(
+                f"tokenizer {spec} not found (looked for {path}); give a tokenizer.json file, a "
+                f"directory holding one, or tiktoken:NAME"
+            )
+        return cls(path)
+
+    def identity(self) -> dict[str, Any]:
+        """sha256: of the tokenizer.json bytes."""
+        return {"kind": self.kind, "file": str(self.path), "vocab_size": self.vocab_size, "sha256": _sha256_file(self.path)}
+
+    def token_id(self, token: str | int) -> int:
+        if isinstance(token, bool) or not isinstance(token, (str, int)):
+            raise TypeError(f"token must be a str or an int, not {type(token).__name__}")
+        if isinstance(token, int):
+            return _check_id(token, self.vocab_size)
+        token_id = self._tokenizer.token_to_id(token)
+        if token_id is None:
+            raise InputError(
+                f"token {token!r} is not in the vocabulary of {self.path}; give a token it holds "
+                f"(e.g. one of its special tokens) or an integer id below {self.vocab_size}"
+            )
+        return token_id
+
+    def encode_batch(
+        self, texts: pa.StringArray | pa.LargeStringArray, *, bos_id: int | None = None, eos_id: int | None = None
+    ) -> pa.ListArray | pa.LargeListArray:
+        """list<uintN>, one row per text. Cost: the library's encode plus a flatten (few %)."""
+        bos_id, eos_id = (None if t is None else self.token_id(t) for t in (bos_id, eos_id))
+        encodings = self._encode(_texts_to_list(texts), add_special_tokens=False)
+        id_lists = [encoding.ids for encoding in encodings]
+        return ids_to_list_array(id_lists, token_dtype_for(self.vocab_size), bos_id=bos_id, eos_id=eos_id)
+
+
+# ---------------------------------------------------------------------------------------------
+# tiktoken, offline
+
+
+# Copied from tiktoken 0.14.0 tiktoken_ext/openai_public.py (cl100k_base(), o200k_base()); the
+# rank hashes are its expected_hash values, checked against the decompressed shipped files.
+_O200K_PAT_STR = "|".join(
+    [
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+TIKTOKEN_ENCODINGS: dict[str, dict[str, Any]] = {
+    "cl100k_base": {
+        "pat_str": r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s""",
+        "special_tokens": {
+            "<|endoftext|>": 100257,
+            "<|fim_prefix|>": 100258,
+            "<|fim_middle|>": 100259,
+            "<|fim_suffix|>": 100260,
+            "<|endofprompt|>": 100276,
+        },
+        "rank_sha256": "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+    },
+    "o200k_base": {
+        "pat_str": _O200K_PAT_STR,
+        "special_tokens": {"<|endoftext|>": 199999, "<|endofprompt|>": 200018},
+        "rank_sha256": "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+    },
+}
+
+
+def tiktoken_rank_file(name: str) -> Path:
+    """The gzip rank file ``bpe_openai/data/NAME.tiktoken.gz`` (found without importing bpe_openai)."""
+    spec = importlib.util.find_spec("bpe_openai")
+    if spec is None or not spec.submodule_search_locations:
+        raise InputError(f"tiktoken:{name} needs the rank files of the 'bpe-openai' package, which is not installed; {TEXT_EXTRA}")
+    path = Path(next(iter(spec.submodule_search_locations))) / "data" / f"{name}.tiktoken.gz"
+    if not path.is_file():
+        raise InputError(f"tiktoken:{name}: the installed bpe-openai ships no {path.name}; {TEXT_EXTRA}")
+    return path
+
+
+def load_rank_file(path: Path, expected_sha256: str) -> dict[bytes, int]:
+    """Ranks of a (gzip) ``.tiktoken`` file, parsed as ``tiktoken.load.load_tiktoken_bpe`` does.
+
+    Raises InputError if the decompressed bytes do not hash to ``expected_sha256``.
+    """
+    contents = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    actual = hashlib.sha256(contents).hexdigest()
+    if actual != expected_sha256:
+        raise InputError(f"rank file {path} has sha256 {actual}, not tiktoken's {expected_sha256}; reinstall bpe-openai")
+    return {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in contents.splitlines() if line)}
+
+
+class TiktokenTokenizer:
+    """``tiktoken:NAME``: encode_ordinary over ``num_threads`` threads (tiktoken releases the GIL)."""
+
+    kind = "tiktoken"
+
+    def __init__(self, name: str, *, num_threads: int | None = None) -> None:
+        if name not in TIKTOKEN_ENCODINGS:
+            raise InputError(f"unknown tokenizer tiktoken:{name}; known: {', '.join('tiktoken:' + n for n in TIKTOKEN_ENCODINGS)}")
+        tiktoken = _import_extra("tiktoken", self.kind)
+        params = TIKTOKEN_ENCODINGS[name]
+        self.name = name
+        self.rank_file = tiktoken_rank_file(name)
+        ranks = load_rank_file(self.rank_file, params["rank_sha256"])
+        self._encoding = tiktoken.Encoding(
+            name, pat_str=params["pat_str"], mergeable_ranks=ranks, special_tokens=params["special_tokens"]
+        )
+        self.vocab_size = self._encoding.n_vocab
+        self.num_threads = num_threads or os.cpu_count() or 1
+
+    @classmethod
+    def from_spec(cls, spec: str) -> TiktokenTokenizer:
+        return cls(spec.removeprefix("tiktoken:"))
+
+    def identity(self) -> dict[str, Any]:
+        """sha256: of the decompressed rank file (tiktoken's own expected_hash)."""
+        sha256 = TIKTOKEN_ENCODINGS[self.name]["rank_sha256"]
+        return {"kind": self.kind, "name": self.name, "file": str(self.rank_file), "vocab_size": self.vocab_size, "sha256": sha256}
+
+    def token_id(self, token: str | int) -> int:
+        if isinstance(token, bool) or not isinstance(token, (str, int)):
+            raise TypeError(f"token must be a str or an int, not {type(token).__name__}")
+        if isinstance(token, int):
+            return _check_id(token, self.vocab_size)
+        try:
+            return self._encoding.encode_single_token(token)
+        except KeyError as e:
+            specials = ", ".join(TIKTOKEN_ENCODINGS[self.name]["special_tokens"])
+            raise InputError(
+                f"token {token!r} is not one token of tiktoken:{self.name}; give one of {specials}, "
+                f"another single token, or an integer id below {self.vocab_size}"
+            ) from e
+
+    def encode_batch(
+        self, texts: pa.StringArray | pa.LargeStringArray, *, bos_id: int | None = None, eos_id: int | None = None
+    ) -> pa.ListArray | pa.LargeListArray:
+        """list<uint32>, one row per text: encode_ordinary of each."""
+        bos_id, eos_id = (None if t is None else self.token_id(t) for t in (bos_id, eos_id))
+        id_lists = self._encoding.encode_ordinary_batch(_texts_to_list(texts), num_threads=self.num_threads)
+        return ids_to_list_array(id_lists, token_dtype_for(self.vocab_size), bos_id=bos_id, eos_id=eos_id)
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry
+
+TOKENIZER_KINDS: dict[str, Callable[[str], TextTokenizer]] = {
+    HFTokenizer.kind: HFTokenizer.from_spec,
+    TiktokenTokenizer.kind: TiktokenTokenizer.from_spec,
+}
+
+
+def load_tokenizer(spec: str) -> TextTokenizer:
+    """``KIND:REST`` for a registered KIND other than hf (``tiktoken:cl100k_base``), else a path."""
+    kind, sep, _ = spec.partition(":")
+    if not (sep and kind in TOKENIZER_KINDS):
+        kind = HFTokenizer.kind
+    return TOKENIZER_KINDS[kind](spec)

@@ -1,0 +1,244 @@
+"""raypack.text_readers: every row read exactly once and in order, whatever the split; bad input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from raypack.errors import InputError
+from raypack.text_readers import (
+    iter_jsonl_texts,
+    iter_parquet_texts,
+    jsonl_byte_range_tasks,
+    parquet_row_group_tasks,
+)
+
+TEXTS = ["first", "", "東京 😀", "שלום مرحبا", "  ", "line\nwith newline escaped", "x" * 1000, "last"]
+
+
+def write_jsonl(path, texts, *, newline_at_end=True, compress=None, extra=None):
+    lines = [json.dumps({"id": i, "text": t, **(extra or {})}, ensure_ascii=i % 2 == 0) for i, t in enumerate(texts)]
+    data = ("\n".join(lines) + ("\n" if newline_at_end else "")).encode()
+    if compress == "gzip":
+        data = gzip.compress(data)
+    elif compress == "zstd":
+        data = pa.compress(data, "zstd", asbytes=True)
+    path.write_bytes(data)
+    return path
+
+
+def read_jsonl_tasks(path, tasks, column="text", batch_rows=3, block_bytes=1 << 20):
+    """Texts of all tasks in task order, and each task's row count."""
+    texts, counts = [], []
+    for start, end in tasks:
+        rows = 0
+        for first_row, batch in iter_jsonl_texts(str(path), column, start, end, batch_rows, block_bytes=block_bytes):
+            assert first_row == rows and len(batch) <= batch_rows
+            texts += batch.to_pylist()
+            rows += len(batch)
+        counts.append(rows)
+    return texts, counts
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON Lines: splits
+
+
+def test_jsonl_whole_file(tmp_path):
+    path = write_jsonl(tmp_path / "a.jsonl", TEXTS)
+    assert jsonl_byte_range_tasks(str(path), 1 << 20) == [(0, path.stat().st_size)]
+    texts, counts = read_jsonl_tasks(path, [(0, None)])
+    assert texts == TEXTS and counts == [len(TEXTS)]
+
+
+def test_jsonl_ranges_split_lines_and_leave_empty_ranges(tmp_path):
+    path = write_jsonl(tmp_path / "a.jsonl", TEXTS)
+    tasks = jsonl_byte_range_tasks(str(path), 16)
+    assert len(tasks) > len(TEXTS)  # more ranges than lines: some hold no line start
+    assert tasks[0][0] == 0 and tasks[-1][1] == path.stat().st_size
+    assert all(a[1] == b[0] for a, b in zip(tasks, tasks[1:]))
+    texts, counts = read_jsonl_tasks(path, tasks)
+    assert texts == TEXTS
+    assert 0 in counts and sum(counts) == len(TEXTS)
+
+
+def test_jsonl_range_starting_exactly_at_a_line(tmp_path):
+    """A nominal start right at a line start: that line belongs to the range before."""
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b'{"text":"a"}\n{"text":"b"}\n{"text":"c"}\n')
+    line_len = len(b'{"text":"a"}\n')
+    assert read_jsonl_tasks(path, [(0, line_len)])[0] == ["a", "b"]
+    assert read_jsonl_tasks(path, [(line_len, 2 * line_len)])[0] == ["c"]
+    assert read_jsonl_tasks(path, [(line_len - 1, line_len)])[0] == ["b"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    line_lens=st.lists(st.integers(0, 40), min_size=0, max_size=30),
+    target_bytes=st.integers(1, 120),
+    newline_at_end=st.booleans(),
+    block_bytes=st.sampled_from([1, 7, 64, 1 << 20]),
+    blank_every=st.integers(0, 5),
+)
+def test_jsonl_ranges_cover_every_line_once(tmp_path_factory, line_lens, target_bytes, newline_at_end, block_bytes, blank_every):
+    texts = [("é" if n % 3 == 0 else "a") * n for n in line_lens]
+    lines = [json.dumps({"text": t}, ensure_ascii=False) for t in texts]
+    if blank_every:
+        lines = [x for i, line in enumerate(lines) for x in ([line, ""] if i % blank_every == 0 else [line])]
+    path = tmp_path_factory.mktemp("j") / "a.jsonl"
+    path.write_bytes(("\n".join(lines) + ("\n" if newline_at_end and lines else "")).encode())
+    tasks = jsonl_byte_range_tasks(str(path), target_bytes)
+    got, counts = read_jsonl_tasks(path, tasks, block_bytes=block_bytes)
+    assert got == texts
+    assert sum(counts) == len(texts)
+
+
+@pytest.mark.parametrize("compress, suffix", [("gzip", ".jsonl.gz"), ("zstd", ".jsonl.zst")])
+def test_jsonl_compressed_is_one_task(tmp_path, compress, suffix):
+    path = write_jsonl(tmp_path / f"a{suffix}", TEXTS * 50, compress=compress)
+    tasks = jsonl_byte_range_tasks(str(path), 10)
+    assert tasks == [(0, path.stat().st_size)]
+    assert read_jsonl_tasks(path, tasks, block_bytes=100)[0] == TEXTS * 50
+    with pytest.raises(ValueError, match=r"compressed \(.*\) and can only be read whole"):
+        next(iter_jsonl_texts(str(path), start=5))
+
+
+def test_jsonl_other_column_and_empty_file(tmp_path):
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b'{"body": "x", "text": 1}\n\n{"body": "y"}\n')
+    assert read_jsonl_tasks(path, [(0, None)], column="body")[0] == ["x", "y"]
+    empty = tmp_path / "e.jsonl"
+    empty.write_bytes(b"")
+    assert jsonl_byte_range_tasks(str(empty), 10) == [(0, 0)]
+    assert read_jsonl_tasks(empty, [(0, 0)]) == ([], [0])
+    blank = tmp_path / "b.jsonl"
+    blank.write_bytes(b"\n\n  \n")
+    assert read_jsonl_tasks(blank, [(0, None)]) == ([], [0])
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON Lines: bad input
+
+
+BAD_LINES = [
+    (b'{"text": "ok"}\n{"text": "\xff"}\n', r"a\.jsonl line 2: invalid UTF-8 \(byte 0xff"),
+    (b'{"text": "ok"}\n{"text": "\xed\xa0\x80"}\n', r"line 2: invalid UTF-8 \(byte 0xed"),
+    (b'{"text": "\\ud800"}\n', r"line 1: 'text' holds an unpaired surrogate"),
+    (b'{"text": "ok"}\n\n{"text": null}\n', r"line 3: 'text' is a JSON null, not a string"),
+    (b'{"text": "ok"}\n{"text": 5}\n', r"line 2: 'text' is a JSON number, not a string"),
+    (b'{"text": ["a"]}\n', r"line 1: 'text' is a JSON array, not a string"),
+    (b'{"text": "ok"}\n{"body": "x", "id": 1}\n', r"line 2: no key 'text' \(keys: body, id\)"),
+    (b'{"text": "ok"}\n[1, 2]\n', r"line 2: a JSON array where an object was expected"),
+    (b'{"text": "ok"}\n"just a string"\n', r"line 2: a JSON string where an object was expected"),
+    (b'{"text": "ok"}\nnot json\n', r"line 2: not JSON \(Expecting value at column 1\)"),
+]
+
+
+@pytest.mark.parametrize("data, match", BAD_LINES)
+def test_jsonl_bad_line(tmp_path, data, match):
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(data)
+    with pytest.raises(InputError, match=match):
+        list(iter_jsonl_texts(str(path)))
+
+
+def test_jsonl_bad_line_number_is_the_file_line_in_a_later_range_and_block(tmp_path):
+    good = [json.dumps({"text": f"doc {i}"}).encode() for i in range(200)]
+    data = b"\n".join(good[:150] + [b'{"text": "\xff"}'] + good[150:]) + b"\n"
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(data)
+    tasks = jsonl_byte_range_tasks(str(path), 500)
+    with pytest.raises(InputError, match=r"a\.jsonl line 151: invalid UTF-8"):
+        read_jsonl_tasks(path, tasks, block_bytes=64)
+    gz = tmp_path / "a.jsonl.gz"
+    gz.write_bytes(gzip.compress(data))
+    with pytest.raises(InputError, match=r"a\.jsonl\.gz line 151: invalid UTF-8"):
+        read_jsonl_tasks(gz, [(0, None)], block_bytes=64)
+
+
+def test_jsonl_missing_file_and_corrupt_gzip(tmp_path):
+    with pytest.raises(InputError, match=r"text file not found: .*nope\.jsonl"):
+        jsonl_byte_range_tasks(str(tmp_path / "nope.jsonl"), 10)
+    path = tmp_path / "a.jsonl.gz"
+    path.write_bytes(b"not gzip at all")
+    with pytest.raises(InputError, match=r"a\.jsonl\.gz: cannot read"):
+        list(iter_jsonl_texts(str(path)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Parquet
+
+
+def write_parquet(path, texts, row_group_size, text_type=pa.string()):
+    pq.write_table(pa.table({"id": list(range(len(texts))), "text": pa.array(texts, text_type)}), path, row_group_size=row_group_size)
+    return path
+
+
+@pytest.mark.parametrize("text_type", [pa.string(), pa.large_string()])
+@pytest.mark.parametrize("row_group_size, target_rows, batch_rows", [(3, None, 2), (3, 4, 1), (2, 100, 5), (100, None, 3)])
+def test_parquet_tasks_cover_every_row_in_order(tmp_path, text_type, row_group_size, target_rows, batch_rows):
+    path = write_parquet(tmp_path / "a.parquet", TEXTS, row_group_size, text_type)
+    tasks = parquet_row_group_tasks(str(path), target_rows=target_rows)
+    assert tasks[0].row_group_start == 0 and all(a.row_group_end == b.row_group_start for a, b in zip(tasks, tasks[1:]))
+    got = []
+    for task in tasks:
+        rows = 0
+        for first_row, batch in iter_parquet_texts(str(path), "text", task[:2], batch_rows):
+            assert first_row == rows and len(batch) <= batch_rows and batch.type == text_type
+            got += batch.to_pylist()
+            rows += len(batch)
+        assert rows == task.num_rows
+    assert got == TEXTS
+
+
+def test_parquet_row_group_tasks_literal(tmp_path):
+    path = write_parquet(tmp_path / "a.parquet", TEXTS, 3)  # row groups of 3, 3, 2 rows
+    assert parquet_row_group_tasks(str(path)) == [(0, 1, 3), (1, 2, 3), (2, 3, 2)]
+    assert parquet_row_group_tasks(str(path), target_rows=4) == [(0, 2, 6), (2, 3, 2)]
+    empty = tmp_path / "e.parquet"
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), empty)
+    assert sum(t.num_rows for t in parquet_row_group_tasks(str(empty))) == 0
+
+
+def test_parquet_null_names_the_file_row(tmp_path):
+    path = write_parquet(tmp_path / "a.parquet", ["a", "b", "c", "d", None, "f"], 2)
+    list(iter_parquet_texts(str(path), "text", (0, 2)))  # rows 0-3 are fine
+    with pytest.raises(InputError, match=r"a\.parquet row 4: 'text' is null"):
+        list(iter_parquet_texts(str(path), "text", (2, 3)))
+
+
+def test_parquet_missing_column_lists_columns(tmp_path):
+    path = write_parquet(tmp_path / "a.parquet", TEXTS, 3)
+    with pytest.raises(InputError, match=r"a\.parquet has no column 'body'; its columns: id, text"):
+        list(iter_parquet_texts(str(path), "body"))
+
+
+@pytest.mark.parametrize("values, type_name", [([1, 2], "int64"), ([b"a", b"b"], "binary"), ([["a"], []], "list<.*: string>")])
+def test_parquet_non_string_column(tmp_path, values, type_name):
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"text": values}), path)
+    with pytest.raises(InputError, match=rf"column 'text' has type {type_name} in every row; it must hold strings"):
+        list(iter_parquet_texts(str(path)))
+
+
+def test_parquet_invalid_utf8_names_the_row(tmp_path):
+    strings = pa.Array.from_buffers(pa.string(), 3, [None, pa.py_buffer(b"\x00\x00\x00\x00\x01\x00\x00\x00\x02\x00\x00\x00\x03\x00\x00\x00"), pa.py_buffer(b"ab\xff")])
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"text": strings}), path)
+    with pytest.raises(InputError, match=r"a\.parquet row 2: 'text' is not valid UTF-8"):
+        list(iter_parquet_texts(str(path)))
+
+
+def test_parquet_missing_and_corrupt_file(tmp_path):
+    with pytest.raises(InputError, match=r"not found: .*nope\.parquet"):
+        parquet_row_group_tasks(str(tmp_path / "nope.parquet"))
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1 not really")
+    with pytest.raises(InputError, match=r"bad\.parquet is not a readable Parquet file"):
+        parquet_row_group_tasks(str(bad))

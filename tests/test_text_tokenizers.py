@@ -1,0 +1,361 @@
+"""raypack.text_tokenizers: ids equal the tokenizer's own encode, token for token; errors."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from raypack import text_tokenizers
+from raypack.errors import InputError
+from raypack.text_tokenizers import (
+    TIKTOKEN_ENCODINGS,
+    ids_to_list_array,
+    load_rank_file,
+    load_tokenizer,
+    tiktoken_rank_file,
+    token_dtype_for,
+)
+
+tokenizers = pytest.importorskip("tokenizers")
+tiktoken = pytest.importorskip("tiktoken")
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. def main(): return 42\n",
+    "東京は日本の首都です。我爱北京天安门。한국어 텍스트도 있습니다。",
+    "Emoji: 😀👍🏽👨‍👩‍👧‍👦🇯🇵 🎉 and more ✨",
+    "العربية تُكتب من اليمين إلى اليسار. עברית נכתבת מימין לשמאל.",
+    "Ünïcödé çömbining: é vs e\u0301, ß, ﬁ ligature, Ωμέγα, Кириллица.",
+    "   leading spaces\tand tabs\r\nwindows line\n\n\nblank lines   ",
+]
+TEXTS = [
+    *CORPUS,
+    "",
+    " ",
+    "\n\t  \r\n",
+    "a",
+    "mixed: abc 東京 😀 مرحبا שלום 123",
+    "<eos> written in the text",
+    "\u200f\u200e\u202e RTL marks \ufeff BOM \x00 NUL",
+]
+
+
+def train_byte_level_bpe(texts: list[str], vocab_size: int):
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<bos>", "<eos>"],
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(texts, trainer)
+    return tok
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+    """(reference Tokenizer, path of its tokenizer.json): a byte-level BPE of ~600 ids."""
+    tok = train_byte_level_bpe(CORPUS * 20, 600)
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok.save(str(path))
+    return tok, path
+
+
+@pytest.fixture(scope="module")
+def cl100k():
+    return load_tokenizer("tiktoken:cl100k_base")
+
+
+def reference_ids(tok, texts):
+    return [tok.encode(t, add_special_tokens=False).ids for t in texts]
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face tokenizer.json
+
+
+def test_hf_vocab_is_bigger_than_a_byte(hf):
+    tok, path = hf
+    assert 300 < tok.get_vocab_size() <= 600  # merges happened, and ids need uint16
+
+
+def test_hf_equals_encode_token_for_token(hf):
+    tok, path = hf
+    out = load_tokenizer(str(path)).encode_batch(pa.array(TEXTS))
+    assert out.type == pa.list_(pa.uint16())
+    assert out.to_pylist() == reference_ids(tok, TEXTS)
+    assert out.to_pylist()[TEXTS.index("")] == []
+    assert all(out.to_pylist()[TEXTS.index(t)] for t in (" ", "\n\t  \r\n"))  # whitespace is tokens
+
+
+def test_hf_large_string_input(hf):
+    tok, path = hf
+    out = load_tokenizer(str(path)).encode_batch(pa.array(TEXTS, pa.large_string()))
+    assert out.to_pylist() == reference_ids(tok, TEXTS)
+
+
+def test_hf_very_long_text(hf):
+    tok, path = hf
+    long_text = ("".join(CORPUS) * 2000)[: 1 << 20]
+    out = load_tokenizer(str(path)).encode_batch(pa.array(["x", long_text, ""]))
+    assert out.to_pylist() == reference_ids(tok, ["x", long_text, ""])
+    assert len(out[1]) > 100_000
+
+
+def test_hf_directory_spec(hf):
+    tok, path = hf
+    loaded = load_tokenizer(str(path.parent))
+    assert loaded.kind == "hf" and loaded.vocab_size == tok.get_vocab_size(with_added_tokens=True)
+
+
+def test_hf_ignores_post_processor_padding_and_truncation(hf, tmp_path):
+    tok, path = hf
+    tok2 = tokenizers.Tokenizer.from_file(str(path))
+    tok2.post_processor = tokenizers.processors.TemplateProcessing(
+        single="<bos> $A <eos>", special_tokens=[("<bos>", 0), ("<eos>", 1)]
+    )
+    tok2.enable_padding(pad_id=1, pad_token="<eos>")
+    tok2.enable_truncation(max_length=5)
+    tok2.save(str(tmp_path / "tokenizer.json"))
+    out = load_tokenizer(str(tmp_path)).encode_batch(pa.array(TEXTS)).to_pylist()
+    assert out == reference_ids(tok, TEXTS)
+    assert tok2.encode(TEXTS[0]).ids[0] == 0 and len(tok2.encode(TEXTS[0]).ids) == 5  # the file really does both
+
+
+def test_hf_bos_eos_by_string_and_by_id(hf):
+    tok, path = hf
+    loaded = load_tokenizer(str(path))
+    texts = pa.array(["hello 東京", "", "😀"])
+    expected = [[0, *ids, 1] for ids in reference_ids(tok, texts.to_pylist())]
+    assert loaded.encode_batch(texts, bos_id=loaded.token_id("<bos>"), eos_id=loaded.token_id("<eos>")).to_pylist() == expected
+    assert loaded.encode_batch(texts, bos_id=0, eos_id=1).to_pylist() == expected
+    assert loaded.encode_batch(texts, eos_id="<eos>").to_pylist() == [[*ids, 1] for ids in reference_ids(tok, texts.to_pylist())]
+    assert loaded.encode_batch(texts, bos_id=1).to_pylist()[1] == [1]
+
+
+def test_hf_token_id_errors(hf):
+    _, path = hf
+    loaded = load_tokenizer(str(path))
+    with pytest.raises(InputError, match=r"token '<s>' is not in the vocabulary of .*tokenizer.json; give"):
+        loaded.token_id("<s>")
+    with pytest.raises(InputError, match=rf"token id {loaded.vocab_size} is outside the vocabulary"):
+        loaded.token_id(loaded.vocab_size)
+    with pytest.raises(InputError, match=r"token id -1 is outside"):
+        loaded.encode_batch(pa.array(["a"]), eos_id=-1)
+    with pytest.raises(TypeError):
+        loaded.token_id(True)
+
+
+def test_null_text_is_an_input_error(hf):
+    _, path = hf
+    with pytest.raises(InputError, match=r"text row 1 is null"):
+        load_tokenizer(str(path)).encode_batch(pa.array(["a", None]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(texts=st.lists(st.text(), max_size=6))
+def test_hf_random_unicode_equals_encode(hf, texts):
+    tok, path = hf
+    out = _hf_loaded(path).encode_batch(pa.array(texts, pa.string()))
+    assert out.to_pylist() == reference_ids(tok, texts)
+
+
+_LOADED = {}
+
+
+def _hf_loaded(path):
+    return _LOADED.setdefault(path, load_tokenizer(str(path)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Spec errors
+
+
+def test_missing_path(tmp_path):
+    with pytest.raises(InputError, match=r"tokenizer .*nope\.json not found"):
+        load_tokenizer(str(tmp_path / "nope.json"))
+    with pytest.raises(InputError, match=r"looked for .*tokenizer\.json"):
+        load_tokenizer(str(tmp_path))  # a directory without tokenizer.json
+
+
+@pytest.mark.parametrize("content", ['{"vocab": {"a": 0}}', "not json at all", ""])
+def test_file_that_is_not_a_tokenizer(tmp_path, content):
+    path = tmp_path / "tokenizer.json"
+    path.write_text(content)
+    with pytest.raises(InputError, match=r"is not a Hugging Face tokenizer\.json \(.+\); give"):
+        load_tokenizer(str(path))
+
+
+def test_unknown_tiktoken_name_lists_known():
+    with pytest.raises(InputError, match=r"unknown tokenizer tiktoken:gpt5; known: tiktoken:cl100k_base, tiktoken:o200k_base"):
+        load_tokenizer("tiktoken:gpt5")
+
+
+@pytest.mark.parametrize("module, spec", [("tokenizers", "PATH"), ("tiktoken", "tiktoken:cl100k_base")])
+def test_missing_library_names_the_extra(hf, monkeypatch, module, spec):
+    monkeypatch.setitem(sys.modules, module, None)  # import raises ImportError
+    with pytest.raises(InputError, match=rf"needs the '{module}' package.*pip install \"raypack\[text\]\""):
+        load_tokenizer(str(hf[1]) if spec == "PATH" else spec)
+
+
+def test_missing_rank_files_name_the_extra(monkeypatch):
+    monkeypatch.setattr(text_tokenizers.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(InputError, match=r"'bpe-openai' package, which is not installed; pip install"):
+        load_tokenizer("tiktoken:o200k_base")
+
+
+# ---------------------------------------------------------------------------------------------
+# Token dtype and the Arrow result
+
+
+@pytest.mark.parametrize(
+    "vocab_size, dtype", [(1, "uint8"), (256, "uint8"), (257, "uint16"), (65536, "uint16"), (65537, "uint32"), (2**32, "uint32")]
+)
+def test_token_dtype_for(vocab_size, dtype):
+    assert token_dtype_for(vocab_size) == np.dtype(dtype)
+    assert token_dtype_for(vocab_size, dtype) == np.dtype(dtype)
+
+
+def test_token_dtype_too_narrow_or_unknown():
+    with pytest.raises(InputError, match=r"--token-dtype uint16 holds ids up to 65535, but .* 100277 ids; use --token-dtype uint32"):
+        token_dtype_for(100277, "uint16")
+    with pytest.raises(InputError, match=r"--token-dtype 'int8' is not one of auto, uint8, uint16, uint32"):
+        token_dtype_for(10, "int8")
+
+
+def test_ids_to_list_array_literal():
+    out = ids_to_list_array([[5, 6], [], [7]], np.dtype(np.uint8), bos_id=1, eos_id=2)
+    assert out.type == pa.list_(pa.uint8())
+    assert out.to_pylist() == [[1, 5, 6, 2], [1, 2], [1, 7, 2]]
+    assert ids_to_list_array([[5, 6], [], [7]], np.dtype(np.uint32)).to_pylist() == [[5, 6], [], [7]]
+    assert ids_to_list_array([], np.dtype(np.uint16), eos_id=2).to_pylist() == []
+    assert ids_to_list_array([[], []], np.dtype(np.uint16), bos_id=3).to_pylist() == [[3], [3]]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    id_lists=st.lists(st.lists(st.integers(0, 65535), max_size=5), max_size=6),
+    bos=st.none() | st.integers(0, 65535),
+    eos=st.none() | st.integers(0, 65535),
+)
+def test_ids_to_list_array_matches_naive(id_lists, bos, eos):
+    expected = [([bos] if bos is not None else []) + ids + ([eos] if eos is not None else []) for ids in id_lists]
+    assert ids_to_list_array(id_lists, np.dtype(np.uint16), bos_id=bos, eos_id=eos).to_pylist() == expected
+
+
+# ---------------------------------------------------------------------------------------------
+# tiktoken, offline
+
+
+def test_tiktoken_known_ids_and_round_trip(cl100k):
+    assert cl100k.kind == "tiktoken" and cl100k.vocab_size == 100277
+    out = cl100k.encode_batch(pa.array(["hello world", "", *TEXTS]))
+    assert out.type == pa.list_(pa.uint32())
+    assert out.to_pylist()[:2] == [[15339, 1917], []]  # the published cl100k ids of "hello world"
+    decode = cl100k._encoding.decode
+    assert [decode(ids) for ids in out.to_pylist()[2:]] == TEXTS
+    assert 100257 not in out.to_pylist()[2 + TEXTS.index("<eos> written in the text")]
+
+
+def test_tiktoken_special_text_is_ordinary_text(cl100k):
+    ids = cl100k.encode_batch(pa.array(["a<|endoftext|>b"])).to_pylist()[0]
+    assert 100257 not in ids and cl100k._encoding.decode(ids) == "a<|endoftext|>b"
+
+
+def test_tiktoken_bos_eos(cl100k):
+    assert cl100k.token_id("<|endoftext|>") == 100257
+    assert cl100k.token_id("hello") == 15339
+    out = cl100k.encode_batch(pa.array(["hello world", ""]), bos_id="<|endoftext|>", eos_id=100276)
+    assert out.to_pylist() == [[100257, 15339, 1917, 100276], [100257, 100276]]
+    with pytest.raises(InputError, match=r"token '<s>' is not one token of tiktoken:cl100k_base; give one of <\|endoftext\|>"):
+        cl100k.token_id("<s>")
+    with pytest.raises(InputError, match=r"token id 100277 is outside the vocabulary \[0, 100277\)"):
+        cl100k.token_id(100277)
+
+
+@pytest.mark.parametrize("name", sorted(TIKTOKEN_ENCODINGS))
+def test_tiktoken_built_like_openai_public(name, monkeypatch):
+    """Our Encoding == tiktoken's own constructor fed the same ranks instead of a download."""
+    openai_public = pytest.importorskip("tiktoken_ext.openai_public")
+    params = TIKTOKEN_ENCODINGS[name]
+    ranks = load_rank_file(tiktoken_rank_file(name), params["rank_sha256"])
+    hashes = []
+    monkeypatch.setattr(openai_public, "load_tiktoken_bpe", lambda url, expected_hash: hashes.append(expected_hash) or ranks)
+    official = getattr(openai_public, name)()
+    assert hashes == [params["rank_sha256"]]
+    assert official["pat_str"] == params["pat_str"]
+    assert official["special_tokens"] == params["special_tokens"]
+    reference = tiktoken.Encoding(**official)
+    ours = load_tokenizer(f"tiktoken:{name}")
+    assert ours.vocab_size == reference.n_vocab
+    assert ours.encode_batch(pa.array(TEXTS)).to_pylist() == [reference.encode_ordinary(t) for t in TEXTS]
+
+
+def test_rank_file_parsed_like_load_tiktoken_bpe(tmp_path, monkeypatch):
+    path = tiktoken_rank_file("cl100k_base")
+    plain = tmp_path / "cl100k_base.tiktoken"
+    plain.write_bytes(gzip.decompress(path.read_bytes()))
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")  # no cache: read the local file as is
+    expected = tiktoken.load.load_tiktoken_bpe(str(plain), TIKTOKEN_ENCODINGS["cl100k_base"]["rank_sha256"])
+    assert load_rank_file(path, TIKTOKEN_ENCODINGS["cl100k_base"]["rank_sha256"]) == expected
+    assert load_rank_file(plain, TIKTOKEN_ENCODINGS["cl100k_base"]["rank_sha256"]) == expected
+
+
+def test_rank_file_with_wrong_hash(tmp_path):
+    path = tmp_path / "x.tiktoken.gz"
+    path.write_bytes(gzip.compress(b"YQ== 0\n"))
+    with pytest.raises(InputError, match=r"rank file .*x\.tiktoken\.gz has sha256 [0-9a-f]{64}, not tiktoken's"):
+        load_rank_file(path, "0" * 64)
+
+
+def test_tiktoken_loads_with_no_network(monkeypatch):
+    def no_network(*args, **kwargs):
+        raise AssertionError("tried to use the network")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(tiktoken.load, "read_file", no_network)
+    monkeypatch.setattr(tiktoken.load, "read_file_cached", no_network)
+    loaded = load_tokenizer("tiktoken:o200k_base")
+    assert loaded.encode_batch(pa.array(["hello world"])).to_pylist()[0] == [24912, 2375]
+    identity = loaded.identity()
+    assert identity["name"] == "o200k_base" and identity["sha256"] == TIKTOKEN_ENCODINGS["o200k_base"]["rank_sha256"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(texts=st.lists(st.text(), max_size=6))
+def test_tiktoken_random_unicode_round_trips(cl100k, texts):
+    out = cl100k.encode_batch(pa.array(texts, pa.string())).to_pylist()
+    assert out == [cl100k._encoding.encode_ordinary(t) for t in texts]
+    assert [cl100k._encoding.decode(ids) for ids in out] == texts
+
+
+def test_hf_identity(hf):
+    _, path = hf
+    identity = load_tokenizer(str(path)).identity()
+    import hashlib
+
+    assert identity == {
+        "kind": "hf",
+        "file": str(path),
+        "vocab_size": hf[0].get_vocab_size(with_added_tokens=True),
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+    }
+    assert json.dumps(identity)  # JSON-ready for a manifest
+
+
+def test_tokenizers_pickle_and_encode_alike(hf, cl100k):
+    """Ray ships task arguments by pickle; a tiktoken one must not look its ranks up online."""
+    import pickle
+
+    texts = pa.array(TEXTS)
+    for loaded in (load_tokenizer(str(hf[1])), cl100k):
+        copy = pickle.loads(pickle.dumps(loaded))
+        assert copy.encode_batch(texts, eos_id=1).to_pylist() == loaded.encode_batch(texts, eos_id=1).to_pylist()
