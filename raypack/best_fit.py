@@ -188,9 +188,18 @@ def _segments(bins_in_order: np.ndarray, doc_ids: np.ndarray, lengths: np.ndarra
 class BestFitPacker:
     """Best-fit packs a stream of documents fed in batches, window by window (rule 1).
 
-    ``push`` returns the chunks of every window the batch completes; ``finish`` packs the last,
-    partial window. Feeding the same documents split into batches in any way gives identical
-    output: windows are counted in documents, not batches. Memory: one window of tokens.
+    ``push``/``push_flat`` take whole documents and return the chunks they complete;
+    ``push_runs_parts`` also takes a document in slices (the same doc id continuing across
+    calls); ``finish`` packs the last, partial window. Feeding the same documents split into
+    batches or slices in any way gives identical output: windows are counted in documents.
+
+    Streaming: a window's chunks are its full C-token pieces in stream order, then the
+    best-fit chunks of its shorter items (rules 2-3: full pieces sort first and open their own
+    chunks, which no other item joins). So full pieces leave as soon as they are read, as
+    views of the caller's tokens, and the packer keeps only the window's short items (each
+    < C tokens: a document's remainder, or a document shorter than C), copied once, plus the
+    < C tokens after the last full piece of the document still being read. Memory: the short
+    items of one window (at most ``window`` x C tokens), independent of document length.
     """
 
     def __init__(self, context_length: int, pad_token: int, *, window: int, first_doc_id: int = 0,
@@ -204,29 +213,111 @@ class BestFitPacker:
         if self.dtype is not None:
             validate_pad_token(pad_token, self.dtype)
         self.next_doc_id = int(first_doc_id)
-        self._buffer = _DocumentBuffer()
+        """The id the next new document gets (the open document, if any, is ``next_doc_id - 1``)."""
+        self._window_first_id = int(first_doc_id)
+        self._window_docs = 0  # documents begun in the current window, the open one included
+        self._short = _ShortItems()
+        self._open_tail: np.ndarray | None = None  # the open document's tokens after its last full piece
 
     def push(self, documents: Any) -> Chunks:
         """Add a batch of documents (any form :func:`flatten_documents` takes); return chunks."""
         return self.push_flat(*flatten_documents(documents))
 
     def push_flat(self, tokens: np.ndarray, doc_lengths: np.ndarray) -> Chunks:
-        """Add documents given as flat tokens and one length per document; return chunks."""
-        self._buffer.add(self._to_dtype(tokens), doc_lengths)
-        parts = []
-        while self.window and self._buffer.num_docs >= self.window:
-            parts.append(self._pack(*self._buffer.take(self.window)))
+        """Add whole documents given as flat tokens and one length per document; return chunks."""
+        parts = self.push_runs_parts(tokens, doc_lengths, self.next_doc_id)
+        parts += self._close_open()
         return concat_chunks(parts, self.context_length, self.dtype or np.int64)
 
-    def finish(self) -> Chunks:
-        if not self._buffer.num_docs:
-            return Chunks.empty(self.context_length, self.dtype or np.int64)
-        return self._pack(*self._buffer.take(self._buffer.num_docs))
+    def push_runs_parts(self, tokens: np.ndarray, run_lengths: npt.NDArray[np.integer], first_doc_id: int) -> list[Chunks]:
+        """Add runs of consecutive documents ``first_doc_id, first_doc_id + 1, ...``; return chunk parts.
 
-    def _pack(self, tokens: np.ndarray, lengths: np.ndarray) -> Chunks:
-        pad = validate_pad_token(self.pad_token, tokens.dtype)
-        chunks = pack_window(tokens, lengths, self.next_doc_id, self.context_length, pad)
-        self.next_doc_id += lengths.size
+        tokens: (T,) flat; run_lengths: (n,) summing to T. ``first_doc_id`` is either the next
+        new document or the last document of the previous call, which this call continues (a
+        document read in slices); the last run's document stays open until a later call starts
+        another document or :meth:`finish`. Returns consecutive Chunks, full pieces as views of
+        ``tokens`` where they lie in one document.
+        """
+        tokens = self._to_dtype(tokens)
+        lengths = np.asarray(run_lengths, dtype=np.int64)
+        if not lengths.size:
+            return []
+        continues = self._open_tail is not None and first_doc_id == self.next_doc_id - 1
+        if not continues and first_doc_id != self.next_doc_id:
+            raise ValueError(f"first_doc_id={first_doc_id}: documents must come in order; expected "
+                             f"{self.next_doc_id}" + (f" or {self.next_doc_id - 1}" if self._open_tail is not None else ""))
+        parts = [] if continues else self._close_open()
+        if continues:
+            tokens, lengths = _concat(self._open_tail, tokens), lengths.copy()
+            lengths[0] += self._open_tail.size
+            self._open_tail = None
+        self.next_doc_id = first_doc_id + lengths.size
+        return parts + self._add_runs(tokens, lengths, 1 if continues else 0)
+
+    def finish(self) -> Chunks:
+        parts = self._close_open()
+        if self._window_docs:
+            parts.append(self._pack_window())
+        return concat_chunks(parts, self.context_length, self.dtype or np.int64)
+
+    def _add_runs(self, tokens: np.ndarray, lengths: np.ndarray, num_old: int) -> list[Chunks]:
+        """Window by window: emit full pieces, keep short items; the last run stays open.
+        The first ``num_old`` runs continue a document already counted in the window."""
+        ends = np.cumsum(lengths)
+        doc_ids = np.arange(self.next_doc_id - lengths.size, self.next_doc_id, dtype=np.int64)
+        parts, first = [], 0
+        while True:
+            room = self.window - self._window_docs if self.window else lengths.size
+            end = min(lengths.size, max(first, num_old) + room)
+            self._window_docs += end - max(first, num_old)
+            start = int(ends[first] - lengths[first])
+            parts.append(self._take_docs(tokens[start:int(ends[end - 1])], lengths[first:end], doc_ids[first:end]))
+            if end == lengths.size:
+                return parts
+            parts += self._close_open()  # the window is full: this packs it
+            first = end
+
+    def _take_docs(self, tokens: np.ndarray, lengths: np.ndarray, doc_ids: np.ndarray) -> Chunks:
+        """Whole documents but the last, which stays open: full pieces out as chunks, short
+        items kept for the window, the last one's tokens after its last full piece kept open."""
+        full_lens = lengths // self.context_length * self.context_length
+        short_lens = lengths - full_lens
+        stop = tokens.size - int(short_lens[-1])
+        self._open_tail = tokens[stop:].copy()
+        short_lens[-1] = 0
+        self._short.add(tokens[:stop], full_lens, short_lens)
+        return self._full_pieces(tokens[:stop], full_lens, short_lens, doc_ids)
+
+    def _full_pieces(self, tokens: np.ndarray, full_lens: np.ndarray, short_lens: np.ndarray, doc_ids: np.ndarray) -> Chunks:
+        """The full C-token pieces of documents laid out as alternating (full, short) runs in ``tokens``."""
+        c = self.context_length
+        num_pieces = full_lens // c
+        if np.count_nonzero(num_pieces) <= 1:  # one document's pieces: contiguous, no copy
+            at = int(np.argmax(num_pieces))
+            start = int(full_lens[:at].sum() + short_lens[:at].sum())
+            full = tokens[start:start + int(full_lens[at])]
+        else:
+            full = tokens[_run_mask(full_lens, short_lens)]
+        n = int(num_pieces.sum())
+        return Chunks(full.reshape(n, c), np.arange(n + 1, dtype=np.int64), np.repeat(doc_ids, num_pieces),
+                      np.full(n, c, dtype=np.int32))
+
+    def _close_open(self) -> list[Chunks]:
+        """End the open document: its tail becomes its short item; pack the window if it is full."""
+        if self._open_tail is None:
+            return []
+        tail, self._open_tail = self._open_tail, None
+        self._short.end_last(tail)
+        if self.window and self._window_docs == self.window:
+            return [self._pack_window()]
+        return []
+
+    def _pack_window(self) -> Chunks:
+        tokens, lengths = self._short.take()
+        pad = validate_pad_token(self.pad_token, self.dtype or tokens.dtype)
+        chunks = pack_window(tokens, lengths, self._window_first_id, self.context_length, pad)
+        self._window_first_id += lengths.size
+        self._window_docs = 0
         return chunks
 
     def _to_dtype(self, tokens: np.ndarray) -> np.ndarray:
@@ -237,28 +328,65 @@ class BestFitPacker:
         return cast_tokens(tokens, self.dtype)
 
 
-class _DocumentBuffer:
-    """Documents waiting for their window to fill: flat tokens and lengths, in batches."""
+def _run_mask(full_lens: np.ndarray, short_lens: np.ndarray) -> np.ndarray:
+    """(sum of both,) bool: True on the full runs of alternating (full, short) runs."""
+    runs = np.column_stack([full_lens, short_lens]).reshape(-1)
+    return np.repeat(np.tile(np.array([True, False]), full_lens.size), runs)
+
+
+def _concat(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    out = np.empty(first.size + second.size, dtype=np.result_type(first, second))
+    out[:first.size] = first
+    out[first.size:] = second
+    return out
+
+
+class _ShortItems:
+    """A window's short items (each < C tokens; at most one per document), copied into one
+    growing array, and one short length per document (0: none)."""
 
     def __init__(self) -> None:
-        self._tokens: list[np.ndarray] = []
+        self._tokens: np.ndarray | None = None
+        self._size = 0
         self._lengths: list[np.ndarray] = []
-        self.num_docs = 0
 
-    def add(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
-        if lengths.size:
-            self._tokens.append(tokens)
-            self._lengths.append(np.asarray(lengths, dtype=np.int64))
-            self.num_docs += lengths.size
+    def add(self, tokens: np.ndarray, full_lens: np.ndarray, short_lens: np.ndarray) -> None:
+        """Keep the short runs of ``tokens`` (alternating full and short runs, one pair per document)."""
+        num_short = int(short_lens.sum())
+        if not num_short:
+            self._lengths.append(short_lens)
+            return
+        out = self._reserve(num_short, tokens.dtype)
+        if num_short == tokens.size:
+            out[:] = tokens
+        else:
+            np.compress(~_run_mask(full_lens, short_lens), tokens, out=out)
+        self._lengths.append(short_lens)
 
-    def take(self, num_docs: int) -> tuple[np.ndarray, np.ndarray]:
-        """The first ``num_docs`` documents as (flat tokens, lengths); the rest stay."""
-        tokens = np.concatenate(self._tokens) if len(self._tokens) != 1 else self._tokens[0]
-        lengths = np.concatenate(self._lengths) if len(self._lengths) != 1 else self._lengths[0]
-        cut = int(lengths[:num_docs].sum())
-        self._tokens, self._lengths = ([tokens[cut:]], [lengths[num_docs:]]) if num_docs < lengths.size else ([], [])
-        self.num_docs = lengths.size - num_docs
-        return tokens[:cut], lengths[:num_docs]
+    def end_last(self, tail: np.ndarray) -> None:
+        """Give the last document added (added with short length 0: still open) its short item."""
+        if tail.size:
+            self._reserve(tail.size, tail.dtype)[:] = tail
+            self._lengths[-1][-1] = tail.size
+
+    def _reserve(self, size: int, dtype: np.dtype) -> np.ndarray:
+        if self._tokens is not None and self._tokens.dtype != dtype and not self._size:
+            self._tokens = None  # the stream's dtype was decided after an empty start
+        if self._tokens is None or self._tokens.size < self._size + size:
+            capacity = max(self._size + size, 2 * (0 if self._tokens is None else self._tokens.size), 1 << 16)
+            grown = np.empty(capacity, dtype=dtype)
+            if self._tokens is not None:
+                grown[:self._size] = self._tokens[:self._size]
+            self._tokens = grown
+        self._size += size
+        return self._tokens[self._size - size:self._size]
+
+    def take(self) -> tuple[np.ndarray, np.ndarray]:
+        """All short tokens (a view, valid until the next ``add``) and per-document lengths; then empty."""
+        lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int64)
+        tokens = self._tokens[:self._size] if self._tokens is not None else np.zeros(0, np.int64)
+        self._size, self._lengths = 0, []
+        return tokens, lengths
 
 
 def pack_best_fit(
