@@ -6,8 +6,9 @@
 Each case packs one shard with :func:`raypack.shard_pack.pack_shard` in a fresh child process
 (``--child``): the shard holds either ONE document of ``--tokens`` tokens ("long") or documents
 of 1..2*mean tokens (mean ``--mean-len``) summing to the same total ("normal"). The child
-imports everything, builds the task (best_fit: counts its chunks first, then frees), resets
-its peak RSS (``/proc/self/clear_refs``), packs, and reports:
+imports everything, builds the task, resets
+its peak RSS (``/proc/self/clear_refs``), packs, and reports (best_fit's counting pass runs in
+a child of its own before):
 
   * added: peak RSS while packing minus the RSS just before (VmHWM - VmRSS);
   * peak: the absolute peak RSS of packing (VmHWM after the reset);
@@ -92,9 +93,10 @@ def child(args: argparse.Namespace) -> dict:
     settings = PackSettings(args.out, C, 0, args.dtype, "input_ids", 0, args.read_batch_tokens, 512,
                             args.strategy, args.window if args.strategy == "best_fit" else 0)
     task = ShardTask(0, args.path, info.format, 0, 0, info.num_docs, info.num_tokens)
+    if args.count:
+        return {"num_chunks": count_shard_chunks(task, settings)}
     if args.strategy == "best_fit":
-        num_chunks = count_shard_chunks(task, settings)
-        task = ShardTask(0, args.path, info.format, 0, 0, info.num_docs, info.num_tokens, 0, num_chunks)
+        task = ShardTask(0, args.path, info.format, 0, 0, info.num_docs, info.num_tokens, 0, args.num_chunks)
     before = reset_peak_rss()
     if args.read_only:
         for _, docs in iter_token_batches(task.path, task.format, "input_ids", read_batch_rows(task, settings)):
@@ -105,11 +107,13 @@ def child(args: argparse.Namespace) -> dict:
     return {"before": before, "peak": peak, "added": peak - before, "arrow_now": pa.total_allocated_bytes()}
 
 
-def run_child(path: str, out: str, dtype: str, strategy: str, args: argparse.Namespace, *, read_only: bool) -> dict:
+def run_child(path: str, out: str, dtype: str, strategy: str, args: argparse.Namespace, *, mode: str = "pack",
+              num_chunks: int = -1) -> dict:
     cmd = [sys.executable, __file__, "--child", "--path", path, "--out", out, "--dtype", dtype,
-           "--strategy", strategy, "--window", str(args.window), "--read-batch-tokens", str(args.read_batch_tokens)]
-    if read_only:
-        cmd.append("--read-only")
+           "--strategy", strategy, "--window", str(args.window), "--read-batch-tokens", str(args.read_batch_tokens),
+           "--num-chunks", str(num_chunks)]
+    if mode != "pack":
+        cmd.append(f"--{mode}")
     done = subprocess.run(cmd, check=True, capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -128,6 +132,8 @@ def main() -> None:
     parser.add_argument("--read-batch-tokens", type=int, default=1 << 20)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--read-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--count", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--num-chunks", type=int, default=-1, help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--dtype", help=argparse.SUPPRESS)
@@ -153,8 +159,11 @@ def main() -> None:
                     for kind in ("normal", "long"):
                         out = os.path.join(tmp, f"out-{kind}-{strategy}")
                         os.makedirs(out)
-                        reader = run_child(paths[kind], out, dtype, strategy, args, read_only=True)
-                        packed = run_child(paths[kind], out, dtype, strategy, args, read_only=False)
+                        reader = run_child(paths[kind], out, dtype, strategy, args, mode="read-only")
+                        num_chunks = -1
+                        if strategy == "best_fit":  # the counting pass, in its own process
+                            num_chunks = run_child(paths[kind], out, dtype, strategy, args, mode="count")["num_chunks"]
+                        packed = run_child(paths[kind], out, dtype, strategy, args, num_chunks=num_chunks)
                         added[kind] = packed["added"]
                         ratio = f"{added['long'] / added['normal']:.2f}x" if kind == "long" else ""
                         print(f"{fmt:8} {dtype:6} {strategy:9} {kind:7} {reader['added'] / mib:10.0f} "

@@ -271,21 +271,23 @@ class BestFitPacker:
             end = min(lengths.size, max(first, num_old) + room)
             self._window_docs += end - max(first, num_old)
             start = int(ends[first] - lengths[first])
-            parts.append(self._take_docs(tokens[start:int(ends[end - 1])], lengths[first:end], doc_ids[first:end]))
+            parts.append(self._take_docs(tokens[start:int(ends[end - 1])], lengths[first:end], doc_ids[first:end],
+                                         continues=first < num_old))
             if end == lengths.size:
                 return parts
             parts += self._close_open()  # the window is full: this packs it
             first = end
 
-    def _take_docs(self, tokens: np.ndarray, lengths: np.ndarray, doc_ids: np.ndarray) -> Chunks:
+    def _take_docs(self, tokens: np.ndarray, lengths: np.ndarray, doc_ids: np.ndarray, *, continues: bool) -> Chunks:
         """Whole documents but the last, which stays open: full pieces out as chunks, short
-        items kept for the window, the last one's tokens after its last full piece kept open."""
+        items kept for the window, the last one's tokens after its last full piece kept open.
+        ``continues``: the first document is the one left open before (already counted)."""
         full_lens = lengths // self.context_length * self.context_length
         short_lens = lengths - full_lens
         stop = tokens.size - int(short_lens[-1])
         self._open_tail = tokens[stop:].copy()
         short_lens[-1] = 0
-        self._short.add(tokens[:stop], full_lens, short_lens)
+        self._short.add(tokens[:stop], full_lens, short_lens, continues=continues)
         return self._full_pieces(tokens[:stop], full_lens, short_lens, doc_ids)
 
     def _full_pieces(self, tokens: np.ndarray, full_lens: np.ndarray, short_lens: np.ndarray, doc_ids: np.ndarray) -> Chunks:
@@ -350,18 +352,20 @@ class _ShortItems:
         self._size = 0
         self._lengths: list[np.ndarray] = []
 
-    def add(self, tokens: np.ndarray, full_lens: np.ndarray, short_lens: np.ndarray) -> None:
-        """Keep the short runs of ``tokens`` (alternating full and short runs, one pair per document)."""
+    def add(self, tokens: np.ndarray, full_lens: np.ndarray, short_lens: np.ndarray, *, continues: bool = False) -> None:
+        """Keep the short runs of ``tokens`` (alternating full and short runs, one pair per
+        document). ``continues``: the first pair belongs to the last document added (whose short
+        length so far is 0: it was open)."""
         num_short = int(short_lens.sum())
-        if not num_short:
-            self._lengths.append(short_lens)
-            return
-        out = self._reserve(num_short, tokens.dtype)
         if num_short == tokens.size:
-            out[:] = tokens
-        else:
-            np.compress(~_run_mask(full_lens, short_lens), tokens, out=out)
-        self._lengths.append(short_lens)
+            self._reserve(num_short, tokens.dtype)[:] = tokens
+        elif num_short:
+            np.compress(~_run_mask(full_lens, short_lens), tokens, out=self._reserve(num_short, tokens.dtype))
+        if continues:
+            self._lengths[-1][-1] += short_lens[0]
+            short_lens = short_lens[1:]
+        if short_lens.size:
+            self._lengths.append(short_lens)  # so self._lengths[-1][-1] is always the last document
 
     def end_last(self, tail: np.ndarray) -> None:
         """Give the last document added (added with short length 0: still open) its short item."""
@@ -370,6 +374,7 @@ class _ShortItems:
             self._lengths[-1][-1] = tail.size
 
     def _reserve(self, size: int, dtype: np.dtype) -> np.ndarray:
+        """A view of ``size`` new slots at the end (grown by doubling: amortised O(1) per token)."""
         if self._tokens is not None and self._tokens.dtype != dtype and not self._size:
             self._tokens = None  # the stream's dtype was decided after an empty start
         if self._tokens is None or self._tokens.size < self._size + size:
