@@ -137,8 +137,16 @@ def pack_window(
     Returns the window's chunks, tokens in ``tokens``' dtype, segments per chunk (the items in
     doc id order, then one padding segment if the chunk is not full).
     """
+    items = split_items(doc_lengths, context_length)
+    return pack_items([tokens], np.zeros(items.starts.size, np.int64), items, first_doc_id, context_length,
+                      pad_token)
+
+
+def pack_items(sources: list[np.ndarray], item_sources: npt.NDArray[np.int64], items: Items, first_doc_id: int,
+               context_length: int, pad_token: int) -> Chunks:
+    """Best-fit pack a window's items (rules 3-4); item ``k`` is ``sources[item_sources[k]]``'s
+    tokens ``[items.starts[k], items.starts[k] + items.lengths[k])``. One slice copy per item."""
     c = context_length
-    items = split_items(doc_lengths, c)
     bins, num_bins = best_fit_decreasing(items.lengths, c)
     order = np.argsort(bins, kind="stable")  # by chunk, then doc id (items are in stream order)
     lengths, bins_in_order = items.lengths[order], bins[order]
@@ -146,16 +154,19 @@ def pack_window(
     starts_in_order = np.cumsum(lengths) - lengths
     bin_starts = starts_in_order[np.searchsorted(bins_in_order, np.arange(num_bins))]  # each bin has an item
     destinations = bins_in_order * c + starts_in_order - bin_starts[bins_in_order]
-    input_ids = _gather(tokens, items.starts[order], destinations, lengths, num_bins * c)
+    input_ids = np.empty(num_bins * c, dtype=sources[0].dtype if sources else np.int64)
+    for source, start, dest, length in zip(item_sources[order].tolist(), items.starts[order].tolist(),
+                                           destinations.tolist(), lengths.tolist()):
+        input_ids[dest:dest + length] = sources[source][start:start + length]
     _pad_ends(input_ids, fills, c, pad_token)
     return Chunks(input_ids.reshape(num_bins, c), *_segments(bins_in_order, items.doc_index[order] + first_doc_id,
                                                               lengths, fills, c))
 
 
-def _gather(tokens: np.ndarray, starts: np.ndarray, destinations: np.ndarray, lengths: np.ndarray, size: int) -> np.ndarray:
-    """Copy each item's tokens to its place in a flat output (one slice copy per item)."""
-    out = np.empty(size, dtype=tokens.dtype)
-    for start, dest, length in zip(starts.tolist(), destinations.tolist(), lengths.tolist()):
+def _gather(tokens: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The runs ``[starts[k], starts[k] + lengths[k])`` of ``tokens``, one after another (one slice copy each)."""
+    out = np.empty(int(lengths.sum()), dtype=tokens.dtype)
+    for start, dest, length in zip(starts.tolist(), (np.cumsum(lengths) - lengths).tolist(), lengths.tolist()):
         out[dest:dest + length] = tokens[start:start + length]
     return out
 
@@ -291,15 +302,15 @@ class BestFitPacker:
         return self._full_pieces(tokens[:stop], full_lens, short_lens, doc_ids)
 
     def _full_pieces(self, tokens: np.ndarray, full_lens: np.ndarray, short_lens: np.ndarray, doc_ids: np.ndarray) -> Chunks:
-        """The full C-token pieces of documents laid out as alternating (full, short) runs in ``tokens``."""
+        """The full C-token pieces of documents laid out as alternating (full, short) runs in
+        ``tokens``: a view when one document has them, else one slice copy per such document."""
         c = self.context_length
         num_pieces = full_lens // c
-        if np.count_nonzero(num_pieces) <= 1:  # one document's pieces: contiguous, no copy
-            at = int(np.argmax(num_pieces))
-            start = int(full_lens[:at].sum() + short_lens[:at].sum())
-            full = tokens[start:start + int(full_lens[at])]
+        starts, lens = _full_runs(full_lens, short_lens)
+        if starts.size == 1:
+            full = tokens[starts[0]:starts[0] + lens[0]]
         else:
-            full = tokens[_run_mask(full_lens, short_lens)]
+            full = _gather(tokens, starts, lens)
         n = int(num_pieces.sum())
         return Chunks(full.reshape(n, c), np.arange(n + 1, dtype=np.int64), np.repeat(doc_ids, num_pieces),
                       np.full(n, c, dtype=np.int32))
@@ -315,10 +326,11 @@ class BestFitPacker:
         return []
 
     def _pack_window(self) -> Chunks:
-        tokens, lengths = self._short.take()
-        pad = validate_pad_token(self.pad_token, self.dtype or tokens.dtype)
-        chunks = pack_window(tokens, lengths, self._window_first_id, self.context_length, pad)
-        self._window_first_id += lengths.size
+        sources, item_sources, items, num_docs = self._short.take()
+        dtype = self.dtype or (sources[0].dtype if sources else np.dtype(np.int64))
+        pad = validate_pad_token(self.pad_token, dtype)
+        chunks = pack_items(sources, item_sources, items, self._window_first_id, self.context_length, pad)
+        self._window_first_id += num_docs
         self._window_docs = 0
         return chunks
 
@@ -330,10 +342,11 @@ class BestFitPacker:
         return cast_tokens(tokens, self.dtype)
 
 
-def _run_mask(full_lens: np.ndarray, short_lens: np.ndarray) -> np.ndarray:
-    """(sum of both,) bool: True on the full runs of alternating (full, short) runs."""
-    runs = np.column_stack([full_lens, short_lens]).reshape(-1)
-    return np.repeat(np.tile(np.array([True, False]), full_lens.size), runs)
+def _full_runs(full_lens: np.ndarray, short_lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Starts and lengths of the non-empty full runs of alternating (full, short) runs."""
+    ends = np.cumsum(full_lens + short_lens)
+    keep = full_lens > 0
+    return (ends - full_lens - short_lens)[keep], full_lens[keep]
 
 
 def _concat(first: np.ndarray, second: np.ndarray) -> np.ndarray:
@@ -344,54 +357,43 @@ def _concat(first: np.ndarray, second: np.ndarray) -> np.ndarray:
 
 
 class _ShortItems:
-    """A window's short items (each < C tokens; at most one per document), copied into one
-    growing array, and one short length per document (0: none)."""
+    """A window's short items (each < C tokens; at most one per document) as slices of the
+    token arrays they came in (kept by reference: no copy until the window is packed), and per
+    document its item's source array, start and length (0: no item)."""
 
     def __init__(self) -> None:
-        self._tokens: np.ndarray | None = None
-        self._size = 0
-        self._lengths: list[np.ndarray] = []
+        self._sources: list[np.ndarray] = []
+        self._per_doc: list[np.ndarray] = []  # (3, n) int64 blocks: source, start, length
 
     def add(self, tokens: np.ndarray, full_lens: np.ndarray, short_lens: np.ndarray, *, continues: bool = False) -> None:
-        """Keep the short runs of ``tokens`` (alternating full and short runs, one pair per
-        document). ``continues``: the first pair belongs to the last document added (whose short
-        length so far is 0: it was open)."""
-        num_short = int(short_lens.sum())
-        if num_short == tokens.size:
-            self._reserve(num_short, tokens.dtype)[:] = tokens
-        elif num_short:
-            np.compress(~_run_mask(full_lens, short_lens), tokens, out=self._reserve(num_short, tokens.dtype))
+        """Documents laid out as alternating (full, short) runs in ``tokens``: keep their short
+        runs. ``continues``: the first belongs to the last document added (which was open)."""
+        per_doc = np.empty((3, short_lens.size), np.int64)
+        per_doc[0] = len(self._sources)
+        per_doc[1] = np.cumsum(full_lens + short_lens) - short_lens
+        per_doc[2] = short_lens
+        if short_lens.any():
+            self._sources.append(tokens)
         if continues:
-            self._lengths[-1][-1] += short_lens[0]
-            short_lens = short_lens[1:]
-        if short_lens.size:
-            self._lengths.append(short_lens)  # so self._lengths[-1][-1] is always the last document
+            self._per_doc[-1][:, -1] = per_doc[:, 0]
+            per_doc = per_doc[:, 1:]
+        if per_doc.shape[1]:
+            self._per_doc.append(per_doc)  # so self._per_doc[-1][:, -1] is always the last document
 
     def end_last(self, tail: np.ndarray) -> None:
         """Give the last document added (added with short length 0: still open) its short item."""
         if tail.size:
-            self._reserve(tail.size, tail.dtype)[:] = tail
-            self._lengths[-1][-1] = tail.size
+            self._per_doc[-1][:, -1] = (len(self._sources), 0, tail.size)
+            self._sources.append(tail)
 
-    def _reserve(self, size: int, dtype: np.dtype) -> np.ndarray:
-        """A view of ``size`` new slots at the end (grown by doubling: amortised O(1) per token)."""
-        if self._tokens is not None and self._tokens.dtype != dtype and not self._size:
-            self._tokens = None  # the stream's dtype was decided after an empty start
-        if self._tokens is None or self._tokens.size < self._size + size:
-            capacity = max(self._size + size, 2 * (0 if self._tokens is None else self._tokens.size), 1 << 16)
-            grown = np.empty(capacity, dtype=dtype)
-            if self._tokens is not None:
-                grown[:self._size] = self._tokens[:self._size]
-            self._tokens = grown
-        self._size += size
-        return self._tokens[self._size - size:self._size]
-
-    def take(self) -> tuple[np.ndarray, np.ndarray]:
-        """All short tokens (a view, valid until the next ``add``) and per-document lengths; then empty."""
-        lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int64)
-        tokens = self._tokens[:self._size] if self._tokens is not None else np.zeros(0, np.int64)
-        self._size, self._lengths = 0, []
-        return tokens, lengths
+    def take(self) -> tuple[list[np.ndarray], np.ndarray, Items, int]:
+        """``(sources, item_sources, items, num_docs)`` for :func:`pack_items`; then empty."""
+        per_doc = np.concatenate(self._per_doc, axis=1) if self._per_doc else np.zeros((3, 0), np.int64)
+        sources = self._sources
+        self._sources, self._per_doc = [], []
+        has_item = per_doc[2] > 0
+        items = Items(np.flatnonzero(has_item).astype(np.int64), per_doc[1][has_item], per_doc[2][has_item])
+        return sources, per_doc[0][has_item], items, per_doc.shape[1]
 
 
 def pack_best_fit(
