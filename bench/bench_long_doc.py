@@ -16,6 +16,7 @@ a child of its own before):
     measured the same way in the same kind of child: what the format reader itself holds.
 
 The table's ratio is long/normal of ``added``. Input token type = output token type (--dtypes).
+Arrow IPC inputs are memory-mapped: the pages of the file a child touches count in its RSS.
 """
 
 from __future__ import annotations
@@ -114,7 +115,8 @@ def run_child(path: str, out: str, dtype: str, strategy: str, args: argparse.Nam
            "--num-chunks", str(num_chunks)]
     if mode != "pack":
         cmd.append(f"--{mode}")
-    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    env = dict(os.environ, **({"ARROW_DEFAULT_MEMORY_POOL": args.arrow_pool} if args.arrow_pool else {}))
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -130,6 +132,8 @@ def main() -> None:
     parser.add_argument("--formats", default="parquet,arrow")
     parser.add_argument("--window", type=int, default=8192)
     parser.add_argument("--read-batch-tokens", type=int, default=1 << 20)
+    parser.add_argument("--arrow-pool", default="", help="ARROW_DEFAULT_MEMORY_POOL for the children "
+                        "(jemalloc, mimalloc, system; default: pyarrow's choice)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--read-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--count", action="store_true", help=argparse.SUPPRESS)
@@ -144,7 +148,7 @@ def main() -> None:
         return
     mib = 1 << 20
     print(f"one shard of {args.tokens:,} tokens; C={C}; read_batch_tokens={args.read_batch_tokens:,}; "
-          f"best_fit window {args.window:,}; load average {os.getloadavg()[0]:.2f}")
+          f"best_fit window {args.window:,}; Arrow pool {args.arrow_pool or pa.default_memory_pool().backend_name}; load average {os.getloadavg()[0]:.2f}")
     print(f"{'format':8} {'dtype':6} {'strategy':9} {'corpus':7} {'reader MiB':>10} {'added MiB':>10} "
           f"{'peak MiB':>9} {'ratio':>6}")
     with tempfile.TemporaryDirectory() as tmp:
