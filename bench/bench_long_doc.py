@@ -132,6 +132,8 @@ def main() -> None:
     parser.add_argument("--formats", default="parquet,arrow")
     parser.add_argument("--window", type=int, default=8192)
     parser.add_argument("--read-batch-tokens", type=int, default=1 << 20)
+    parser.add_argument("--cast-to", default="", help="output token_dtype when it differs from the input's "
+                        "(e.g. uint16 for int32 inputs: the packer casts every token)")
     parser.add_argument("--arrow-pool", default="", help="ARROW_DEFAULT_MEMORY_POOL for the children "
                         "(jemalloc, mimalloc, system; default: pyarrow's choice)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -149,7 +151,7 @@ def main() -> None:
     mib = 1 << 20
     print(f"one shard of {args.tokens:,} tokens; C={C}; read_batch_tokens={args.read_batch_tokens:,}; "
           f"best_fit window {args.window:,}; Arrow pool {args.arrow_pool or pa.default_memory_pool().backend_name}; load average {os.getloadavg()[0]:.2f}")
-    print(f"{'format':8} {'dtype':6} {'strategy':9} {'corpus':7} {'reader MiB':>10} {'added MiB':>10} "
+    print(f"{'format':8} {'dtype':12} {'strategy':9} {'corpus':7} {'reader MiB':>10} {'added MiB':>10} "
           f"{'peak MiB':>9} {'ratio':>6}")
     with tempfile.TemporaryDirectory() as tmp:
         for fmt in args.formats.split(","):
@@ -163,14 +165,16 @@ def main() -> None:
                     for kind in ("normal", "long"):
                         out = os.path.join(tmp, f"out-{kind}-{strategy}")
                         os.makedirs(out)
-                        reader = run_child(paths[kind], out, dtype, strategy, args, mode="read-only")
+                        out_dtype = args.cast_to or dtype
+                        reader = run_child(paths[kind], out, out_dtype, strategy, args, mode="read-only")
                         num_chunks = -1
                         if strategy == "best_fit":  # the counting pass, in its own process
-                            num_chunks = run_child(paths[kind], out, dtype, strategy, args, mode="count")["num_chunks"]
-                        packed = run_child(paths[kind], out, dtype, strategy, args, num_chunks=num_chunks)
+                            num_chunks = run_child(paths[kind], out, out_dtype, strategy, args, mode="count")["num_chunks"]
+                        packed = run_child(paths[kind], out, out_dtype, strategy, args, num_chunks=num_chunks)
                         added[kind] = packed["added"]
                         ratio = f"{added['long'] / added['normal']:.2f}x" if kind == "long" else ""
-                        print(f"{fmt:8} {dtype:6} {strategy:9} {kind:7} {reader['added'] / mib:10.0f} "
+                        label = f"{dtype}>{args.cast_to}" if args.cast_to else dtype
+                        print(f"{fmt:8} {label:12} {strategy:9} {kind:7} {reader['added'] / mib:10.0f} "
                               f"{packed['added'] / mib:10.0f} {packed['peak'] / mib:9.0f} {ratio:>6}", flush=True)
                         shutil.rmtree(out)
                 for path in paths.values():
