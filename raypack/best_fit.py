@@ -16,8 +16,10 @@ its segments read in chunk order give back the document; doc ids and masks work 
 (padding is ``-1``; every chunk may end with padding).
 
 Cost per window: O(items log C) Python-level bin bookkeeping (items longer than C/2 never share
-a chunk, so only the shorter ones go through the loop), one copy of each item's tokens, and
-O(items + chunks) numpy index work.
+a chunk, so only the shorter ones go through the loop), one copy of each item's tokens (none for
+the full pieces of a document that arrive in one slice), and O(items + chunks) numpy index work.
+Memory (:class:`BestFitPacker`): the window's short items, not its full pieces, so a document of
+any length costs no more than the slices it is fed in.
 """
 
 from __future__ import annotations
@@ -240,7 +242,8 @@ class BestFitPacker:
         parts += self._close_open()
         return concat_chunks(parts, self.context_length, self.dtype or np.int64)
 
-    def push_runs_parts(self, tokens: np.ndarray, run_lengths: npt.NDArray[np.integer], first_doc_id: int) -> list[Chunks]:
+    def push_runs_parts(self, tokens: np.ndarray, run_lengths: npt.NDArray[np.integer],
+                        first_doc_id: int) -> list[Chunks]:
         """Add runs of consecutive documents ``first_doc_id, first_doc_id + 1, ...``; return chunk parts.
 
         tokens: (T,) flat; run_lengths: (n,) summing to T. ``first_doc_id`` is either the next
@@ -255,8 +258,9 @@ class BestFitPacker:
             return []
         continues = self._open_tail is not None and first_doc_id == self.next_doc_id - 1
         if not continues and first_doc_id != self.next_doc_id:
-            raise ValueError(f"first_doc_id={first_doc_id}: documents must come in order; expected "
-                             f"{self.next_doc_id}" + (f" or {self.next_doc_id - 1}" if self._open_tail is not None else ""))
+            also = f" or {self.next_doc_id - 1}" if self._open_tail is not None else ""
+            raise ValueError(f"first_doc_id={first_doc_id}: documents must come in order; "
+                             f"expected {self.next_doc_id}{also}")
         parts = [] if continues else self._close_open()
         if continues:
             tokens, lengths = _concat(self._open_tail, tokens), lengths.copy()
@@ -301,7 +305,8 @@ class BestFitPacker:
         self._short.add(tokens[:stop], full_lens, short_lens, continues=continues)
         return self._full_pieces(tokens[:stop], full_lens, short_lens, doc_ids)
 
-    def _full_pieces(self, tokens: np.ndarray, full_lens: np.ndarray, short_lens: np.ndarray, doc_ids: np.ndarray) -> Chunks:
+    def _full_pieces(self, tokens: np.ndarray, full_lens: np.ndarray, short_lens: np.ndarray,
+                     doc_ids: np.ndarray) -> Chunks:
         """The full C-token pieces of documents laid out as alternating (full, short) runs in
         ``tokens``: a view when one document has them, else one slice copy per such document."""
         c = self.context_length
@@ -365,7 +370,8 @@ class _ShortItems:
         self._sources: list[np.ndarray] = []
         self._per_doc: list[np.ndarray] = []  # (3, n) int64 blocks: source, start, length
 
-    def add(self, tokens: np.ndarray, full_lens: np.ndarray, short_lens: np.ndarray, *, continues: bool = False) -> None:
+    def add(self, tokens: np.ndarray, full_lens: np.ndarray, short_lens: np.ndarray, *,
+            continues: bool = False) -> None:
         """Documents laid out as alternating (full, short) runs in ``tokens``: keep their short
         runs. ``continues``: the first belongs to the last document added (which was open)."""
         per_doc = np.empty((3, short_lens.size), np.int64)
