@@ -226,6 +226,8 @@ def test_shard_with_one_2m_token_document_packs_identically_in_slices(tmp_path, 
     full = lengths[0] // 2048 * 2048
     np.testing.assert_array_equal(got[:full], tokens[:full])  # the document in order, chunk after chunk
     assert sliced_result.num_split_docs == 1
+    segment_ids = table.column("segment_doc_ids").to_pylist()
+    assert all(ids == [5] for ids in segment_ids[:full // 2048])  # every slice continued doc 5: one segment
     if strategy == "concat":
         assert got.size == full and sliced_result.tail.input_ids.tolist() == tokens[full:].tolist()
     else:
