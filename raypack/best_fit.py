@@ -16,8 +16,10 @@ its segments read in chunk order give back the document; doc ids and masks work 
 (padding is ``-1``; every chunk may end with padding).
 
 Cost per window: O(items log C) Python-level bin bookkeeping (items longer than C/2 never share
-a chunk, so only the shorter ones go through the loop), one copy of each item's tokens, and
-O(items + chunks) numpy index work.
+a chunk, so only the shorter ones go through the loop), one copy of each item's tokens (none for
+the full pieces of a document that arrive in one slice), and O(items + chunks) numpy index work.
+Memory (:class:`BestFitPacker`): the window's short items, not its full pieces, so a document of
+any length costs no more than the slices it is fed in.
 """
 
 from __future__ import annotations
@@ -137,8 +139,16 @@ def pack_window(
     Returns the window's chunks, tokens in ``tokens``' dtype, segments per chunk (the items in
     doc id order, then one padding segment if the chunk is not full).
     """
+    items = split_items(doc_lengths, context_length)
+    return pack_items([tokens], np.zeros(items.starts.size, np.int64), items, first_doc_id, context_length,
+                      pad_token)
+
+
+def pack_items(sources: list[np.ndarray], item_sources: npt.NDArray[np.int64], items: Items, first_doc_id: int,
+               context_length: int, pad_token: int) -> Chunks:
+    """Best-fit pack a window's items (rules 3-4); item ``k`` is ``sources[item_sources[k]]``'s
+    tokens ``[items.starts[k], items.starts[k] + items.lengths[k])``. One slice copy per item."""
     c = context_length
-    items = split_items(doc_lengths, c)
     bins, num_bins = best_fit_decreasing(items.lengths, c)
     order = np.argsort(bins, kind="stable")  # by chunk, then doc id (items are in stream order)
     lengths, bins_in_order = items.lengths[order], bins[order]
@@ -146,16 +156,19 @@ def pack_window(
     starts_in_order = np.cumsum(lengths) - lengths
     bin_starts = starts_in_order[np.searchsorted(bins_in_order, np.arange(num_bins))]  # each bin has an item
     destinations = bins_in_order * c + starts_in_order - bin_starts[bins_in_order]
-    input_ids = _gather(tokens, items.starts[order], destinations, lengths, num_bins * c)
+    input_ids = np.empty(num_bins * c, dtype=sources[0].dtype if sources else np.int64)
+    for source, start, dest, length in zip(item_sources[order].tolist(), items.starts[order].tolist(),
+                                           destinations.tolist(), lengths.tolist()):
+        input_ids[dest:dest + length] = sources[source][start:start + length]
     _pad_ends(input_ids, fills, c, pad_token)
     return Chunks(input_ids.reshape(num_bins, c), *_segments(bins_in_order, items.doc_index[order] + first_doc_id,
                                                               lengths, fills, c))
 
 
-def _gather(tokens: np.ndarray, starts: np.ndarray, destinations: np.ndarray, lengths: np.ndarray, size: int) -> np.ndarray:
-    """Copy each item's tokens to its place in a flat output (one slice copy per item)."""
-    out = np.empty(size, dtype=tokens.dtype)
-    for start, dest, length in zip(starts.tolist(), destinations.tolist(), lengths.tolist()):
+def _gather(tokens: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The runs ``[starts[k], starts[k] + lengths[k])`` of ``tokens``, one after another (one slice copy each)."""
+    out = np.empty(int(lengths.sum()), dtype=tokens.dtype)
+    for start, dest, length in zip(starts.tolist(), (np.cumsum(lengths) - lengths).tolist(), lengths.tolist()):
         out[dest:dest + length] = tokens[start:start + length]
     return out
 
@@ -188,9 +201,18 @@ def _segments(bins_in_order: np.ndarray, doc_ids: np.ndarray, lengths: np.ndarra
 class BestFitPacker:
     """Best-fit packs a stream of documents fed in batches, window by window (rule 1).
 
-    ``push`` returns the chunks of every window the batch completes; ``finish`` packs the last,
-    partial window. Feeding the same documents split into batches in any way gives identical
-    output: windows are counted in documents, not batches. Memory: one window of tokens.
+    ``push``/``push_flat`` take whole documents and return the chunks they complete;
+    ``push_runs_parts`` also takes a document in slices (the same doc id continuing across
+    calls); ``finish`` packs the last, partial window. Feeding the same documents split into
+    batches or slices in any way gives identical output: windows are counted in documents.
+
+    Streaming: a window's chunks are its full C-token pieces in stream order, then the
+    best-fit chunks of its shorter items (rules 2-3: full pieces sort first and open their own
+    chunks, which no other item joins). So full pieces leave as soon as they are read, as
+    views of the caller's tokens, and the packer keeps only the window's short items (each
+    < C tokens: a document's remainder, or a document shorter than C), copied once, plus the
+    < C tokens after the last full piece of the document still being read. Memory: the short
+    items of one window (at most ``window`` x C tokens), independent of document length.
     """
 
     def __init__(self, context_length: int, pad_token: int, *, window: int, first_doc_id: int = 0,
@@ -204,29 +226,117 @@ class BestFitPacker:
         if self.dtype is not None:
             validate_pad_token(pad_token, self.dtype)
         self.next_doc_id = int(first_doc_id)
-        self._buffer = _DocumentBuffer()
+        """The id the next new document gets (the open document, if any, is ``next_doc_id - 1``)."""
+        self._window_first_id = int(first_doc_id)
+        self._window_docs = 0  # documents begun in the current window, the open one included
+        self._short = _ShortItems()
+        self._open_tail: np.ndarray | None = None  # the open document's tokens after its last full piece
 
     def push(self, documents: Any) -> Chunks:
         """Add a batch of documents (any form :func:`flatten_documents` takes); return chunks."""
         return self.push_flat(*flatten_documents(documents))
 
     def push_flat(self, tokens: np.ndarray, doc_lengths: np.ndarray) -> Chunks:
-        """Add documents given as flat tokens and one length per document; return chunks."""
-        self._buffer.add(self._to_dtype(tokens), doc_lengths)
-        parts = []
-        while self.window and self._buffer.num_docs >= self.window:
-            parts.append(self._pack(*self._buffer.take(self.window)))
+        """Add whole documents given as flat tokens and one length per document; return chunks."""
+        parts = self.push_runs_parts(tokens, doc_lengths, self.next_doc_id)
+        parts += self._close_open()
         return concat_chunks(parts, self.context_length, self.dtype or np.int64)
 
-    def finish(self) -> Chunks:
-        if not self._buffer.num_docs:
-            return Chunks.empty(self.context_length, self.dtype or np.int64)
-        return self._pack(*self._buffer.take(self._buffer.num_docs))
+    def push_runs_parts(self, tokens: np.ndarray, run_lengths: npt.NDArray[np.integer],
+                        first_doc_id: int) -> list[Chunks]:
+        """Add runs of consecutive documents ``first_doc_id, first_doc_id + 1, ...``; return chunk parts.
 
-    def _pack(self, tokens: np.ndarray, lengths: np.ndarray) -> Chunks:
-        pad = validate_pad_token(self.pad_token, tokens.dtype)
-        chunks = pack_window(tokens, lengths, self.next_doc_id, self.context_length, pad)
-        self.next_doc_id += lengths.size
+        tokens: (T,) flat; run_lengths: (n,) summing to T. ``first_doc_id`` is either the next
+        new document or the last document of the previous call, which this call continues (a
+        document read in slices); the last run's document stays open until a later call starts
+        another document or :meth:`finish`. Returns consecutive Chunks, full pieces as views of
+        ``tokens`` where they lie in one document.
+        """
+        tokens = self._to_dtype(tokens)
+        lengths = np.asarray(run_lengths, dtype=np.int64)
+        if not lengths.size:
+            return []
+        continues = self._open_tail is not None and first_doc_id == self.next_doc_id - 1
+        if not continues and first_doc_id != self.next_doc_id:
+            also = f" or {self.next_doc_id - 1}" if self._open_tail is not None else ""
+            raise ValueError(f"first_doc_id={first_doc_id}: documents must come in order; "
+                             f"expected {self.next_doc_id}{also}")
+        parts = [] if continues else self._close_open()
+        if continues:
+            tokens, lengths = _concat(self._open_tail, tokens), lengths.copy()
+            lengths[0] += self._open_tail.size
+            self._open_tail = None
+        self.next_doc_id = first_doc_id + lengths.size
+        return parts + self._add_runs(tokens, lengths, 1 if continues else 0)
+
+    def finish(self) -> Chunks:
+        parts = self._close_open()
+        if self._window_docs:
+            parts.append(self._pack_window())
+        return concat_chunks(parts, self.context_length, self.dtype or np.int64)
+
+    def _add_runs(self, tokens: np.ndarray, lengths: np.ndarray, num_old: int) -> list[Chunks]:
+        """Window by window: emit full pieces, keep short items; the last run stays open.
+        The first ``num_old`` runs continue a document already counted in the window."""
+        ends = np.cumsum(lengths)
+        doc_ids = np.arange(self.next_doc_id - lengths.size, self.next_doc_id, dtype=np.int64)
+        parts, first = [], 0
+        while True:
+            room = self.window - self._window_docs if self.window else lengths.size
+            end = min(lengths.size, max(first, num_old) + room)
+            self._window_docs += end - max(first, num_old)
+            start = int(ends[first] - lengths[first])
+            parts.append(self._take_docs(tokens[start:int(ends[end - 1])], lengths[first:end], doc_ids[first:end],
+                                         continues=first < num_old))
+            if end == lengths.size:
+                return parts
+            parts += self._close_open()  # the window is full: this packs it
+            first = end
+
+    def _take_docs(self, tokens: np.ndarray, lengths: np.ndarray, doc_ids: np.ndarray, *, continues: bool) -> Chunks:
+        """Whole documents but the last, which stays open: full pieces out as chunks, short
+        items kept for the window, the last one's tokens after its last full piece kept open.
+        ``continues``: the first document is the one left open before (already counted)."""
+        full_lens = lengths // self.context_length * self.context_length
+        short_lens = lengths - full_lens
+        stop = tokens.size - int(short_lens[-1])
+        self._open_tail = tokens[stop:].copy()
+        short_lens[-1] = 0
+        self._short.add(tokens[:stop], full_lens, short_lens, continues=continues)
+        return self._full_pieces(tokens[:stop], full_lens, short_lens, doc_ids)
+
+    def _full_pieces(self, tokens: np.ndarray, full_lens: np.ndarray, short_lens: np.ndarray,
+                     doc_ids: np.ndarray) -> Chunks:
+        """The full C-token pieces of documents laid out as alternating (full, short) runs in
+        ``tokens``: a view when one document has them, else one slice copy per such document."""
+        c = self.context_length
+        num_pieces = full_lens // c
+        starts, lens = _full_runs(full_lens, short_lens)
+        if starts.size == 1:
+            full = tokens[starts[0]:starts[0] + lens[0]]
+        else:
+            full = _gather(tokens, starts, lens)
+        n = int(num_pieces.sum())
+        return Chunks(full.reshape(n, c), np.arange(n + 1, dtype=np.int64), np.repeat(doc_ids, num_pieces),
+                      np.full(n, c, dtype=np.int32))
+
+    def _close_open(self) -> list[Chunks]:
+        """End the open document: its tail becomes its short item; pack the window if it is full."""
+        if self._open_tail is None:
+            return []
+        tail, self._open_tail = self._open_tail, None
+        self._short.end_last(tail)
+        if self.window and self._window_docs == self.window:
+            return [self._pack_window()]
+        return []
+
+    def _pack_window(self) -> Chunks:
+        sources, item_sources, items, num_docs = self._short.take()
+        dtype = self.dtype or (sources[0].dtype if sources else np.dtype(np.int64))
+        pad = validate_pad_token(self.pad_token, dtype)
+        chunks = pack_items(sources, item_sources, items, self._window_first_id, self.context_length, pad)
+        self._window_first_id += num_docs
+        self._window_docs = 0
         return chunks
 
     def _to_dtype(self, tokens: np.ndarray) -> np.ndarray:
@@ -237,28 +347,59 @@ class BestFitPacker:
         return cast_tokens(tokens, self.dtype)
 
 
-class _DocumentBuffer:
-    """Documents waiting for their window to fill: flat tokens and lengths, in batches."""
+def _full_runs(full_lens: np.ndarray, short_lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Starts and lengths of the non-empty full runs of alternating (full, short) runs."""
+    ends = np.cumsum(full_lens + short_lens)
+    keep = full_lens > 0
+    return (ends - full_lens - short_lens)[keep], full_lens[keep]
+
+
+def _concat(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    out = np.empty(first.size + second.size, dtype=np.result_type(first, second))
+    out[:first.size] = first
+    out[first.size:] = second
+    return out
+
+
+class _ShortItems:
+    """A window's short items (each < C tokens; at most one per document) as slices of the
+    token arrays they came in (kept by reference: no copy until the window is packed), and per
+    document its item's source array, start and length (0: no item)."""
 
     def __init__(self) -> None:
-        self._tokens: list[np.ndarray] = []
-        self._lengths: list[np.ndarray] = []
-        self.num_docs = 0
+        self._sources: list[np.ndarray] = []
+        self._per_doc: list[np.ndarray] = []  # (3, n) int64 blocks: source, start, length
 
-    def add(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
-        if lengths.size:
-            self._tokens.append(tokens)
-            self._lengths.append(np.asarray(lengths, dtype=np.int64))
-            self.num_docs += lengths.size
+    def add(self, tokens: np.ndarray, full_lens: np.ndarray, short_lens: np.ndarray, *,
+            continues: bool = False) -> None:
+        """Documents laid out as alternating (full, short) runs in ``tokens``: keep their short
+        runs. ``continues``: the first belongs to the last document added (which was open)."""
+        per_doc = np.empty((3, short_lens.size), np.int64)
+        per_doc[0] = len(self._sources)
+        per_doc[1] = np.cumsum(full_lens + short_lens) - short_lens
+        per_doc[2] = short_lens
+        if short_lens.any():
+            self._sources.append(tokens)
+        if continues:
+            self._per_doc[-1][:, -1] = per_doc[:, 0]
+            per_doc = per_doc[:, 1:]
+        if per_doc.shape[1]:
+            self._per_doc.append(per_doc)  # so self._per_doc[-1][:, -1] is always the last document
 
-    def take(self, num_docs: int) -> tuple[np.ndarray, np.ndarray]:
-        """The first ``num_docs`` documents as (flat tokens, lengths); the rest stay."""
-        tokens = np.concatenate(self._tokens) if len(self._tokens) != 1 else self._tokens[0]
-        lengths = np.concatenate(self._lengths) if len(self._lengths) != 1 else self._lengths[0]
-        cut = int(lengths[:num_docs].sum())
-        self._tokens, self._lengths = ([tokens[cut:]], [lengths[num_docs:]]) if num_docs < lengths.size else ([], [])
-        self.num_docs = lengths.size - num_docs
-        return tokens[:cut], lengths[:num_docs]
+    def end_last(self, tail: np.ndarray) -> None:
+        """Give the last document added (added with short length 0: still open) its short item."""
+        if tail.size:
+            self._per_doc[-1][:, -1] = (len(self._sources), 0, tail.size)
+            self._sources.append(tail)
+
+    def take(self) -> tuple[list[np.ndarray], np.ndarray, Items, int]:
+        """``(sources, item_sources, items, num_docs)`` for :func:`pack_items`; then empty."""
+        per_doc = np.concatenate(self._per_doc, axis=1) if self._per_doc else np.zeros((3, 0), np.int64)
+        sources = self._sources
+        self._sources, self._per_doc = [], []
+        has_item = per_doc[2] > 0
+        items = Items(np.flatnonzero(has_item).astype(np.int64), per_doc[1][has_item], per_doc[2][has_item])
+        return sources, per_doc[0][has_item], items, per_doc.shape[1]
 
 
 def pack_best_fit(

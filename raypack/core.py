@@ -22,7 +22,7 @@ parts, which copies them when there are two).
 from __future__ import annotations
 
 import numbers
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -35,6 +35,7 @@ __all__ = [
     "cast_tokens",
     "concat_chunks",
     "flatten_documents",
+    "iter_run_slices",
     "pack_sequences",
     "stitch_fragments",
     "validate_context_length",
@@ -215,6 +216,33 @@ def _first_bad_token(doc: Any) -> Any:
         if not int64.min <= token <= int64.max:
             return token
     return doc[0]
+
+
+def iter_run_slices(
+    tokens: npt.NDArray[np.integer], lengths: npt.NDArray[np.integer], first_doc_id: int, max_tokens: int
+) -> Iterator[tuple[npt.NDArray[np.integer], npt.NDArray[np.int64], int]]:
+    """Cut flat documents into consecutive slices of at most ``max_tokens`` tokens.
+
+    Yields ``(tokens, run_lengths, first_doc_id)`` per slice: a zero-copy view of the tokens,
+    the (n,) int64 lengths of the runs of consecutive documents it holds, and the id of its
+    first run's document. A document cut by a slice boundary ends one slice and starts the
+    next with the same id; an empty document goes with the slice holding its position (the
+    last one at the end). Always at least one slice. Cost: O(documents + slices).
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens={max_tokens} must be >= 1")
+    lengths = np.asarray(lengths, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    num_slices = max(1, -(-int(tokens.size) // max_tokens))
+    first_slice = np.minimum(starts // max_tokens, num_slices - 1)
+    last_slice = np.minimum(np.maximum(starts, ends - 1) // max_tokens, num_slices - 1)
+    for k in range(num_slices):
+        lo = int(np.searchsorted(last_slice, k, side="left"))
+        hi = int(np.searchsorted(first_slice, k, side="right"))
+        start, end = k * max_tokens, min((k + 1) * max_tokens, int(tokens.size))
+        run_lengths = np.clip(ends[lo:hi], start, end) - np.clip(starts[lo:hi], start, end)
+        yield tokens[start:end], run_lengths, first_doc_id + lo
 
 
 # ----------------------------------------------------------------------------- segments

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from raypack.best_fit import BestFitChunkCounter, BestFitPacker
-from raypack.core import Chunks, StreamPacker, flatten_documents
+from raypack.core import Chunks, StreamPacker, flatten_documents, iter_run_slices
 from raypack.errors import InputError
 from raypack.output import ChunkFileWriter, chunk_schema
 from raypack.readers import check_tokens_fit, iter_token_batches
@@ -77,12 +77,14 @@ class ConcatShardPacker:
                                     dtype=np.dtype(settings.token_dtype))
         self.head = self.tail = None
 
-    def push_parts(self, documents: pa.Array, first_doc_id: int) -> list[Chunks]:
-        """Full chunks as consecutive parts, the tokens never copied in bulk (StreamPacker.push_parts)."""
-        return self._packer.push_parts(documents, first_doc_id)
+    def push_runs_parts(self, tokens: np.ndarray, run_lengths: np.ndarray, first_doc_id: int) -> list[Chunks]:
+        """Runs of documents from ``first_doc_id`` (the first may continue the last one pushed);
+        full chunks as consecutive parts, the tokens never copied in bulk (StreamPacker.push_runs_parts)."""
+        doc_ids = np.arange(first_doc_id, first_doc_id + run_lengths.size, dtype=np.int64)
+        return self._packer.push_runs_parts(tokens, run_lengths, doc_ids)
 
     def count_split(self, lengths: np.ndarray) -> int:
-        """Call before ``push_parts``: documents of this batch that cross a chunk boundary."""
+        """Call before ``push_runs_parts``: documents of this batch that cross a chunk boundary."""
         return count_split_documents(lengths, self._packer.position, self.context_length)
 
     def finish(self) -> Chunks:
@@ -106,8 +108,9 @@ class BestFitShardPacker:
                                      first_doc_id=task.doc_offset, dtype=np.dtype(settings.token_dtype))
         self.head = self.tail = None
 
-    def push_parts(self, documents: pa.Array, first_doc_id: int) -> list[Chunks]:
-        return [self._packer.push(documents)]
+    def push_runs_parts(self, tokens: np.ndarray, run_lengths: np.ndarray, first_doc_id: int) -> list[Chunks]:
+        """Runs of documents from ``first_doc_id`` (the first may continue the last one pushed)."""
+        return self._packer.push_runs_parts(tokens, run_lengths, first_doc_id)
 
     def count_split(self, lengths: np.ndarray) -> int:
         return int(np.count_nonzero(lengths > self.context_length))
@@ -146,16 +149,23 @@ def _stream_shard(task: ShardTask, settings: PackSettings, packer: ConcatShardPa
         counts["tokens"] += int(lengths.sum())
         counts["split"] += packer.count_split(lengths)
         _check_not_past_plan(task, counts)
+        tokens, lengths = flatten_documents(docs)
         try:
-            parts = packer.push_parts(docs, task.doc_offset + first_row)
+            _push_sliced(packer, writer, tokens, lengths, task.doc_offset + first_row, settings.read_batch_tokens)
         except ValueError as e:  # a token that does not fit the output dtype: name its row
-            tokens, lengths = flatten_documents(docs)
             check_tokens_fit(tokens, lengths, settings.token_dtype, path=task.path, first_row=first_row)
             raise InputError(f"shard {task.path} rows {first_row}..{first_row + len(docs) - 1}: {e}") from e
-        for chunks in parts:
+    return counts
+
+
+def _push_sliced(packer: ConcatShardPacker | BestFitShardPacker, writer: ChunkFileWriter, tokens: np.ndarray,
+                 lengths: np.ndarray, first_doc_id: int, max_tokens: int) -> None:
+    """Push a read batch in slices of at most ``max_tokens`` tokens (a long document across
+    several), so that beyond the reader's batch the packer holds O(max_tokens) tokens."""
+    for slice_tokens, run_lengths, slice_first_id in iter_run_slices(tokens, lengths, first_doc_id, max_tokens):
+        for chunks in packer.push_runs_parts(slice_tokens, run_lengths, slice_first_id):
             if chunks.num_chunks:
                 writer.write(chunks)
-    return counts
 
 
 def reset_peak_rss() -> None:

@@ -1,0 +1,185 @@
+"""Packer memory with one huge document vs a normal corpus of the same size.
+
+    python bench/bench_long_doc.py                                  # 50M tokens, int32, concat + best_fit, Parquet + Arrow IPC
+    python bench/bench_long_doc.py --tokens 5000000 --dtypes int32,uint16 --strategies concat
+
+Each case packs one shard with :func:`raypack.shard_pack.pack_shard` in a fresh child process
+(``--child``): the shard holds either ONE document of ``--tokens`` tokens ("long") or documents
+of 1..2*mean tokens (mean ``--mean-len``) summing to the same total ("normal"). The child
+imports everything, builds the task, resets
+its peak RSS (``/proc/self/clear_refs``), packs, and reports (best_fit's counting pass runs in
+a child of its own before):
+
+  * added: peak RSS while packing minus the RSS just before (VmHWM - VmRSS);
+  * peak: the absolute peak RSS of packing (VmHWM after the reset);
+  * reader: added peak RSS of only reading the shard with the same read batches (no packing),
+    measured the same way in the same kind of child: what the format reader itself holds.
+
+The table's ratio is long/normal of ``added``. Input token type = output token type (--dtypes).
+Arrow IPC inputs are memory-mapped: the pages of the file a child touches count in its RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as paipc
+import pyarrow.parquet as pq
+
+C = 2048
+
+
+def _status_bytes(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def reset_peak_rss() -> int:
+    """Reset VmHWM to the current RSS (Linux >= 4.0); return the current RSS."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _status_bytes("VmRSS")
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def doc_lengths(kind: str, num_tokens: int, mean_len: int, seed: int = 0) -> np.ndarray:
+    if kind == "long":
+        return np.array([num_tokens], np.int64)
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 2 * mean_len, size=2 * num_tokens // mean_len + 16)
+    ends = np.cumsum(lengths)
+    n = int(np.searchsorted(ends, num_tokens)) + 1
+    lengths = lengths[:n]
+    lengths[-1] -= int(ends[n - 1]) - num_tokens
+    return lengths[lengths > 0] if lengths[-1] <= 0 else lengths
+
+
+def write_shard(path: str, kind: str, fmt: str, dtype: str, num_tokens: int, mean_len: int) -> None:
+    lengths = doc_lengths(kind, num_tokens, mean_len)
+    values = np.random.default_rng(1).integers(0, 50_000, size=num_tokens).astype(dtype)
+    offsets = np.zeros(lengths.size + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    lists = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
+    table = pa.table({"input_ids": lists})
+    if fmt == "parquet":
+        pq.write_table(table, path, row_group_size=65536)
+    else:
+        with paipc.new_file(path, table.schema) as writer:
+            writer.write_table(table, max_chunksize=65536)
+
+
+# ----------------------------------------------------------------------------- child
+
+
+def child(args: argparse.Namespace) -> dict:
+    from raypack.readers import iter_token_batches
+    from raypack.shard_pack import count_shard_chunks, pack_shard, read_batch_rows
+    from raypack.shards import inspect_shard
+    from raypack.tasks import PackSettings, ShardTask
+
+    info = inspect_shard(args.path, "input_ids")
+    settings = PackSettings(args.out, C, 0, args.dtype, "input_ids", 0, args.read_batch_tokens, 512,
+                            args.strategy, args.window if args.strategy == "best_fit" else 0)
+    task = ShardTask(0, args.path, info.format, 0, 0, info.num_docs, info.num_tokens)
+    if args.count:
+        return {"num_chunks": count_shard_chunks(task, settings)}
+    if args.strategy == "best_fit":
+        task = ShardTask(0, args.path, info.format, 0, 0, info.num_docs, info.num_tokens, 0, args.num_chunks)
+    before = reset_peak_rss()
+    if args.read_only:
+        for _, docs in iter_token_batches(task.path, task.format, "input_ids", read_batch_rows(task, settings)):
+            del docs
+    else:
+        pack_shard(task, settings)
+    peak = _status_bytes("VmHWM")
+    return {"before": before, "peak": peak, "added": peak - before, "arrow_now": pa.total_allocated_bytes()}
+
+
+def run_child(path: str, out: str, dtype: str, strategy: str, args: argparse.Namespace, *, mode: str = "pack",
+              num_chunks: int = -1) -> dict:
+    cmd = [sys.executable, __file__, "--child", "--path", path, "--out", out, "--dtype", dtype,
+           "--strategy", strategy, "--window", str(args.window), "--read-batch-tokens", str(args.read_batch_tokens),
+           "--num-chunks", str(num_chunks)]
+    if mode != "pack":
+        cmd.append(f"--{mode}")
+    env = dict(os.environ, **({"ARROW_DEFAULT_MEMORY_POOL": args.arrow_pool} if args.arrow_pool else {}))
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=50_000_000)
+    parser.add_argument("--mean-len", type=int, default=683)
+    parser.add_argument("--dtypes", default="int32")
+    parser.add_argument("--strategies", default="concat,best_fit")
+    parser.add_argument("--formats", default="parquet,arrow")
+    parser.add_argument("--window", type=int, default=8192)
+    parser.add_argument("--read-batch-tokens", type=int, default=1 << 20)
+    parser.add_argument("--cast-to", default="", help="output token_dtype when it differs from the input's "
+                        "(e.g. uint16 for int32 inputs: the packer casts every token)")
+    parser.add_argument("--arrow-pool", default="", help="ARROW_DEFAULT_MEMORY_POOL for the children "
+                        "(jemalloc, mimalloc, system; default: pyarrow's choice)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--read-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--count", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--num-chunks", type=int, default=-1, help=argparse.SUPPRESS)
+    parser.add_argument("--path", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--dtype", help=argparse.SUPPRESS)
+    parser.add_argument("--strategy", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args)))
+        return
+    mib = 1 << 20
+    print(f"one shard of {args.tokens:,} tokens; C={C}; read_batch_tokens={args.read_batch_tokens:,}; "
+          f"best_fit window {args.window:,}; Arrow pool {args.arrow_pool or pa.default_memory_pool().backend_name}; load average {os.getloadavg()[0]:.2f}")
+    print(f"{'format':8} {'dtype':12} {'strategy':9} {'corpus':7} {'reader MiB':>10} {'added MiB':>10} "
+          f"{'peak MiB':>9} {'ratio':>6}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for fmt in args.formats.split(","):
+            for dtype in args.dtypes.split(","):
+                paths = {}
+                for kind in ("normal", "long"):
+                    paths[kind] = os.path.join(tmp, f"{kind}-{dtype}.{'parquet' if fmt == 'parquet' else 'arrow'}")
+                    write_shard(paths[kind], kind, fmt, dtype, args.tokens, args.mean_len)
+                for strategy in args.strategies.split(","):
+                    added = {}
+                    for kind in ("normal", "long"):
+                        out = os.path.join(tmp, f"out-{kind}-{strategy}")
+                        os.makedirs(out)
+                        out_dtype = args.cast_to or dtype
+                        reader = run_child(paths[kind], out, out_dtype, strategy, args, mode="read-only")
+                        num_chunks = -1
+                        if strategy == "best_fit":  # the counting pass, in its own process
+                            num_chunks = run_child(paths[kind], out, out_dtype, strategy, args, mode="count")["num_chunks"]
+                        packed = run_child(paths[kind], out, out_dtype, strategy, args, num_chunks=num_chunks)
+                        added[kind] = packed["added"]
+                        ratio = f"{added['long'] / added['normal']:.2f}x" if kind == "long" else ""
+                        label = f"{dtype}>{args.cast_to}" if args.cast_to else dtype
+                        print(f"{fmt:8} {label:12} {strategy:9} {kind:7} {reader['added'] / mib:10.0f} "
+                              f"{packed['added'] / mib:10.0f} {packed['peak'] / mib:9.0f} {ratio:>6}", flush=True)
+                        shutil.rmtree(out)
+                for path in paths.values():
+                    os.remove(path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,260 @@
+"""Long documents in slices: ``iter_run_slices`` cuts a read batch at arbitrary token
+positions, and both packers (concat's StreamPacker, best_fit's BestFitPacker) give exactly the
+chunks and counts they give for whole documents; a shard whose one document is far longer than
+``read_batch_tokens`` packs to the same bytes, its packer fed slices of at most that size."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as paipc
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from raypack.best_fit import BestFitPacker
+from raypack.core import StreamPacker, concat_chunks, iter_run_slices
+from raypack.shard_pack import count_shard_chunks, pack_shard
+from raypack.shards import inspect_shard
+from raypack.tasks import PackSettings, ShardTask
+from reference import naive_best_fit, naive_pack
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def corpora(draw, max_docs=30):
+    """(C, document lengths): empty documents, documents around C and many times C."""
+    c = draw(st.integers(1, 9))
+    lengths = draw(st.lists(st.one_of(st.integers(0, c + 1), st.integers(0, 6 * c + 1), st.sampled_from([0, c, 3 * c])),
+                            max_size=max_docs))
+    return c, np.array(lengths, dtype=np.int64)
+
+
+def flat_tokens(lengths: np.ndarray, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 1000, size=int(lengths.sum())).astype(np.int32)
+
+
+def docs_of(tokens: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
+    return [d.tolist() for d in np.split(tokens, np.cumsum(lengths)[:-1])] if lengths.size else []
+
+
+def sliced(tokens, lengths, first_doc_id, max_tokens, batch_cuts=()):
+    """Read batches cut at ``batch_cuts`` (document indices), each cut in token slices."""
+    bounds = [0, *sorted(batch_cuts), lengths.size]
+    token_bounds = np.r_[0, np.cumsum(lengths)]
+    for a, b in zip(bounds, bounds[1:]):
+        yield from iter_run_slices(tokens[token_bounds[a]:token_bounds[b]], lengths[a:b], first_doc_id + a, max_tokens)
+
+
+# ----------------------------------------------------------------------------- iter_run_slices
+
+
+def test_literal_slices():
+    tokens = np.arange(10, dtype=np.int32)
+    got = [(t.tolist(), r.tolist(), i) for t, r, i in iter_run_slices(tokens, np.array([0, 7, 0, 3, 0]), 5, 4)]
+    assert got == [([0, 1, 2, 3], [0, 4], 5),          # empty doc 5 at position 0; doc 6 begins
+                   ([4, 5, 6, 7], [3, 0, 1], 6),       # doc 6 continues and ends; empty 7; doc 8 begins
+                   ([8, 9], [2, 0], 8)]                # doc 8 ends; the empty last doc at the end
+
+
+def test_literal_slices_boundaries_and_no_tokens():
+    tokens = np.arange(8, dtype=np.int32)
+    got = [(r.tolist(), i) for _, r, i in iter_run_slices(tokens, np.array([4, 0, 4]), 0, 4)]
+    assert got == [([4], 0), ([0, 4], 1)]  # an empty doc on a boundary goes with the slice starting there
+    got = [(t.size, r.tolist(), i) for t, r, i in iter_run_slices(np.zeros(0, np.int32), np.array([0, 0]), 3, 4)]
+    assert got == [(0, [0, 0], 3)]
+    with pytest.raises(ValueError, match="max_tokens=0 must be >= 1"):
+        next(iter_run_slices(tokens, np.array([8]), 0, 0))
+
+
+@SETTINGS
+@given(corpus=corpora(), max_tokens=st.integers(1, 20))
+def test_slices_cover_every_token_and_document_once(corpus, max_tokens):
+    c, lengths = corpus
+    tokens = flat_tokens(lengths)
+    slices = list(iter_run_slices(tokens, lengths, 100, max_tokens))
+    assert all(t.size <= max_tokens for t, _, _ in slices)
+    assert np.concatenate([t for t, _, _ in slices]).tolist() == tokens.tolist()
+    per_doc = np.zeros(lengths.size, np.int64)
+    next_id = 100
+    for t, runs, first_id in slices:
+        assert runs.sum() == t.size and first_id in (next_id - 1, next_id)
+        assert first_id == next_id or runs[0] > 0  # only a cut document continues
+        np.add.at(per_doc, np.arange(first_id, first_id + runs.size) - 100, runs)
+        next_id = first_id + runs.size
+    assert next_id == 100 + lengths.size and per_doc.tolist() == lengths.tolist()
+
+
+# ----------------------------------------------------------------------------- packers fed slices
+
+
+@SETTINGS
+@given(corpus=corpora(), max_tokens=st.integers(1, 20), data=st.data())
+def test_concat_slices_give_the_same_chunks(corpus, max_tokens, data):
+    c, lengths = corpus
+    tokens = flat_tokens(lengths)
+    cuts = data.draw(st.lists(st.integers(0, lengths.size), max_size=4))
+    packer = StreamPacker(c, 0, dtype=np.int32)
+    parts = []
+    for t, runs, first_id in sliced(tokens, lengths, 0, max_tokens, cuts):
+        parts += packer.push_runs_parts(t, runs, np.arange(first_id, first_id + runs.size))
+    parts.append(packer.finish(pad=True))
+    got = concat_chunks(parts, c, np.int32)
+    want_ids, want_docs = naive_pack(docs_of(tokens, lengths), c, 0, np.int32)
+    if any(length > max_tokens for length in lengths):
+        event("a document longer than a slice")
+    np.testing.assert_array_equal(got.input_ids, want_ids)
+    np.testing.assert_array_equal(got.doc_ids(), want_docs)
+    whole = concat_chunks([StreamPacker(c, 0, dtype=np.int32).push_runs(tokens, lengths, np.arange(lengths.size))],
+                          c, np.int32)
+    assert got.segment_lengths[:whole.segment_lengths.size].tolist() == whole.segment_lengths.tolist()
+
+
+@SETTINGS
+@given(corpus=corpora(), max_tokens=st.integers(1, 20), window=st.integers(0, 6), data=st.data())
+def test_best_fit_slices_give_the_same_chunks(corpus, max_tokens, window, data):
+    c, lengths = corpus
+    tokens = flat_tokens(lengths)
+    cuts = data.draw(st.lists(st.integers(0, lengths.size), max_size=4))
+    packer = BestFitPacker(c, 0, window=window, first_doc_id=7, dtype=np.int32)
+    parts = []
+    for t, runs, first_id in sliced(tokens, lengths, 7, max_tokens, cuts):
+        parts += packer.push_runs_parts(t, runs, first_id)
+    parts.append(packer.finish())
+    got = concat_chunks(parts, c, np.int32)
+    want_ids, want_docs = naive_best_fit(docs_of(tokens, lengths), c, 0, window, np.int32)
+    if any(length > max(max_tokens, c) for length in lengths):
+        event("a document longer than a slice and C")
+    np.testing.assert_array_equal(got.input_ids.reshape(-1, c), want_ids)
+    np.testing.assert_array_equal(got.doc_ids().reshape(-1, c), np.where(want_docs >= 0, want_docs + 7, -1))
+
+
+def test_best_fit_emits_full_pieces_while_the_document_is_read():
+    """A long document's full pieces leave at once, before its window (or the document) ends."""
+    c = 4
+    packer = BestFitPacker(c, 0, window=3, dtype=np.int32)
+    parts = packer.push_runs_parts(np.arange(3, dtype=np.int32), np.array([3]), 0)  # doc 0 begins
+    assert sum(p.num_chunks for p in parts) == 0
+    parts = packer.push_runs_parts(np.arange(3, 14, dtype=np.int32), np.array([2, 9]), 0)  # doc 0 ends, doc 1 begins
+    (full,) = [p for p in parts if p.num_chunks]
+    assert full.input_ids.tolist() == [[0, 1, 2, 3], [5, 6, 7, 8], [9, 10, 11, 12]]
+    assert full.doc_ids().tolist() == [[0] * 4, [1] * 4, [1] * 4]
+    parts = packer.push_runs_parts(np.arange(14, 20, dtype=np.int32), np.array([4, 2]), 1)  # doc 1 goes on
+    assert [p.input_ids.tolist() for p in parts if p.num_chunks] == [[[13, 14, 15, 16]]]
+    last = packer.finish()  # short items: doc 0's [4], doc 1's [17], doc 2's [18, 19]
+    assert last.input_ids.tolist() == [[4, 17, 18, 19]] and last.doc_ids().tolist() == [[0, 1, 2, 2]]
+
+
+def test_best_fit_full_pieces_of_one_document_are_not_copied():
+    tokens = np.arange(10 * 8 + 3, dtype=np.int32)
+    packer = BestFitPacker(8, 0, window=0, dtype=np.int32)
+    (full,) = packer.push_runs_parts(tokens, np.array([tokens.size]), 0)
+    assert full.num_chunks == 10 and np.shares_memory(full.input_ids, tokens)
+
+
+def test_best_fit_refuses_documents_out_of_order():
+    packer = BestFitPacker(4, 0, window=0, dtype=np.int32)
+    packer.push_runs_parts(np.arange(3, dtype=np.int32), np.array([3]), 0)
+    with pytest.raises(ValueError, match="first_doc_id=5: documents must come in order; expected 1 or 0"):
+        packer.push_runs_parts(np.arange(3, dtype=np.int32), np.array([3]), 5)
+
+
+# ----------------------------------------------------------------------------- a shard with one long document
+
+
+def write_shard(path, lengths: np.ndarray, fmt: str) -> np.ndarray:
+    tokens = flat_tokens(lengths, seed=3)
+    offsets = np.r_[0, np.cumsum(lengths)].astype(np.int32)
+    table = pa.table({"input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(tokens))})
+    if fmt == "parquet":
+        pq.write_table(table, path)
+    else:
+        with paipc.new_file(path, table.schema) as writer:
+            writer.write_table(table, max_chunksize=3)
+    return tokens
+
+
+def pack_one(path, out, strategy: str, read_batch_tokens: int, read_batch_size: int = 0, doc_offset: int = 5,
+             token_offset: int = 0):
+    info = inspect_shard(str(path))
+    settings = PackSettings(str(out), 2048, 0, "int32", "input_ids", read_batch_size, read_batch_tokens, 64,
+                            strategy, 2 if strategy == "best_fit" else 0)
+    task = ShardTask(0, str(path), info.format, doc_offset, token_offset, info.num_docs, info.num_tokens)
+    if strategy == "best_fit":
+        num_chunks = count_shard_chunks(task, settings)
+        task = ShardTask(0, str(path), info.format, doc_offset, token_offset, info.num_docs, info.num_tokens, 0,
+                         num_chunks)
+    out.mkdir()
+    return pack_shard(task, settings)
+
+
+def read_output(out, result):
+    table = paipc.open_file(out / result.file.path).read_all()
+    return np.array(table.column("input_ids").combine_chunks().flatten()), table
+
+
+@pytest.fixture
+def spy_slices(monkeypatch):
+    """Record the tokens of every slice a packer is fed."""
+    sizes = []
+    for cls in (StreamPacker, BestFitPacker):
+        original = cls.push_runs_parts
+
+        def spy(self, tokens, *args, _original=original):
+            sizes.append(int(tokens.size))
+            return _original(self, tokens, *args)
+        monkeypatch.setattr(cls, "push_runs_parts", spy)
+    return sizes
+
+
+@pytest.mark.parametrize("strategy", ["concat", "best_fit"])
+def test_shard_with_one_2m_token_document_packs_identically_in_slices(tmp_path, strategy, spy_slices):
+    lengths = np.array([2_000_000 + 5], np.int64)
+    tokens = write_shard(tmp_path / "long.parquet", lengths, "parquet")
+    sliced_result = pack_one(tmp_path / "long.parquet", tmp_path / "sliced", strategy, 64 << 10)
+    assert len(spy_slices) > 30 and max(spy_slices) <= 64 << 10  # the packer was fed slices, not the document
+    spy_slices.clear()
+    whole_result = pack_one(tmp_path / "long.parquet", tmp_path / "whole", strategy, 1 << 30)
+    assert max(spy_slices) == lengths[0]  # unsliced: one push of the whole document
+    assert sliced_result.file.sha256 == whole_result.file.sha256
+    assert sliced_result.file.num_bytes == whole_result.file.num_bytes
+    for name in ("num_docs", "num_nonempty_docs", "num_tokens", "num_split_docs"):
+        assert getattr(sliced_result, name) == getattr(whole_result, name)
+    got, table = read_output(tmp_path / "sliced", sliced_result)
+    full = lengths[0] // 2048 * 2048
+    np.testing.assert_array_equal(got[:full], tokens[:full])  # the document in order, chunk after chunk
+    assert sliced_result.num_split_docs == 1
+    segment_ids = table.column("segment_doc_ids").to_pylist()
+    assert all(ids == [5] for ids in segment_ids[:full // 2048])  # every slice continued doc 5: one segment
+    if strategy == "concat":
+        assert got.size == full and sliced_result.tail.input_ids.tolist() == tokens[full:].tolist()
+    else:
+        rest = int(lengths[0] - full)  # best_fit: the remainder, padded, in the last chunk
+        assert got[full:full + rest].tolist() == tokens[full:].tolist() and table.num_rows == full // 2048 + 1
+
+
+@pytest.mark.parametrize("strategy", ["concat", "best_fit"])
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_mixed_shard_packs_identically_for_any_slice_size(tmp_path, strategy, fmt):
+    """Short, empty and long documents; a stream starting mid-chunk (concat head); slices that
+    cut documents anywhere; the bytes and every count equal those of unsliced reading."""
+    rng = np.random.default_rng(1)
+    lengths = np.r_[rng.integers(0, 3000, 20), 0, 70_000, 0, 0, rng.integers(0, 5000, 9), 4096, 30_001, 3]
+    path = tmp_path / f"mixed.{'parquet' if fmt == 'parquet' else 'arrow'}"
+    write_shard(path, lengths, fmt)
+    results = {}
+    for read_batch_tokens, read_batch_size in [(1 << 30, 0), (1 << 30, 7), (4093, 0), (1000, 3), (2048, 1)]:
+        out = tmp_path / f"out-{read_batch_tokens}-{read_batch_size}"
+        results[out.name] = pack_one(path, out, strategy, read_batch_tokens, read_batch_size, token_offset=1000)
+    first = next(iter(results.values()))
+    for result in results.values():
+        assert result.file.sha256 == first.file.sha256
+        for name in ("num_docs", "num_nonempty_docs", "num_tokens", "num_split_docs"):
+            assert getattr(result, name) == getattr(first, name)
+        if strategy == "concat":
+            assert result.head.input_ids.tolist() == first.head.input_ids.tolist()
+            assert result.tail.input_ids.tolist() == first.tail.input_ids.tolist()
+            assert result.tail.segment_doc_ids.tolist() == first.tail.segment_doc_ids.tolist()
+    assert first.num_split_docs >= 3 and first.num_nonempty_docs < first.num_docs
