@@ -27,6 +27,7 @@ from raypack.output import ChunkFileWriter, chunk_schema
 from raypack.readers import check_tokens_fit, iter_token_batches
 from raypack.resume import identify_input, save_result
 from raypack.tasks import PackSettings, ShardResult, ShardTask
+from raypack.watchdog import ProgressWatchdog
 
 
 def first_owned_chunk(token_offset: int, context_length: int) -> int:
@@ -46,8 +47,11 @@ def pack_shard(task: ShardTask, settings: PackSettings) -> ShardResult:
     packer = make_shard_packer(task, settings)
     schema = chunk_schema(settings.context_length, pa.from_numpy_dtype(dtype), settings.pad_token)
     writer = ChunkFileWriter(settings.out_dir, packer.first_chunk, schema, settings.chunks_per_record_batch)
+    watchdog = ProgressWatchdog(f"shard {task.path} (shard {task.shard_index})", settings.progress_timeout_s,
+                                restart=settings.restart_stalled)
     try:
-        counts = _stream_shard(task, settings, packer, writer)
+        with watchdog:
+            counts = _stream_shard(task, settings, packer, writer, watchdog.beat)
         last = packer.finish()
         if last.num_chunks:
             writer.write(last)
@@ -139,10 +143,12 @@ def count_shard_chunks(task: ShardTask, settings: PackSettings) -> int:
 
 
 def _stream_shard(task: ShardTask, settings: PackSettings, packer: ConcatShardPacker | BestFitShardPacker,
-                  writer: ChunkFileWriter) -> dict[str, int]:
+                  writer: ChunkFileWriter, beat) -> dict[str, int]:
+    """Read, count and pack the shard's documents in order; ``beat()`` after each slice packed."""
     counts = {"docs": 0, "nonempty": 0, "tokens": 0, "split": 0}
     batches = iter_token_batches(task.path, task.format, settings.token_column, read_batch_rows(task, settings))
     for first_row, docs in batches:
+        beat()
         lengths = np.diff(docs.offsets.to_numpy())
         counts["docs"] += len(docs)
         counts["nonempty"] += int(np.count_nonzero(lengths))
@@ -151,7 +157,7 @@ def _stream_shard(task: ShardTask, settings: PackSettings, packer: ConcatShardPa
         _check_not_past_plan(task, counts)
         tokens, lengths = flatten_documents(docs)
         try:
-            _push_sliced(packer, writer, tokens, lengths, task.doc_offset + first_row, settings.read_batch_tokens)
+            _push_sliced(packer, writer, tokens, lengths, task.doc_offset + first_row, settings.read_batch_tokens, beat)
         except ValueError as e:  # a token that does not fit the output dtype: name its row
             check_tokens_fit(tokens, lengths, settings.token_dtype, path=task.path, first_row=first_row)
             raise InputError(f"shard {task.path} rows {first_row}..{first_row + len(docs) - 1}: {e}") from e
@@ -159,13 +165,14 @@ def _stream_shard(task: ShardTask, settings: PackSettings, packer: ConcatShardPa
 
 
 def _push_sliced(packer: ConcatShardPacker | BestFitShardPacker, writer: ChunkFileWriter, tokens: np.ndarray,
-                 lengths: np.ndarray, first_doc_id: int, max_tokens: int) -> None:
+                 lengths: np.ndarray, first_doc_id: int, max_tokens: int, beat=lambda: None) -> None:
     """Push a read batch in slices of at most ``max_tokens`` tokens (a long document across
     several), so that beyond the reader's batch the packer holds O(max_tokens) tokens."""
     for slice_tokens, run_lengths, slice_first_id in iter_run_slices(tokens, lengths, first_doc_id, max_tokens):
         for chunks in packer.push_runs_parts(slice_tokens, run_lengths, slice_first_id):
             if chunks.num_chunks:
                 writer.write(chunks)
+        beat()
 
 
 def reset_peak_rss() -> None:

@@ -48,3 +48,27 @@ def test_restart_ends_the_process_after_saying_why():
     run = subprocess.run([sys.executable, "-c", STALL], capture_output=True, text=True, timeout=60)
     assert run.returncode == STALL_EXIT_CODE and time.monotonic() - started < 20
     assert "shard s has made no progress" in run.stderr and "Ray restarts it" in run.stderr
+
+
+def test_a_packer_stuck_on_a_shard_is_named_in_a_run(tmp_path, monkeypatch, caplog):
+    import raypack.shard_pack as shard_pack
+    from raypack.config import make_config
+    from raypack.job import run_pack
+    from raypack.sample import write_sample_corpus
+
+    write_sample_corpus(str(tmp_path / "c"), num_shards=3, docs_per_shard=20, mean_doc_len=10, seed=1)
+    real = shard_pack.iter_token_batches
+
+    def slow_on_shard_1(path, *args, **kwargs):
+        for item in real(path, *args, **kwargs):
+            if path.endswith("shard-00001.parquet"):
+                time.sleep(1.0)  # a hung read
+            yield item
+
+    monkeypatch.setattr(shard_pack, "iter_token_batches", slow_on_shard_1)
+    caplog.set_level(logging.WARNING, logger="raypack.watchdog")
+    config = make_config(dict(inputs=[str(tmp_path / "c")], output=str(tmp_path / "out"), context_length=16,
+                              progress_timeout_s=0.25))
+    run_pack(config, engine="local")
+    stalled = {r.getMessage().split(" has made")[0] for r in caplog.records}
+    assert stalled == {f"shard {tmp_path / 'c' / 'shard-00001.parquet'} (shard 1)"}
