@@ -286,8 +286,8 @@ def _check_strategy(manifest: dict[str, Any], where: str) -> None:
         if next_chunk > num_chunks:
             break
     if next_chunk != num_chunks:
-        raise InputError(f"{where}: the shards' chunk ranges cover {next_chunk} chunks but the files hold "
-                         f"{num_chunks}; they must tile the same chunks")
+        raise InputError(f"{where}: the shards' chunk ranges cover chunks 0..{next_chunk - 1} ({next_chunk} chunks) "
+                         f"but the files hold {num_chunks}; they must tile the same chunks")
 
 
 # ----------------------------------------------------------------------------- chunk files

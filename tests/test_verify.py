@@ -270,6 +270,9 @@ def test_file_list_must_tile_the_chunks(tmp_path):
     manifest = load_manifest(out)
     manifest["files"][1]["first_chunk"] += 1
     save_manifest(out, manifest)
+    with pytest.raises(VerifyError, match=r"files\[1\].*the name does not match first_chunk=\d+"):
+        verify_output(out)
+    refresh_hashes(out)  # renamed after its new first chunk
     with pytest.raises(VerifyError, match=r"files\[1\].*first_chunk=\d+, expected \d+"):
         verify_output(out)
 
