@@ -74,6 +74,14 @@ def _one_line(error: BaseException) -> str:
 # ----------------------------------------------------------------------------- one file
 
 
+def _same_type(found: pa.DataType, expected: pa.DataType) -> bool:
+    """Equal types, ignoring the name of a list's item field."""
+    if isinstance(expected, (pa.ListType, pa.FixedSizeListType)):
+        return (type(found) is type(expected) and found.value_type == expected.value_type
+                and getattr(found, "list_size", None) == getattr(expected, "list_size", None))
+    return found == expected
+
+
 def _list_column(column: pa.ListArray) -> tuple[np.ndarray, np.ndarray]:
     """``(offsets from 0, values)`` of a list column, read through its offsets (slice-safe)."""
     offsets = column.offsets.to_numpy(zero_copy_only=True).astype(np.int64)
@@ -149,16 +157,26 @@ class _ChunkFile:
     def _open(self) -> pa.ipc.RecordBatchFileReader:
         if self._reader is None:
             source, reader = _open_ipc(self.filesystem, self.base, self.name, self.num_bytes)
-            self._check_schema(reader.schema)
-            rows = [reader.get_batch(k).num_rows for k in range(reader.num_record_batches)]
-            starts = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])
-            if starts[-1] != self.num_chunks:
-                raise InputError(
-                    f"{self.path}: holds {starts[-1]} chunks but the manifest says num_chunks="
-                    f"{self.num_chunks}; {_DAMAGED}"
-                )
-            self._batch_starts, self._source, self._reader = starts, source, reader
+            try:
+                self._batch_starts = self._check_file(reader)
+            except BaseException:
+                source.close()
+                raise
+            self._source, self._reader = source, reader
         return self._reader
+
+    def _check_file(self, reader: pa.ipc.RecordBatchFileReader) -> np.ndarray:
+        """Schema as the manifest says and ``num_chunks`` rows; return the batch starts (num_batches + 1,)."""
+        self._check_schema(reader.schema)
+        try:
+            rows = [reader.get_batch(k).num_rows for k in range(reader.num_record_batches)]
+        except (pa.ArrowException, OSError) as e:
+            raise InputError(f"{self.path}: a record batch is unreadable ({_one_line(e)}); {_DAMAGED}") from e
+        starts = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])
+        if starts[-1] != self.num_chunks:
+            raise InputError(f"{self.path}: holds {starts[-1]} chunks but the manifest says num_chunks="
+                             f"{self.num_chunks}; {_DAMAGED}")
+        return starts
 
     def _check_schema(self, schema: pa.Schema) -> None:
         missing = [c for c in _COLUMNS if c not in schema.names]
@@ -166,11 +184,17 @@ class _ChunkFile:
             raise InputError(
                 f"{self.path}: no column(s) {', '.join(missing)}; not a raypack chunk file (docs/FORMAT.md)"
             )
-        found = schema.field("input_ids").type
-        expected = pa.list_(pa.from_numpy_dtype(self.token_dtype), self.context_length)
-        if found != expected:
-            raise InputError(f"{self.path}: input_ids has type {found}, the manifest says {expected}; "
-                             f"{_DAMAGED}")
+        expected_types = {
+            "chunk_index": pa.int64(),
+            "input_ids": pa.list_(pa.from_numpy_dtype(self.token_dtype), self.context_length),
+            "segment_doc_ids": pa.list_(pa.int64()),
+            "segment_lengths": pa.list_(pa.int32()),
+        }
+        for column, expected in expected_types.items():
+            found = schema.field(column).type
+            if not _same_type(found, expected):
+                raise InputError(f"{self.path}: {column} has type {found}, the manifest says {expected}; "
+                                 f"{_DAMAGED}")
 
     def _batch(self, k: int) -> Chunks:
         chunks = self._decoded.get(k)
