@@ -87,8 +87,8 @@ def load_manifest(path: str) -> dict[str, Any]:
         if filesystem.get_file_info(base).type != pafs.FileType.Directory:
             check_bucket(filesystem, base, f"output {path}")
             raise InputError(f"{path}: no such output directory; check the path")
-        raise InputError(f"{path}: no {MANIFEST_NAME}; the output is incomplete (the job did not finish, "
-                         "or it is being replaced): rerun the job or wait for it")
+        raise InputError(f"{path} is incomplete: no {MANIFEST_NAME}; the job did not finish (or the output is "
+                         "being replaced): rerun it, or wait for it")
     try:
         with filesystem.open_input_stream(manifest_path) as f:
             text = f.read(MAX_MANIFEST_BYTES + 1)

@@ -271,7 +271,7 @@ def test_missing_manifest(tmp_path):
     input_ids, doc_ids = pack_sequences(random_docs(2, 5, 6), 4, 0)
     out = write_packed(tmp_path / "out", input_ids, doc_ids, file_sizes=[len(input_ids)])
     os.remove(os.path.join(out, "manifest.json"))
-    with pytest.raises(InputError, match="no manifest.json; the output is incomplete"):
+    with pytest.raises(InputError, match="is incomplete: no manifest.json; the job did not finish"):
         read_packed(out)
 
 

@@ -212,7 +212,7 @@ def test_batch_chunks_must_be_positive(tmp_path):
 def test_missing_manifest(tmp_path):
     out, _, _ = pack(tmp_path)
     os.remove(os.path.join(out, "manifest.json"))
-    with pytest.raises(VerifyError, match=r"no manifest.json; the output is incomplete"):
+    with pytest.raises(VerifyError, match=r"is incomplete: no manifest.json; the job did not finish"):
         verify_output(out)
 
 
