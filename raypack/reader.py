@@ -2,10 +2,17 @@
 
 See docs/FORMAT.md. Nothing is read before it is needed:
   1. ``read_packed`` reads and checks ``manifest.json`` only (a directory without one is an
-     unfinished job and is refused).
-  2. A chunk file is opened the first time one of its chunks is asked for: memory-mapped when
-     local, through ``pyarrow.fs`` otherwise. Opening reads the footer and the record batch
-     headers, checks the schema and that the file holds the manifest's ``num_chunks`` rows.
+     unfinished job and is refused). The manifest is untrusted input: raypack.manifest checks
+     every field and that each listed file is a plain content-addressed chunk file name.
+  2. A chunk file is opened the first time one of its chunks is asked for, only as a plain
+     file directly inside the directory (no symlink, FIFO or subdirectory) whose size equals
+     the manifest's ``num_bytes`` (:func:`raypack.manifest.open_chunk_file`: one stat, no
+     hashing; ``raypack verify`` hashes): memory-mapped when local, through ``pyarrow.fs``
+     otherwise. Opening reads the footer and the record batch headers, checks the schema and
+     that the file holds the manifest's ``num_chunks`` rows. A file that is gone (the output
+     was replaced by ``--overwrite``) is a one-line InputError, never another output's bytes:
+     names are content-addressed. Files already open stay readable (their mapping outlives
+     the unlink).
   3. A lookup decodes only the record batch holding the chunk, once (decoded batches are
      kept; they hold views of the file and a small offsets array). Tokens of chunks from one
      record batch are returned as read-only zero-copy views of the file; dense ``doc_ids``
@@ -23,10 +30,7 @@ written in that module. Ray is imported only inside :meth:`PackedDataset.to_ray_
 
 from __future__ import annotations
 
-import json
 import operator
-import os
-import posixpath
 from collections import OrderedDict
 from typing import Any, Iterator
 
@@ -37,109 +41,45 @@ import pyarrow.fs as pafs
 
 from raypack.core import Chunks, concat_chunks
 from raypack.errors import InputError
-from raypack.output import FORMAT_VERSION, MANIFEST_NAME, slice_chunks
-from raypack.shards import check_bucket, resolve_filesystem
+from raypack.manifest import load_manifest, open_chunk_file, resolve_output
+from raypack.output import slice_chunks
 
 __all__ = ["PackedDataset", "load_manifest", "read_packed"]
 
 _COLUMNS = ("chunk_index", "input_ids", "segment_doc_ids", "segment_lengths")
-_MANIFEST_KEYS = ("context_length", "pad_token", "token_dtype", "files")
-_FILE_KEYS = ("path", "first_chunk", "num_chunks")
 _DAMAGED = "the output is damaged; rerun the job"
 MAX_OPEN_FILES = 64
 """Chunk files a PackedDataset keeps open at once; the least recently used is closed first."""
 
 
-# ----------------------------------------------------------------------------- paths
+# ----------------------------------------------------------------------------- opening
 
 
-def _resolve(path: str) -> tuple[pafs.FileSystem, str]:
-    """The filesystem holding ``path`` and the path inside it; a path without a scheme is local."""
-    if "://" not in path:
-        return pafs.LocalFileSystem(), os.path.abspath(path)
-    return resolve_filesystem(path)  # cached per bucket; credentials from the filesystem's environment
-
-
-def _open_ipc(filesystem: pafs.FileSystem, path: str) -> tuple[pa.NativeFile, pa.ipc.RecordBatchFileReader]:
-    """Open an Arrow IPC file: memory-mapped when local, else as a random-access stream."""
-    try:
-        if isinstance(filesystem, pafs.LocalFileSystem):
-            source = pa.memory_map(path, "r")
-        else:
-            source = filesystem.open_input_file(path)
-    except FileNotFoundError as e:
-        raise InputError(f"{path}: listed in the manifest but missing; {_DAMAGED}") from e
+def _open_ipc(filesystem: pafs.FileSystem, base: str, name: str,
+              num_bytes: int) -> tuple[pa.NativeFile, pa.ipc.RecordBatchFileReader]:
+    """Open chunk file ``name`` through :func:`raypack.manifest.open_chunk_file` (a plain file
+    directly inside ``base`` whose size is ``num_bytes``) and read its Arrow IPC footer."""
+    source = open_chunk_file(filesystem, base, name, num_bytes)
     try:
         return source, pa.ipc.open_file(source)
-    except pa.ArrowInvalid as e:
+    except (pa.ArrowException, OSError) as e:
         source.close()
-        raise InputError(f"{path}: not an Arrow IPC file ({e}); {_DAMAGED}") from e
+        raise InputError(f"{base}/{name}: not an Arrow IPC file ({_one_line(e)}); {_DAMAGED}") from e
 
 
-# ----------------------------------------------------------------------------- manifest
-
-
-def load_manifest(path: str) -> dict[str, Any]:
-    """The parsed ``manifest.json`` of output directory ``path`` (local path or URI).
-
-    Raises InputError when the directory or its manifest is missing, the manifest is not
-    JSON, lacks a required key, or has a ``format_version`` this reader does not know.
-    """
-    filesystem, base = _resolve(path)
-    manifest_path = posixpath.join(base, MANIFEST_NAME)
-    if filesystem.get_file_info(manifest_path).type == pafs.FileType.NotFound:
-        if filesystem.get_file_info(base).type == pafs.FileType.NotFound:
-            check_bucket(filesystem, base, f"output {path}")
-            raise InputError(f"{path}: no such output directory; check the path")
-        raise InputError(f"{path} is incomplete: no {MANIFEST_NAME}; the job did not finish (rerun it)")
-    with filesystem.open_input_stream(manifest_path) as f:
-        text = f.read()
-    try:
-        manifest = json.loads(text)
-    except ValueError as e:
-        raise InputError(f"{manifest_path}: not valid JSON ({e}); {_DAMAGED}") from e
-    _check_manifest(manifest, manifest_path)
-    return manifest
-
-
-def _check_manifest(manifest: Any, where: str) -> None:
-    if not isinstance(manifest, dict):
-        raise InputError(f"{where}: expected a JSON object, got {type(manifest).__name__}")
-    version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
-        raise InputError(
-            f"{where}: format_version={version!r} is not supported (this reader reads version "
-            f"{FORMAT_VERSION}); read it with the raypack version that wrote it"
-        )
-    missing = [k for k in _MANIFEST_KEYS if k not in manifest]
-    if missing:
-        raise InputError(f"{where}: missing key(s) {', '.join(missing)}; {_DAMAGED}")
-    try:
-        is_integer = np.dtype(manifest["token_dtype"]).kind in "iu"
-    except TypeError:
-        is_integer = False
-    if not is_integer:
-        raise InputError(f"{where}: token_dtype={manifest['token_dtype']!r} is not an integer dtype; {_DAMAGED}")
-
-
-def _check_files(files: list[dict[str, Any]], where: str) -> int:
-    """Check the file list is complete and contiguous from chunk 0; return the total chunks."""
-    next_chunk = 0
-    for entry in files:
-        missing = [k for k in _FILE_KEYS if k not in entry]
-        if missing:
-            raise InputError(f"{where}: file entry {entry!r} lacks {', '.join(missing)}")
-        if entry["first_chunk"] != next_chunk or entry["num_chunks"] < 0:
-            raise InputError(
-                f"{where}: file {entry['path']} has first_chunk={entry['first_chunk']}, "
-                f"num_chunks={entry['num_chunks']}; expected first_chunk={next_chunk} (files must "
-                f"cover the chunks contiguously from 0); {_DAMAGED}"
-            )
-        next_chunk += entry["num_chunks"]
-    return next_chunk
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())[:300]
 
 
 # ----------------------------------------------------------------------------- one file
+
+
+def _same_type(found: pa.DataType, expected: pa.DataType) -> bool:
+    """Equal types, ignoring the name of a list's item field."""
+    if isinstance(expected, (pa.ListType, pa.FixedSizeListType)):
+        return (type(found) is type(expected) and found.value_type == expected.value_type
+                and getattr(found, "list_size", None) == getattr(expected, "list_size", None))
+    return found == expected
 
 
 def _list_column(column: pa.ListArray) -> tuple[np.ndarray, np.ndarray]:
@@ -183,12 +123,16 @@ class _ChunkFile:
     their tokens and segments are views of the file, only the (rows + 1,) offsets are new.
     """
 
-    def __init__(self, filesystem: pafs.FileSystem, path: str, first_chunk: int, num_chunks: int,
+    def __init__(self, filesystem: pafs.FileSystem, base: str, entry: dict[str, Any],
                  context_length: int, token_dtype: np.dtype) -> None:
+        """``entry``: the manifest's checked ``files[k]`` (name, first_chunk, num_chunks, num_bytes)."""
         self.filesystem = filesystem
-        self.path = path
-        self.first_chunk = int(first_chunk)
-        self.num_chunks = int(num_chunks)
+        self.base = base
+        self.name = entry["path"]
+        self.path = f"{base}/{self.name}"
+        self.first_chunk = int(entry["first_chunk"])
+        self.num_chunks = int(entry["num_chunks"])
+        self.num_bytes = int(entry["num_bytes"])
         self.context_length = context_length
         self.token_dtype = token_dtype
         self._source: pa.NativeFile | None = None
@@ -212,17 +156,27 @@ class _ChunkFile:
 
     def _open(self) -> pa.ipc.RecordBatchFileReader:
         if self._reader is None:
-            source, reader = _open_ipc(self.filesystem, self.path)
-            self._check_schema(reader.schema)
-            rows = [reader.get_batch(k).num_rows for k in range(reader.num_record_batches)]
-            starts = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])
-            if starts[-1] != self.num_chunks:
-                raise InputError(
-                    f"{self.path}: holds {starts[-1]} chunks but the manifest says num_chunks="
-                    f"{self.num_chunks}; {_DAMAGED}"
-                )
-            self._batch_starts, self._source, self._reader = starts, source, reader
+            source, reader = _open_ipc(self.filesystem, self.base, self.name, self.num_bytes)
+            try:
+                self._batch_starts = self._check_file(reader)
+            except BaseException:
+                source.close()
+                raise
+            self._source, self._reader = source, reader
         return self._reader
+
+    def _check_file(self, reader: pa.ipc.RecordBatchFileReader) -> np.ndarray:
+        """Schema as the manifest says and ``num_chunks`` rows; return the batch starts (num_batches + 1,)."""
+        self._check_schema(reader.schema)
+        try:
+            rows = [reader.get_batch(k).num_rows for k in range(reader.num_record_batches)]
+        except (pa.ArrowException, OSError) as e:
+            raise InputError(f"{self.path}: a record batch is unreadable ({_one_line(e)}); {_DAMAGED}") from e
+        starts = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])
+        if starts[-1] != self.num_chunks:
+            raise InputError(f"{self.path}: holds {starts[-1]} chunks but the manifest says num_chunks="
+                             f"{self.num_chunks}; {_DAMAGED}")
+        return starts
 
     def _check_schema(self, schema: pa.Schema) -> None:
         missing = [c for c in _COLUMNS if c not in schema.names]
@@ -230,21 +184,35 @@ class _ChunkFile:
             raise InputError(
                 f"{self.path}: no column(s) {', '.join(missing)}; not a raypack chunk file (docs/FORMAT.md)"
             )
-        found = schema.field("input_ids").type
-        expected = pa.list_(pa.from_numpy_dtype(self.token_dtype), self.context_length)
-        if found != expected:
-            raise InputError(f"{self.path}: input_ids has type {found}, the manifest says {expected}; "
-                             f"{_DAMAGED}")
+        expected_types = {
+            "chunk_index": pa.int64(),
+            "input_ids": pa.list_(pa.from_numpy_dtype(self.token_dtype), self.context_length),
+            "segment_doc_ids": pa.list_(pa.int64()),
+            "segment_lengths": pa.list_(pa.int32()),
+        }
+        for column, expected in expected_types.items():
+            found = schema.field(column).type
+            if not _same_type(found, expected):
+                raise InputError(f"{self.path}: {column} has type {found}, the manifest says {expected}; "
+                                 f"{_DAMAGED}")
 
     def _batch(self, k: int) -> Chunks:
         chunks = self._decoded.get(k)
         if chunks is None:
-            try:
-                chunks = _decode(self._open().get_batch(k), self.path, self.context_length)
-            except pa.ArrowInvalid as e:
-                raise InputError(f"{self.path}: record batch {k} is unreadable ({e}); {_DAMAGED}") from e
+            chunks = self._decode(k)
             self._decoded[k] = chunks
         return chunks
+
+    def _decode(self, k: int) -> Chunks:
+        try:
+            return _decode(self._open().get_batch(k), self.path, self.context_length)
+        except (pa.ArrowException, OSError) as e:
+            raise InputError(f"{self.path}: record batch {k} is unreadable ({_one_line(e)}); {_DAMAGED}") from e
+
+    def record_batches(self) -> Iterator[Chunks]:
+        """Every record batch of the file in order, decoded and checked, without keeping them."""
+        for k in range(self._starts().size - 1):
+            yield self._decode(k)
 
     def _starts(self) -> np.ndarray:
         if self._batch_starts is None:
@@ -286,12 +254,8 @@ class PackedDataset:
         self.context_length = int(manifest["context_length"])
         self.pad_token = int(manifest["pad_token"])
         self.token_dtype = np.dtype(manifest["token_dtype"])
-        self._num_chunks = _check_files(manifest["files"], posixpath.join(base, MANIFEST_NAME))
-        self._files = [
-            _ChunkFile(filesystem, posixpath.join(base, f["path"]), f["first_chunk"], f["num_chunks"],
-                       self.context_length, self.token_dtype)
-            for f in manifest["files"]
-        ]
+        self._num_chunks = int(manifest["counts"]["chunks"])
+        self._files = [_ChunkFile(filesystem, base, f, self.context_length, self.token_dtype) for f in manifest["files"]]
         self._first_chunks = np.array([f.first_chunk for f in self._files], dtype=np.int64)
         self._open_files: OrderedDict[int, None] = OrderedDict()
 
@@ -345,6 +309,16 @@ class PackedDataset:
         """The (C, C) additive attention mask of chunk ``index`` (see raypack.masks)."""
         return _mask_builder()(self[index]["doc_ids"], dtype=dtype)
 
+    def record_batches(self) -> Iterator[tuple[str, Chunks]]:
+        """``(file path, Chunks)`` per record batch in global order, each decoded and checked as by
+        a lookup but not kept (memory: one record batch); each file is closed after its last batch."""
+        for file in self._files:
+            try:
+                for chunks in file.record_batches():
+                    yield file.path, chunks
+            finally:
+                file.close()
+
     def close(self) -> None:
         """Close every open chunk file; reading again reopens them."""
         for file in self._files:
@@ -396,12 +370,13 @@ class PackedDataset:
         files = [f for f in self._files if f.num_chunks]
         if not files:
             return ray.data.from_arrow(_chunks_table(Chunks.empty(self.context_length, self.token_dtype)))
-        items = [{"path": f.path, "first_chunk": f.first_chunk, "num_chunks": f.num_chunks} for f in files]
+        items = [{"path": f.name, "first_chunk": f.first_chunk, "num_chunks": f.num_chunks, "num_bytes": f.num_bytes}
+                 for f in files]
         ds = ray.data.from_items(items, override_num_blocks=len(items))
         ds.context.execution_options.preserve_order = True
         return ds.map_batches(
             _read_file_blocks, batch_size=1, batch_format="pyarrow",
-            fn_kwargs={"filesystem": files[0].filesystem, "context_length": self.context_length,
+            fn_kwargs={"filesystem": files[0].filesystem, "base": files[0].base, "context_length": self.context_length,
                        "token_dtype": self.token_dtype.name, "batch_rows": batch_rows},
         )
 
@@ -421,12 +396,11 @@ def _chunks_table(chunks: Chunks) -> pa.Table:
     })
 
 
-def _read_file_blocks(items: pa.Table, *, filesystem: pafs.FileSystem, context_length: int,
+def _read_file_blocks(items: pa.Table, *, filesystem: pafs.FileSystem, base: str, context_length: int,
                       token_dtype: str, batch_rows: int | None) -> Iterator[pa.Table]:
     """Ray map_batches function: read the files described by ``items``, yield chunk tables."""
     for item in items.to_pylist():
-        file = _ChunkFile(filesystem, item["path"], item["first_chunk"], item["num_chunks"],
-                          context_length, np.dtype(token_dtype))
+        file = _ChunkFile(filesystem, base, item, context_length, np.dtype(token_dtype))
         try:
             for chunks in file.blocks(batch_rows):
                 yield _chunks_table(chunks)
@@ -437,9 +411,14 @@ def _read_file_blocks(items: pa.Table, *, filesystem: pafs.FileSystem, context_l
 def read_packed(path: str) -> PackedDataset:
     """Open the packed output directory ``path`` (local path or URI) for reading.
 
-    Reads the manifest only; chunk files open on first use. Raises InputError for a
-    directory without a manifest (unfinished job) or an unknown ``format_version``.
+    Reads and checks the manifest only (:func:`raypack.manifest.check_manifest`: every field's
+    type and range, file names that are plain content-addressed chunk file names, files that tile
+    the chunks); chunk files open on first use, each through
+    :func:`raypack.manifest.open_chunk_file` (a plain file directly inside the directory, its
+    size equal to the manifest's ``num_bytes``: one stat, no hashing). Hashes, structure and
+    inputs are checked only by ``raypack verify``. Raises InputError for a directory without a
+    manifest (unfinished job) and for a manifest that fails those checks.
     """
     manifest = load_manifest(path)
-    filesystem, base = _resolve(path)
+    filesystem, base = resolve_output(path)
     return PackedDataset(path, manifest, filesystem, base)

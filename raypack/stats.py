@@ -3,20 +3,26 @@
 ``raypack stats OUT`` reports padding, documents split across chunk boundaries (in all and per
 shard), and a histogram of fragment lengths (a fragment is the piece of one document inside
 one chunk: a segment that is not padding). Everything is computed from the segment columns,
-streaming over the files' record batches.
+streaming over the files' record batches through :meth:`raypack.reader.PackedDataset.record_batches`
+(so the manifest is checked by raypack.manifest, files are opened only as plain files inside the
+output, and a damaged file is one InputError naming it). The counts reported are the ones read
+from the data; each is cross-checked with the manifest's (a mismatch is an InputError naming both).
+Memory: one record batch plus the split doc ids.
 """
 
 from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass
+from typing import Any, Iterator
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa
 
-from raypack.reader import load_manifest
-from raypack.shards import resolve_filesystem
+from raypack.errors import InputError
+from raypack.manifest import resolve_output, strategy_of
+from raypack.output import MANIFEST_NAME
+from raypack.reader import PackedDataset, read_packed
 
 NUM_BINS = 16
 
@@ -69,25 +75,47 @@ class PackStats:
 
 
 def packing_stats(out: str) -> PackStats:
-    """Stream the output's segment columns and count."""
-    manifest = load_manifest(out)
-    c = manifest["context_length"]
+    """Stream the output's segment columns and count; raise InputError when the data and the
+    manifest's counts disagree, or a file is damaged (naming it)."""
+    ds = read_packed(out)
+    manifest, c = ds.manifest, ds.context_length
     edges = np.unique(np.linspace(1, c + 1, NUM_BINS + 1).astype(np.int64))
     counts = np.zeros(edges.size - 1, np.int64)
-    find_split = _BestFitSplits(c) if manifest.get("strategy", "concat") == "best_fit" else _ConcatSplits()
-    for seg_ids, seg_lens, offsets in _segment_batches(out, manifest):
-        fragments = seg_lens[seg_ids >= 0]
+    find_split = _BestFitSplits(c) if strategy_of(manifest) == "best_fit" else _ConcatSplits()
+    found = {"chunks": 0, "tokens": 0, "padding_positions": 0}
+    max_doc_id = -1
+    for seg_ids, seg_lens, offsets in _segment_batches(ds):
+        real = seg_ids >= 0
+        fragments = seg_lens[real]
         counts += np.histogram(fragments, bins=edges)[0]
         find_split.add(seg_ids, seg_lens, offsets)
+        found["chunks"] += offsets.size - 1
+        found["tokens"] += int(fragments.sum())
+        found["padding_positions"] += int(seg_lens[~real].sum())
+        max_doc_id = max(max_doc_id, int(seg_ids.max(initial=-1)))
     split = find_split.split_ids()
-    shards = manifest["shards"]
-    doc_offsets = np.array([s["doc_offset"] for s in shards] + [manifest["counts"]["documents"]], np.int64)
-    per_shard = np.bincount(np.searchsorted(doc_offsets, split, side="right") - 1, minlength=len(shards))
-    counts_m = manifest["counts"]
-    return PackStats(c, counts_m["chunks"], counts_m["tokens"], counts_m["documents"],
-                     counts_m["padding_positions"], int(split.size), edges, counts,
-                     tuple(s["path"] for s in shards), np.diff(doc_offsets), per_shard[: len(shards)],
-                     manifest.get("strategy", "concat"))
+    found["split_documents"] = int(split.size)
+    _cross_check(manifest, found, max_doc_id, posixpath.join(resolve_output(out)[1], MANIFEST_NAME))
+    shards = manifest.get("shards") or []
+    num_docs = manifest["counts"]["documents"]
+    doc_offsets = np.array([s["doc_offset"] for s in shards] + [num_docs], np.int64)
+    per_shard = np.bincount(np.searchsorted(doc_offsets, split, side="right") - 1,
+                            minlength=len(shards)) if shards else np.zeros(0, np.int64)
+    return PackStats(c, found["chunks"], found["tokens"], num_docs, found["padding_positions"], int(split.size),
+                     edges, counts, tuple(s["path"] for s in shards), np.diff(doc_offsets)[: len(shards)],
+                     per_shard[: len(shards)], strategy_of(manifest))
+
+
+def _cross_check(manifest: dict[str, Any], found: dict[str, int], max_doc_id: int, where: str) -> None:
+    """The manifest's counts must equal what was read (documents: at least max doc id + 1)."""
+    recorded = manifest["counts"]
+    for key, value in found.items():
+        if recorded[key] != value:
+            raise InputError(f"{where}: counts.{key}={recorded[key]} but the chunk files hold {value}; the output "
+                             "is damaged (raypack verify OUT says where)")
+    if recorded["documents"] <= max_doc_id:
+        raise InputError(f"{where}: counts.documents={recorded['documents']} but the chunk files hold doc id "
+                         f"{max_doc_id}; the output is damaged (raypack verify OUT says where)")
 
 
 class _ConcatSplits:
@@ -126,20 +154,12 @@ class _BestFitSplits:
         return ids[counts > 1]
 
 
-def _segment_batches(out: str, manifest: dict):
-    """(segment_doc_ids, segment_lengths, offsets) per record batch, in global order."""
-    fs, base = resolve_filesystem(out)
-    for entry in manifest["files"]:
-        with fs.open_input_file(posixpath.join(base, entry["path"])) as f:
-            reader = pa.ipc.open_file(f)
-            for k in range(reader.num_record_batches):
-                batch = reader.get_batch(k)
-                if batch.num_rows == 0:
-                    continue
-                ids = batch.column("segment_doc_ids")
-                offsets = ids.offsets.to_numpy()
-                yield (ids.flatten().to_numpy(), batch.column("segment_lengths").flatten().to_numpy(),
-                       offsets - offsets[0])
+def _segment_batches(ds: PackedDataset) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(segment_doc_ids (S,) int64, segment_lengths (S,) int32, offsets (n + 1,) int64 from 0) per
+    non-empty record batch, in global order, each checked by the reader."""
+    for _, chunks in ds.record_batches():
+        if chunks.num_chunks:
+            yield chunks.segment_doc_ids, chunks.segment_lengths, chunks.segment_offsets
 
 
 def plot_stats(stats: PackStats, path: str) -> str:

@@ -5,12 +5,15 @@ discrepancy, raising :class:`VerifyError` with a message naming it (file, chunk,
 doc id, expected vs found). numpy and pyarrow only, no Ray; the output is read with plain
 pyarrow, independently of ``raypack.reader``. Checks, in this order:
 
-  1. Files. ``manifest.json`` is present, valid JSON, format version 1, with well-typed keys;
-     the file list tiles chunks ``0..n-1`` contiguously, each named ``chunks-{first:012d}.arrow``;
-     every listed file exists and no unlisted ``chunks-*.arrow`` does; each file's size and
-     sha256 (hashed streaming) equal the manifest's; ``content_sha256`` is the sha256 of the
-     files' digests, one per line, in order. Hashing comes first, so nothing below decodes a
-     file whose bytes are not the ones the manifest vouches for.
+  1. Files. ``manifest.json`` passes :func:`raypack.manifest.load_manifest` (format version 2,
+     every field typed and in range, files named ``chunks-{first:012d}-{sha256[:16]}.arrow``
+     after their first chunk and hash, tiling chunks ``0..n-1`` contiguously); every listed file
+     exists and no unlisted ``chunks-*.arrow`` does; each file is opened only as a plain file
+     directly inside the directory (:func:`raypack.manifest.open_chunk_file`: no symlink, even
+     one whose target hashes right, no FIFO), and its size and sha256 (hashed streaming) equal
+     the manifest's; ``content_sha256`` is the sha256 of the files' digests, one per line, in
+     order. Hashing comes first, so nothing below decodes a file whose bytes are not the ones
+     the manifest vouches for.
   2. Structure, one slice of ``batch_chunks`` chunks at a time, in global order: the schema
      (columns, types, metadata) matches the manifest; each file holds its ``num_chunks`` rows;
      no nulls; ``chunk_index`` runs ``0..n-1``; segment lists agree in length, lengths are
@@ -61,11 +64,9 @@ shard. Python loops run only per window (best-fit decreasing), never per token o
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
-import json
 import logging
-import numbers
+import os
 import posixpath
 import time
 from dataclasses import dataclass
@@ -79,9 +80,10 @@ import pyarrow.fs as pafs
 from raypack.best_fit import best_fit_decreasing, split_items
 from raypack.core import flatten_documents
 from raypack.errors import InputError
-from raypack.output import FORMAT_VERSION, MANIFEST_NAME, chunk_file_name, content_sha256
+from raypack.manifest import load_manifest, open_chunk_file, resolve_output, strategy_of
+from raypack.output import CHUNK_FILE_RE, FORMAT_VERSION, MANIFEST_NAME, content_sha256
 from raypack.readers import iter_token_batches
-from raypack.shards import discover_shards, resolve_filesystem, shard_format
+from raypack.shards import SHARD_SUFFIXES, discover_shards, resolve_filesystem, shard_format
 
 __all__ = ["INPUT_BATCH_DOCS", "VerifyError", "VerifyReport", "verify_output"]
 
@@ -91,11 +93,7 @@ INPUT_BATCH_DOCS = 2048
 """Input documents read per batch when comparing with the inputs."""
 HASH_BLOCK_BYTES = 8 << 20
 """Bytes read at a time when hashing a chunk file."""
-COUNT_KEYS = ("documents", "tokens", "chunks", "padding_positions", "split_documents")
-FILE_KEYS = ("path", "first_chunk", "num_chunks", "num_bytes", "sha256")
 _COLUMNS = ("chunk_index", "input_ids", "segment_doc_ids", "segment_lengths")
-STRATEGIES = ("concat", "best_fit")
-"""Packing strategies verify knows; a manifest without ``strategy`` is ``concat``."""
 
 
 class VerifyError(ValueError):
@@ -125,6 +123,8 @@ class VerifyReport:
     strategy: str = "concat"
     best_fit_window: int | None = None
     """Documents per best-fit window (0: a whole shard); None for concat."""
+    input_paths: tuple[str, ...] = ()
+    """The input shards read, in order (empty when inputs were not compared)."""
 
     def lines(self) -> list[str]:
         rate = self.num_tokens / self.seconds if self.seconds > 0 else 0.0
@@ -142,6 +142,8 @@ class VerifyReport:
             f"  documents        {self.num_documents:>14,}",
             f"  split documents  {self.num_split_documents:>14,}",
             f"  inputs           {inputs}",
+            *(f"    read {path}" for path in self.input_paths[:3]),
+            *([f"    ... and {len(self.input_paths) - 3:,} more shard(s)"] if len(self.input_paths) > 3 else []),
             f"  content_sha256   {self.content_sha256}",
             f"  time             {self.seconds:>14.2f}s  ({rate / 1e6:,.1f}M tokens/s)",
         ]
@@ -157,18 +159,19 @@ def verify_output(
     """Audit output directory ``out`` (local path or URI); raise VerifyError at the first discrepancy.
 
     inputs: shard files/directories/globs to compare with (expanded like ``raypack pack`` does);
-    None compares with the manifest's shards when every one of them still exists, ``[]`` skips
-    the comparison. token_column: the inputs' token column (default: the manifest's config, else
+    None compares with the manifest's shards when every one of them still exists (only absolute
+    paths or URIs of shard files without ``..``: anything else is an InputError asking for
+    explicit inputs; the report names every shard read), ``[]`` skips the comparison. token_column: the inputs' token column (default: the manifest's config, else
     ``input_ids``). batch_chunks: chunks decoded at a time (bounds memory).
     Raises InputError for unusable arguments (an input path that does not exist).
     """
     start = time.perf_counter()
     if isinstance(batch_chunks, bool) or not isinstance(batch_chunks, int) or batch_chunks < 1:
         raise ValueError(f"batch_chunks={batch_chunks!r} must be an integer >= 1")
-    fs, base = resolve_filesystem(out)
-    manifest = _load_manifest(fs, base, out)
+    manifest = _load_manifest(out)
+    fs, base = resolve_output(out)
     num_bytes = _check_files(fs, base, manifest)
-    shards = _resolve_inputs(manifest, inputs)
+    shards = _resolve_inputs(manifest, inputs, posixpath.join(base, MANIFEST_NAME))
     structure = (_BestFitStructure(manifest, keep_tokens=shards is not None) if strategy_of(manifest) == "best_fit"
                  else _Structure(manifest))
     pieces = _output_pieces(fs, base, manifest, structure, batch_chunks)
@@ -187,150 +190,28 @@ def verify_output(
         inputs_compared=shards is not None, num_shards=len(shards or ()),
         seconds=time.perf_counter() - start, strategy=strategy_of(manifest),
         best_fit_window=manifest.get("best_fit_window") if strategy_of(manifest) == "best_fit" else None,
+        input_paths=tuple(shard.path for shard in shards or ()),
     )
-
-
-def strategy_of(manifest: dict[str, Any]) -> str:
-    """The manifest's packing strategy; outputs written before strategies existed are ``concat``."""
-    return manifest.get("strategy", "concat")
 
 
 # ----------------------------------------------------------------------------- 1. manifest
 
 
-def _load_manifest(fs: pafs.FileSystem, base: str, out: str) -> dict[str, Any]:
-    path = posixpath.join(base, MANIFEST_NAME)
-    info = fs.get_file_info(path)
-    if info.type != pafs.FileType.File:
-        if fs.get_file_info(base).type != pafs.FileType.Directory:
-            raise VerifyError(f"{out}: no such output directory")
-        raise VerifyError(f"{out}: no {MANIFEST_NAME}; the output is incomplete (the job did not finish)")
+def _load_manifest(out: str) -> dict[str, Any]:
+    """The manifest, checked by :func:`raypack.manifest.load_manifest`; its InputError becomes a VerifyError."""
     try:
-        with fs.open_input_stream(path) as f:
-            manifest = json.loads(f.read())
-    except (OSError, pa.ArrowException) as e:
-        raise VerifyError(f"{path}: unreadable ({e})") from e
-    except ValueError as e:
-        raise VerifyError(f"{path}: not valid JSON ({e})") from e
-    _check_manifest(manifest, path)
-    return manifest
+        return load_manifest(out)
+    except InputError as e:
+        raise VerifyError(str(e)) from e
 
 
-def _check_manifest(manifest: Any, where: str) -> None:
-    if not isinstance(manifest, dict):
-        raise VerifyError(f"{where}: expected a JSON object, found {type(manifest).__name__}")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise VerifyError(f"{where}: format_version={manifest.get('format_version')!r}, expected {FORMAT_VERSION}")
-    _int_field(manifest, "context_length", where, minimum=1)
-    _int_field(manifest, "pad_token", where, minimum=None)
-    if not _is_integer_dtype(manifest.get("token_dtype")):
-        raise VerifyError(f"{where}: token_dtype={manifest.get('token_dtype')!r} is not an integer dtype")
-    counts = manifest.get("counts")
-    if not isinstance(counts, dict):
-        raise VerifyError(f"{where}: counts={counts!r}, expected an object with {', '.join(COUNT_KEYS)}")
-    for key in COUNT_KEYS:
-        _int_field(counts, key, f"{where}: counts", minimum=0)
-    if not isinstance(manifest.get("content_sha256"), str):
-        raise VerifyError(f"{where}: content_sha256={manifest.get('content_sha256')!r}, expected a hex digest")
-    _check_file_entries(manifest.get("files"), where)
-    _check_shard_entries(manifest, where)
-    _check_strategy(manifest, where)
-
-
-def _int_field(obj: dict[str, Any], key: str, where: str, *, minimum: int | None) -> int:
-    value = obj.get(key)
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise VerifyError(f"{where}: {key}={value!r}, expected an integer")
-    if minimum is not None and value < minimum:
-        raise VerifyError(f"{where}: {key}={value}, expected >= {minimum}")
-    return int(value)
-
-
-def _is_integer_dtype(name: Any) -> bool:
+def _open_chunk_file(fs: pafs.FileSystem, base: str, entry: dict[str, Any]) -> pa.NativeFile:
+    """The manifest's file ``entry`` through :func:`raypack.manifest.open_chunk_file` (a plain file
+    directly inside ``base`` of ``num_bytes`` bytes); its InputError becomes a VerifyError."""
     try:
-        return isinstance(name, str) and np.dtype(name).kind in "iu"
-    except TypeError:
-        return False
-
-
-def _check_file_entries(files: Any, where: str) -> None:
-    """Entries well-typed, tiling chunks 0..n-1 in order, each named after its first chunk."""
-    if not isinstance(files, list):
-        raise VerifyError(f"{where}: files={files!r}, expected a list")
-    next_chunk = 0
-    for k, entry in enumerate(files):
-        if not isinstance(entry, dict) or any(key not in entry for key in FILE_KEYS):
-            raise VerifyError(f"{where}: files[{k}]={entry!r} lacks one of {', '.join(FILE_KEYS)}")
-        label = f"{where}: files[{k}] ({entry['path']!r})"
-        first = _int_field(entry, "first_chunk", label, minimum=0)
-        _int_field(entry, "num_chunks", label, minimum=1)
-        _int_field(entry, "num_bytes", label, minimum=0)
-        if first != next_chunk:
-            raise VerifyError(f"{label}: first_chunk={first}, expected {next_chunk}; the files must "
-                              "cover the chunks contiguously from 0, in order")
-        if not isinstance(entry["sha256"], str):
-            raise VerifyError(f"{label}: sha256={entry['sha256']!r}, expected a hex digest")
-        if entry["path"] != chunk_file_name(first, entry["sha256"]):
-            raise VerifyError(f"{label}: expected the name {chunk_file_name(first, entry['sha256'])!r} "
-                              f"(chunks-{{first_chunk:012d}}-{{sha256[:16]}}.arrow)")
-        next_chunk += entry["num_chunks"]
-
-
-def _check_shard_entries(manifest: dict[str, Any], where: str) -> None:
-    """Optional ``shards``: well-typed, offsets the cumulative sums, totals equal to counts."""
-    shards = manifest.get("shards")
-    if shards is None:
-        return
-    if not isinstance(shards, list):
-        raise VerifyError(f"{where}: shards={shards!r}, expected a list")
-    docs = tokens = 0
-    for k, entry in enumerate(shards):
-        label = f"{where}: shards[{k}]"
-        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
-            raise VerifyError(f"{label}={entry!r} lacks a path")
-        for key, expected in (("doc_offset", docs), ("token_offset", tokens)):
-            if _int_field(entry, key, label, minimum=0) != expected:
-                raise VerifyError(f"{label} ({entry['path']}): {key}={entry[key]}, expected {expected} "
-                                  "(the sum over earlier shards)")
-        docs += _int_field(entry, "num_docs", label, minimum=0)
-        tokens += _int_field(entry, "num_tokens", label, minimum=0)
-    counts = manifest["counts"]
-    for key, total in (("documents", docs), ("tokens", tokens)):
-        if shards and counts[key] != total:
-            raise VerifyError(f"{where}: counts.{key}={counts[key]} but its shards list {total} {key} in all")
-
-
-def _check_strategy(manifest: dict[str, Any], where: str) -> None:
-    """``strategy`` known (and as in ``config``); for best_fit, the window and the shards' chunk ranges."""
-    strategy = strategy_of(manifest)
-    if strategy not in STRATEGIES:
-        raise VerifyError(f"{where}: strategy={strategy!r} is unknown; expected one of {', '.join(STRATEGIES)} "
-                          "(no strategy: concat)")
-    config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
-    if config.get("strategy", strategy) != strategy:
-        raise VerifyError(f"{where}: strategy={strategy!r} but config.strategy={config['strategy']!r}")
-    if strategy != "best_fit":
-        return
-    window = _int_field(manifest, "best_fit_window", where, minimum=0)
-    if config.get("best_fit_window", window) != window:
-        raise VerifyError(f"{where}: best_fit_window={window} but config.best_fit_window={config['best_fit_window']!r}")
-    shards = manifest.get("shards")
-    if not isinstance(shards, list):
-        raise VerifyError(f"{where}: shards={shards!r}; a best_fit manifest must list its shards (their chunk "
-                          "ranges and windows)")
-    next_chunk = 0
-    for k, entry in enumerate(shards):
-        label = f"{where}: shards[{k}] ({entry['path']})"
-        first = _int_field(entry, "first_chunk", label, minimum=0)
-        _int_field(entry, "num_chunks", label, minimum=0)
-        if first != next_chunk:
-            raise VerifyError(f"{label}: first_chunk={first}, expected {next_chunk}; best_fit shard chunk ranges "
-                              "tile the chunks in shard order (shard k's chunks follow shard k-1's)")
-        next_chunk += entry["num_chunks"]
-    total = sum(entry["num_chunks"] for entry in manifest["files"])
-    if next_chunk != total:
-        raise VerifyError(f"{where}: the shards' chunk ranges cover chunks 0..{next_chunk - 1} ({next_chunk} chunks) "
-                          f"but the files hold {total}; they must tile the same chunks")
+        return open_chunk_file(fs, base, entry["path"], entry["num_bytes"])
+    except InputError as e:
+        raise VerifyError(str(e)) from e
 
 
 # ----------------------------------------------------------------------------- 1. files and hashes
@@ -338,8 +219,7 @@ def _check_strategy(manifest: dict[str, Any], where: str) -> None:
 
 def _check_files(fs: pafs.FileSystem, base: str, manifest: dict[str, Any]) -> int:
     """Listed files present, none unlisted, sizes and sha256 as recorded; return the total bytes."""
-    present = {posixpath.basename(i.path): i for i in fs.get_file_info(pafs.FileSelector(base))
-               if i.type == pafs.FileType.File}
+    present = {posixpath.basename(i.path) for i in fs.get_file_info(pafs.FileSelector(base))}
     files = manifest["files"]
     for entry in files:
         if entry["path"] not in present:
@@ -347,12 +227,12 @@ def _check_files(fs: pafs.FileSystem, base: str, manifest: dict[str, Any]) -> in
             raise VerifyError(f"{posixpath.join(base, entry['path'])}: missing (the manifest lists it for "
                               f"chunks {entry['first_chunk']}..{last})")
     listed = {entry["path"] for entry in files}
-    unlisted = sorted(n for n in present if fnmatch.fnmatchcase(n, "chunks-*.arrow") and n not in listed)
+    unlisted = sorted(n for n in present if _looks_like_chunk_file(n) and n not in listed)
     if unlisted:
         raise VerifyError(f"{posixpath.join(base, unlisted[0])}: a chunk file the manifest does not list "
                           f"({len(unlisted)} unlisted in all); it is not part of this output")
     for entry in files:
-        _check_file_bytes(fs, posixpath.join(base, entry["path"]), entry, present[entry["path"]].size)
+        _check_file_bytes(fs, base, entry)
     expected = content_sha256(files)
     if manifest["content_sha256"] != expected:
         raise VerifyError(f"{posixpath.join(base, MANIFEST_NAME)}: content_sha256={manifest['content_sha256']}, "
@@ -360,11 +240,16 @@ def _check_files(fs: pafs.FileSystem, base: str, manifest: dict[str, Any]) -> in
     return sum(entry["num_bytes"] for entry in files)
 
 
-def _check_file_bytes(fs: pafs.FileSystem, path: str, entry: dict[str, Any], size: int | None) -> None:
-    if size is not None and size != entry["num_bytes"]:
-        raise VerifyError(f"{path}: {size} bytes, the manifest says num_bytes={entry['num_bytes']} "
-                          "(truncated or rewritten)")
-    digest, num_bytes = _sha256(fs, path)
+def _looks_like_chunk_file(name: str) -> bool:
+    """A chunk file name of this format or of version 1 (``chunks-{first:012d}.arrow``)."""
+    return CHUNK_FILE_RE.fullmatch(name) is not None or (name.startswith("chunks-") and name.endswith(".arrow"))
+
+
+def _check_file_bytes(fs: pafs.FileSystem, base: str, entry: dict[str, Any]) -> None:
+    """Size (checked on open) and sha256 of the file ``entry`` names, as the manifest records."""
+    path = posixpath.join(base, entry["path"])
+    with _open_chunk_file(fs, base, entry) as source:
+        digest, num_bytes = _sha256(source)
     if num_bytes != entry["num_bytes"]:
         raise VerifyError(f"{path}: read {num_bytes} bytes, the manifest says num_bytes={entry['num_bytes']}")
     if digest != entry["sha256"]:
@@ -372,13 +257,12 @@ def _check_file_bytes(fs: pafs.FileSystem, path: str, entry: dict[str, Any], siz
                           "the file's bytes changed after it was written")
 
 
-def _sha256(fs: pafs.FileSystem, path: str) -> tuple[str, int]:
-    """Hex sha256 and size of a file, read in HASH_BLOCK_BYTES blocks."""
+def _sha256(source: pa.NativeFile) -> tuple[str, int]:
+    """Hex sha256 and size of an open file, read in HASH_BLOCK_BYTES blocks (zero-copy when mapped)."""
     sha, num_bytes = hashlib.sha256(), 0
-    with fs.open_input_stream(path) as f:
-        while block := f.read(HASH_BLOCK_BYTES):
-            sha.update(block)
-            num_bytes += len(block)
+    while (block := source.read_buffer(HASH_BLOCK_BYTES)).size:
+        sha.update(block)
+        num_bytes += block.size
     return sha.hexdigest(), num_bytes
 
 
@@ -401,11 +285,11 @@ class _Block(NamedTuple):
     segment_lengths: npt.NDArray[np.int32]
 
 
-def _iter_blocks(fs: pafs.FileSystem, path: str, entry: dict[str, Any], manifest: dict[str, Any],
+def _iter_blocks(fs: pafs.FileSystem, base: str, entry: dict[str, Any], manifest: dict[str, Any],
                  batch_chunks: int) -> Iterator[_Block]:
     """Every row of one chunk file in ``batch_chunks``-row blocks, after schema and row-count checks."""
-    source = pa.memory_map(path, "r") if isinstance(fs, pafs.LocalFileSystem) else fs.open_input_file(path)
-    with source:
+    path = posixpath.join(base, entry["path"])
+    with _open_chunk_file(fs, base, entry) as source:
         try:
             reader = pa.ipc.open_file(source)
         except (pa.ArrowException, OSError) as e:
@@ -644,8 +528,7 @@ def _output_pieces(fs: pafs.FileSystem, base: str, manifest: dict[str, Any], str
                    batch_chunks: int) -> Iterator[_Piece]:
     """The output's non-padding stream, checked block by block; the counts are checked at its end."""
     for entry in manifest["files"]:
-        path = posixpath.join(base, entry["path"])
-        for block in _iter_blocks(fs, path, entry, manifest, batch_chunks):
+        for block in _iter_blocks(fs, base, entry, manifest, batch_chunks):
             yield from structure.pieces(block)
     yield from structure.flush()
     structure.finish(manifest, posixpath.join(base, MANIFEST_NAME))
@@ -1049,13 +932,19 @@ class _Shard(NamedTuple):
     """The manifest's entry for this shard, when the inputs are the manifest's shards."""
 
 
-def _resolve_inputs(manifest: dict[str, Any], inputs: Sequence[str] | None) -> list[_Shard] | None:
-    """The shards to compare with, or None to skip the comparison."""
+def _resolve_inputs(manifest: dict[str, Any], inputs: Sequence[str] | None, where: str) -> list[_Shard] | None:
+    """The shards to compare with, or None to skip the comparison. ``where`` names the manifest.
+
+    Default (``inputs`` None): the manifest's shards, but only absolute paths or URIs with a known
+    shard suffix and no ``..`` (else InputError: pass --input), and only when all still exist.
+    """
     recorded = manifest.get("shards") or []
     if inputs is None:
         if not recorded:
             log.info("verify: the manifest lists no shards; inputs not compared")
             return None
+        for k, entry in enumerate(recorded):
+            _check_default_input(entry, k, where)
         missing = [e["path"] for e in recorded if not _exists(e["path"])]
         if missing:
             log.warning("verify: %d of the manifest's shards are gone (e.g. %s); inputs not compared",
@@ -1069,6 +958,22 @@ def _resolve_inputs(manifest: dict[str, Any], inputs: Sequence[str] | None) -> l
     paths = discover_shards(list(inputs))
     same = paths == [e["path"] for e in recorded]
     return [_Shard(p, shard_format(p), recorded[k] if same else None) for k, p in enumerate(paths)]
+
+
+_SHARD_FORMATS = frozenset(SHARD_SUFFIXES.values())
+
+
+def _check_default_input(entry: dict[str, Any], k: int, where: str) -> None:
+    """Refuse to read a manifest's shard path unless it is an absolute local path or a URI with a
+    known shard suffix and no ``..`` component, in a known format (the manifest is untrusted)."""
+    path, fmt = entry["path"], entry.get("format")
+    is_uri = "://" in path
+    parts = (path.split("://", 1)[1] if is_uri else path).split("/")
+    if (not (is_uri or os.path.isabs(path)) or ".." in parts or shard_format(path) is None
+            or (fmt is not None and fmt not in _SHARD_FORMATS) or any(c in path for c in "\n\r\0")):
+        raise InputError(f"{where}: shards[{k}]: path={path!r} (format={fmt!r}) is not an absolute path or URI of a "
+                         f"shard file ({', '.join(SHARD_SUFFIXES)}) without '..'; verify does not read it: pass "
+                         "the inputs with --input (or --no-inputs)")
 
 
 def _exists(path: str) -> bool:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from raypack.core import pack_sequences
 from raypack.errors import InputError
-from raypack.output import FORMAT_VERSION, chunk_file_name
+from raypack.output import FORMAT_VERSION, chunk_file_name, content_sha256
 from raypack.reader import load_manifest, read_packed
 
 # ----------------------------------------------------------------------------- helpers
@@ -61,9 +61,18 @@ def write_packed(out, input_ids, doc_ids, *, file_sizes, batch_sizes=(2, 1, 3), 
                       "sha256": sha256})
         first += size
     manifest = {"format_version": FORMAT_VERSION, "context_length": c, "pad_token": pad_token,
-                "token_dtype": input_ids.dtype.name, "counts": {"chunks": n}, "files": files}
+                "token_dtype": input_ids.dtype.name, "counts": count_stats(doc_ids), "files": files,
+                "content_sha256": content_sha256(files)}
     write_manifest(out, manifest)
     return str(out)
+
+
+def count_stats(doc_ids: np.ndarray) -> dict[str, int]:
+    """The manifest's counts of (n, C) dense doc ids."""
+    split = np.unique(doc_ids[1:, 0][(doc_ids[1:, 0] == doc_ids[:-1, -1]) & (doc_ids[1:, 0] >= 0)])
+    return {"documents": int(doc_ids.max(initial=-1)) + 1, "tokens": int(np.count_nonzero(doc_ids >= 0)),
+            "chunks": int(doc_ids.shape[0]), "padding_positions": int(np.count_nonzero(doc_ids < 0)),
+            "split_documents": int(split.size)}
 
 
 def record_batch(schema, input_ids, doc_ids, start, stop) -> pa.RecordBatch:
@@ -80,6 +89,15 @@ def record_batch(schema, input_ids, doc_ids, start, stop) -> pa.RecordBatch:
 def write_manifest(out, manifest) -> None:
     with open(os.path.join(out, "manifest.json"), "w") as f:
         json.dump(manifest, f)
+
+
+def rename_files(out, manifest) -> None:
+    """Rename the manifest's files after their (edited) first_chunk and write the manifest."""
+    for entry in manifest["files"]:
+        name = chunk_file_name(entry["first_chunk"], entry["sha256"])
+        os.replace(os.path.join(out, entry["path"]), os.path.join(out, name))
+        entry["path"] = name
+    write_manifest(out, manifest)
 
 
 def random_docs(seed: int, num_docs: int, max_len: int, dtype=np.int32) -> list[np.ndarray]:
@@ -237,7 +255,8 @@ def test_empty_output(tmp_path):
     out = tmp_path / "out"
     os.makedirs(out)
     write_manifest(out, {"format_version": FORMAT_VERSION, "context_length": 4, "pad_token": 0, "token_dtype": "int32",
-                         "counts": {"chunks": 0}, "files": []})
+                         "counts": count_stats(np.zeros((0, 4), np.int64)), "files": [],
+                         "content_sha256": content_sha256([])})
     ds = read_packed(str(out))
     assert len(ds) == 0
     assert list(ds.iter_batches(3)) == []
@@ -276,7 +295,7 @@ def test_manifest_missing_key(packed):
     manifest = load_manifest(out)
     del manifest["token_dtype"]
     write_manifest(out, manifest)
-    with pytest.raises(InputError, match="missing key.*token_dtype"):
+    with pytest.raises(InputError, match="token_dtype=None is not an integer dtype"):
         read_packed(out)
 
 
@@ -293,8 +312,8 @@ def test_files_not_contiguous(packed):
     out = packed[0].path
     manifest = load_manifest(out)
     manifest["files"][2]["first_chunk"] += 1
-    write_manifest(out, manifest)
-    with pytest.raises(InputError, match="expected first_chunk="):
+    rename_files(out, manifest)
+    with pytest.raises(InputError, match=r"files\[2\].*: first_chunk=\d+, expected \d+; the files must cover"):
         read_packed(out)
 
 
@@ -304,7 +323,8 @@ def test_row_count_mismatch_names_the_file(packed):
     manifest["files"][1]["num_chunks"] += 1
     for entry in manifest["files"][2:]:
         entry["first_chunk"] += 1
-    write_manifest(out, manifest)
+    manifest["counts"]["chunks"] += 1
+    rename_files(out, manifest)
     ds = read_packed(out)
     ds[0]  # file 0 is fine; files open lazily
     name = manifest["files"][1]["path"]

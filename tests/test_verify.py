@@ -212,7 +212,7 @@ def test_batch_chunks_must_be_positive(tmp_path):
 def test_missing_manifest(tmp_path):
     out, _, _ = pack(tmp_path)
     os.remove(os.path.join(out, "manifest.json"))
-    with pytest.raises(VerifyError, match=r"no manifest.json; the output is incomplete"):
+    with pytest.raises(VerifyError, match=r"is incomplete: no manifest.json; the job did not finish"):
         verify_output(out)
 
 
@@ -270,6 +270,9 @@ def test_file_list_must_tile_the_chunks(tmp_path):
     manifest = load_manifest(out)
     manifest["files"][1]["first_chunk"] += 1
     save_manifest(out, manifest)
+    with pytest.raises(VerifyError, match=r"files\[1\].*the name does not match first_chunk=\d+"):
+        verify_output(out)
+    refresh_hashes(out)  # renamed after its new first chunk
     with pytest.raises(VerifyError, match=r"files\[1\].*first_chunk=\d+, expected \d+"):
         verify_output(out)
 

@@ -1,0 +1,358 @@
+"""The manifest of a packed output, read as untrusted input, and the chunk files it names.
+
+Outputs travel between teams and get downloaded, so everything here assumes a hostile
+``manifest.json`` and directory. This module is the one place that parses a manifest
+(:func:`load_manifest`) and the one place that opens a chunk file it lists
+(:func:`open_chunk_file`); ``raypack.reader``, ``raypack.stats`` and ``raypack.verify`` use both.
+
+:func:`check_manifest` checks, before any chunk file is opened, and raises one-line
+InputErrors naming the manifest, the entry and the value:
+  1. types and ranges of every field: ints are ints (never bools or floats), counts are in
+     ``[0, MAX_COUNT]``, ``context_length`` in ``[1, MAX_CONTEXT_LENGTH]``, ``token_dtype`` a
+     plain integer dtype name and ``pad_token`` inside its range;
+  2. every ``files[].path`` matches :data:`raypack.output.CHUNK_FILE_RE` exactly (so it holds
+     no ``/``, no ``..`` and is not absolute), its 12-digit number equals ``first_chunk`` and
+     its 16 hex digits start ``sha256``;
+  3. files tile ``[0, counts.chunks)`` contiguously in order with ``num_chunks >= 1`` each (so
+     no file is listed twice), and each file is large enough to hold its tokens
+     (``num_bytes >= num_chunks * context_length * itemsize``): a manifest cannot claim more
+     chunks than the bytes it vouches for, so hostile counts cost nothing;
+  4. ``shards`` (optional; required by best_fit): offsets are the running sums, totals equal the
+     counts; ``strategy`` known, best_fit's window and chunk ranges consistent.
+Cost: O(files + shards) Python work, which stops at the first bad entry; the manifest itself
+is read whole but never more than ``MAX_MANIFEST_BYTES``.
+
+What is NOT checked here: the chunk files' bytes. :func:`open_chunk_file` compares a file's
+size with ``num_bytes`` (one stat); only ``raypack verify`` hashes every byte.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import numbers
+import os
+import posixpath
+import stat
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from raypack.errors import InputError
+from raypack.output import CHUNK_FILE_RE, FORMAT_VERSION, MANIFEST_NAME
+from raypack.shards import check_bucket, resolve_filesystem
+
+__all__ = ["COUNT_KEYS", "FILE_KEYS", "MAX_CONTEXT_LENGTH", "MAX_COUNT", "MAX_MANIFEST_BYTES", "STRATEGIES",
+           "check_manifest", "load_manifest", "open_chunk_file", "resolve_output", "strategy_of"]
+
+MAX_CONTEXT_LENGTH = 1 << 24
+"""Largest context length a manifest may claim (16M tokens). Today's longest windows are ~2**20;
+the cap keeps a chunk's (C,) arrays, a (C, C) mask's size and ``chunk * C`` position arithmetic
+far inside int64 for any chunk count below ``MAX_COUNT``, so no reader arithmetic overflows."""
+MAX_COUNT = 1 << 53
+"""Largest count, byte size or number of positions (``chunks * context_length``) a manifest may claim."""
+MAX_MANIFEST_BYTES = 256 << 20
+"""A larger ``manifest.json`` is refused unread (a million files take ~250 bytes each)."""
+COUNT_KEYS = ("documents", "tokens", "chunks", "padding_positions", "split_documents")
+FILE_KEYS = ("path", "first_chunk", "num_chunks", "num_bytes", "sha256")
+SHARD_KEYS = ("num_docs", "num_tokens", "doc_offset", "token_offset")
+STRATEGIES = ("concat", "best_fit")
+"""Packing strategies a manifest may name; a manifest without ``strategy`` is ``concat``."""
+TOKEN_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+DAMAGED = "the output was replaced or damaged"
+_HEX = frozenset("0123456789abcdef")
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def resolve_output(path: str) -> tuple[pafs.FileSystem, str]:
+    """The filesystem holding output directory ``path`` (local path or URI) and its path there."""
+    filesystem, base = resolve_filesystem(path)
+    return filesystem, base.rstrip("/") or base
+
+
+def load_manifest(path: str) -> dict[str, Any]:
+    """The checked ``manifest.json`` of output directory ``path`` (local path or URI).
+
+    Raises InputError when the directory or its manifest is missing, unreadable, larger than
+    MAX_MANIFEST_BYTES, not JSON, or fails :func:`check_manifest`.
+    """
+    filesystem, base = resolve_output(path)
+    manifest_path = posixpath.join(base, MANIFEST_NAME)
+    info = filesystem.get_file_info(manifest_path)
+    if info.type != pafs.FileType.File:
+        if filesystem.get_file_info(base).type != pafs.FileType.Directory:
+            check_bucket(filesystem, base, f"output {path}")
+            raise InputError(f"{path}: no such output directory; check the path")
+        raise InputError(f"{path} is incomplete: no {MANIFEST_NAME}; the job did not finish (or the output is "
+                         "being replaced): rerun it, or wait for it")
+    try:
+        with filesystem.open_input_stream(manifest_path) as f:
+            text = f.read(MAX_MANIFEST_BYTES + 1)
+    except (OSError, pa.ArrowException) as e:
+        raise InputError(f"{manifest_path}: unreadable ({_one_line(e)})") from e
+    if len(text) > MAX_MANIFEST_BYTES:
+        raise InputError(f"{manifest_path}: larger than {MAX_MANIFEST_BYTES} bytes; not a raypack manifest")
+    try:
+        manifest = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise InputError(f"{manifest_path}: not valid JSON ({_one_line(e)}); {DAMAGED}") from e
+    check_manifest(manifest, manifest_path)
+    return manifest
+
+
+def strategy_of(manifest: dict[str, Any]) -> str:
+    """The manifest's packing strategy; outputs written before strategies existed are ``concat``."""
+    return manifest.get("strategy", "concat")
+
+
+# ----------------------------------------------------------------------------- checking
+
+
+def check_manifest(manifest: Any, where: str) -> None:
+    """Raise InputError naming ``where``, the entry and the value unless ``manifest`` is well formed
+    (the rules in this module's docstring). O(files + shards)."""
+    if not isinstance(manifest, dict):
+        raise InputError(f"{where}: expected a JSON object, found {type(manifest).__name__}")
+    version = manifest.get("format_version")
+    if isinstance(version, bool) or version != FORMAT_VERSION:
+        raise InputError(f"{where}: format_version={_show(version)} is not supported (this reader reads version "
+                         f"{FORMAT_VERSION}); read it with the raypack version that wrote it")
+    context_length = _int_field(manifest, "context_length", where, 1, MAX_CONTEXT_LENGTH)
+    dtype = _token_dtype(manifest, where)
+    _int_field(manifest, "pad_token", where, int(np.iinfo(dtype).min), int(np.iinfo(dtype).max))
+    counts = _check_counts(manifest, context_length, where)
+    if not _is_hex(manifest.get("content_sha256"), 64):
+        raise InputError(f"{where}: content_sha256={_show(manifest.get('content_sha256'))}, expected 64 lowercase "
+                         f"hex digits; {DAMAGED}")
+    _check_files(manifest.get("files"), context_length * dtype.itemsize, counts["chunks"], where)
+    _check_shards(manifest, counts, where)
+    _check_strategy(manifest, where)
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` on one line, cut to about ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())[:300]
+
+
+def _int_field(obj: dict[str, Any], key: str, where: str, minimum: int = 0, maximum: int = MAX_COUNT,
+               prefix: str = "") -> int:
+    """``obj[key]`` when it is an int (not a bool) in ``[minimum, maximum]``, else InputError
+    naming ``where`` and ``{prefix}{key}``."""
+    value = obj.get(key)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InputError(f"{where}: {prefix}{key}={_show(value)}, expected an integer; {DAMAGED}")
+    if not minimum <= value <= maximum:
+        raise InputError(f"{where}: {prefix}{key}={_show(value)}, expected an integer in {minimum}..{maximum}; "
+                         f"{DAMAGED}")
+    return int(value)
+
+
+def _is_hex(value: Any, length: int) -> bool:
+    return isinstance(value, str) and len(value) == length and _HEX.issuperset(value)
+
+
+def _token_dtype(manifest: dict[str, Any], where: str) -> np.dtype:
+    name = manifest.get("token_dtype")
+    if not isinstance(name, str) or name not in TOKEN_DTYPES:
+        raise InputError(f"{where}: token_dtype={_show(name)} is not an integer dtype (one of "
+                         f"{', '.join(TOKEN_DTYPES)}); {DAMAGED}")
+    return np.dtype(name)
+
+
+def _check_counts(manifest: dict[str, Any], context_length: int, where: str) -> dict[str, int]:
+    counts = manifest.get("counts")
+    if not isinstance(counts, dict):
+        raise InputError(f"{where}: counts={_show(counts)}, expected an object with {', '.join(COUNT_KEYS)}; {DAMAGED}")
+    values = {key: _int_field(counts, key, where, prefix="counts.") for key in COUNT_KEYS}
+    positions = values["chunks"] * context_length
+    if positions > MAX_COUNT:
+        raise InputError(f"{where}: counts.chunks={values['chunks']} of context_length={context_length} make "
+                         f"{positions} positions, more than {MAX_COUNT}; {DAMAGED}")
+    for key in ("tokens", "padding_positions"):
+        if values[key] > positions:
+            raise InputError(f"{where}: counts.{key}={values[key]} but counts.chunks={values['chunks']} chunks of "
+                             f"{context_length} hold only {positions} positions; {DAMAGED}")
+    return values
+
+
+def _check_files(files: Any, min_bytes_per_chunk: int, num_chunks: int, where: str) -> None:
+    """Entries well typed, named by CHUNK_FILE_RE after their first chunk and hash, tiling
+    ``[0, num_chunks)`` in order, each large enough for its chunks' tokens."""
+    if not isinstance(files, list):
+        raise InputError(f"{where}: files={_show(files)}, expected a list; {DAMAGED}")
+    next_chunk = 0
+    for k, entry in enumerate(files):
+        if not isinstance(entry, dict) or any(key not in entry for key in FILE_KEYS):
+            raise InputError(f"{where}: files[{k}]={_show(entry)} lacks one of {', '.join(FILE_KEYS)}; {DAMAGED}")
+        label = f"{where}: files[{k}] ({_show(entry['path'])})"
+        first = _int_field(entry, "first_chunk", label)
+        count = _int_field(entry, "num_chunks", label, 1)
+        num_bytes = _int_field(entry, "num_bytes", label)
+        _check_file_name(entry, first, label)
+        if first != next_chunk:
+            raise InputError(f"{label}: first_chunk={first}, expected {next_chunk}; the files must cover the chunks "
+                             f"contiguously from 0, in order, each once; {DAMAGED}")
+        if num_bytes < count * min_bytes_per_chunk:
+            raise InputError(f"{label}: num_chunks={count} needs at least {count * min_bytes_per_chunk} bytes of "
+                             f"tokens but num_bytes={num_bytes}; {DAMAGED}")
+        next_chunk += count
+        if next_chunk > num_chunks:
+            break  # reported below, before walking a hostile list further
+    if next_chunk != num_chunks:
+        raise InputError(f"{where}: counts.chunks={num_chunks} but the files hold "
+                         f"{'more than ' if next_chunk > num_chunks else ''}{next_chunk} chunks; {DAMAGED}")
+
+
+def _check_file_name(entry: dict[str, Any], first: int, label: str) -> None:
+    path, sha256 = entry["path"], entry["sha256"]
+    if not _is_hex(sha256, 64):
+        raise InputError(f"{label}: sha256={_show(sha256)}, expected 64 lowercase hex digits; {DAMAGED}")
+    match = CHUNK_FILE_RE.fullmatch(path) if isinstance(path, str) else None
+    if match is None:
+        raise InputError(f"{label}: path is not a chunk file name chunks-{{first_chunk:012d}}-{{sha256[:16]}}.arrow "
+                         f"(a plain name inside the output directory); {DAMAGED}")
+    if int(match.group(1)) != first or match.group(2) != sha256[:16]:
+        raise InputError(f"{label}: the name does not match first_chunk={first} and sha256={sha256[:16]}...; "
+                         f"{DAMAGED}")
+
+
+def _check_shards(manifest: dict[str, Any], counts: dict[str, int], where: str) -> None:
+    """Optional ``shards``: well typed, offsets the running sums, totals equal to the counts."""
+    shards = manifest.get("shards")
+    if shards is None:
+        return
+    if not isinstance(shards, list):
+        raise InputError(f"{where}: shards={_show(shards)}, expected a list; {DAMAGED}")
+    docs = tokens = 0
+    for k, entry in enumerate(shards):
+        label = f"{where}: shards[{k}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+            raise InputError(f"{label}={_show(entry)} lacks a path; {DAMAGED}")
+        label = f"{label} ({_show(entry['path'])})"
+        num_docs, num_tokens, doc_offset, token_offset = (_int_field(entry, key, label) for key in SHARD_KEYS)
+        for key, found, expected in (("doc_offset", doc_offset, docs), ("token_offset", token_offset, tokens)):
+            if found != expected:
+                raise InputError(f"{label}: {key}={found}, expected {expected} (the sum over earlier shards); {DAMAGED}")
+        if not isinstance(entry.get("format", ""), str):
+            raise InputError(f"{label}: format={_show(entry['format'])}, expected a string; {DAMAGED}")
+        docs, tokens = docs + num_docs, tokens + num_tokens
+        if docs > counts["documents"] or tokens > counts["tokens"]:
+            break  # reported below
+    for key, total in (("documents", docs), ("tokens", tokens)):
+        if shards and counts[key] != total:
+            raise InputError(f"{where}: counts.{key}={counts[key]} but its shards list "
+                             f"{'more than ' if total > counts[key] else ''}{total} {key} in all; {DAMAGED}")
+
+
+def _check_strategy(manifest: dict[str, Any], where: str) -> None:
+    """``strategy`` known (and as in ``config``); for best_fit, the window and the shards' chunk ranges."""
+    strategy = strategy_of(manifest)
+    if strategy not in STRATEGIES:
+        raise InputError(f"{where}: strategy={_show(strategy)} is unknown; expected one of {', '.join(STRATEGIES)} "
+                         "(no strategy: concat)")
+    config = manifest.get("config", {})
+    if not isinstance(config, dict):
+        raise InputError(f"{where}: config={_show(config)}, expected an object; {DAMAGED}")
+    if config.get("strategy", strategy) != strategy:
+        raise InputError(f"{where}: strategy={strategy!r} but config.strategy={_show(config['strategy'])}")
+    if strategy != "best_fit":
+        return
+    window = _int_field(manifest, "best_fit_window", where)
+    if config.get("best_fit_window", window) != window:
+        raise InputError(f"{where}: best_fit_window={window} but config.best_fit_window="
+                         f"{_show(config['best_fit_window'])}")
+    shards = manifest.get("shards")
+    if not isinstance(shards, list):
+        raise InputError(f"{where}: shards={_show(shards)}; a best_fit manifest must list its shards (their chunk "
+                         "ranges and windows)")
+    next_chunk, num_chunks = 0, manifest["counts"]["chunks"]
+    for k, entry in enumerate(shards):
+        label = f"{where}: shards[{k}] ({entry['path']})"
+        first = _int_field(entry, "first_chunk", label)
+        count = _int_field(entry, "num_chunks", label)
+        if first != next_chunk:
+            raise InputError(f"{label}: first_chunk={first}, expected {next_chunk}; best_fit shard chunk ranges "
+                             "tile the chunks in shard order (shard k's chunks follow shard k-1's)")
+        next_chunk += count
+        if next_chunk > num_chunks:
+            break
+    if next_chunk != num_chunks:
+        raise InputError(f"{where}: the shards' chunk ranges cover chunks 0..{next_chunk - 1} ({next_chunk} chunks) "
+                         f"but the files hold {num_chunks}; they must tile the same chunks")
+
+
+# ----------------------------------------------------------------------------- chunk files
+
+
+def open_chunk_file(filesystem: pafs.FileSystem, base: str, name: str, num_bytes: int) -> pa.NativeFile:
+    """Chunk file ``name`` of output directory ``base``, opened for random access after one size check.
+
+    Only plain files directly inside ``base`` are opened: ``name`` must match CHUNK_FILE_RE (so it
+    is one path component). Local: ``os.open(O_RDONLY | O_NOFOLLOW | O_NONBLOCK)`` and fstat,
+    so a symlink, a FIFO, a directory or a device is refused without reading it (and a FIFO
+    cannot block), then the open file (not the path again) is memory-mapped read-only:
+    buffers read from it are zero-copy views that stay valid after it is dropped. Object
+    store: the key ``base + '/' + name``, nothing else. Either way the size must equal
+    ``num_bytes`` (one stat, no hashing; only ``raypack verify`` hashes). Raises InputError
+    naming the file when it is missing ("the output was replaced or damaged"), not a plain
+    file, or of another size.
+    """
+    if not isinstance(name, str) or CHUNK_FILE_RE.fullmatch(name) is None:
+        raise InputError(f"{base}: {_show(name)} is not a chunk file name; only plain files named "
+                         "chunks-{first_chunk:012d}-{sha256[:16]}.arrow inside the output are read")
+    path = f"{base}/{name}"
+    if isinstance(filesystem, pafs.LocalFileSystem):
+        source, size = _open_local(path)
+    else:
+        source, size = _open_remote(filesystem, path)
+    if size != num_bytes:
+        source.close()
+        raise InputError(f"{path}: {size} bytes, the manifest says num_bytes={num_bytes}; {DAMAGED}")
+    return source
+
+
+def _missing(path: str) -> InputError:
+    return InputError(f"{path}: listed in the manifest but missing; {DAMAGED}")
+
+
+def _open_local(path: str) -> tuple[pa.NativeFile, int]:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError as e:
+        raise _missing(path) from e
+    except OSError as e:  # ELOOP: a symlink
+        kind = "a symbolic link" if os.path.islink(path) else f"unreadable ({_one_line(e)})"
+        raise InputError(f"{path}: {kind}; only plain files directly inside the output directory are read") from e
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError(f"{path}: not a plain file (mode {stat.filemode(info.st_mode)}); only plain files "
+                             "directly inside the output directory are read")
+        if info.st_size == 0:
+            return pa.BufferReader(b""), 0
+        mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    except OSError as e:
+        raise InputError(f"{path}: unreadable ({_one_line(e)})") from e
+    finally:
+        os.close(fd)  # the mapping keeps the file itself alive, even once it is unlinked
+    return pa.BufferReader(pa.py_buffer(mapped)), info.st_size
+
+
+def _open_remote(filesystem: pafs.FileSystem, path: str) -> tuple[pa.NativeFile, int]:
+    try:
+        source = filesystem.open_input_file(path)
+        return source, source.size()
+    except FileNotFoundError as e:
+        raise _missing(path) from e
+    except (OSError, pa.ArrowException) as e:
+        raise InputError(f"{path}: unreadable ({_one_line(e)}); {DAMAGED}") from e

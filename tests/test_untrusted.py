@@ -1,0 +1,255 @@
+"""A packed output is untrusted input: hostile manifests and directories against the reader,
+``raypack stats`` and ``raypack verify`` alike (issue 12). Each must fail with one line naming
+what is wrong, fast, without opening anything the manifest should not name."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from raypack.config import make_config
+from raypack.errors import InputError
+from raypack.job import run_pack
+from raypack.reader import read_packed
+from raypack.stats import packing_stats
+from raypack.verify import VerifyError, verify_output
+
+C = 8
+
+
+def write_corpus(root, seed: int, num_shards: int = 3) -> str:
+    rng = np.random.default_rng(seed)
+    os.makedirs(root, exist_ok=True)
+    for k in range(num_shards):
+        docs = [rng.integers(1, 1000, size=n).tolist() for n in rng.integers(1, 20, size=15)]
+        pq.write_table(pa.table({"input_ids": pa.array(docs, pa.list_(pa.int32()))}),
+                       os.path.join(root, f"part-{k:03d}.parquet"))
+    return str(root)
+
+
+def pack(out, inputs, **overrides) -> str:
+    values = dict(inputs=[inputs], output=str(out), context_length=C, pad_token=0, chunks_per_record_batch=4)
+    values.update(overrides)
+    run_pack(make_config(values), engine="local")
+    return str(out)
+
+
+@pytest.fixture
+def out(tmp_path) -> str:
+    path = pack(tmp_path / "out", write_corpus(tmp_path / "in", 0))
+    assert len(manifest_of(path)["files"]) >= 3  # several files: some open, some not
+    return path
+
+
+def manifest_of(out: str) -> dict[str, Any]:
+    with open(os.path.join(out, "manifest.json")) as f:
+        return json.load(f)
+
+
+def save(out: str, manifest: dict[str, Any]) -> None:
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+
+
+def read_all(out: str) -> None:
+    ds = read_packed(out)
+    for _ in ds.iter_batches(5):
+        pass
+
+
+TOOLS: dict[str, Callable[[str], Any]] = {
+    "reader": read_all,
+    "stats": packing_stats,
+    "verify": lambda out: verify_output(out, []),
+}
+
+
+def fails(tool: str, out: str, match: str) -> str:
+    """Run ``tool`` on ``out``; it must raise its one-line error matching ``match``."""
+    error = VerifyError if tool == "verify" else InputError
+    with pytest.raises(error, match=match) as info:
+        TOOLS[tool](out)
+    message = str(info.value)
+    assert "\n" not in message and len(message) < 600, message
+    return message
+
+
+def first_name(manifest: dict[str, Any]) -> str:
+    return manifest["files"][0]["path"]
+
+
+# ----------------------------------------------------------------------------- hostile manifests
+
+
+def _set_path(path: str) -> Callable[[dict], None]:
+    def edit(m: dict) -> None:
+        m["files"][0]["path"] = path.format(name=first_name(m))
+    return edit
+
+
+def _wrong_hash(m: dict) -> None:
+    name = first_name(m)
+    m["files"][0]["path"] = name[:20] + ("0" if name[20] != "0" else "1") + name[21:]
+
+
+def _set(keys: tuple, value: Any) -> Callable[[dict], None]:
+    def edit(m: dict) -> None:
+        target = m
+        for key in keys[:-1]:
+            target = target[key]
+        target[keys[-1]] = value
+    return edit
+
+
+def _huge_file(m: dict) -> None:
+    extra = 10**11
+    m["files"][-1]["num_chunks"] += extra
+    m["counts"]["chunks"] += extra
+
+
+HOSTILE: dict[str, tuple[Callable[[dict], None], str]] = {
+    "dotdot": (_set_path("../{name}"), r"files\[0\] \('\.\./chunks-.*path is not a chunk file name"),
+    "absolute": (_set_path("/etc/passwd"), r"files\[0\] \('/etc/passwd'\): path is not a chunk file name"),
+    "subdir": (_set_path("sub/{name}"), r"files\[0\] \('sub/chunks-.*path is not a chunk file name"),
+    "hash_mismatch": (_wrong_hash, r"files\[0\] .*the name does not match first_chunk=0 and sha256="),
+    "context_length_2**40": (_set(("context_length",), 2**40), r"context_length=1099511627776, expected an integer in 1\.\."),
+    "context_length_bool": (_set(("context_length",), True), r"context_length=True, expected an integer"),
+    "num_chunks_bool": (_set(("files", 0, "num_chunks"), True), r"files\[0\] .*num_chunks=True, expected an integer"),
+    "num_chunks_float": (_set(("files", 0, "num_chunks"), 3.0), r"num_chunks=3\.0, expected an integer"),
+    "negative_count": (_set(("counts", "tokens"), -1), r"counts\.tokens=-1, expected an integer in 0\.\."),
+    "huge_count": (_set(("counts", "chunks"), 2**70), r"counts\.chunks=1180591620717411303424, expected an integer"),
+    "huge_num_chunks": (_huge_file, r"num_chunks=\d{12} needs at least \d+ bytes of tokens but num_bytes="),
+    "pad_token_outside_dtype": (_set(("pad_token",), 2**40), r"pad_token=1099511627776, expected an integer in"),
+    "float_dtype": (_set(("token_dtype",), "float32"), r"token_dtype='float32' is not an integer dtype"),
+    "not_a_list": (_set(("files",), {"a": 1}), r"files=\{'a': 1\}, expected a list"),
+}
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+@pytest.mark.parametrize("case", HOSTILE)
+def test_hostile_manifest_is_one_line_naming_the_entry(out, tool, case):
+    manifest = manifest_of(out)
+    edit, match = HOSTILE[case]
+    edit(manifest)
+    save(out, manifest)
+    message = fails(tool, out, match)
+    assert "manifest.json" in message
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_one_file_listed_200000_times_fails_fast(out, tool):
+    manifest = manifest_of(out)
+    entry = manifest["files"][0]
+    manifest["files"] = [entry] * 200_000
+    manifest["counts"]["chunks"] = entry["num_chunks"] * 200_000
+    save(out, manifest)
+    start = time.perf_counter()
+    fails(tool, out, r"files\[1\] .*first_chunk=0, expected \d+; the files must cover the chunks contiguously")
+    assert time.perf_counter() - start < 2.0  # ~10 ms expected (JSON parse + one entry); 100x margin
+
+
+# ----------------------------------------------------------------------------- hostile directories
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_symlink_out_of_the_directory_is_refused_even_with_the_right_hash(out, tool, tmp_path):
+    name = first_name(manifest_of(out))
+    outside = tmp_path / "elsewhere.arrow"
+    shutil.move(os.path.join(out, name), outside)
+    os.symlink(outside, os.path.join(out, name))  # same bytes, so the same sha256
+    fails(tool, out, rf"{name}: a symbolic link; only plain files directly inside the output directory are read")
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_fifo_or_directory_is_refused_without_blocking(out, tool, kind):
+    path = os.path.join(out, first_name(manifest_of(out)))
+    os.remove(path)
+    os.mkfifo(path) if kind == "fifo" else os.mkdir(path)
+    fails(tool, out, rf"{os.path.basename(path)}: not a plain file \(mode [dp]")
+
+
+@pytest.mark.parametrize("tool", ["reader", "stats"])
+def test_size_is_checked_on_open(out, tool):
+    path = os.path.join(out, first_name(manifest_of(out)))
+    with open(path, "ab") as f:
+        f.write(b"\0")
+    fails(tool, out, r"bytes, the manifest says num_bytes=\d+; the output was replaced or damaged")
+
+
+@pytest.mark.parametrize("tool", ["reader", "stats"])
+def test_damaged_chunk_file_is_one_line_naming_it(out, tool):
+    name = first_name(manifest_of(out))
+    path = os.path.join(out, name)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:  # same size, garbage bytes: only verify's hash would notice
+        f.write(np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).tobytes())
+    fails(tool, out, rf"{name}: ")
+
+
+def test_stats_counts_come_from_the_data(out):
+    manifest = manifest_of(out)
+    stats = packing_stats(out)
+    assert (stats.num_chunks, stats.num_tokens, stats.padding_positions, stats.split_documents) == (
+        manifest["counts"]["chunks"], manifest["counts"]["tokens"], manifest["counts"]["padding_positions"],
+        manifest["counts"]["split_documents"])
+    for key, delta in (("tokens", 1), ("padding_positions", -1), ("split_documents", 1)):
+        edited = json.loads(json.dumps(manifest))
+        edited["counts"][key] += delta
+        del edited["shards"]  # else the shards' token totals catch it before any file is read
+        save(out, edited)
+        fails("stats", out, rf"counts\.{key}={manifest['counts'][key] + delta} but the chunk files hold "
+                            rf"{manifest['counts'][key]}")
+    save(out, manifest)
+
+
+# ----------------------------------------------------------------------------- verify's default inputs
+
+
+@pytest.mark.parametrize("path", ["../in/part-000.parquet", "in/part-000.parquet", "/tmp/../etc/x.parquet",
+                                  "/etc/passwd", "s3://bucket/a/../b.parquet"])
+def test_verify_reads_only_plain_shard_paths_from_the_manifest(out, path):
+    manifest = manifest_of(out)
+    manifest["shards"][0]["path"] = path
+    save(out, manifest)
+    with pytest.raises(InputError, match=r"shards\[0\]: path=.* verify does not read it: pass the inputs with --input"):
+        verify_output(out)
+    verify_output(out, [])  # the output itself is fine
+
+
+def test_verify_names_the_inputs_it_read(out):
+    report = verify_output(out)
+    paths = [s["path"] for s in manifest_of(out)["shards"]]
+    assert report.inputs_compared and report.input_paths == tuple(paths)
+    assert f"    read {paths[0]}" in report.lines()
+
+
+# ----------------------------------------------------------------------------- --overwrite under a reader
+
+
+def test_reader_opened_before_an_overwrite_never_sees_the_new_bytes(tmp_path, out):
+    with read_packed(out) as first_look:
+        old = {i: first_look[i]["input_ids"].copy() for i in range(len(first_look))}
+    ds = read_packed(out)
+    ds[0]  # opens the first file only
+    pack(out, write_corpus(tmp_path / "other", 1), overwrite=True)
+    new = read_packed(out)
+    assert any(not np.array_equal(new[i]["input_ids"], old[i]) for i in range(min(len(new), len(ds))))
+    missing = 0
+    for i in range(len(ds)):
+        try:
+            tokens = ds[i]["input_ids"]
+        except InputError as e:
+            assert "listed in the manifest but missing; the output was replaced or damaged" in str(e)
+            missing += 1
+            continue
+        np.testing.assert_array_equal(tokens, old[i])  # the chunks it had, never the new output's
+    assert missing > 0  # files it had not opened are gone
