@@ -92,12 +92,17 @@ class Fragment(NamedTuple):
 # ----------------------------------------------------------------------------- validation
 
 
+MAX_CONTEXT_LENGTH = 1 << 24
+"""The longest chunk raypack writes or reads: far beyond any model's context, and small enough
+that positions, mask sizes and ``chunk * context_length`` stay well inside int64."""
+
+
 def validate_context_length(context_length: Any) -> int:
     """Return ``context_length`` as an int, or raise naming the value."""
     if isinstance(context_length, bool) or not isinstance(context_length, numbers.Integral):
         raise TypeError(f"context_length={context_length!r} must be an integer >= 1")
-    if context_length < 1:
-        raise ValueError(f"context_length={context_length} must be >= 1")
+    if not 1 <= context_length <= MAX_CONTEXT_LENGTH:
+        raise ValueError(f"context_length={context_length} must be in 1..{MAX_CONTEXT_LENGTH} (2**24)")
     return int(context_length)
 
 

@@ -40,6 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from raypack.core import MAX_CONTEXT_LENGTH
 from raypack.errors import InputError
 from raypack.output import CHUNK_FILE_RE, FORMAT_VERSION, MANIFEST_NAME
 from raypack.shards import check_bucket, resolve_filesystem
@@ -47,7 +48,7 @@ from raypack.shards import check_bucket, resolve_filesystem
 __all__ = ["COUNT_KEYS", "FILE_KEYS", "MAX_CONTEXT_LENGTH", "MAX_COUNT", "MAX_MANIFEST_BYTES", "STRATEGIES",
            "check_manifest", "load_manifest", "open_chunk_file", "resolve_output", "strategy_of"]
 
-MAX_CONTEXT_LENGTH = 1 << 24
+# MAX_CONTEXT_LENGTH: one cap for writers and readers (raypack.core)
 """Largest context length a manifest may claim (16M tokens). Today's longest windows are ~2**20;
 the cap keeps a chunk's (C,) arrays, a (C, C) mask's size and ``chunk * C`` position arithmetic
 far inside int64 for any chunk count below ``MAX_COUNT``, so no reader arithmetic overflows."""
