@@ -85,9 +85,8 @@ def write_shard(path: str, kind: str, fmt: str, dtype: str, num_tokens: int, mea
 
 
 def child(args: argparse.Namespace) -> dict:
-    from raypack.readers import iter_token_batches
+    from raypack.formats import inspect_shard, iter_token_batches
     from raypack.shard_pack import count_shard_chunks, pack_shard, read_batch_rows
-    from raypack.shards import inspect_shard
     from raypack.tasks import PackSettings, ShardTask
 
     info = inspect_shard(args.path, "input_ids")

@@ -157,7 +157,7 @@ def child_stitch(num_shards: int, out_dir: str, write: bool, repeats: int) -> di
     from raypack.config import make_config
     from raypack.output import WrittenFile
     from raypack.plan import Plan
-    from raypack.shards import ShardInfo
+    from raypack.formats import ShardInfo
     from raypack.tasks import PackSettings, ShardTask
 
     results, num_tokens = synthetic_results(num_shards, C)

@@ -16,7 +16,7 @@ import numpy.typing as npt
 from raypack.best_fit import BestFitChunkCounter
 from raypack.config import PackConfig
 from raypack.plan import make_plan
-from raypack.readers import iter_token_batches
+from raypack.formats import iter_token_batches
 from raypack.shard_pack import read_batch_rows
 from raypack.tasks import PackSettings
 

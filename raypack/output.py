@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from raypack.core import Chunks, concat_chunks
-from raypack.shards import resolve_filesystem
+from raypack.fs import resolve_filesystem
 
 log = logging.getLogger(__name__)
 

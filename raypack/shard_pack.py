@@ -24,7 +24,7 @@ from raypack.best_fit import BestFitChunkCounter, BestFitPacker
 from raypack.core import Chunks, StreamPacker, flatten_documents, iter_run_slices
 from raypack.errors import InputError
 from raypack.output import ChunkFileWriter, chunk_schema
-from raypack.readers import check_tokens_fit, iter_token_batches
+from raypack.formats import check_tokens_fit, iter_token_batches
 from raypack.resume import identify_input, save_result
 from raypack.tasks import PackSettings, ShardResult, ShardTask
 from raypack.watchdog import ProgressWatchdog

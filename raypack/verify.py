@@ -82,8 +82,9 @@ from raypack.core import flatten_documents
 from raypack.errors import InputError
 from raypack.manifest import load_manifest, open_chunk_file, resolve_output, strategy_of
 from raypack.output import CHUNK_FILE_RE, FORMAT_VERSION, MANIFEST_NAME, content_sha256
-from raypack.readers import iter_token_batches
-from raypack.shards import SHARD_SUFFIXES, discover_shards, resolve_filesystem, shard_format
+from raypack.formats import SHARD_SUFFIXES, iter_token_batches, shard_format
+from raypack.fs import resolve_filesystem
+from raypack.shards import discover_shards
 
 __all__ = ["INPUT_BATCH_DOCS", "VerifyError", "VerifyReport", "verify_output"]
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from raypack.best_fit import BestFitPacker
 from raypack.core import StreamPacker, concat_chunks, iter_run_slices
 from raypack.shard_pack import count_shard_chunks, pack_shard
-from raypack.shards import inspect_shard
+from raypack.formats import inspect_shard
 from raypack.tasks import PackSettings, ShardTask
 from reference import naive_best_fit, naive_pack
 

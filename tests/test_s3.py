@@ -33,7 +33,8 @@ from raypack.output import ChunkFileWriter, chunk_schema
 from raypack.reader import read_packed
 from raypack.resume import RESULTS_DIR
 from raypack.sample import write_sample_corpus
-from raypack.shards import clear_filesystem_cache, discover_shards, resolve_filesystem
+from raypack.fs import clear_filesystem_cache, resolve_filesystem
+from raypack.shards import discover_shards
 from raypack.verify import verify_output
 from s3_server import moto_server, s3_environment
 

@@ -1,4 +1,4 @@
-"""raypack.shards: discovery order, cheap counts, offsets and the common token type."""
+"""raypack.shards and raypack.formats counts: discovery order, cheap counts, offsets and the common token type."""
 
 from __future__ import annotations
 
@@ -15,17 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raypack.errors import InputError
-from raypack.shards import (
-    ShardInfo,
-    ShardPlan,
-    _footer_null_counts_exact,
-    common_token_type,
-    discover_shards,
-    inspect_shard,
-    plan_offsets,
-    resolve_filesystem,
-    shard_format,
-)
+from raypack.formats import ShardInfo, _footer_null_counts_exact, inspect_shard, shard_format
+from raypack.fs import resolve_filesystem
+from raypack.shards import ShardPlan, common_token_type, discover_shards, plan_offsets
 
 I32 = pa.list_(pa.int32())
 
