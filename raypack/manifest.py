@@ -3,7 +3,7 @@
 Outputs travel between teams and get downloaded, so everything here assumes a hostile
 ``manifest.json`` and directory. This module is the one place that parses a manifest
 (:func:`load_manifest`) and the one place that opens a chunk file it lists
-(:func:`open_chunk_file`); ``raypack.reader``, ``raypack.stats`` and ``raypack.verify`` use both.
+(:func:`open_chunk_file`); ``raypack.packed``, ``raypack.stats`` and ``raypack.verify`` use both.
 
 :func:`check_manifest` checks, before any chunk file is opened, and raises one-line
 InputErrors naming the manifest, the entry and the value:

@@ -63,7 +63,7 @@ from raypack.masks import (
     cu_seqlens,
     position_ids,
 )
-from raypack.reader import PackedDataset, read_packed
+from raypack.packed import PackedDataset, read_packed
 
 __all__ = [
     "ATTENTION_FORMS",

@@ -12,7 +12,7 @@ import pytest
 
 from raypack.cli import main
 from raypack.config import load_config
-from raypack.reader import read_packed
+from raypack.packed import read_packed
 from raypack.sample import write_sample_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -30,7 +30,7 @@ from raypack.errors import InputError
 from packing_faults import fail_at_shard
 from raypack.job import run_pack
 from raypack.output import ChunkFileWriter, chunk_schema
-from raypack.reader import read_packed
+from raypack.packed import read_packed
 from raypack.resume import RESULTS_DIR
 from raypack.sample import write_sample_corpus
 from raypack.fs import clear_filesystem_cache, resolve_filesystem

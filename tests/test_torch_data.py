@@ -25,7 +25,7 @@ from torch.nn.attention.flex_attention import create_block_mask, create_mask, fl
 from raypack.config import make_config  # noqa: E402
 from raypack.job import run_pack  # noqa: E402
 from raypack.masks import build_bool_mask, build_intra_document_mask  # noqa: E402
-from raypack.reader import read_packed  # noqa: E402
+from raypack.packed import read_packed  # noqa: E402
 from raypack.torch_data import (  # noqa: E402
     ATTENTION_FORMS,
     IGNORE_INDEX,

@@ -18,7 +18,7 @@ import pytest
 from raypack.config import make_config
 from raypack.errors import InputError
 from raypack.job import run_pack
-from raypack.reader import read_packed
+from raypack.packed import read_packed
 from raypack.stats import packing_stats
 from raypack.verify import VerifyError, verify_output
 

@@ -1,4 +1,4 @@
-"""read_packed against output written by hand (docs/FORMAT.md) from pack_sequences, so the
+"""raypack.packed: read_packed against output written by hand (docs/FORMAT.md) from pack_sequences, so the
 reader is tested independently of the job: every chunk, every range, every batch size."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from raypack.core import pack_sequences
 from raypack.errors import InputError
 from raypack.output import FORMAT_VERSION, chunk_file_name, content_sha256
-from raypack.reader import load_manifest, read_packed
+from raypack.packed import load_manifest, read_packed
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -351,7 +351,7 @@ def test_wrong_context_length_in_file(packed):
 
 
 def test_bounded_open_files_and_close(packed, monkeypatch):
-    monkeypatch.setattr("raypack.reader.MAX_OPEN_FILES", 2)
+    monkeypatch.setattr("raypack.packed.MAX_OPEN_FILES", 2)
     ds, input_ids, doc_ids, sizes = packed
     first = ds[0]["input_ids"]
     open_counts = []
