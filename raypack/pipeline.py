@@ -17,7 +17,6 @@ It also holds the Ray side of reading packed output back: :func:`packed_to_ray_d
 
 from __future__ import annotations
 
-import logging
 import operator
 import os
 from dataclasses import asdict
@@ -31,8 +30,6 @@ from raypack.core import Chunks
 from raypack.packed import PackedDataset, chunks_table, iter_file_tables
 from raypack.shard_pack import count_shard_chunks, pack_shard
 from raypack.tasks import PackSettings, ShardResult, ShardTask, result_to_table, table_to_results
-
-log = logging.getLogger(__name__)
 
 
 def init_ray(address: str | None = None) -> None:

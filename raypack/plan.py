@@ -8,7 +8,6 @@ about the result depends on which worker runs what, or when.
 
 from __future__ import annotations
 
-import logging
 import os
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
@@ -24,8 +23,6 @@ from raypack.tasks import PackSettings, ShardTask
 from raypack.formats import ShardInfo, inspect_shard
 from raypack.fs import is_uri
 from raypack.shards import common_token_type, discover_shards, plan_offsets
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import pytest
 from raypack.cli import main
 from raypack.config import make_config
 from raypack.dry_run import dry_run
-from test_job import pack, random_corpus, write_shards
+from helpers import pack, random_corpus, write_shards
 
 
 @pytest.fixture

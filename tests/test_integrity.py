@@ -26,7 +26,7 @@ from raypack.lock import LocalLock
 from raypack.publish import staging_dir
 from raypack.sample import write_sample_corpus
 from raypack.verify import verify_output
-from test_resume import tree_digest
+from helpers import tree_digest
 
 
 @pytest.fixture

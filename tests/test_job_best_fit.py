@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from raypack.errors import InputError
 from reference import naive_best_fit
-from test_job import file_digests, pack, random_corpus, read_output, sharded_corpora, write_shards
+from helpers import file_digests, pack, random_corpus, read_output, sharded_corpora, write_shards
 
 
 def expected(docs, cuts, c: int, window: int) -> tuple[np.ndarray, np.ndarray]:

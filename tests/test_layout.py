@@ -25,3 +25,10 @@ def test_only_the_engine_imports_ray():
 def test_no_module_over_600_lines():
     sizes = {p.relative_to(PACKAGE).as_posix(): len(p.read_text().splitlines()) for p in _modules()}
     assert {name: n for name, n in sizes.items() if n > 600 and name not in TOO_LONG_FOR_NOW} == {}
+
+
+def test_test_files_do_not_import_each_other():
+    """Shared builders live in tests/helpers.py (and reference.py, packing_faults.py, s3_server.py)."""
+    tests = sorted(Path(__file__).resolve().parent.glob("*.py"))
+    importers = [p.name for p in tests if re.search(r"^\s*(from|import) test_", p.read_text(), re.MULTILINE)]
+    assert importers == []

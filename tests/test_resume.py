@@ -23,15 +23,7 @@ from raypack.job import run_pack
 from raypack.publish import staging_dir
 from raypack.sample import write_sample_corpus
 
-
-def tree_digest(path) -> dict[str, str]:
-    """Every file under ``path`` (relative name -> sha256)."""
-    out = {}
-    for root, _, files in os.walk(path):
-        for name in files:
-            full = os.path.join(root, name)
-            out[os.path.relpath(full, path)] = hashlib.sha256(open(full, "rb").read()).hexdigest()
-    return out
+from helpers import tree_digest
 
 
 @pytest.fixture(scope="module")
