@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
+import tomllib
 
 from raypack.core import validate_context_length, validate_pad_token
 from raypack.errors import InputError

@@ -16,8 +16,8 @@ import numpy.typing as npt
 from raypack.best_fit import BestFitChunkCounter
 from raypack.config import PackConfig
 from raypack.core import split_document_mask
-from raypack.plan import make_plan
 from raypack.formats import iter_token_batches
+from raypack.plan import make_plan
 from raypack.shard_pack import read_batch_rows
 from raypack.tasks import PackSettings
 

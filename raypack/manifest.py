@@ -42,8 +42,8 @@ import pyarrow.fs as pafs
 
 from raypack.core import MAX_CONTEXT_LENGTH
 from raypack.errors import InputError
-from raypack.output import CHUNK_FILE_RE, FORMAT_VERSION, MANIFEST_NAME
 from raypack.fs import check_bucket, resolve_filesystem
+from raypack.output import CHUNK_FILE_RE, FORMAT_VERSION, MANIFEST_NAME
 
 __all__ = ["COUNT_KEYS", "FILE_KEYS", "MAX_CONTEXT_LENGTH", "MAX_COUNT", "MAX_MANIFEST_BYTES", "STRATEGIES",
            "check_manifest", "load_manifest", "open_chunk_file", "resolve_output", "strategy_of"]

@@ -254,7 +254,8 @@ class PackedDataset:
         self.token_dtype = np.dtype(manifest["token_dtype"])
         self._num_chunks = int(manifest["counts"]["chunks"])
         self._filesystem, self._base = filesystem, base
-        self._files = [_ChunkFile(filesystem, base, f, self.context_length, self.token_dtype) for f in manifest["files"]]
+        self._files = [_ChunkFile(filesystem, base, f, self.context_length, self.token_dtype)
+                       for f in manifest["files"]]
         self._first_chunks = np.array([f.first_chunk for f in self._files], dtype=np.int64)
         self._open_files: OrderedDict[int, None] = OrderedDict()
 

@@ -19,10 +19,10 @@ import numpy as np
 from raypack.config import PackConfig
 from raypack.core import validate_pad_token
 from raypack.errors import InputError
-from raypack.tasks import PackSettings, ShardTask
 from raypack.formats import ShardInfo, inspect_shard
 from raypack.fs import is_uri
 from raypack.shards import common_token_type, discover_shards, plan_offsets
+from raypack.tasks import PackSettings, ShardTask
 
 
 @dataclass(frozen=True)

@@ -45,10 +45,10 @@ import shutil
 import pyarrow.fs as pafs
 
 from raypack.errors import InputError
+from raypack.fs import bucket_of, check_bucket, is_uri, resolve_filesystem
 from raypack.lock import LocalLock, ObjectStoreLock
 from raypack.output import CHUNK_FILE_RE, MANIFEST_NAME, TMP_PREFIX
 from raypack.resume import RESULTS_DIR
-from raypack.fs import bucket_of, check_bucket, is_uri, resolve_filesystem
 
 log = logging.getLogger(__name__)
 

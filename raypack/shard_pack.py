@@ -23,8 +23,8 @@ import pyarrow as pa
 from raypack.best_fit import BestFitChunkCounter, BestFitPacker
 from raypack.core import Chunks, StreamPacker, flatten_documents, iter_run_slices, split_document_mask
 from raypack.errors import InputError
-from raypack.output import ChunkFileWriter, chunk_schema
 from raypack.formats import check_tokens_fit, iter_token_batches
+from raypack.output import ChunkFileWriter, chunk_schema
 from raypack.resume import identify_input, save_result
 from raypack.tasks import PackSettings, ShardResult, ShardTask
 from raypack.watchdog import ProgressWatchdog

@@ -144,7 +144,8 @@ def _check_parquet_texts(texts: pa.Array, path: str, column: str, file_row: int)
         texts.validate(full=True)
     except pa.ArrowInvalid as e:
         row = file_row + _first_invalid_utf8(texts)
-        raise InputError(f"text file {path} row {row}: {column!r} is not valid UTF-8 ({error_text(e)}); re-encode the file") from e
+        raise InputError(f"text file {path} row {row}: {column!r} is not valid UTF-8 ({error_text(e)}); "
+                         "re-encode the file") from e
 
 
 def _first_null(texts: pa.Array) -> int:

@@ -20,6 +20,7 @@ from raypack.best_fit import (
     split_items,
 )
 from raypack.masks import build_intra_document_mask
+
 from reference import naive_best_fit
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -69,7 +70,8 @@ def test_literal_best_fit_picks_least_room_then_earliest_chunk():
 def test_literal_windows_do_not_share_chunks():
     docs = [[1] * 3, [2] * 3, [3] * 3, [4] * 3]
     assert pack_best_fit(docs, 6, 0, window=0)[1].tolist() == [[0] * 3 + [1] * 3, [2] * 3 + [3] * 3]
-    assert pack_best_fit(docs, 6, 0, window=3)[1].tolist() == [[0] * 3 + [1] * 3, [2] * 3 + [-1] * 3, [3] * 3 + [-1] * 3]
+    expected = [[0] * 3 + [1] * 3, [2] * 3 + [-1] * 3, [3] * 3 + [-1] * 3]
+    assert pack_best_fit(docs, 6, 0, window=3)[1].tolist() == expected
 
 
 def test_literal_empty_inputs():

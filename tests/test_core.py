@@ -28,6 +28,7 @@ from raypack.core import (
     split_document_mask,
     stitch_fragments,
 )
+
 from reference import naive_pack, naive_segments
 
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from raypack.core import pack_sequences
 
-from helpers import file_digests, pack, read_output, random_corpus, sharded_corpora, write_shards
+from helpers import file_digests, pack, random_corpus, read_output, sharded_corpora, write_shards
 
 # ----------------------------------------------------------------------------- helpers
 

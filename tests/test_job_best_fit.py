@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from raypack.errors import InputError
-from reference import naive_best_fit
+
 from helpers import file_digests, pack, random_corpus, read_output, sharded_corpora, write_shards
+from reference import naive_best_fit
 
 
 def expected(docs, cuts, c: int, window: int) -> tuple[np.ndarray, np.ndarray]:

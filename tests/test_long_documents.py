@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 
 from raypack.best_fit import BestFitPacker
 from raypack.core import StreamPacker, concat_chunks, iter_run_slices
-from raypack.shard_pack import count_shard_chunks, pack_shard
 from raypack.formats import inspect_shard
+from raypack.shard_pack import count_shard_chunks, pack_shard
 from raypack.tasks import PackSettings, ShardTask
+
 from reference import naive_best_fit, naive_pack
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -40,7 +40,8 @@ def write_packed(out, input_ids, doc_ids, *, file_sizes, batch_sizes=(2, 1, 3), 
     schema = pa.schema(
         [("chunk_index", pa.int64()), ("input_ids", pa.list_(token_type, c)),
          ("segment_doc_ids", pa.list_(pa.int64())), ("segment_lengths", pa.list_(pa.int32()))],
-        metadata={"raypack.format_version": str(FORMAT_VERSION), "raypack.context_length": str(c), "raypack.pad_token": str(pad_token)},
+        metadata={"raypack.format_version": str(FORMAT_VERSION), "raypack.context_length": str(c),
+                  "raypack.pad_token": str(pad_token)},
     )
     files, first = [], 0
     for f, size in enumerate(file_sizes):

@@ -30,8 +30,8 @@ from raypack.torch_data import (  # noqa: E402
     ATTENTION_FORMS,
     IGNORE_INDEX,
     PackedTorchDataset,
-    build_batch,
     block_mask_to,
+    build_batch,
     build_block_mask,
     collate_packed,
     iter_ray_batches,
@@ -298,7 +298,8 @@ def test_padding_rows_and_their_remedy(chunks):
     real = torch.from_numpy(doc_ids != -1)
     hand_written = lambda mask: torch.softmax(q @ k.transpose(-1, -2) + mask[:, None], dim=-1) @ v  # noqa: E731
     plain = build_batch(tokens, doc_ids, "additive", mask_dtype=torch.float64)["attention_mask"]
-    fixed = build_batch(tokens, doc_ids, "additive", mask_dtype=torch.float64, padding_attends_self=True)["attention_mask"]
+    fixed = build_batch(tokens, doc_ids, "additive", mask_dtype=torch.float64,
+                        padding_attends_self=True)["attention_mask"]
     assert torch.all(torch.isnan(hand_written(plain).transpose(1, 2)[~real]))   # the caveat
     assert torch.all(torch.isfinite(hand_written(fixed)))                        # the remedy
     torch.testing.assert_close(fixed[real], plain[real])
