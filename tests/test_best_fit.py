@@ -124,6 +124,7 @@ def test_best_fit_decreasing_matches_first_principles(lengths, c):
     assert bins.tolist() == want and num_bins == len(rooms)
 
 
+@pytest.mark.slow  # > 5 s
 @SETTINGS
 @given(corpus=corpora(max_docs=60), window=st.integers(0, 9), data=st.data())
 def test_batch_split_invariance(corpus, window, data):
@@ -143,6 +144,7 @@ def test_batch_split_invariance(corpus, window, data):
 # ----------------------------------------------------------------------------- promises
 
 
+@pytest.mark.slow  # > 5 s
 @SETTINGS
 @given(corpus=corpora(), window=st.integers(0, 7))
 def test_promises(corpus, window):
@@ -187,6 +189,7 @@ def test_masks_follow_the_rule_on_best_fit_chunks():
                 assert row[i, j] == (0.0 if allowed else -np.inf)
 
 
+@pytest.mark.slow  # > 5 s
 def test_counter_matches_packer_over_many_windows():
     rng = np.random.default_rng(0)
     lengths = np.maximum(0, rng.lognormal(np.log(300), 1.0, size=5000)).astype(np.int64)

@@ -48,6 +48,7 @@ def naive_split_count(docs, c: int) -> int:
 # ----------------------------------------------------------------------------- local engine
 
 
+@pytest.mark.slow  # > 5 s
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(corpus=sharded_corpora(), context_length=st.sampled_from([1, 3, 8]), batch=st.integers(1, 7),
        chunks_per_batch=st.integers(1, 4))

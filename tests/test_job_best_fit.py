@@ -45,6 +45,7 @@ def check_equals_reference(out: str, docs, cuts, c: int, window: int) -> dict:
     return manifest
 
 
+@pytest.mark.slow  # > 5 s
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(corpus=sharded_corpora(), context_length=st.sampled_from([1, 3, 8]), batch=st.integers(1, 7),
        window=st.integers(0, 6))

@@ -32,3 +32,15 @@ def test_test_files_do_not_import_each_other():
     tests = sorted(Path(__file__).resolve().parent.glob("*.py"))
     importers = [p.name for p in tests if re.search(r"^\s*(from|import) test_", p.read_text(), re.MULTILINE)]
     assert importers == []
+
+
+def test_ray_fault_and_s3_tests_are_marked_slow(request):
+    """``make test-fast`` (-m "not slow") must start no Ray, kill no worker and start no S3 server.
+
+    Checks the tests collected in this session: a full run checks them all."""
+    unmarked = [
+        item.nodeid for item in request.session.items
+        if ("ray_session" in getattr(item, "fixturenames", ()) or "test_faults.py" in item.nodeid
+            or "test_s3.py" in item.nodeid) and item.get_closest_marker("slow") is None
+    ]
+    assert unmarked == []

@@ -91,6 +91,7 @@ def test_slices_cover_every_token_and_document_once(corpus, max_tokens):
 # ----------------------------------------------------------------------------- packers fed slices
 
 
+@pytest.mark.slow  # > 5 s
 @SETTINGS
 @given(corpus=corpora(), max_tokens=st.integers(1, 20), data=st.data())
 def test_concat_slices_give_the_same_chunks(corpus, max_tokens, data):

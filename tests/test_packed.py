@@ -226,6 +226,7 @@ def test_keeps_the_token_dtype(tmp_path):
     np.testing.assert_array_equal(ds.get_batch(0, len(ds))["input_ids"], input_ids)
 
 
+@pytest.mark.slow  # > 5 s
 @settings(max_examples=40, deadline=None)
 @given(
     lengths=st.lists(st.integers(0, 20), max_size=25),

@@ -39,6 +39,8 @@ from raypack.verify import verify_output
 from packing_faults import fail_at_shard
 from s3_server import moto_server, s3_environment
 
+pytestmark = pytest.mark.slow  # a real S3 server in a subprocess, and Ray
+
 BUCKET = "raypack-test"
 SETTINGS = dict(context_length=16, pad_token=0, read_batch_size=7, chunks_per_record_batch=4)
 

@@ -162,6 +162,7 @@ def test_null_text_is_an_input_error(hf):
         load_tokenizer(str(path)).encode_batch(pa.array(["a", None]))
 
 
+@pytest.mark.slow  # > 5 s
 @settings(max_examples=60, deadline=None)
 @given(texts=st.lists(st.text(), max_size=6))
 def test_hf_random_unicode_equals_encode(hf, texts):
@@ -287,6 +288,7 @@ def test_tiktoken_bos_eos(cl100k):
         cl100k.token_id(100277)
 
 
+@pytest.mark.slow  # > 5 s
 @pytest.mark.parametrize("name", sorted(TIKTOKEN_ENCODINGS))
 def test_tiktoken_built_like_openai_public(name, monkeypatch):
     """Our Encoding == tiktoken's own constructor fed the same ranks instead of a download."""
@@ -323,6 +325,7 @@ def test_rank_file_with_wrong_hash(tmp_path):
         load_rank_file(path, "0" * 64)
 
 
+@pytest.mark.slow  # > 5 s
 def test_tiktoken_loads_with_no_network(monkeypatch):
     def no_network(*args, **kwargs):
         raise AssertionError("tried to use the network")

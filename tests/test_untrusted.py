@@ -145,6 +145,7 @@ def test_hostile_manifest_is_one_line_naming_the_entry(out, tool, case):
     assert "manifest.json" in message
 
 
+@pytest.mark.slow  # > 5 s
 @pytest.mark.parametrize("tool", TOOLS)
 def test_one_file_listed_200000_times_fails_fast(out, tool):
     manifest = manifest_of(out)
