@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: demo test bench clean
+.PHONY: demo lint test test-fast bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -19,9 +19,16 @@ demo: $(STAMP)
 	$(PY) -m raypack.sample --output build/sample --shards 8 --docs-per-shard 2000 --context-length 512
 	$(VENV)/bin/raypack pack --config configs/tiny.toml --input build/sample --output build/packed --overwrite
 
-## Run the whole test suite.
-test: $(STAMP)
+## Lint (ruff, configured in pyproject.toml), then run the whole test suite.
+test: lint
 	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check raypack tests bench jobs
+
+## The inner loop: the suite without the tests marked slow (Ray subprocesses, faults, S3 server).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
 
 bench: $(STAMP)
 	$(PY) bench/bench_core.py

@@ -69,9 +69,10 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH_DIR)
 sys.path[:0] = [BENCH_DIR, REPO]  # bench_peers (the corpus), raypack from this checkout
 
-import bench_peers as peers  # noqa: E402
 from raypack.best_fit import BestFitPacker, best_fit_stats  # noqa: E402
 from raypack.core import Chunks, concat_chunks  # noqa: E402
+
+import bench_peers as peers  # noqa: E402
 
 PAD_TOKEN = 0
 BATCH_DOCS = 8192  # documents per Arrow slice fed to the packers (as bench_peers feeds StreamPacker)
@@ -203,12 +204,12 @@ def audit_chunks(chunks: Chunks, tokens: np.ndarray, lengths: npt.NDArray[np.int
     if np.any(flat[pad_pos] != PAD_TOKEN):
         problems.append("padding position holds a non-pad token")
     real = ~pad
-    d, l, ch, st = seg_docs[real], seg_lens[real], seg_chunk[real], flat_start[real]
+    d, ln, ch, st = seg_docs[real], seg_lens[real], seg_chunk[real], flat_start[real]
     same_chunk = ch[1:] == ch[:-1]
     if best_fit and np.any(same_chunk & (d[1:] <= d[:-1])):
         problems.append("doc ids not strictly increasing inside a chunk")
     seg_per_doc = np.bincount(d, minlength=lengths.size)
-    tokens_per_doc = np.bincount(d, weights=l, minlength=lengths.size).astype(np.int64)
+    tokens_per_doc = np.bincount(d, weights=ln, minlength=lengths.size).astype(np.int64)
     if not np.array_equal(tokens_per_doc, lengths):
         problems.append("tokens per doc id differ from the document lengths")
     short = (lengths >= 1) & (lengths <= c)
@@ -216,7 +217,7 @@ def audit_chunks(chunks: Chunks, tokens: np.ndarray, lengths: npt.NDArray[np.int
     if best_fit and not whole:
         problems.append(f"{int(np.sum(seg_per_doc[short] != 1))} documents of <= C tokens not in exactly one segment")
     order = np.argsort(d, kind="stable")  # per document, its segments in chunk order
-    gather = np.repeat(st[order], l[order]) + _ramp(l[order])
+    gather = np.repeat(st[order], ln[order]) + _ramp(ln[order])
     if not np.array_equal(flat[gather], tokens):
         problems.append("documents rebuilt from their segments differ from the input")
     split = seg_per_doc > 1
@@ -362,7 +363,8 @@ def code_identity() -> dict:
 
 
 def quality_table(rows: list[dict]) -> str:
-    lines = ["| packing | chunks/rows | padding | padding % | split docs | split % | split docs <= C | tokens dropped | check |",
+    lines = ["| packing | chunks/rows | padding | padding % | split docs | split % | split docs <= C | tokens dropped "
+             "| check |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         lines.append(f"| {r['label']} | {r['chunks']:,} | {r['padding']:,} | {r['padding_pct']:.3f} | "
@@ -372,12 +374,14 @@ def quality_table(rows: list[dict]) -> str:
 
 
 def speed_table(rows: list[dict]) -> str:
-    lines = ["| candidate | M tokens/s (median) | spread (min-max of rounds) | x TRL bfd | median s | CPU s/call (user+sys) | sys s/call | minor faults/call | first call M tokens/s |",
+    lines = ["| candidate | M tokens/s (median) | spread (min-max of rounds) | x TRL bfd | median s "
+             "| CPU s/call (user+sys) | sys s/call | minor faults/call | first call M tokens/s |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         ratio = "-" if r.get("x_trl_bfd") is None else f"{r['x_trl_bfd']:.2f}"
-        lines.append(f"| {r['label']} | {r['rate'] / 1e6:,.1f} | {r['rate_min'] / 1e6:,.1f}-{r['rate_max'] / 1e6:,.1f} | "
-                     f"{ratio} | {r['median_s']:.3f} | {r['cpu_s']:.3f} | {r['sys_s']:.3f} | {r['minor_faults']:,.0f} | {r['first_rate'] / 1e6:,.1f} |")
+        lines.append(f"| {r['label']} | {r['rate'] / 1e6:,.1f} | "
+                     f"{r['rate_min'] / 1e6:,.1f}-{r['rate_max'] / 1e6:,.1f} | {ratio} | {r['median_s']:.3f} | "
+                     f"{r['cpu_s']:.3f} | {r['sys_s']:.3f} | {r['minor_faults']:,.0f} | {r['first_rate'] / 1e6:,.1f} |")
     return "\n".join(lines)
 
 
@@ -476,7 +480,8 @@ def main(argv: list[str] | None = None) -> int:
         if notes:
             problems.append(f"best_fit window={window}: " + "; ".join(notes))
         row = add_row(f"best_fit_w{window}", f"best_fit, window {window_label(window)}",
-                      {**packed, "stats": from_stats, "reference_chunks": ref_n, "placement_equals_reference": bool(same_place)},
+                      {**packed, "stats": from_stats, "reference_chunks": ref_n,
+                       "placement_equals_reference": bool(same_place)},
                       check)
         row["best_fit_stats_s"] = stats_time[window]
         print(f"# quality best_fit window={window}: {check}", flush=True)
@@ -565,7 +570,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"corpus: {corpus['docs']:,} documents, {corpus['tokens']:,} tokens, C = {c}, mean length "
           f"{corpus['mean_doc_len']} (median {corpus['median_doc_len']}, max {corpus['max_doc_len']:,}); "
-          f"{corpus['docs_longer_than_C']:,} documents longer than C ({pct(corpus['docs_longer_than_C'], num_docs):.2f}%) "
+          f"{corpus['docs_longer_than_C']:,} documents longer than C "
+          f"({pct(corpus['docs_longer_than_C'], num_docs):.2f}%) "
           f"hold {corpus['tokens_beyond_C']:,} tokens beyond their first C")
     print()
     print("Quality (exact)")
@@ -576,19 +582,22 @@ def main(argv: list[str] | None = None) -> int:
     print(speed_table(speed))
     if trl_missing is not None:
         print(f"\nTRL rows skipped: {trl_missing} (run with /work/benchvenv/bin/python, which has trl and datasets)")
-    print("\nbest_fit_stats from lengths alone: " + ", ".join(f"window {window_label(w)} {s * 1e3:.0f} ms" for w, s in stats_time.items()))
+    print("\nbest_fit_stats from lengths alone: "
+          + ", ".join(f"window {window_label(w)} {s * 1e3:.0f} ms" for w, s in stats_time.items()))
     print(f"load average: before {report['load_before']}; after each round {loads}")
     print("\nGoals")
     print(f"  split documents of length <= C = 0 (every best_fit window, stats and output): "
           f"{'MET' if goals['split_le_C_zero'] else 'NOT MET'}")
     print("  padding <= 2%: " + ", ".join(f"{r['label'].split(', ')[1]} {r['padding_pct']:.3f}% "
-                                          f"{'MET' if r['padding_pct'] <= GOAL_PADDING_PCT else 'NOT MET'}" for r in bf_rows))
+                                          f"{'MET' if r['padding_pct'] <= GOAL_PADDING_PCT else 'NOT MET'}"
+                                          for r in bf_rows))
     if trl_bfd is None:
         print("  throughput >= TRL bfd: not measured (TRL missing)")
     else:
         print(f"  throughput >= TRL bfd ({trl_bfd['rate'] / 1e6:.1f}M tokens/s): " + ", ".join(
             f"{r['label'].split(', ')[1]} {r['rate'] / 1e6:.1f}M = {r['x_trl_bfd']:.2f}x "
-            f"{'MET' if r['rate'] >= trl_bfd['rate'] else 'NOT MET'}" for r in speed if r["key"].startswith("best_fit")))
+            f"{'MET' if r['rate'] >= trl_bfd['rate'] else 'NOT MET'}"
+            for r in speed if r["key"].startswith("best_fit")))
     print(f"  every check passed: {'yes' if not problems else 'NO'}")
     for p in problems:
         print(f"    PROBLEM {p}")

@@ -28,7 +28,6 @@ import tempfile
 from typing import Callable
 
 import numpy as np
-from timing import time_interleaved
 import torch
 from torch.nn.attention.flex_attention import create_block_mask
 
@@ -37,6 +36,8 @@ from raypack.job import run_pack
 from raypack.masks import build_bool_mask, build_intra_document_mask, cu_seqlens
 from raypack.sample import lognormal_lengths, write_sample_corpus
 from raypack.torch_data import ATTENTION_FORMS, PackedTorchDataset, build_block_mask, collate_packed, document_mask_mod
+
+from timing import time_interleaved
 
 BLOCK_SIZE = 128
 
@@ -106,7 +107,8 @@ def synthetic_doc_ids(batch: int, context_len: int, mean_doc_len: float, seed: i
 
 def scaling_table(batch: int, context_lens: list[int], mean_doc_len: float, repeats: int) -> None:
     print(f"\ngrowth with L, batch of {batch} (synthetic packed ids, mean document {mean_doc_len:g} tokens)")
-    print(f"{'L':>6} {'additive':>10} {'bool':>10} {'varlen':>10} {'flex blocks':>12} {'create_block_mask':>18}  (min ms)")
+    print(f"{'L':>6} {'additive':>10} {'bool':>10} {'varlen':>10} {'flex blocks':>12} "
+          f"{'create_block_mask':>18}  (min ms)")
     for context_len in context_lens:
         ids = synthetic_doc_ids(batch, context_len, mean_doc_len, seed=context_len)
         medians = time_median_min({
@@ -134,7 +136,8 @@ def main() -> None:
         packed = pack_corpus(root, args.batch, args.context_length, args.num_batches, args.mean_doc_len)
         form_table(packed, args.batch, args.repeats)
     if args.scaling:
-        scaling_table(args.batch, [int(x) for x in args.scaling.split(",")], args.mean_doc_len, max(3, args.repeats // 3))
+        lengths = [int(x) for x in args.scaling.split(",")]
+        scaling_table(args.batch, lengths, args.mean_doc_len, max(3, args.repeats // 3))
 
 
 if __name__ == "__main__":

@@ -93,8 +93,8 @@ def main() -> None:
     gen_s = time.perf_counter() - t
     print(f"# corpus: {len(shards)} Parquet shards x {docs_per_shard:,} docs, C={c} (generated in {gen_s:.1f}s); "
           f"raypack {STRATEGY}")
-    print(f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]},"
-          f" pyarrow {pa.__version__}, numpy {np.__version__}")
+    print(f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+          f"Python {sys.version.split()[0]}, pyarrow {pa.__version__}, numpy {np.__version__}")
 
     from raypack import pipeline
 

@@ -1,6 +1,6 @@
 """Packer memory with one huge document vs a normal corpus of the same size.
 
-    python bench/bench_long_doc.py                                  # 50M tokens, int32, concat + best_fit, Parquet + Arrow IPC
+    python bench/bench_long_doc.py       # 50M tokens, int32, concat + best_fit, Parquet + Arrow IPC
     python bench/bench_long_doc.py --tokens 5000000 --dtypes int32,uint16 --strategies concat
 
 Each case packs one shard with :func:`raypack.shard_pack.pack_shard` in a fresh child process
@@ -85,9 +85,8 @@ def write_shard(path: str, kind: str, fmt: str, dtype: str, num_tokens: int, mea
 
 
 def child(args: argparse.Namespace) -> dict:
-    from raypack.readers import iter_token_batches
+    from raypack.formats import inspect_shard, iter_token_batches
     from raypack.shard_pack import count_shard_chunks, pack_shard, read_batch_rows
-    from raypack.shards import inspect_shard
     from raypack.tasks import PackSettings, ShardTask
 
     info = inspect_shard(args.path, "input_ids")
@@ -150,7 +149,8 @@ def main() -> None:
         return
     mib = 1 << 20
     print(f"one shard of {args.tokens:,} tokens; C={C}; read_batch_tokens={args.read_batch_tokens:,}; "
-          f"best_fit window {args.window:,}; Arrow pool {args.arrow_pool or pa.default_memory_pool().backend_name}; load average {os.getloadavg()[0]:.2f}")
+          f"best_fit window {args.window:,}; Arrow pool {args.arrow_pool or pa.default_memory_pool().backend_name}; "
+          f"load average {os.getloadavg()[0]:.2f}")
     print(f"{'format':8} {'dtype':12} {'strategy':9} {'corpus':7} {'reader MiB':>10} {'added MiB':>10} "
           f"{'peak MiB':>9} {'ratio':>6}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -169,7 +169,8 @@ def main() -> None:
                         reader = run_child(paths[kind], out, out_dtype, strategy, args, mode="read-only")
                         num_chunks = -1
                         if strategy == "best_fit":  # the counting pass, in its own process
-                            num_chunks = run_child(paths[kind], out, out_dtype, strategy, args, mode="count")["num_chunks"]
+                            counted = run_child(paths[kind], out, out_dtype, strategy, args, mode="count")
+                            num_chunks = counted["num_chunks"]
                         packed = run_child(paths[kind], out, out_dtype, strategy, args, num_chunks=num_chunks)
                         added[kind] = packed["added"]
                         ratio = f"{added['long'] / added['normal']:.2f}x" if kind == "long" else ""

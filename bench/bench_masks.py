@@ -16,7 +16,6 @@ import argparse
 import statistics
 
 import numpy as np
-from timing import time_interleaved
 import numpy.typing as npt
 
 from raypack.masks import (
@@ -25,6 +24,8 @@ from raypack.masks import (
     cu_seqlens,
     position_ids,
 )
+
+from timing import time_interleaved
 
 GOAL_RATIO = 1.5
 

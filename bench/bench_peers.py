@@ -103,7 +103,8 @@ SPECS = [
          "yes; rows never span two map batches"),
     Spec("torchtune", "torchtune PackedDataset split_across_pack", "memory",
          "per pack: seq_lens (-> block mask) and input_pos (position ids, int64 per position); no doc ids",
-         "final pack only (pad tokens, labels -100)", "yes; the continuation is a new segment whose input_pos keep counting"),
+         "final pack only (pad tokens, labels -100)",
+         "yes; the continuation is a new segment whose input_pos keep counting"),
     Spec("floor_io", "pyarrow Parquet -> IPC copy (I/O floor)", "files",
          "the input's list offsets (nothing is packed)", "n/a", "n/a"),
     Spec("raypack_ray1", "raypack job, Ray, 1 worker", "files",
@@ -349,8 +350,8 @@ def describe_dense(documents, input_ids, doc_ids, context_length: int) -> dict:
     pad = int(np.count_nonzero(doc_ids == -1))
     out = describe_rows(np.full(input_ids.shape[0], context_length), int(lengths.sum()), context_length, pad)
     out["split_docs"] = num_split_docs(lengths, np.arange(1, input_ids.shape[0]) * context_length)
-    out["check"] = ("equal to pack_sequences" if np.array_equal(input_ids, want_ids) and np.array_equal(doc_ids, want_docs)
-                    else "DIFFERS from pack_sequences")
+    same = np.array_equal(input_ids, want_ids) and np.array_equal(doc_ids, want_docs)
+    out["check"] = "equal to pack_sequences" if same else "DIFFERS from pack_sequences"
     return out
 
 
@@ -374,7 +375,8 @@ def describe_bfd(documents, out_ds, context_length: int, split: bool) -> dict:
     seq_lengths = out_ds.data.column("seq_lengths").combine_chunks()
     out["segments_per_row"] = round(len(seq_lengths.flatten()) / max(1, len(rows)), 2)
     out["check"] = (f"dropped tokens = sum(len - C) over docs > C ({expected_drop:,})"
-                    if out["tokens_dropped"] == expected_drop else f"dropped {out['tokens_dropped']:,} != {expected_drop:,}")
+                    if out["tokens_dropped"] == expected_drop
+                    else f"dropped {out['tokens_dropped']:,} != {expected_drop:,}")
     return out
 
 
@@ -390,7 +392,8 @@ def describe_group_texts(documents, out_ds, context_length: int) -> dict:
     out["split_docs"] = num_split_docs(lengths, np.concatenate(cuts))
     expected_rows = sum(int(lengths[s:s + HF_MAP_BATCH].sum()) // context_length
                         for s in range(0, lengths.size, HF_MAP_BATCH))
-    out["check"] = "rows as predicted per map batch" if expected_rows == rows.size else "row count DIFFERS from prediction"
+    out["check"] = ("rows as predicted per map batch" if expected_rows == rows.size
+                    else "row count DIFFERS from prediction")
     return out
 
 
@@ -412,7 +415,8 @@ def describe_torchtune(documents, packed, context_length: int) -> dict:
     out["continuation_tokens"] = int(continues.sum())
     out["input_pos_differs"] = int(differs.sum())
     where = "all of them" if not (differs & ~continues).any() else "NOT only"
-    out["check"] = (("tokens equal to raypack pack_sequences" if np.array_equal(tokens, want_ids) else "tokens DIFFER from raypack")
+    out["check"] = (("tokens equal to raypack pack_sequences" if np.array_equal(tokens, want_ids)
+                     else "tokens DIFFER from raypack")
                     + f"; input_pos differs from raypack position_ids at {out['input_pos_differs']:,} positions, "
                     f"{where} in the {out['continuation_tokens']:,} tokens that continue a cut document")
     out["prefix_docs"] = int(lengths.size)
@@ -484,7 +488,8 @@ def setup_files(key: str, args) -> Setup:
     num_tokens = args.num_tokens  # counted by the parent; reading the shards here would skew the memory base
     out = os.path.join(work, f"out-{key}")
     if key == "floor_io":
-        return Setup(lambda: pyarrow_copy(shards, out), num_tokens, None, lambda: shutil.rmtree(out, ignore_errors=True))
+        return Setup(lambda: pyarrow_copy(shards, out), num_tokens, None,
+                     lambda: shutil.rmtree(out, ignore_errors=True))
     if key.startswith("raypack_"):
         engine, workers = ("local", 1) if key == "raypack_local" else ("ray", int(key[-1]))
         return Setup(lambda: raypack_job(args.corpus, out, c, workers, engine), num_tokens, describe_job,
@@ -579,7 +584,8 @@ def versions() -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
     found = {"python": platform.python_version()}
-    for name in ("raypack", "numpy", "pyarrow", "ray", "datasets", "trl", "transformers", "torch", "torchtune", "torchao"):
+    for name in ("raypack", "numpy", "pyarrow", "ray", "datasets", "trl", "transformers", "torch", "torchtune",
+                 "torchao"):
         try:
             found[name] = version(name)
         except PackageNotFoundError:
@@ -604,7 +610,7 @@ def machine() -> dict:
     model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
-            model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), model)
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
     except OSError:
         pass
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -662,7 +668,8 @@ def fmt_mib(num_bytes: float) -> str:
 def markdown_tables(report: dict) -> str:
     rows = report["results"]
     lines = [
-        "| candidate | tier | M tokens/s (warm) | x numpy floor | x I/O floor | M tokens/s (cold) | spread | peak memory MiB | bytes/token |",
+        "| candidate | tier | M tokens/s (warm) | x numpy floor | x I/O floor | M tokens/s (cold) | spread "
+        "| peak memory MiB | bytes/token |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     specs = [spec for spec in SPECS if spec.key in rows]
@@ -677,7 +684,8 @@ def markdown_tables(report: dict) -> str:
         lines.append(f"| {label} | {spec.tier} | {r['rate'] / 1e6:,.1f} | {r['x_numpy_floor']:.3f} | "
                      f"{r['x_io_floor']:.2f} | {r['cold_rate'] / 1e6:,.1f} | {spread} | "
                      f"{fmt_mib(r['peak_delta'])} | {r['peak_delta'] / r['num_tokens']:.1f} |")
-    lines += ["", "| candidate | boundaries kept | padding | documents split | rows | tokens dropped | rows < C | pad stored | pad to fill C | split docs | check |",
+    lines += ["", "| candidate | boundaries kept | padding | documents split | rows | tokens dropped | rows < C "
+                  "| pad stored | pad to fill C | split docs | check |",
               "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for spec in specs:
         d = rows[spec.key]["describe"]

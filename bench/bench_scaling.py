@@ -155,9 +155,9 @@ def synthetic_results(num_shards: int, context_length: int):
 def child_stitch(num_shards: int, out_dir: str, write: bool, repeats: int) -> dict:
     from raypack.assemble import build_manifest, count_stats, stitch_boundaries, write_boundaries
     from raypack.config import make_config
+    from raypack.formats import ShardInfo
     from raypack.output import WrittenFile
     from raypack.plan import Plan
-    from raypack.shards import ShardInfo
     from raypack.tasks import PackSettings, ShardTask
 
     results, num_tokens = synthetic_results(num_shards, C)
@@ -196,7 +196,8 @@ def child_stitch(num_shards: int, out_dir: str, write: bool, repeats: int) -> di
     # One owned-chunks file per shard (shards here own 2 chunks each) plus the boundary files.
     owned = [WrittenFile(f"chunks-{int(-(-t.token_offset // C)):012d}.arrow", int(-(-t.token_offset // C)), 2,
                          0, "f" * 64) for t in tasks]
-    config = make_config(dict(inputs=["/mnt/shared/corpus"], output="/mnt/shared/packed", context_length=C, pad_token=0))
+    config = make_config(dict(inputs=["/mnt/shared/corpus"], output="/mnt/shared/packed", context_length=C,
+                              pad_token=0))
     all_files = sorted(owned + files, key=lambda f: f.first_chunk)
     manifest = build_manifest(config, plan, all_files, count_stats(results, plan))
     out["manifest_files"] = len(all_files)
@@ -208,7 +209,8 @@ def child_job(corpus: str, engine: str, out: str) -> dict:
     from raypack.config import make_config
     from raypack.job import run_pack
 
-    config = make_config(dict(inputs=[corpus], output=out, context_length=C, pad_token=0, num_workers=2, overwrite=True))
+    config = make_config(dict(inputs=[corpus], output=out, context_length=C, pad_token=0, num_workers=2,
+                              overwrite=True))
     if engine == "ray":
         from raypack import pipeline
 
@@ -274,7 +276,8 @@ def plan_table(counts: list[int], work: str, args, results: dict) -> None:
         corpus = os.path.join(work, f"tiny-{n}")
         r = run_child("plan", corpus, str(args.repeats))
         results["plan"].append(r)
-        print(f"| {n:,} | {r['list_s']:.3f} | {r['plan_s']:.3f} | {1e3 * r['plan_s'] / n:.3f} | {mib(r['tracemalloc_peak'])} "
+        print(f"| {n:,} | {r['list_s']:.3f} | {r['plan_s']:.3f} | {1e3 * r['plan_s'] / n:.3f} "
+              f"| {mib(r['tracemalloc_peak'])} "
               f"| {mib(r['plan_kept'])} | {r['plan_kept'] / n:,.0f} | {mib(r['rss_growth'])} |")
 
 
@@ -290,14 +293,16 @@ def stitch_table(counts: list[int], work: str, args, results: dict) -> None:
         shutil.rmtree(out_dir, ignore_errors=True)
         results["stitch"].append(r)
         written = f"{r['write_boundaries_s']:.2f} ({r['boundary_runs']:,})" if write else "not run"
-        print(f"| {n:,} | {r['fragments']:,} | {mib(r['fragment_bytes'])} | {r['stitch_s']:.3f} | {1e3 * r['stitch_s'] / n:.3f} "
-              f"| {mib(r['stitch_tracemalloc_peak'])} | {written} | {r['manifest_files']:,} | {mib(r['manifest_bytes'])} "
+        print(f"| {n:,} | {r['fragments']:,} | {mib(r['fragment_bytes'])} | {r['stitch_s']:.3f} "
+              f"| {1e3 * r['stitch_s'] / n:.3f} | {mib(r['stitch_tracemalloc_peak'])} | {written} "
+              f"| {r['manifest_files']:,} | {mib(r['manifest_bytes'])} "
               f"| {r['manifest_bytes'] / n:,.0f} |")
 
 
 def job_table(counts: list[int], work: str, args, results: dict) -> None:
     print("\n## 3. the whole job over the tiny corpora (time after Ray start)\n")
-    print("| shards | engine | seconds | per shard ms | driver CPU s | chunks | files | manifest KiB | driver RSS growth MiB |")
+    print("| shards | engine | seconds | per shard ms | driver CPU s | chunks | files | manifest KiB "
+          "| driver RSS growth MiB |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for n in counts:
         corpus = os.path.join(work, f"tiny-{n}")

@@ -31,9 +31,9 @@ from pathlib import Path
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import time_interleaved  # noqa: E402
-
 from raypack.text_tokenizers import HFTokenizer, TiktokenTokenizer, ids_to_list_array, token_dtype_for  # noqa: E402
+
+from timing import time_interleaved  # noqa: E402
 
 
 def stdlib_texts(max_bytes: int) -> list[str]:
@@ -82,7 +82,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     train_bpe(texts, args.vocab, out / "tokenizer.json")
-    print(f"{len(texts)} docs, {num_bytes / 1e6:.1f} MB; trained BPE vocab {args.vocab} in {time.perf_counter() - start:.1f}s")
+    print(f"{len(texts)} docs, {num_bytes / 1e6:.1f} MB; "
+          f"trained BPE vocab {args.vocab} in {time.perf_counter() - start:.1f}s")
     print(f"RAYON_NUM_THREADS={os.environ.get('RAYON_NUM_THREADS', '(unset: all cores)')}, cores={os.cpu_count()}, "
           f"load average {os.getloadavg()[0]:.2f}")
 

@@ -45,7 +45,8 @@ def main() -> None:
     total = saved - start
     print(f"TRL {args.strategy}, {len(files)} Parquet shards, {tokens:,} tokens, C={args.context_length}: "
           f"load {loaded - start:.2f}s, pack {done - loaded:.2f}s, save {saved - done:.2f}s, total {total:.2f}s "
-          f"= {tokens / total / 1e6:.1f}M tokens/s file to file ({tokens / (done - loaded) / 1e6:.1f}M/s packing alone)")
+          f"= {tokens / total / 1e6:.1f}M tokens/s file to file "
+          f"({tokens / (done - loaded) / 1e6:.1f}M/s packing alone)")
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ _EXPORTS = {
     "cu_seqlens": "raypack.masks",
     "position_ids": "raypack.masks",
     "loss_mask": "raypack.masks",
-    "PackedDataset": "raypack.reader",
-    "read_packed": "raypack.reader",
+    "PackedDataset": "raypack.packed",
+    "read_packed": "raypack.packed",
     "InputError": "raypack.errors",
 }
 

@@ -31,7 +31,14 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from raypack.core import Chunks, cast_tokens, concat_chunks, flatten_documents, validate_context_length, validate_pad_token
+from raypack.core import (
+    Chunks,
+    cast_tokens,
+    concat_chunks,
+    flatten_documents,
+    validate_context_length,
+    validate_pad_token,
+)
 
 __all__ = [
     "BestFitChunkCounter",
@@ -186,7 +193,8 @@ def _segments(bins_in_order: np.ndarray, doc_ids: np.ndarray, lengths: np.ndarra
     items_per_bin = np.bincount(bins_in_order, minlength=num_bins)
     offsets = np.zeros(num_bins + 1, dtype=np.int64)
     np.cumsum(items_per_bin + padded, out=offsets[1:])
-    item_slots = np.arange(bins_in_order.size) + offsets[bins_in_order] - (np.cumsum(items_per_bin) - items_per_bin)[bins_in_order]
+    first_item_of_bin = np.cumsum(items_per_bin) - items_per_bin
+    item_slots = np.arange(bins_in_order.size) + offsets[bins_in_order] - first_item_of_bin[bins_in_order]
     seg_doc_ids = np.full(offsets[-1], -1, dtype=np.int64)
     seg_lengths = np.empty(offsets[-1], dtype=np.int32)
     seg_doc_ids[item_slots] = doc_ids

@@ -10,8 +10,6 @@ from typing import Sequence
 from raypack.config import load_config
 from raypack.errors import InputError
 
-log = logging.getLogger("raypack")
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raypack", description=__doc__)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
+import tomllib
 
 from raypack.core import validate_context_length, validate_pad_token
 from raypack.errors import InputError
@@ -62,7 +62,6 @@ class PackConfig:
     and packs its shard again; the local engine only reports."""
     address: str | None = None
     """Ray cluster address; None uses RAY_ADDRESS or starts an embedded local Ray."""
-    extra: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         validate_context_length(self.context_length)
@@ -97,13 +96,12 @@ class PackConfig:
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        out.pop("extra")
         out["inputs"] = list(self.inputs)
         return out
 
 
 def config_keys() -> list[str]:
-    return [f.name for f in dataclasses.fields(PackConfig) if f.name != "extra"]
+    return [f.name for f in dataclasses.fields(PackConfig)]
 
 
 def make_config(values: Mapping[str, Any], *, source: str = "config") -> PackConfig:

@@ -37,6 +37,7 @@ __all__ = [
     "flatten_documents",
     "iter_run_slices",
     "pack_sequences",
+    "split_document_mask",
     "stitch_fragments",
     "validate_context_length",
     "validate_pad_token",
@@ -282,6 +283,18 @@ def _cut_segments(
                           (first_chunk[run_of_piece] + piece_in_run) * context_length)
     seg_ends = np.minimum(ends[run_of_piece], (seg_starts // context_length + 1) * context_length)
     return seg_starts, doc_ids[run_of_piece], (seg_ends - seg_starts).astype(np.int32)
+
+
+def split_document_mask(lengths: npt.NDArray[np.integer], start: int, context_length: int) -> npt.NDArray[np.bool_]:
+    """(n,) bool: which documents, laid end to end from stream position ``start``, cross a chunk boundary.
+
+    concat's rule: chunk k holds positions ``[k*C, (k+1)*C)``; an empty document crosses none.
+    O(n).
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    ends = start + np.cumsum(lengths)
+    starts = ends - lengths
+    return (lengths > 0) & (starts // context_length != (ends - 1) // context_length)
 
 
 # ----------------------------------------------------------------------------- streaming

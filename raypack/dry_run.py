@@ -15,8 +15,9 @@ import numpy.typing as npt
 
 from raypack.best_fit import BestFitChunkCounter
 from raypack.config import PackConfig
+from raypack.core import split_document_mask
+from raypack.formats import iter_token_batches
 from raypack.plan import make_plan
-from raypack.readers import iter_token_batches
 from raypack.shard_pack import read_batch_rows
 from raypack.tasks import PackSettings
 
@@ -105,9 +106,7 @@ def _sample_lengths(tasks, settings: PackSettings, sample_docs: int) -> list[npt
 def _concat_figures(lengths: np.ndarray, c: int) -> StrategyFigures:
     tokens = int(lengths.sum())
     chunks = -(-tokens // c)
-    ends = np.cumsum(lengths)
-    starts = ends - lengths
-    cut = (lengths > 0) & (starts // c != (ends - 1) // c)
+    cut = split_document_mask(lengths, 0, c)
     return StrategyFigures("concat", chunks, chunks * c - tokens, int(cut.sum()),
                            int(np.count_nonzero(cut & (lengths <= c))))
 

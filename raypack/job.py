@@ -15,9 +15,9 @@ from raypack.config import PackConfig
 from raypack.errors import InputError
 from raypack.output import write_manifest
 from raypack.plan import Plan, check_output_outside_inputs, make_plan, place_chunks, settings_for
+from raypack.publish import LocalOutput, ObjectStoreOutput, output_target
 from raypack.resume import load_verified_result
 from raypack.shard_pack import count_shard_chunks, current_rss_bytes, pack_shard
-from raypack.publish import LocalOutput, ObjectStoreOutput, output_target
 from raypack.tasks import PackSettings, ShardResult
 
 log = logging.getLogger(__name__)

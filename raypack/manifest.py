@@ -3,7 +3,7 @@
 Outputs travel between teams and get downloaded, so everything here assumes a hostile
 ``manifest.json`` and directory. This module is the one place that parses a manifest
 (:func:`load_manifest`) and the one place that opens a chunk file it lists
-(:func:`open_chunk_file`); ``raypack.reader``, ``raypack.stats`` and ``raypack.verify`` use both.
+(:func:`open_chunk_file`); ``raypack.packed``, ``raypack.stats`` and ``raypack.verify`` use both.
 
 :func:`check_manifest` checks, before any chunk file is opened, and raises one-line
 InputErrors naming the manifest, the entry and the value:
@@ -42,8 +42,8 @@ import pyarrow.fs as pafs
 
 from raypack.core import MAX_CONTEXT_LENGTH
 from raypack.errors import InputError
+from raypack.fs import check_bucket, resolve_filesystem
 from raypack.output import CHUNK_FILE_RE, FORMAT_VERSION, MANIFEST_NAME
-from raypack.shards import check_bucket, resolve_filesystem
 
 __all__ = ["COUNT_KEYS", "FILE_KEYS", "MAX_CONTEXT_LENGTH", "MAX_COUNT", "MAX_MANIFEST_BYTES", "STRATEGIES",
            "check_manifest", "load_manifest", "open_chunk_file", "resolve_output", "strategy_of"]

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from raypack.core import Chunks, concat_chunks
-from raypack.shards import resolve_filesystem
+from raypack.fs import resolve_filesystem
 
 log = logging.getLogger(__name__)
 
@@ -310,7 +310,8 @@ class ChunkFileWriter:
     def _flush(self) -> None:
         if not self._pending_rows:
             return
-        merged = concat_chunks(self._pending, self.schema.field("input_ids").type.list_size, self._pending[0].input_ids.dtype)
+        context_length = self.schema.field("input_ids").type.list_size
+        merged = concat_chunks(self._pending, context_length, self._pending[0].input_ids.dtype)
         self._writer.write_batch(chunks_to_record_batch(merged, self.next_chunk, self.schema))
         self.next_chunk += self._pending_rows
         self._pending, self._pending_rows = [], 0
@@ -334,7 +335,8 @@ class ChunkFileWriter:
         self._file.abort()
 
 
-def write_chunks_file(out_dir: str, first_chunk: int, chunks: Chunks, schema: pa.Schema, chunks_per_record_batch: int) -> WrittenFile:
+def write_chunks_file(out_dir: str, first_chunk: int, chunks: Chunks, schema: pa.Schema,
+                      chunks_per_record_batch: int) -> WrittenFile:
     """Write ``chunks`` as one complete file."""
     writer = ChunkFileWriter(out_dir, first_chunk, schema, chunks_per_record_batch)
     try:

@@ -10,23 +10,26 @@ tasks can always be scheduled beside them (whole-CPU actors deadlock a 2-CPU mac
 Each actor holds its next shard queued (two calls in flight; it runs them one after the
 other), so it starts that shard as soon as it ends one instead of waiting for the driver's
 scheduling loop to notice and dispatch.
+
+It also holds the Ray side of reading packed output back: :func:`packed_to_ray_dataset`
+(``PackedDataset.to_ray_dataset``), one read task per chunk file.
 """
 
 from __future__ import annotations
 
-import logging
+import operator
 import os
 from dataclasses import asdict
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 import ray
 
+from raypack.core import Chunks
+from raypack.packed import PackedDataset, chunks_table, iter_file_tables
 from raypack.shard_pack import count_shard_chunks, pack_shard
 from raypack.tasks import PackSettings, ShardResult, ShardTask, result_to_table, table_to_results
-
-log = logging.getLogger(__name__)
 
 
 def init_ray(address: str | None = None) -> None:
@@ -114,3 +117,41 @@ def original_error(error: BaseException) -> BaseException:
         else:
             break
     return error
+
+
+# ----------------------------------------------------------------------------- reading packed output
+
+
+def packed_to_ray_dataset(packed: PackedDataset, batch_rows: int | None = None) -> ray.data.Dataset:
+    """A ``ray.data.Dataset`` of ``packed``'s chunks in global order, one row per chunk.
+
+    Also ``packed.to_ray_dataset(batch_rows)``. Columns: ``input_ids``
+    fixed_size_list<token>[C] and ``doc_ids`` fixed_size_list<int64>[C]. One read task per
+    file; each yields one block per record batch, or blocks of ``batch_rows`` chunks. Order is
+    kept (``preserve_order`` is set on this dataset's own context, not globally). Masks are not
+    in the dataset; build them per batch. Ray's "numpy" batch format turns fixed_size_list
+    columns into object arrays of rows, so stack them first::
+
+        from raypack.masks import build_intra_document_mask
+        for batch in ds.to_ray_dataset().iter_batches(batch_size=8, batch_format="numpy"):
+            doc_ids = np.stack(batch["doc_ids"])         # (8, C) int64
+            mask = build_intra_document_mask(doc_ids)    # (8, C, C)
+    """
+    if batch_rows is not None and operator.index(batch_rows) < 1:
+        raise ValueError(f"batch_rows={batch_rows} must be >= 1 or None")
+    items = packed.file_items()
+    if not items:
+        return ray.data.from_arrow(chunks_table(Chunks.empty(packed.context_length, packed.token_dtype)))
+    dataset = ray.data.from_items(items, override_num_blocks=len(items))
+    dataset.context.execution_options.preserve_order = True
+    return dataset.map_batches(
+        _read_file_blocks, batch_size=1, batch_format="pyarrow",
+        fn_kwargs={"filesystem": packed.filesystem, "base": packed.base, "context_length": packed.context_length,
+                   "token_dtype": packed.token_dtype.name, "batch_rows": batch_rows},
+    )
+
+
+def _read_file_blocks(items: pa.Table, **options: Any) -> Iterator[pa.Table]:
+    """Ray map_batches function: the chunk tables of the files described by ``items``, in order."""
+    for item in items.to_pylist():
+        yield from iter_file_tables(item, **options)

@@ -8,7 +8,6 @@ about the result depends on which worker runs what, or when.
 
 from __future__ import annotations
 
-import logging
 import os
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
@@ -20,10 +19,10 @@ import numpy as np
 from raypack.config import PackConfig
 from raypack.core import validate_pad_token
 from raypack.errors import InputError
+from raypack.formats import ShardInfo, inspect_shard
+from raypack.fs import is_uri
+from raypack.shards import common_token_type, discover_shards, plan_offsets
 from raypack.tasks import PackSettings, ShardTask
-from raypack.shards import ShardInfo, common_token_type, discover_shards, inspect_shard, plan_offsets
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -97,7 +96,7 @@ def check_output_outside_inputs(output: str, plan: Plan) -> None:
     out = _location(output)
     for info in plan.shards:
         location = _location(info.path)
-        shard_dir = location[: location.rindex("/")] if "://" in location else os.path.dirname(location)
+        shard_dir = location[: location.rindex("/")] if is_uri(location) else os.path.dirname(location)
         if out == shard_dir or out.startswith(shard_dir + "/"):
             raise InputError(f"output directory {output} lies inside the input directory {shard_dir} "
                              f"(shard {info.path}); choose an output outside the inputs")
@@ -107,6 +106,6 @@ def _location(path: str) -> str:
     """A local path (or file:// URI) made real, or another URI without its query and trailing slash."""
     if path.startswith("file://"):
         path = urllib.parse.unquote(urllib.parse.urlsplit(path).path)
-    if "://" not in path:
+    if not is_uri(path):
         return os.path.realpath(path)
     return path.split("?", 1)[0].rstrip("/")

@@ -45,10 +45,10 @@ import shutil
 import pyarrow.fs as pafs
 
 from raypack.errors import InputError
+from raypack.fs import bucket_of, check_bucket, is_uri, resolve_filesystem
 from raypack.lock import LocalLock, ObjectStoreLock
 from raypack.output import CHUNK_FILE_RE, MANIFEST_NAME, TMP_PREFIX
 from raypack.resume import RESULTS_DIR
-from raypack.shards import bucket_of, check_bucket, resolve_filesystem
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def staging_dir(output: str) -> str:
 
 def output_target(output: str) -> LocalOutput | ObjectStoreOutput:
     """How ``output`` (a local path or a URI) is written and published."""
-    if "://" not in output:
+    if not is_uri(output):
         return LocalOutput(output)
     fs, base = resolve_filesystem(output)
     if isinstance(fs, pafs.LocalFileSystem):

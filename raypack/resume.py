@@ -42,8 +42,8 @@ from typing import Any
 import numpy as np
 
 from raypack.core import Fragment
+from raypack.fs import resolve_filesystem
 from raypack.output import CHUNK_FILE_RE, WrittenFile, write_whole
-from raypack.shards import resolve_filesystem
 from raypack.tasks import PackSettings, ShardResult, ShardTask, asdict_file
 
 log = logging.getLogger(__name__)

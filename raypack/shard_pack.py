@@ -21,10 +21,10 @@ import numpy as np
 import pyarrow as pa
 
 from raypack.best_fit import BestFitChunkCounter, BestFitPacker
-from raypack.core import Chunks, StreamPacker, flatten_documents, iter_run_slices
+from raypack.core import Chunks, StreamPacker, flatten_documents, iter_run_slices, split_document_mask
 from raypack.errors import InputError
+from raypack.formats import check_tokens_fit, iter_token_batches
 from raypack.output import ChunkFileWriter, chunk_schema
-from raypack.readers import check_tokens_fit, iter_token_batches
 from raypack.resume import identify_input, save_result
 from raypack.tasks import PackSettings, ShardResult, ShardTask
 from raypack.watchdog import ProgressWatchdog
@@ -216,10 +216,7 @@ def read_batch_rows(task: ShardTask, settings: PackSettings) -> int:
 
 def count_split_documents(lengths: np.ndarray, start: int, context_length: int) -> int:
     """Documents (laid end to end from global position ``start``) that cross a chunk boundary."""
-    ends = start + np.cumsum(lengths)
-    firsts = ends - lengths
-    nonempty = lengths > 0
-    return int(np.count_nonzero(nonempty & (firsts // context_length != (ends - 1) // context_length)))
+    return int(np.count_nonzero(split_document_mask(lengths, start, context_length)))
 
 
 def _check_not_past_plan(task: ShardTask, counts: dict[str, int]) -> None:

@@ -3,7 +3,7 @@
 ``raypack stats OUT`` reports padding, documents split across chunk boundaries (in all and per
 shard), and a histogram of fragment lengths (a fragment is the piece of one document inside
 one chunk: a segment that is not padding). Everything is computed from the segment columns,
-streaming over the files' record batches through :meth:`raypack.reader.PackedDataset.record_batches`
+streaming over the files' record batches through :meth:`raypack.packed.PackedDataset.record_batches`
 (so the manifest is checked by raypack.manifest, files are opened only as plain files inside the
 output, and a damaged file is one InputError naming it). The counts reported are the ones read
 from the data; each is cross-checked with the manifest's (a mismatch is an InputError naming both).
@@ -22,7 +22,7 @@ import numpy.typing as npt
 from raypack.errors import InputError
 from raypack.manifest import resolve_output, strategy_of
 from raypack.output import MANIFEST_NAME
-from raypack.reader import PackedDataset, read_packed
+from raypack.packed import PackedDataset, read_packed
 
 NUM_BINS = 16
 

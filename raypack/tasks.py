@@ -3,7 +3,7 @@ one-row Arrow form a result takes on its way back (no pickled objects)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
@@ -128,7 +128,3 @@ def table_to_results(table: pa.Table) -> Iterator[ShardResult]:
 
 def _list_scalar_to_numpy(scalar: pa.ListScalar) -> np.ndarray:
     return scalar.values.to_numpy(zero_copy_only=False)
-
-
-def task_to_dict(task: ShardTask) -> dict[str, Any]:
-    return asdict(task)

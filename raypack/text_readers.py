@@ -27,7 +27,6 @@ line (JSONL, 1-based; found by a Python re-scan of the failing block, on the err
 from __future__ import annotations
 
 import json
-import logging
 from typing import Iterator, NamedTuple
 
 import numpy as np
@@ -36,7 +35,8 @@ import pyarrow.fs as pafs
 import pyarrow.json as pajson
 
 from raypack.errors import InputError
-from raypack.shards import _compression, open_input_file, open_parquet, resolve_filesystem
+from raypack.formats import compression_of, open_parquet
+from raypack.fs import error_text, open_input_file, resolve_filesystem
 
 __all__ = [
     "ParquetTextTask",
@@ -46,14 +46,8 @@ __all__ = [
     "parquet_row_group_tasks",
 ]
 
-logger = logging.getLogger(__name__)
-
 JSONL_BLOCK_BYTES = 16 << 20  # bytes of whole lines parsed at once (more if a line is longer)
 _SCAN_BYTES = 1 << 20
-
-
-def _msg(error: BaseException) -> str:
-    return " ".join(str(error).split())
 
 
 def _check_batch_rows(batch_rows: int) -> None:
@@ -121,7 +115,7 @@ def _read_parquet_batches(batches: Iterator[pa.RecordBatch], path: str) -> Itera
         try:
             batch = next(batches, None)
         except (pa.ArrowException, OSError) as e:
-            raise InputError(f"text file {path}: cannot read Parquet data ({_msg(e)}); re-write the file") from e
+            raise InputError(f"text file {path}: cannot read Parquet data ({error_text(e)}); re-write the file") from e
         if batch is None:
             return
         yield batch
@@ -150,7 +144,8 @@ def _check_parquet_texts(texts: pa.Array, path: str, column: str, file_row: int)
         texts.validate(full=True)
     except pa.ArrowInvalid as e:
         row = file_row + _first_invalid_utf8(texts)
-        raise InputError(f"text file {path} row {row}: {column!r} is not valid UTF-8 ({_msg(e)}); re-encode the file") from e
+        raise InputError(f"text file {path} row {row}: {column!r} is not valid UTF-8 ({error_text(e)}); "
+                         "re-encode the file") from e
 
 
 def _first_null(texts: pa.Array) -> int:
@@ -181,7 +176,7 @@ def jsonl_byte_range_tasks(path: str, target_bytes: int) -> list[tuple[int, int]
         raise ValueError(f"target_bytes={target_bytes!r} must be an integer >= 1")
     fs, fs_path = resolve_filesystem(path)
     size = _file_size(fs, fs_path, path)
-    if _compression(fs_path) or size <= target_bytes:
+    if compression_of(fs_path) or size <= target_bytes:
         return [(0, size)]
     return [(start, min(start + target_bytes, size)) for start in range(0, size, target_bytes)]
 
@@ -202,7 +197,7 @@ def iter_jsonl_texts(
     """
     _check_batch_rows(batch_rows)
     fs, fs_path = resolve_filesystem(path)
-    compression = _compression(fs_path)
+    compression = compression_of(fs_path)
     if compression and start != 0:
         raise ValueError(f"{path} is compressed ({compression}) and can only be read whole; got start={start}")
     first_row = 0
@@ -224,7 +219,7 @@ def _iter_line_blocks(
     fs: pafs.FileSystem, fs_path: str, path: str, start: int, end: int | None, block_bytes: int
 ) -> Iterator[_LineBlock]:
     """Blocks of whole lines from the aligned start to the aligned end of [start, end)."""
-    compression = _compression(fs_path)
+    compression = compression_of(fs_path)
     try:
         if compression:
             with fs.open_input_stream(fs_path, compression=compression) as stream:
@@ -237,7 +232,7 @@ def _iter_line_blocks(
             source.seek(aligned_start)
             yield from _split_lines(source, aligned_start, end, block_bytes)
     except (pa.ArrowException, OSError) as e:
-        raise InputError(f"text file {path}: cannot read ({_msg(e)}); check the file") from e
+        raise InputError(f"text file {path}: cannot read ({error_text(e)}); check the file") from e
 
 
 def _aligned_start(source: pa.NativeFile, start: int) -> int:
@@ -284,14 +279,14 @@ def _parse_block(data: bytes, path: str, column: str, line_number) -> pa.StringA
     except pa.ArrowInvalid as e:
         if "Empty JSON" in str(e):
             return pa.array([], pa.string())
-        _raise_bad_line(data, path, column, line_number, _msg(e))
+        _raise_bad_line(data, path, column, line_number, error_text(e))
     texts = table.column(0).combine_chunks()
     try:
         if texts.null_count:
             raise pa.ArrowInvalid("null text")
         texts.validate(full=True)
     except pa.ArrowInvalid as e:
-        _raise_bad_line(data, path, column, line_number, _msg(e))
+        _raise_bad_line(data, path, column, line_number, error_text(e))
     return texts
 
 
@@ -345,7 +340,7 @@ def _line_number(fs: pafs.FileSystem, fs_path: str, block: _LineBlock, index: in
 def _count_newlines(fs: pafs.FileSystem, fs_path: str, end: int) -> int:
     """Newlines in bytes [0, end) of the (decompressed) file."""
     count, position = 0, 0
-    with fs.open_input_stream(fs_path, compression=_compression(fs_path)) as stream:
+    with fs.open_input_stream(fs_path, compression=compression_of(fs_path)) as stream:
         while position < end and (chunk := stream.read(min(_SCAN_BYTES, end - position))):
             count += chunk.count(b"\n")
             position += len(chunk)

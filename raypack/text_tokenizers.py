@@ -146,7 +146,8 @@ def _texts_to_list(texts: pa.Array) -> list[str]:
 
 def _check_id(token_id: int, vocab_size: int) -> int:
     if not 0 <= token_id < vocab_size:
-        raise InputError(f"token id {token_id} is outside the vocabulary [0, {vocab_size}); give an id below {vocab_size}")
+        raise InputError(f"token id {token_id} is outside the vocabulary [0, {vocab_size}); "
+                         f"give an id below {vocab_size}")
     return token_id
 
 
@@ -162,7 +163,8 @@ def _import_extra(module: str, kind: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise InputError(f"the {kind} tokenizer needs the {module!r} package, which is not installed; {TEXT_EXTRA}") from e
+        raise InputError(f"the {kind} tokenizer needs the {module!r} package, which is not installed; "
+                         f"{TEXT_EXTRA}") from e
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,7 +208,8 @@ class HFTokenizer:
 
     def identity(self) -> dict[str, Any]:
         """sha256: of the tokenizer.json bytes."""
-        return {"kind": self.kind, "file": str(self.path), "vocab_size": self.vocab_size, "sha256": _sha256_file(self.path)}
+        return {"kind": self.kind, "file": str(self.path), "vocab_size": self.vocab_size,
+                "sha256": _sha256_file(self.path)}
 
     def token_id(self, token: str | int) -> int:
         if isinstance(token, bool) or not isinstance(token, (str, int)):
@@ -250,7 +253,7 @@ _O200K_PAT_STR = "|".join(
 )
 TIKTOKEN_ENCODINGS: dict[str, dict[str, Any]] = {
     "cl100k_base": {
-        "pat_str": r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s""",
+        "pat_str": r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s""",  # noqa: E501
         "special_tokens": {
             "<|endoftext|>": 100257,
             "<|fim_prefix|>": 100258,
@@ -272,7 +275,8 @@ def tiktoken_rank_file(name: str) -> Path:
     """The gzip rank file ``bpe_openai/data/NAME.tiktoken.gz`` (found without importing bpe_openai)."""
     spec = importlib.util.find_spec("bpe_openai")
     if spec is None or not spec.submodule_search_locations:
-        raise InputError(f"tiktoken:{name} needs the rank files of the 'bpe-openai' package, which is not installed; {TEXT_EXTRA}")
+        raise InputError(f"tiktoken:{name} needs the rank files of the 'bpe-openai' package, which is not "
+                         f"installed; {TEXT_EXTRA}")
     path = Path(next(iter(spec.submodule_search_locations))) / "data" / f"{name}.tiktoken.gz"
     if not path.is_file():
         raise InputError(f"tiktoken:{name}: the installed bpe-openai ships no {path.name}; {TEXT_EXTRA}")
@@ -287,8 +291,10 @@ def load_rank_file(path: Path, expected_sha256: str) -> dict[bytes, int]:
     contents = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     actual = hashlib.sha256(contents).hexdigest()
     if actual != expected_sha256:
-        raise InputError(f"rank file {path} has sha256 {actual}, not tiktoken's {expected_sha256}; reinstall bpe-openai")
-    return {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in contents.splitlines() if line)}
+        raise InputError(f"rank file {path} has sha256 {actual}, not tiktoken's {expected_sha256}; "
+                         "reinstall bpe-openai")
+    pairs = (line.split() for line in contents.splitlines() if line)
+    return {base64.b64decode(token): int(rank) for token, rank in pairs}
 
 
 class TiktokenTokenizer:
@@ -298,7 +304,8 @@ class TiktokenTokenizer:
 
     def __init__(self, name: str, *, num_threads: int | None = None) -> None:
         if name not in TIKTOKEN_ENCODINGS:
-            raise InputError(f"unknown tokenizer tiktoken:{name}; known: {', '.join('tiktoken:' + n for n in TIKTOKEN_ENCODINGS)}")
+            known = ", ".join("tiktoken:" + n for n in TIKTOKEN_ENCODINGS)
+            raise InputError(f"unknown tokenizer tiktoken:{name}; known: {known}")
         tiktoken = _import_extra("tiktoken", self.kind)
         params = TIKTOKEN_ENCODINGS[name]
         self.name = name
@@ -317,7 +324,8 @@ class TiktokenTokenizer:
     def identity(self) -> dict[str, Any]:
         """sha256: of the decompressed rank file (tiktoken's own expected_hash)."""
         sha256 = TIKTOKEN_ENCODINGS[self.name]["rank_sha256"]
-        return {"kind": self.kind, "name": self.name, "file": str(self.rank_file), "vocab_size": self.vocab_size, "sha256": sha256}
+        return {"kind": self.kind, "name": self.name, "file": str(self.rank_file), "vocab_size": self.vocab_size,
+                "sha256": sha256}
 
     def token_id(self, token: str | int) -> int:
         if isinstance(token, bool) or not isinstance(token, (str, int)):

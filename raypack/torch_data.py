@@ -63,7 +63,7 @@ from raypack.masks import (
     cu_seqlens,
     position_ids,
 )
-from raypack.reader import PackedDataset, read_packed
+from raypack.packed import PackedDataset, read_packed
 
 __all__ = [
     "ATTENTION_FORMS",
@@ -257,7 +257,8 @@ def _check_options(attention: str, *, mask_dtype: torch.dtype = torch.float32, b
                    **others: Any) -> None:
     """Raise for an unknown form, option or value (so make_collate_fn fails at once, not in a worker)."""
     if attention not in ATTENTION_FORMS:
-        raise ValueError(f"attention={attention!r} is not a form raypack builds; use one of {', '.join(ATTENTION_FORMS)}")
+        raise ValueError(f"attention={attention!r} is not a form raypack builds; "
+                         f"use one of {', '.join(ATTENTION_FORMS)}")
     unknown = sorted(set(others) - {"mask_boundary_labels", "padding_attends_self"})
     if unknown:
         raise TypeError(f"unknown option(s) {', '.join(unknown)}; build_batch takes mask_dtype, "

@@ -80,10 +80,11 @@ import pyarrow.fs as pafs
 from raypack.best_fit import best_fit_decreasing, split_items
 from raypack.core import flatten_documents
 from raypack.errors import InputError
+from raypack.formats import SHARD_SUFFIXES, iter_token_batches, shard_format
+from raypack.fs import resolve_filesystem
 from raypack.manifest import load_manifest, open_chunk_file, resolve_output, strategy_of
 from raypack.output import CHUNK_FILE_RE, FORMAT_VERSION, MANIFEST_NAME, content_sha256
-from raypack.readers import iter_token_batches
-from raypack.shards import SHARD_SUFFIXES, discover_shards, resolve_filesystem, shard_format
+from raypack.shards import discover_shards
 
 __all__ = ["INPUT_BATCH_DOCS", "VerifyError", "VerifyReport", "verify_output"]
 

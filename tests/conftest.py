@@ -1,10 +1,20 @@
-"""Shared fixtures. One local Ray for the whole test session (starting one takes seconds)."""
+"""Shared fixtures. One local Ray for the whole test session (starting one takes seconds).
+
+Every test that uses ``ray_session`` is marked ``slow`` here, so ``make test-fast``
+(``pytest -m "not slow"``) runs no Ray; other slow tests carry ``@pytest.mark.slow`` themselves.
+"""
 
 from __future__ import annotations
 
 import os
 
 import pytest
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "ray_session" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

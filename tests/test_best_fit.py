@@ -20,6 +20,7 @@ from raypack.best_fit import (
     split_items,
 )
 from raypack.masks import build_intra_document_mask
+
 from reference import naive_best_fit
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -69,7 +70,8 @@ def test_literal_best_fit_picks_least_room_then_earliest_chunk():
 def test_literal_windows_do_not_share_chunks():
     docs = [[1] * 3, [2] * 3, [3] * 3, [4] * 3]
     assert pack_best_fit(docs, 6, 0, window=0)[1].tolist() == [[0] * 3 + [1] * 3, [2] * 3 + [3] * 3]
-    assert pack_best_fit(docs, 6, 0, window=3)[1].tolist() == [[0] * 3 + [1] * 3, [2] * 3 + [-1] * 3, [3] * 3 + [-1] * 3]
+    expected = [[0] * 3 + [1] * 3, [2] * 3 + [-1] * 3, [3] * 3 + [-1] * 3]
+    assert pack_best_fit(docs, 6, 0, window=3)[1].tolist() == expected
 
 
 def test_literal_empty_inputs():
@@ -122,6 +124,7 @@ def test_best_fit_decreasing_matches_first_principles(lengths, c):
     assert bins.tolist() == want and num_bins == len(rooms)
 
 
+@pytest.mark.slow  # > 5 s
 @SETTINGS
 @given(corpus=corpora(max_docs=60), window=st.integers(0, 9), data=st.data())
 def test_batch_split_invariance(corpus, window, data):
@@ -141,6 +144,7 @@ def test_batch_split_invariance(corpus, window, data):
 # ----------------------------------------------------------------------------- promises
 
 
+@pytest.mark.slow  # > 5 s
 @SETTINGS
 @given(corpus=corpora(), window=st.integers(0, 7))
 def test_promises(corpus, window):
@@ -185,6 +189,7 @@ def test_masks_follow_the_rule_on_best_fit_chunks():
                 assert row[i, j] == (0.0 if allowed else -np.inf)
 
 
+@pytest.mark.slow  # > 5 s
 def test_counter_matches_packer_over_many_windows():
     rng = np.random.default_rng(0)
     lengths = np.maximum(0, rng.lognormal(np.log(300), 1.0, size=5000)).astype(np.int64)

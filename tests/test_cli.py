@@ -12,7 +12,7 @@ import pytest
 
 from raypack.cli import main
 from raypack.config import load_config
-from raypack.reader import read_packed
+from raypack.packed import read_packed
 from raypack.sample import write_sample_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,6 +42,7 @@ def test_cli_pack_with_ray_prints_the_summary(ray_session, tmp_path, corpus, cap
     assert main(["verify", str(tmp_path / "out")]) == 0
 
 
+@pytest.mark.slow  # > 5 s
 def test_job_entrypoint_runs(tmp_path, corpus):
     out = tmp_path / "out"
     done = subprocess.run(

@@ -19,7 +19,16 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from raypack.core import Chunks, Fragment, StreamPacker, concat_chunks, pack_sequences, stitch_fragments
+from raypack.core import (
+    Chunks,
+    Fragment,
+    StreamPacker,
+    concat_chunks,
+    pack_sequences,
+    split_document_mask,
+    stitch_fragments,
+)
+
 from reference import naive_pack, naive_segments
 
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -430,8 +439,8 @@ def test_stream_carry_does_not_alias_the_callers_batch():
 
 
 def test_stream_dtype_not_locked_by_empty_first_batch():
-    """BUG: an empty first batch (a Python list) makes a dtype=None packer emit int64 instead of
-    the documents' int16, so splitting the batches differently changes the output dtype."""
+    """An empty first batch (a Python list) does not lock a dtype=None packer to int64: the output
+    keeps the documents' int16 however the batches are split (a fixed bug)."""
     docs = [np.array([1, 2, 3, 4, 5], np.int16)]
     packer = StreamPacker(4, 0)
     parts = [packer.push(docs[:0], 0), packer.push(docs, 0), packer.finish()]
@@ -699,21 +708,40 @@ def test_nulls_outside_a_slice_are_fine():
     ],
 )
 def test_error_names_the_offending_value(docs, value):
-    """BUG: the message quotes the document's first token (converted), not the bad one."""
+    """The message quotes the bad token, not the document's first one converted (a fixed bug)."""
     with pytest.raises((TypeError, ValueError), match=re.escape(value)):
         pack_sequences(docs, 4, 0)
 
 
 @pytest.mark.parametrize("docs", [[[2**63]], [[2**63], [1]]], ids=["alone", "mixed-with-small"])
 def test_python_ints_beyond_int64_are_rejected_by_value(docs):
-    """BUG: Python ints are packed as int64, so 2**63 must be refused naming it; today it becomes
-    uint64 silently, or (mixed with other ints) fails with numpy's "Invalid integer data type 'f'"."""
+    """Python ints are packed as int64, so 2**63 is refused naming it (it used to become uint64
+    silently, or, mixed with other ints, fail with numpy's "Invalid integer data type 'f'")."""
     with pytest.raises((TypeError, ValueError), match=str(2**63)):
         pack_sequences(docs, 4, 0)
 
 
 def test_empty_python_doc_does_not_widen_numpy_dtype():
-    """BUG: an empty Python list among int16 arrays makes the output int64 (it counts as int64
-    in the dtype promotion although it carries no tokens)."""
+    """An empty Python list among int16 arrays leaves the output int16: it carries no tokens, so
+    it takes no part in the dtype promotion (it used to count as int64)."""
     input_ids, _ = pack_sequences([np.array([1, 2], np.int16), []], 4, 0)
     assert input_ids.dtype == np.int16
+
+
+# ----------------------------------------------------------------------------- split documents
+
+
+def test_split_document_mask_literal():
+    # C = 4 from position 2: [2,5) crosses 4; [5,5) empty; [5,8) stays; [8,9) stays; [9,13) crosses 12.
+    assert split_document_mask(np.array([3, 0, 3, 1, 4]), 2, 4).tolist() == [True, False, False, False, True]
+    assert split_document_mask(np.zeros(0, np.int64), 0, 4).tolist() == []
+
+
+@given(st.lists(st.integers(0, 20), max_size=30), st.integers(0, 50), st.integers(1, 9))
+def test_split_document_mask_equals_a_loop(lengths, start, c):
+    expected, position = [], start
+    for n in lengths:
+        expected.append(n > 0 and position // c != (position + n - 1) // c)
+        position += n
+    assert split_document_mask(np.array(lengths, dtype=np.int64), start, c).tolist() == expected
+

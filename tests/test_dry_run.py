@@ -12,7 +12,8 @@ import pytest
 from raypack.cli import main
 from raypack.config import make_config
 from raypack.dry_run import dry_run
-from test_job import pack, random_corpus, write_shards
+
+from helpers import pack, random_corpus, write_shards
 
 
 @pytest.fixture
@@ -38,7 +39,8 @@ def test_whole_corpus_figures_equal_real_runs(tmp_path, corpus):
     assert report.num_docs == report.corpus_docs == len(docs)
     assert best_fit.split_short_documents == 0
     positions = np.cumsum([0] + [len(d) for d in docs])
-    cut_short = sum(1 for d, start in zip(docs, positions) if 0 < len(d) <= 8 and start // 8 != (start + len(d) - 1) // 8)
+    cut_short = sum(1 for d, start in zip(docs, positions)
+                    if 0 < len(d) <= 8 and start // 8 != (start + len(d) - 1) // 8)
     assert concat.split_short_documents == cut_short > 0
     assert dict(report.window_padding)[16] == best_fit.padding_positions
 

@@ -37,6 +37,8 @@ from raypack.config import make_config
 from raypack.job import run_pack
 from raypack.sample import write_sample_corpus
 
+pytestmark = pytest.mark.slow  # killed workers and removed Ray nodes: minutes, not seconds
+
 FAULT_SCRIPTS = Path(__file__).parent / "fault_scripts"
 
 

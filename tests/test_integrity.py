@@ -18,7 +18,6 @@ import pytest
 
 import raypack.job as job
 import raypack.publish as publish
-from packing_faults import fail_at_shard
 from raypack.config import make_config
 from raypack.errors import InputError
 from raypack.job import run_pack
@@ -26,7 +25,9 @@ from raypack.lock import LocalLock
 from raypack.publish import staging_dir
 from raypack.sample import write_sample_corpus
 from raypack.verify import verify_output
-from test_resume import tree_digest
+
+from helpers import tree_digest
+from packing_faults import fail_at_shard
 
 
 @pytest.fixture

@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from raypack.errors import InputError
+
+from helpers import file_digests, pack, random_corpus, read_output, sharded_corpora, write_shards
 from reference import naive_best_fit
-from test_job import file_digests, pack, random_corpus, read_output, sharded_corpora, write_shards
 
 
 def expected(docs, cuts, c: int, window: int) -> tuple[np.ndarray, np.ndarray]:
@@ -44,6 +45,7 @@ def check_equals_reference(out: str, docs, cuts, c: int, window: int) -> dict:
     return manifest
 
 
+@pytest.mark.slow  # > 5 s
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(corpus=sharded_corpora(), context_length=st.sampled_from([1, 3, 8]), batch=st.integers(1, 7),
        window=st.integers(0, 6))

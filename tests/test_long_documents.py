@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 
 from raypack.best_fit import BestFitPacker
 from raypack.core import StreamPacker, concat_chunks, iter_run_slices
+from raypack.formats import inspect_shard
 from raypack.shard_pack import count_shard_chunks, pack_shard
-from raypack.shards import inspect_shard
 from raypack.tasks import PackSettings, ShardTask
+
 from reference import naive_best_fit, naive_pack
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -90,6 +91,7 @@ def test_slices_cover_every_token_and_document_once(corpus, max_tokens):
 # ----------------------------------------------------------------------------- packers fed slices
 
 
+@pytest.mark.slow  # > 5 s
 @SETTINGS
 @given(corpus=corpora(), max_tokens=st.integers(1, 20), data=st.data())
 def test_concat_slices_give_the_same_chunks(corpus, max_tokens, data):

@@ -18,20 +18,12 @@ import pytest
 
 from raypack.config import make_config
 from raypack.errors import InputError
-from packing_faults import fail_at_shard
 from raypack.job import run_pack
 from raypack.publish import staging_dir
 from raypack.sample import write_sample_corpus
 
-
-def tree_digest(path) -> dict[str, str]:
-    """Every file under ``path`` (relative name -> sha256)."""
-    out = {}
-    for root, _, files in os.walk(path):
-        for name in files:
-            full = os.path.join(root, name)
-            out[os.path.relpath(full, path)] = hashlib.sha256(open(full, "rb").read()).hexdigest()
-    return out
+from helpers import tree_digest
+from packing_faults import fail_at_shard
 
 
 @pytest.fixture(scope="module")
@@ -347,7 +339,8 @@ def test_parquet_footer_is_part_of_the_identity_however_large(tmp_path):
     from raypack.resume import EDGE_BYTES, sampled_identity
 
     path = str(tmp_path / "wide.parquet")
-    table = pa.table({"input_ids": pa.array([np.random.default_rng(0).integers(0, 1 << 30, 1 << 19)], pa.list_(pa.int64()))})
+    tokens = np.random.default_rng(0).integers(0, 1 << 30, 1 << 19)
+    table = pa.table({"input_ids": pa.array([tokens], pa.list_(pa.int64()))})
     table = table.replace_schema_metadata({"note": "x" * (3 * EDGE_BYTES // 2)})  # a footer of > 1 MiB
     pq.write_table(table, path, compression="none")
     size = os.path.getsize(path)

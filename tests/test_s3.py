@@ -27,15 +27,19 @@ import pytest
 from raypack.config import make_config
 from raypack.core import Chunks
 from raypack.errors import InputError
-from packing_faults import fail_at_shard
+from raypack.fs import clear_filesystem_cache, resolve_filesystem
 from raypack.job import run_pack
 from raypack.output import ChunkFileWriter, chunk_schema
-from raypack.reader import read_packed
+from raypack.packed import read_packed
 from raypack.resume import RESULTS_DIR
 from raypack.sample import write_sample_corpus
-from raypack.shards import clear_filesystem_cache, discover_shards, resolve_filesystem
+from raypack.shards import discover_shards
 from raypack.verify import verify_output
+
+from packing_faults import fail_at_shard
 from s3_server import moto_server, s3_environment
+
+pytestmark = pytest.mark.slow  # a real S3 server in a subprocess, and Ray
 
 BUCKET = "raypack-test"
 SETTINGS = dict(context_length=16, pad_token=0, read_batch_size=7, chunks_per_record_batch=4)
@@ -171,7 +175,8 @@ def test_best_fit_over_s3_equals_the_local_run(s3, corpus, tmp_path):
     for name in local_names:
         if name.startswith("chunks-"):
             assert objects[name] == Path(local, name).read_bytes(), name
-    assert json.loads(objects["manifest.json"])["content_sha256"] == json.load(open(Path(local, "manifest.json")))["content_sha256"]
+    local_manifest = json.load(open(Path(local, "manifest.json")))
+    assert json.loads(objects["manifest.json"])["content_sha256"] == local_manifest["content_sha256"]
     report = verify_output(f"s3://{BUCKET}/best-fit")
     assert report.inputs_compared and report.strategy == "best_fit"
 
@@ -198,7 +203,8 @@ def test_missing_object_and_empty_glob_are_named(s3):
         discover_shards([f"{s3.corpus}/nothing-here"])
     with pytest.raises(InputError, match=r"glob .*/a/\*\.feather matched no shard files"):
         run_pack(s3_config(s3, "x", inputs=[f"{s3.corpus}/a/*.feather"]), engine="local")
-    with pytest.raises(InputError, match="glob .*nowhere.* matched nothing: its base directory .*nowhere does not exist"):
+    with pytest.raises(InputError, match="glob .*nowhere.* matched nothing: its base directory .*nowhere does not "
+                                         "exist"):
         discover_shards([f"{s3.corpus}/nowhere/*.parquet"])
     with pytest.raises(InputError, match="no such output directory"):
         read_packed(f"s3://{BUCKET}/never-written")

@@ -1,4 +1,4 @@
-"""raypack.shards: discovery order, cheap counts, offsets and the common token type."""
+"""raypack.shards and raypack.formats counts: discovery order, cheap counts, offsets and the common token type."""
 
 from __future__ import annotations
 
@@ -15,17 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raypack.errors import InputError
-from raypack.shards import (
-    ShardInfo,
-    ShardPlan,
-    _footer_null_counts_exact,
-    common_token_type,
-    discover_shards,
-    inspect_shard,
-    plan_offsets,
-    resolve_filesystem,
-    shard_format,
-)
+from raypack.formats import ShardInfo, _footer_null_counts_exact, inspect_shard, shard_format
+from raypack.fs import resolve_filesystem
+from raypack.shards import ShardPlan, common_token_type, discover_shards, plan_offsets
 
 I32 = pa.list_(pa.int32())
 
@@ -270,7 +262,8 @@ def test_jsonl_counts_by_scan(tmp_path: Path, name: str):
 @pytest.mark.parametrize("text", ["", "\n\n"])
 def test_empty_jsonl_has_no_documents(tmp_path: Path, text: str):
     (tmp_path / "e.jsonl").write_text(text)
-    assert inspect_shard(str(tmp_path / "e.jsonl")) == ShardInfo(str(tmp_path / "e.jsonl"), "jsonl", 0, 0, "int64", "scan")
+    path = str(tmp_path / "e.jsonl")
+    assert inspect_shard(path) == ShardInfo(path, "jsonl", 0, 0, "int64", "scan")
 
 
 def test_jsonl_lines_longer_than_a_block_are_read_with_larger_blocks(tmp_path: Path):
@@ -291,14 +284,16 @@ def _write_with_column(tmp_path: Path, fmt: str, column: str) -> str:
 @pytest.mark.parametrize("fmt", ["parquet", "arrow"])
 def test_missing_column_lists_the_columns(tmp_path: Path, fmt: str):
     path = _write_with_column(tmp_path, fmt, "tokens")
-    with pytest.raises(InputError, match=r"s\.(parquet|arrow) has no column 'input_ids'; its columns are \['tokens', 'meta'\]"):
+    with pytest.raises(InputError, match=r"s\.(parquet|arrow) has no column 'input_ids'; its columns are \['tokens', "
+                                         r"'meta'\]"):
         inspect_shard(path)
     assert inspect_shard(path, column="tokens").num_tokens == _expected(DOCS)[1]
 
 
 def test_jsonl_missing_key_names_the_keys_there_are(tmp_path: Path):
     path = write_jsonl(tmp_path / "s.jsonl", DOCS, column="tokens")
-    with pytest.raises(InputError, match=r"s\.jsonl: no line has a 'input_ids' list \(keys of the first line: \['id', 'tokens', 'text'\]\)"):
+    with pytest.raises(InputError, match=r"s\.jsonl: no line has a 'input_ids' list \(keys of the first line: \['id', "
+                                         r"'tokens', 'text'\]\)"):
         inspect_shard(path)
 
 
@@ -325,10 +320,13 @@ def test_non_integer_token_columns_are_rejected(tmp_path: Path, fmt: str, column
         inspect_shard(path)
 
 
-@pytest.mark.parametrize("line", ['{"input_ids": ["a"]}', '{"input_ids": [1.5]}', '{"input_ids": [[1]]}', "[1, 2]", '{"input_ids": [1,'])
+@pytest.mark.parametrize(
+    "line", ['{"input_ids": ["a"]}', '{"input_ids": [1.5]}', '{"input_ids": [[1]]}', "[1, 2]", '{"input_ids": [1,']
+)
 def test_jsonl_non_integer_tokens_are_rejected(tmp_path: Path, line: str):
     (tmp_path / "s.jsonl").write_text('{"input_ids": [1]}\n' + line + "\n")
-    with pytest.raises(InputError, match=r"shard .*s\.jsonl: cannot parse JSON Lines after document 0 \(.+\); each line must be one object"):
+    with pytest.raises(InputError, match=r"shard .*s\.jsonl: cannot parse JSON Lines after document 0 \(.+\); each "
+                                         r"line must be one object"):
         inspect_shard(str(tmp_path / "s.jsonl"))
 
 
@@ -342,7 +340,8 @@ def test_damaged_parquet_names_the_file(tmp_path: Path, damage: str):
         "zero-middle": data[:4] + bytes(len(data) - 12) + data[-8:],  # footer length + magic intact
     }[damage]
     Path(path).write_bytes(damaged)
-    with pytest.raises(InputError, match=r"shard .*s\.parquet is not a readable Parquet file \(.+\); re-write or remove it"):
+    with pytest.raises(InputError, match=r"shard .*s\.parquet is not a readable Parquet file \(.+\); re-write or "
+                                         r"remove it"):
         inspect_shard(path)
 
 
@@ -416,7 +415,8 @@ def test_common_token_type_holds_every_shard_type(types: list[str], expected: st
 
 def test_common_token_type_rejects_uint64_with_signed():
     infos = [_info(1, 1, "int8", "a.parquet"), _info(1, 1, "uint64", "b.parquet"), _info(1, 1, "int32", "c.parquet")]
-    with pytest.raises(InputError, match=r"no integer type can hold both uint64 \(shard b\.parquet\) and int32 \(shard c\.parquet\) safely"):
+    with pytest.raises(InputError, match=r"no integer type can hold both uint64 \(shard b\.parquet\) and int32 \(shard "
+                                         r"c\.parquet\) safely"):
         common_token_type(infos)
 
 

@@ -12,6 +12,7 @@ from raypack.config import make_config
 from raypack.core import pack_sequences
 from raypack.job import run_pack
 from raypack.stats import NUM_BINS, packing_stats
+
 from reference import naive_best_fit
 
 

@@ -86,7 +86,8 @@ def test_jsonl_range_starting_exactly_at_a_line(tmp_path):
     block_bytes=st.sampled_from([1, 7, 64, 1 << 20]),
     blank_every=st.integers(0, 5),
 )
-def test_jsonl_ranges_cover_every_line_once(tmp_path_factory, line_lens, target_bytes, newline_at_end, block_bytes, blank_every):
+def test_jsonl_ranges_cover_every_line_once(tmp_path_factory, line_lens, target_bytes, newline_at_end, block_bytes,
+                                            blank_every):
     texts = [("é" if n % 3 == 0 else "a") * n for n in line_lens]
     lines = [json.dumps({"text": t}, ensure_ascii=False) for t in texts]
     if blank_every:
@@ -176,12 +177,14 @@ def test_jsonl_missing_file_and_corrupt_gzip(tmp_path):
 
 
 def write_parquet(path, texts, row_group_size, text_type=pa.string()):
-    pq.write_table(pa.table({"id": list(range(len(texts))), "text": pa.array(texts, text_type)}), path, row_group_size=row_group_size)
+    table = pa.table({"id": list(range(len(texts))), "text": pa.array(texts, text_type)})
+    pq.write_table(table, path, row_group_size=row_group_size)
     return path
 
 
 @pytest.mark.parametrize("text_type", [pa.string(), pa.large_string()])
-@pytest.mark.parametrize("row_group_size, target_rows, batch_rows", [(3, None, 2), (3, 4, 1), (2, 100, 5), (100, None, 3)])
+@pytest.mark.parametrize("row_group_size, target_rows, batch_rows",
+                         [(3, None, 2), (3, 4, 1), (2, 100, 5), (100, None, 3)])
 def test_parquet_tasks_cover_every_row_in_order(tmp_path, text_type, row_group_size, target_rows, batch_rows):
     path = write_parquet(tmp_path / "a.parquet", TEXTS, row_group_size, text_type)
     tasks = parquet_row_group_tasks(str(path), target_rows=target_rows)
@@ -219,7 +222,8 @@ def test_parquet_missing_column_lists_columns(tmp_path):
         list(iter_parquet_texts(str(path), "body"))
 
 
-@pytest.mark.parametrize("values, type_name", [([1, 2], "int64"), ([b"a", b"b"], "binary"), ([["a"], []], "list<.*: string>")])
+@pytest.mark.parametrize("values, type_name",
+                         [([1, 2], "int64"), ([b"a", b"b"], "binary"), ([["a"], []], "list<.*: string>")])
 def test_parquet_non_string_column(tmp_path, values, type_name):
     path = tmp_path / "a.parquet"
     pq.write_table(pa.table({"text": values}), path)
@@ -228,7 +232,8 @@ def test_parquet_non_string_column(tmp_path, values, type_name):
 
 
 def test_parquet_invalid_utf8_names_the_row(tmp_path):
-    strings = pa.Array.from_buffers(pa.string(), 3, [None, pa.py_buffer(b"\x00\x00\x00\x00\x01\x00\x00\x00\x02\x00\x00\x00\x03\x00\x00\x00"), pa.py_buffer(b"ab\xff")])
+    offsets = pa.py_buffer(b"\x00\x00\x00\x00\x01\x00\x00\x00\x02\x00\x00\x00\x03\x00\x00\x00")
+    strings = pa.Array.from_buffers(pa.string(), 3, [None, offsets, pa.py_buffer(b"ab\xff")])
     path = tmp_path / "a.parquet"
     pq.write_table(pa.table({"text": strings}), path)
     with pytest.raises(InputError, match=r"a\.parquet row 2: 'text' is not valid UTF-8"):

@@ -25,13 +25,13 @@ from torch.nn.attention.flex_attention import create_block_mask, create_mask, fl
 from raypack.config import make_config  # noqa: E402
 from raypack.job import run_pack  # noqa: E402
 from raypack.masks import build_bool_mask, build_intra_document_mask  # noqa: E402
-from raypack.reader import read_packed  # noqa: E402
+from raypack.packed import read_packed  # noqa: E402
 from raypack.torch_data import (  # noqa: E402
     ATTENTION_FORMS,
     IGNORE_INDEX,
     PackedTorchDataset,
-    build_batch,
     block_mask_to,
+    build_batch,
     build_block_mask,
     collate_packed,
     iter_ray_batches,
@@ -167,6 +167,7 @@ def assert_equals_documents_alone(out, q, k, v, doc_ids):
     assert checked == (doc_ids != -1).sum()
 
 
+@pytest.mark.slow  # > 5 s
 @pytest.mark.parametrize("attention", ["additive", "bool"])
 def test_sdpa_with_dense_mask_equals_documents_alone(packed_dir, chunks, attention):
     batch = all_chunks(packed_dir, attention, mask_dtype=torch.float64)
@@ -214,6 +215,7 @@ def effective_mask(block_mask, mask_mod, size) -> torch.Tensor:
     return full | (partial & create_mask(mask_mod, batch, heads, size, size, device="cpu"))
 
 
+@pytest.mark.slow  # > 5 s
 @pytest.mark.parametrize("block_size", [4, 5, 16, 128])
 def test_flex_block_mask_equals_bool_mask(packed_dir, chunks, block_size):
     batch = all_chunks(packed_dir, "flex", block_size=block_size)
@@ -230,6 +232,7 @@ def test_flex_block_mask_equals_bool_mask(packed_dir, chunks, block_size):
     assert block_mask.full_kv_num_blocks.sum() > 0 or block_size > 4  # full blocks are used
 
 
+@pytest.mark.slow  # > 5 s
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_flex_attention_equals_documents_alone(packed_dir, chunks):
     block_mask = all_chunks(packed_dir, "flex", block_size=4)["block_mask"]
@@ -274,6 +277,7 @@ def doc_id_batches(draw):
     return np.stack(rows), draw(st.integers(1, 9))
 
 
+@pytest.mark.slow  # > 5 s
 @settings(max_examples=40, deadline=None)
 @given(doc_id_batches())
 @example((np.array([[3, 3, 5, 3, -1, -1], [7, 7, 7, 8, 8, 9]]), 2))  # id 3 in two runs: the dense fallback
@@ -298,7 +302,8 @@ def test_padding_rows_and_their_remedy(chunks):
     real = torch.from_numpy(doc_ids != -1)
     hand_written = lambda mask: torch.softmax(q @ k.transpose(-1, -2) + mask[:, None], dim=-1) @ v  # noqa: E731
     plain = build_batch(tokens, doc_ids, "additive", mask_dtype=torch.float64)["attention_mask"]
-    fixed = build_batch(tokens, doc_ids, "additive", mask_dtype=torch.float64, padding_attends_self=True)["attention_mask"]
+    fixed = build_batch(tokens, doc_ids, "additive", mask_dtype=torch.float64,
+                        padding_attends_self=True)["attention_mask"]
     assert torch.all(torch.isnan(hand_written(plain).transpose(1, 2)[~real]))   # the caveat
     assert torch.all(torch.isfinite(hand_written(fixed)))                        # the remedy
     torch.testing.assert_close(fixed[real], plain[real])
@@ -387,6 +392,7 @@ def test_iter_ray_batches_equals_dataloader(packed_dir, ray_session):
     assert_batches_equal(from_path[0], collate_packed([ds[i] for i in range(4)], "varlen"))
 
 
+@pytest.mark.slow  # > 5 s
 def test_hugging_face_load_dataset(packed_dir, tmp_path):
     datasets = pytest.importorskip("datasets")
     hf = datasets.load_dataset("arrow", data_files=os.path.join(packed_dir, "chunks-*.arrow"), split="train",

@@ -18,7 +18,7 @@ import pytest
 from raypack.config import make_config
 from raypack.errors import InputError
 from raypack.job import run_pack
-from raypack.reader import read_packed
+from raypack.packed import read_packed
 from raypack.stats import packing_stats
 from raypack.verify import VerifyError, verify_output
 
@@ -120,7 +120,8 @@ HOSTILE: dict[str, tuple[Callable[[dict], None], str]] = {
     "absolute": (_set_path("/etc/passwd"), r"files\[0\] \('/etc/passwd'\): path is not a chunk file name"),
     "subdir": (_set_path("sub/{name}"), r"files\[0\] \('sub/chunks-.*path is not a chunk file name"),
     "hash_mismatch": (_wrong_hash, r"files\[0\] .*the name does not match first_chunk=0 and sha256="),
-    "context_length_2**40": (_set(("context_length",), 2**40), r"context_length=1099511627776, expected an integer in 1\.\."),
+    "context_length_2**40": (_set(("context_length",), 2**40),
+                             r"context_length=1099511627776, expected an integer in 1\.\."),
     "context_length_bool": (_set(("context_length",), True), r"context_length=True, expected an integer"),
     "num_chunks_bool": (_set(("files", 0, "num_chunks"), True), r"files\[0\] .*num_chunks=True, expected an integer"),
     "num_chunks_float": (_set(("files", 0, "num_chunks"), 3.0), r"num_chunks=3\.0, expected an integer"),
@@ -144,6 +145,7 @@ def test_hostile_manifest_is_one_line_naming_the_entry(out, tool, case):
     assert "manifest.json" in message
 
 
+@pytest.mark.slow  # > 5 s
 @pytest.mark.parametrize("tool", TOOLS)
 def test_one_file_listed_200000_times_fails_fast(out, tool):
     manifest = manifest_of(out)

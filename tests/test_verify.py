@@ -625,8 +625,9 @@ def test_best_fit_output_of_empty_documents_only_verifies(tmp_path):
 
 def test_best_fit_verify_streams_window_by_window(best_fit_outputs):
     """With one chunk per block, every piece compared with the inputs is exactly one window."""
-    from raypack import verify as verify_module
     import pyarrow.fs as pafs
+
+    from raypack import verify as verify_module
 
     out, _, docs = best_fit_outputs(BF_WINDOW)
     manifest = load_manifest(out)

@@ -1,4 +1,4 @@
-"""read_packed against output written by hand (docs/FORMAT.md) from pack_sequences, so the
+"""raypack.packed: read_packed against output written by hand (docs/FORMAT.md) from pack_sequences, so the
 reader is tested independently of the job: every chunk, every range, every batch size."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from raypack.core import pack_sequences
 from raypack.errors import InputError
 from raypack.output import FORMAT_VERSION, chunk_file_name, content_sha256
-from raypack.reader import load_manifest, read_packed
+from raypack.packed import load_manifest, read_packed
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -40,7 +40,8 @@ def write_packed(out, input_ids, doc_ids, *, file_sizes, batch_sizes=(2, 1, 3), 
     schema = pa.schema(
         [("chunk_index", pa.int64()), ("input_ids", pa.list_(token_type, c)),
          ("segment_doc_ids", pa.list_(pa.int64())), ("segment_lengths", pa.list_(pa.int32()))],
-        metadata={"raypack.format_version": str(FORMAT_VERSION), "raypack.context_length": str(c), "raypack.pad_token": str(pad_token)},
+        metadata={"raypack.format_version": str(FORMAT_VERSION), "raypack.context_length": str(c),
+                  "raypack.pad_token": str(pad_token)},
     )
     files, first = [], 0
     for f, size in enumerate(file_sizes):
@@ -225,6 +226,7 @@ def test_keeps_the_token_dtype(tmp_path):
     np.testing.assert_array_equal(ds.get_batch(0, len(ds))["input_ids"], input_ids)
 
 
+@pytest.mark.slow  # > 5 s
 @settings(max_examples=40, deadline=None)
 @given(
     lengths=st.lists(st.integers(0, 20), max_size=25),
@@ -351,7 +353,7 @@ def test_wrong_context_length_in_file(packed):
 
 
 def test_bounded_open_files_and_close(packed, monkeypatch):
-    monkeypatch.setattr("raypack.reader.MAX_OPEN_FILES", 2)
+    monkeypatch.setattr("raypack.packed.MAX_OPEN_FILES", 2)
     ds, input_ids, doc_ids, sizes = packed
     first = ds[0]["input_ids"]
     open_counts = []

@@ -25,7 +25,8 @@ decode (O(chunks + segments) of that batch, no token copy), and one (C,) ``np.re
 
 Attention masks are never stored. ``iter_batches(with_mask=True)`` and ``mask(i)`` build them
 at read time with :func:`raypack.masks.build_intra_document_mask` and follow the convention
-written in that module. Ray is imported only inside :meth:`PackedDataset.to_ray_dataset`.
+written in that module. Ray is not imported here: :meth:`PackedDataset.to_ray_dataset` calls
+:func:`raypack.pipeline.packed_to_ray_dataset`, the engine's adapter.
 """
 
 from __future__ import annotations
@@ -41,10 +42,11 @@ import pyarrow.fs as pafs
 
 from raypack.core import Chunks, concat_chunks
 from raypack.errors import InputError
+from raypack.fs import error_text
 from raypack.manifest import load_manifest, open_chunk_file, resolve_output
 from raypack.output import slice_chunks
 
-__all__ = ["PackedDataset", "load_manifest", "read_packed"]
+__all__ = ["PackedDataset", "chunks_table", "iter_file_tables", "list_column", "load_manifest", "read_packed"]
 
 _COLUMNS = ("chunk_index", "input_ids", "segment_doc_ids", "segment_lengths")
 _DAMAGED = "the output is damaged; rerun the job"
@@ -64,11 +66,7 @@ def _open_ipc(filesystem: pafs.FileSystem, base: str, name: str,
         return source, pa.ipc.open_file(source)
     except (pa.ArrowException, OSError) as e:
         source.close()
-        raise InputError(f"{base}/{name}: not an Arrow IPC file ({_one_line(e)}); {_DAMAGED}") from e
-
-
-def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split())[:300]
+        raise InputError(f"{base}/{name}: not an Arrow IPC file ({error_text(e, 300)}); {_DAMAGED}") from e
 
 
 # ----------------------------------------------------------------------------- one file
@@ -82,7 +80,7 @@ def _same_type(found: pa.DataType, expected: pa.DataType) -> bool:
     return found == expected
 
 
-def _list_column(column: pa.ListArray) -> tuple[np.ndarray, np.ndarray]:
+def list_column(column: pa.ListArray) -> tuple[np.ndarray, np.ndarray]:
     """``(offsets from 0, values)`` of a list column, read through its offsets (slice-safe)."""
     offsets = column.offsets.to_numpy(zero_copy_only=True).astype(np.int64)
     start, stop = int(offsets[0]), int(offsets[-1])
@@ -105,8 +103,8 @@ def _decode(batch: pa.RecordBatch, path: str, context_length: int) -> Chunks:
     n = batch.num_rows
     flat = tokens.values.slice(tokens.offset * context_length, n * context_length)
     input_ids = flat.to_numpy(zero_copy_only=True).reshape(n, context_length)
-    offsets, seg_ids = _list_column(batch.column("segment_doc_ids"))
-    len_offsets, seg_lens = _list_column(batch.column("segment_lengths"))
+    offsets, seg_ids = list_column(batch.column("segment_doc_ids"))
+    len_offsets, seg_lens = list_column(batch.column("segment_lengths"))
     if not np.array_equal(offsets, len_offsets) or np.any(_row_sums(offsets, seg_lens) != context_length):
         raise InputError(
             f"{path}: segment_doc_ids/segment_lengths do not describe chunks of {context_length} "
@@ -171,7 +169,7 @@ class _ChunkFile:
         try:
             rows = [reader.get_batch(k).num_rows for k in range(reader.num_record_batches)]
         except (pa.ArrowException, OSError) as e:
-            raise InputError(f"{self.path}: a record batch is unreadable ({_one_line(e)}); {_DAMAGED}") from e
+            raise InputError(f"{self.path}: a record batch is unreadable ({error_text(e, 300)}); {_DAMAGED}") from e
         starts = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])
         if starts[-1] != self.num_chunks:
             raise InputError(f"{self.path}: holds {starts[-1]} chunks but the manifest says num_chunks="
@@ -207,7 +205,7 @@ class _ChunkFile:
         try:
             return _decode(self._open().get_batch(k), self.path, self.context_length)
         except (pa.ArrowException, OSError) as e:
-            raise InputError(f"{self.path}: record batch {k} is unreadable ({_one_line(e)}); {_DAMAGED}") from e
+            raise InputError(f"{self.path}: record batch {k} is unreadable ({error_text(e, 300)}); {_DAMAGED}") from e
 
     def record_batches(self) -> Iterator[Chunks]:
         """Every record batch of the file in order, decoded and checked, without keeping them."""
@@ -255,7 +253,9 @@ class PackedDataset:
         self.pad_token = int(manifest["pad_token"])
         self.token_dtype = np.dtype(manifest["token_dtype"])
         self._num_chunks = int(manifest["counts"]["chunks"])
-        self._files = [_ChunkFile(filesystem, base, f, self.context_length, self.token_dtype) for f in manifest["files"]]
+        self._filesystem, self._base = filesystem, base
+        self._files = [_ChunkFile(filesystem, base, f, self.context_length, self.token_dtype)
+                       for f in manifest["files"]]
         self._first_chunks = np.array([f.first_chunk for f in self._files], dtype=np.int64)
         self._open_files: OrderedDict[int, None] = OrderedDict()
 
@@ -351,34 +351,30 @@ class PackedDataset:
     def to_ray_dataset(self, batch_rows: int | None = None):
         """A ``ray.data.Dataset`` of the chunks in global order, one row per chunk.
 
-        Columns: ``input_ids`` fixed_size_list<token>[C] and ``doc_ids`` fixed_size_list<int64>[C].
-        One read task per file; each yields one block per record batch, or blocks of
-        ``batch_rows`` chunks. Order is kept (``preserve_order`` is set on this dataset's own
-        context, not globally). Masks are not in the dataset; build them per batch. Ray's
-        "numpy" batch format turns fixed_size_list columns into object arrays of rows, so
-        stack them first::
-
-            from raypack.masks import build_intra_document_mask
-            for batch in ds.to_ray_dataset().iter_batches(batch_size=8, batch_format="numpy"):
-                doc_ids = np.stack(batch["doc_ids"])         # (8, C) int64
-                mask = build_intra_document_mask(doc_ids)    # (8, C, C)
+        Ray stays in the engine: this calls :func:`raypack.pipeline.packed_to_ray_dataset`
+        (imported here, on first use), which documents the columns, blocks and order.
         """
-        import ray
+        from raypack.pipeline import packed_to_ray_dataset
 
-        if batch_rows is not None and operator.index(batch_rows) < 1:
-            raise ValueError(f"batch_rows={batch_rows} must be >= 1 or None")
-        files = [f for f in self._files if f.num_chunks]
-        if not files:
-            return ray.data.from_arrow(_chunks_table(Chunks.empty(self.context_length, self.token_dtype)))
-        items = [{"path": f.name, "first_chunk": f.first_chunk, "num_chunks": f.num_chunks, "num_bytes": f.num_bytes}
-                 for f in files]
-        ds = ray.data.from_items(items, override_num_blocks=len(items))
-        ds.context.execution_options.preserve_order = True
-        return ds.map_batches(
-            _read_file_blocks, batch_size=1, batch_format="pyarrow",
-            fn_kwargs={"filesystem": files[0].filesystem, "base": files[0].base, "context_length": self.context_length,
-                       "token_dtype": self.token_dtype.name, "batch_rows": batch_rows},
-        )
+        return packed_to_ray_dataset(self, batch_rows)
+
+    def file_items(self) -> list[dict[str, Any]]:
+        """The chunk files holding chunks, in order: ``{"path", "first_chunk", "num_chunks", "num_bytes"}``.
+
+        The rows :func:`iter_file_tables` takes, with ``filesystem`` and ``base``; no file is opened.
+        """
+        return [{"path": f.name, "first_chunk": f.first_chunk, "num_chunks": f.num_chunks, "num_bytes": f.num_bytes}
+                for f in self._files if f.num_chunks]
+
+    @property
+    def filesystem(self) -> pafs.FileSystem:
+        """The filesystem holding the output directory."""
+        return self._filesystem
+
+    @property
+    def base(self) -> str:
+        """The output directory's path inside :attr:`filesystem`."""
+        return self._base
 
 
 def _mask_builder():
@@ -387,7 +383,7 @@ def _mask_builder():
     return build_intra_document_mask
 
 
-def _chunks_table(chunks: Chunks) -> pa.Table:
+def chunks_table(chunks: Chunks) -> pa.Table:
     """``input_ids`` and dense ``doc_ids`` as fixed_size_list columns (tokens not copied)."""
     c = chunks.input_ids.shape[1]
     return pa.table({
@@ -396,16 +392,16 @@ def _chunks_table(chunks: Chunks) -> pa.Table:
     })
 
 
-def _read_file_blocks(items: pa.Table, *, filesystem: pafs.FileSystem, base: str, context_length: int,
-                      token_dtype: str, batch_rows: int | None) -> Iterator[pa.Table]:
-    """Ray map_batches function: read the files described by ``items``, yield chunk tables."""
-    for item in items.to_pylist():
-        file = _ChunkFile(filesystem, base, item, context_length, np.dtype(token_dtype))
-        try:
-            for chunks in file.blocks(batch_rows):
-                yield _chunks_table(chunks)
-        finally:
-            file.close()
+def iter_file_tables(item: dict[str, Any], *, filesystem: pafs.FileSystem, base: str, context_length: int,
+                     token_dtype: str, batch_rows: int | None) -> Iterator[pa.Table]:
+    """:func:`chunks_table` per record batch (or per ``batch_rows`` chunks) of the chunk file
+    ``item`` (a :meth:`PackedDataset.file_items` row), in order; the file is closed at the end."""
+    file = _ChunkFile(filesystem, base, item, context_length, np.dtype(token_dtype))
+    try:
+        for chunks in file.blocks(batch_rows):
+            yield chunks_table(chunks)
+    finally:
+        file.close()
 
 
 def read_packed(path: str) -> PackedDataset:

@@ -1,4 +1,4 @@
-"""raypack.readers: batches in file order, exact round trips, and validation messages."""
+"""raypack.formats: token batches in file order, exact round trips, and validation messages."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raypack.errors import InputError
-from raypack.readers import check_tokens_fit, iter_token_batches, validate_token_batch
-from raypack.shards import inspect_shard
+from raypack.formats import check_tokens_fit, inspect_shard, iter_token_batches, validate_token_batch
 
 I32 = pa.list_(pa.int32())
 FORMATS = ["parquet", "arrow", "jsonl"]
@@ -140,7 +139,8 @@ def _with(row: int, doc, num_docs: int = 23) -> list:
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_null_document_names_file_and_row(tmp_path: Path, fmt: str):
     path = write_shard(tmp_path, fmt, _with(17, None))
-    with pytest.raises(InputError, match=rf"shard .*s\.{fmt} row 17: the document is null; .*write \[\] for an empty document"):
+    with pytest.raises(InputError, match=rf"shard .*s\.{fmt} row 17: the document is null; .*write \[\] for an empty "
+                                         rf"document"):
         read_all(path, fmt, 4)
 
 
@@ -222,7 +222,8 @@ def test_tokens_that_fit_pass():
 def test_a_token_too_large_names_file_row_and_value():
     tokens = np.array([1, 2, 3, 70_000, 99_999], dtype=np.int64)
     lengths = np.array([2, 0, 1, 0, 2])  # row 4 holds 70_000 and 99_999; rows 1 and 3 are empty
-    with pytest.raises(InputError, match=r"shard x row 14: token 70000 does not fit the output token dtype uint16 \(0\.\.65535\); set token_dtype"):
+    with pytest.raises(InputError, match=r"shard x row 14: token 70000 does not fit the output token dtype uint16 "
+                                         r"\(0\.\.65535\); set token_dtype"):
         check_tokens_fit(tokens, lengths, "uint16", path="x", first_row=10)
 
 

@@ -1,0 +1,93 @@
+"""Builders shared by the test files: shard writers, the job runner, plain-pyarrow output readers,
+corpora and their hypothesis strategies. Test files import from here, never from each other."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from hypothesis import strategies as st
+
+from raypack.config import make_config
+from raypack.job import run_pack
+
+# ----------------------------------------------------------------------------- shards and outputs
+
+
+def write_shards(root, docs: list[list[int]], cuts: list[int], dtype=pa.int32(), row_group_size=None) -> str:
+    """Write ``docs`` as Parquet shards split at ``cuts`` (document indices); return the dir."""
+    shard_dir = os.path.join(root, "shards")
+    os.makedirs(shard_dir, exist_ok=True)
+    bounds = [0, *cuts, len(docs)]
+    for k in range(len(bounds) - 1):
+        table = pa.table({"input_ids": pa.array(docs[bounds[k]: bounds[k + 1]], pa.list_(dtype))})
+        pq.write_table(table, os.path.join(shard_dir, f"part-{k:04d}.parquet"), row_group_size=row_group_size)
+    return shard_dir
+
+
+def read_output(out: str) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Plain pyarrow: files sorted by name, dense doc ids from the segment columns."""
+    with open(os.path.join(out, "manifest.json")) as f:
+        manifest = json.load(f)
+    c = manifest["context_length"]
+    tables = [pa.ipc.open_file(p).read_all() for p in sorted(glob.glob(os.path.join(out, "chunks-*.arrow")))]
+    if not tables:
+        return np.zeros((0, c), np.int64), np.zeros((0, c), np.int64), manifest
+    table = pa.concat_tables(tables)
+    assert table.column("chunk_index").to_pylist() == list(range(table.num_rows))
+    input_ids = table.column("input_ids").combine_chunks().flatten().to_numpy().reshape(-1, c)
+    seg_ids = table.column("segment_doc_ids").combine_chunks().flatten().to_numpy()
+    seg_lens = table.column("segment_lengths").combine_chunks().flatten().to_numpy()
+    return input_ids, np.repeat(seg_ids, seg_lens).reshape(-1, c), manifest
+
+
+def file_digests(out: str) -> dict[str, str]:
+    """The chunk files of ``out`` (name -> sha256)."""
+    return {os.path.basename(p): hashlib.sha256(open(p, "rb").read()).hexdigest()
+            for p in sorted(glob.glob(os.path.join(out, "*.arrow")))}
+
+
+def pack(tmp_path, shard_dir, name="out", engine="local", **overrides):
+    """Run the job on ``shard_dir`` into ``tmp_path / name`` (C = 8, small batches); its summary."""
+    values = dict(inputs=[shard_dir], output=str(tmp_path / name), context_length=8, pad_token=0,
+                  read_batch_size=3, chunks_per_record_batch=2)
+    values.update(overrides)
+    summary = run_pack(make_config(values), engine=engine)
+    return summary
+
+
+def tree_digest(path) -> dict[str, str]:
+    """Every file under ``path`` (relative name -> sha256)."""
+    out = {}
+    for root, _, files in os.walk(path):
+        for name in files:
+            full = os.path.join(root, name)
+            out[os.path.relpath(full, path)] = hashlib.sha256(open(full, "rb").read()).hexdigest()
+    return out
+
+
+# ----------------------------------------------------------------------------- corpora
+
+doc_lengths = st.one_of(st.integers(0, 3), st.integers(0, 30), st.sampled_from([7, 8, 9, 16, 17, 40]))
+
+
+@st.composite
+def sharded_corpora(draw):
+    """(docs, cuts): up to 25 documents as lists of ids and the document indices to cut shards at."""
+    lengths = draw(st.lists(doc_lengths, min_size=0, max_size=25))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    docs = [rng.integers(0, 1000, size=n).tolist() for n in lengths]
+    cuts = sorted(draw(st.lists(st.integers(0, len(docs)), max_size=5)))
+    return docs, cuts
+
+
+def random_corpus(seed: int, num_docs: int, max_len: int):
+    """``num_docs`` documents of random ids, lengths in [0, max_len), from ``seed``."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, max_len, size=num_docs)
+    return [rng.integers(0, 50_000, size=n).tolist() for n in lengths]
