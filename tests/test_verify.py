@@ -625,13 +625,15 @@ def test_best_fit_output_of_empty_documents_only_verifies(tmp_path):
 
 def test_best_fit_verify_streams_window_by_window(best_fit_outputs):
     """With one chunk per block, every piece compared with the inputs is exactly one window."""
-    from raypack import verify as verify_module
     import pyarrow.fs as pafs
+
+    from raypack.verify.best_fit import BestFitStructure
+    from raypack.verify.structure import output_pieces
 
     out, _, docs = best_fit_outputs(BF_WINDOW)
     manifest = load_manifest(out)
-    structure = verify_module._BestFitStructure(manifest, keep_tokens=True)
-    pieces = list(verify_module._output_pieces(pafs.LocalFileSystem(), out, manifest, structure, 1))
+    structure = BestFitStructure(manifest, keep_tokens=True)
+    pieces = list(output_pieces(pafs.LocalFileSystem(), out, manifest, structure, 1))
     layout = Layout(out, docs)
     windows = [{layout.window_of(int(d)) for d in np.unique(p.doc_ids)} for p in pieces]
     assert all(len(w) == 1 for w in windows)
