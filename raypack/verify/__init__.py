@@ -61,8 +61,9 @@ def verify_output(
     inputs: shard files/directories/globs to compare with (expanded like ``raypack pack`` does);
     None compares with the manifest's shards when every one of them still exists (only absolute
     paths or URIs of shard files without ``..``: anything else is an InputError asking for
-    explicit inputs; the report names every shard read), ``[]`` skips the comparison. token_column: the inputs' token column (default: the manifest's config, else
-    ``input_ids``). batch_chunks: chunks decoded at a time (bounds memory).
+    explicit inputs; the report names every shard read), ``[]`` skips the comparison.
+    token_column: the inputs' token column (default: the manifest's config, else ``input_ids``).
+    batch_chunks: chunks decoded at a time (bounds memory).
     Raises InputError for unusable arguments (an input path that does not exist).
     """
     start = time.perf_counter()

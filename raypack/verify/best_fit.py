@@ -32,9 +32,10 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from raypack.verify.best_fit_layout import ExpectedLayout, expected_layout
-from raypack.verify.blocks import Block, Piece
+from raypack.verify.blocks import Block, Piece, SegmentPlaces, segment_places
 from raypack.verify.report import VerifyError
 from raypack.verify.structure import Structure
+from raypack.verify.windows import WindowMap
 
 __all__ = ["BestFitStructure"]
 
@@ -53,29 +54,6 @@ class _Part(NamedTuple):
     tokens: np.ndarray | None
 
 
-class _Segments(NamedTuple):
-    """Per segment of some consecutive chunks: its chunk row, global chunk, start inside the chunk."""
-
-    rows: np.ndarray
-    chunks: np.ndarray
-    starts: np.ndarray
-    is_first: np.ndarray
-    is_last: np.ndarray
-
-
-def _segment_places(first_chunk: int, counts: np.ndarray, lengths: np.ndarray, c: int) -> _Segments:
-    """Where each segment is, given segments per chunk (each chunk's lengths summing to ``c``)."""
-    rows = np.repeat(np.arange(counts.size, dtype=np.int64), counts)
-    starts = np.cumsum(lengths, dtype=np.int64) - lengths - rows * c
-    offsets = np.zeros(counts.size + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    is_first = np.zeros(lengths.size, dtype=bool)
-    is_last = np.zeros(lengths.size, dtype=bool)
-    is_first[offsets[:-1][counts > 0]] = True
-    is_last[offsets[1:][counts > 0] - 1] = True
-    return _Segments(rows, rows + first_chunk, starts, is_first, is_last)
-
-
 class BestFitStructure(Structure):
     """best_fit: per-chunk checks on each block, per-window checks once a window's chunks are read.
 
@@ -86,70 +64,17 @@ class BestFitStructure(Structure):
 
     def __init__(self, manifest: dict[str, Any], *, keep_tokens: bool = False) -> None:
         super().__init__(manifest, keep_tokens=keep_tokens)
-        self.window = manifest["best_fit_window"]
-        files = manifest["files"]
-        self._file_first = np.array([f["first_chunk"] for f in files], dtype=np.int64)
-        self._file_names = [f["path"] for f in files]
-        shards = manifest["shards"]
-        self._shard_paths = [e["path"] for e in shards]
-        self._doc_offsets = np.array([e["doc_offset"] for e in shards], dtype=np.int64)
-        self._shard_docs = np.array([e["num_docs"] for e in shards], dtype=np.int64)
-        self._shard_first = np.array([e["first_chunk"] for e in shards], dtype=np.int64)
-        self._shard_chunks = np.array([e["num_chunks"] for e in shards], dtype=np.int64)
-        self._recorded_tokens = np.array([e["num_tokens"] for e in shards], dtype=np.int64)
-        self._shard_tokens = np.zeros(len(shards), dtype=np.int64)
-        n = self.window
-        windows = -(-self._shard_docs // n) if n else (self._shard_docs > 0).astype(np.int64)
-        self._window_base = np.concatenate([[0], np.cumsum(windows)[:-1]]).astype(np.int64)
-        self._total_docs = int(self._shard_docs.sum())
+        self._map = WindowMap(manifest)
+        self._shard_tokens = np.zeros(len(manifest["shards"]), dtype=np.int64)
         self.last_window = -1
         self._pending: list[_Part] = []
-
-    # --------------------------------------------------------------- naming places
-
-    def _place(self, chunk: int, position: int) -> str:
-        k = int(np.searchsorted(self._file_first, chunk, side="right")) - 1
-        return f"output chunk {chunk} position {position} ({self._file_names[k]} row {chunk - int(self._file_first[k])})"
-
-    def _shard_of_docs(self, doc_ids: np.ndarray) -> np.ndarray:
-        return np.searchsorted(self._doc_offsets, doc_ids, side="right") - 1
-
-    def _windows_of(self, doc_ids: np.ndarray) -> np.ndarray:
-        """Global window id of each doc id (ids within the shards)."""
-        shard = self._shard_of_docs(doc_ids)
-        local = (doc_ids - self._doc_offsets[shard]) // self.window if self.window else 0
-        return self._window_base[shard] + local
-
-    def _doc(self, doc_id: int) -> str:
-        k = int(self._shard_of_docs(np.int64(doc_id)))
-        if not 0 <= doc_id < self._total_docs:
-            return f"doc id {doc_id} (in no shard: they hold doc ids 0..{self._total_docs - 1})"
-        return f"doc id {doc_id} (shard {k} {self._shard_paths[k]} row {doc_id - int(self._doc_offsets[k])})"
-
-    def _window_rows(self, w: int) -> tuple[int, int, int]:
-        """(shard, first row, end row) of global window ``w``."""
-        k = int(np.searchsorted(self._window_base, w, side="right")) - 1
-        j = w - int(self._window_base[k])
-        docs = int(self._shard_docs[k])
-        return (k, j * self.window, min((j + 1) * self.window, docs)) if self.window else (k, 0, docs)
-
-    def _window_label(self, w: int) -> str:
-        k, r0, r1 = self._window_rows(w)
-        off = int(self._doc_offsets[k])
-        return (f"window {(r0 // self.window) if self.window else 0} of shard {k} ({self._shard_paths[k]} rows "
-                f"{r0}..{r1 - 1}, doc ids {off + r0}..{off + r1 - 1}; best_fit_window={self.window})")
-
-    def _chunk_shard_label(self, chunk: int) -> str:
-        j = int(np.searchsorted(self._shard_first, chunk, side="right")) - 1
-        first, n = int(self._shard_first[j]), int(self._shard_chunks[j])
-        return f"shard {j}'s chunk range {first}..{first + n - 1} ({self._shard_paths[j]})"
 
     # --------------------------------------------------------------- per block
 
     def pieces(self, block: Block) -> Sequence[Piece]:
         self._check_chunk_indices(block)
         self._check_lengths(block)
-        segs = _segment_places(self.next_chunk, np.diff(block.segment_offsets), block.segment_lengths,
+        segs = segment_places(self.next_chunk, np.diff(block.segment_offsets), block.segment_lengths,
                                self.context_length)
         real = self._check_chunk_padding(block, segs)
         self._check_chunk_documents(block, segs, real)
@@ -163,12 +88,12 @@ class BestFitStructure(Structure):
         self.next_chunk += block.chunk_indices.size
         return self._advance(block, windows)
 
-    def _check_chunk_padding(self, block: Block, segs: _Segments) -> np.ndarray:
+    def _check_chunk_padding(self, block: Block, segs: SegmentPlaces) -> np.ndarray:
         """Padding only as a chunk's last segment, never alone, holding pad_token; return the non-padding mask."""
         ids, c = block.segment_doc_ids, self.context_length
         if (ids < -1).any():
             k = int(np.argmax(ids < -1))
-            raise VerifyError(f"{self._place(int(segs.chunks[k]), int(segs.starts[k]))}: doc id {int(ids[k])} is "
+            raise VerifyError(f"{self._map.place(int(segs.chunks[k]), int(segs.starts[k]))}: doc id {int(ids[k])} is "
                               "negative; doc ids are >= 0 and -1 marks padding")
         pad = ids == -1
         inside = pad & ~segs.is_last
@@ -176,24 +101,25 @@ class BestFitStructure(Structure):
             k = int(np.argmax(inside))
             chunk, row = int(segs.chunks[k]), int(segs.rows[k])
             num = int(block.segment_offsets[row + 1] - block.segment_offsets[row])
-            raise VerifyError(f"{self._place(chunk, int(segs.starts[k]))}: padding (doc id -1) in chunk {chunk} "
+            raise VerifyError(f"{self._map.place(chunk, int(segs.starts[k]))}: padding (doc id -1) in chunk {chunk} "
                               f"segment {k - int(block.segment_offsets[row])} of {num}, before "
-                              f"{self._doc(int(ids[k + 1]))}; a best_fit chunk holds its documents first and "
+                              f"{self._map.doc(int(ids[k + 1]))}; a best_fit chunk holds its documents first and "
                               "padding only as its last segment")
         alone = pad & segs.is_first
         if alone.any():
             k = int(np.argmax(alone))
-            raise VerifyError(f"{self._place(int(segs.chunks[k]), 0)}: chunk {int(segs.chunks[k])} is all padding "
+            raise VerifyError(f"{self._map.place(int(segs.chunks[k]), 0)}: chunk {int(segs.chunks[k])} is all padding "
                               "(doc id -1); best_fit never emits a chunk without a document")
         if pad.any():
             wrong = np.repeat(pad, block.segment_lengths).reshape(-1, c) & (block.input_ids != self.pad_token)
             if wrong.any():
                 row, position = divmod(int(np.argmax(wrong)), c)
-                raise VerifyError(f"{self._place(self.next_chunk + row, position)}: doc id -1 (padding) holds token "
+                raise VerifyError(f"{self._map.place(self.next_chunk + row, position)}: doc id -1 (padding) holds "
+                                  f"token "
                                   f"{int(block.input_ids[row, position])}, expected pad_token {self.pad_token}")
         return ~pad
 
-    def _check_chunk_documents(self, block: Block, segs: _Segments, real: np.ndarray) -> None:
+    def _check_chunk_documents(self, block: Block, segs: SegmentPlaces, real: np.ndarray) -> None:
         """Inside each chunk: no doc id twice, doc ids increasing."""
         ids = block.segment_doc_ids
         index = np.flatnonzero(real)
@@ -203,7 +129,8 @@ class BestFitStructure(Structure):
             j = int(np.argmax(same))
             a, b = sorted((int(by_chunk[j]), int(by_chunk[j + 1])))
             chunk = int(segs.chunks[b])
-            raise VerifyError(f"{self._place(chunk, int(segs.starts[b]))}: {self._doc(int(ids[b]))} appears twice in "
+            raise VerifyError(f"{self._map.place(chunk, int(segs.starts[b]))}: {self._map.doc(int(ids[b]))} appears "
+                              f"twice in "
                               f"chunk {chunk} (segments at positions {int(segs.starts[a])} and {int(segs.starts[b])}); "
                               "a best_fit chunk holds each document at most once")
         previous = np.concatenate([[-1], ids[:-1]])
@@ -211,39 +138,44 @@ class BestFitStructure(Structure):
         if bad.any():
             k = int(np.argmax(bad))
             chunk = int(segs.chunks[k])
-            raise VerifyError(f"{self._place(chunk, int(segs.starts[k]))}: segment {self._doc(int(ids[k]))} follows "
+            raise VerifyError(f"{self._map.place(chunk, int(segs.starts[k]))}: segment {self._map.doc(int(ids[k]))} "
+                              f"follows "
                               f"doc id {int(previous[k])} in chunk {chunk}; a best_fit chunk lays out its documents in "
                               "increasing doc id order")
 
-    def _check_shards_and_windows(self, block: Block, segs: _Segments, real: np.ndarray) -> np.ndarray:
+    def _check_shards_and_windows(self, block: Block, segs: SegmentPlaces, real: np.ndarray) -> np.ndarray:
         """Doc ids in the chunk's shard and all in one window; windows never go back. Return each chunk's window."""
         ids = block.segment_doc_ids
-        beyond = real & (ids >= self._total_docs)
+        beyond = real & (ids >= self._map.total_docs)
         if beyond.any():
             k = int(np.argmax(beyond))
-            raise VerifyError(f"{self._place(int(segs.chunks[k]), int(segs.starts[k]))}: doc id {int(ids[k])} is in no "
-                              f"shard; the shards hold counts.documents={self._total_docs} documents (doc ids "
-                              f"0..{self._total_docs - 1})")
+            raise VerifyError(f"{self._map.place(int(segs.chunks[k]), int(segs.starts[k]))}: doc id {int(ids[k])} is "
+                              f"in no "
+                              f"shard; the shards hold counts.documents={self._map.total_docs} documents (doc ids "
+                              f"0..{self._map.total_docs - 1})")
         index = np.flatnonzero(real)
         real_ids = ids[index]
-        doc_shard = self._shard_of_docs(real_ids)
-        chunk_shard = np.searchsorted(self._shard_first, segs.chunks[index], side="right") - 1
+        doc_shard = self._map.shard_of_docs(real_ids)
+        chunk_shard = self._map.shard_of_chunks(segs.chunks[index])
         if (doc_shard != chunk_shard).any():
             k = int(index[np.argmax(doc_shard != chunk_shard)])
             chunk = int(segs.chunks[k])
-            raise VerifyError(f"{self._place(chunk, int(segs.starts[k]))}: {self._doc(int(ids[k]))} is in chunk "
-                              f"{chunk}, which lies in {self._chunk_shard_label(chunk)}; a shard's chunks hold only "
+            raise VerifyError(f"{self._map.place(chunk, int(segs.starts[k]))}: {self._map.doc(int(ids[k]))} is in "
+                              f"chunk "
+                              f"{chunk}, which lies in {self._map.chunk_shard_label(chunk)}; a shard's chunks hold "
+                              f"only "
                               "its own documents (windows never span shards)")
         windows = np.full(ids.size, -1, dtype=np.int64)
-        windows[index] = self._windows_of(real_ids)
+        windows[index] = self._map.windows_of(real_ids)
         chunk_windows = windows[block.segment_offsets[:-1]]  # every chunk starts with a document
         mixed = real & (windows != chunk_windows[segs.rows])
         if mixed.any():
             k = int(np.argmax(mixed))
             chunk, first = int(segs.chunks[k]), int(ids[block.segment_offsets[segs.rows[k]]])
-            raise VerifyError(f"{self._place(chunk, int(segs.starts[k]))}: {self._doc(int(ids[k]))} is in "
-                              f"{self._window_label(int(windows[k]))}, but chunk {chunk} also holds {self._doc(first)} "
-                              f"of {self._window_label(int(chunk_windows[segs.rows[k]]))}; a best_fit chunk holds "
+            raise VerifyError(f"{self._map.place(chunk, int(segs.starts[k]))}: {self._map.doc(int(ids[k]))} is in "
+                              f"{self._map.window_label(int(windows[k]))}, but chunk {chunk} also holds "
+                              f"{self._map.doc(first)} "
+                              f"of {self._map.window_label(int(chunk_windows[segs.rows[k]]))}; a best_fit chunk holds "
                               "documents of one window")
         previous = np.concatenate([[self.last_window], chunk_windows[:-1]])
         back = chunk_windows < previous
@@ -251,8 +183,10 @@ class BestFitStructure(Structure):
             row = int(np.argmax(back))
             chunk = self.next_chunk + row
             first = int(ids[block.segment_offsets[row]])
-            raise VerifyError(f"{self._place(chunk, 0)}: {self._doc(first)} of {self._window_label(int(chunk_windows[row]))} "
-                              f"comes after chunk {chunk - 1}, which holds {self._window_label(int(previous[row]))}; "
+            raise VerifyError(f"{self._map.place(chunk, 0)}: {self._map.doc(first)} of "
+                              f"{self._map.window_label(int(chunk_windows[row]))} "
+                              f"comes after chunk {chunk - 1}, which holds "
+                              f"{self._map.window_label(int(previous[row]))}; "
                               "windows are packed one after another, each into its own consecutive chunks")
         if chunk_windows.size:
             self.last_window = int(chunk_windows[-1])
@@ -295,7 +229,7 @@ class BestFitStructure(Structure):
         counts = np.concatenate([p.segment_counts for p in parts])
         ids = np.concatenate([p.segment_doc_ids for p in parts])
         lengths = np.concatenate([p.segment_lengths for p in parts]).astype(np.int64)
-        segs = _segment_places(first_chunk, counts, lengths, c)
+        segs = segment_places(first_chunk, counts, lengths, c)
         real = ids >= 0
         # documents, segments of one document in chunk order (segments are in chunk order)
         ids, lengths, chunks, starts = ids[real], lengths[real], segs.chunks[real], segs.starts[real]
@@ -325,9 +259,9 @@ class BestFitStructure(Structure):
         j = int(np.argmax(bad))
         here, there = int(order[j]), int(order[j + 1])
         total = int(totals[np.cumsum(new_doc)[j] - 1])
-        place = self._place(int(chunks[here]), int(starts[here]))
+        place = self._map.place(int(chunks[here]), int(starts[here]))
         then = f"chunk {int(chunks[there])} position {int(starts[there])}"
-        doc = self._doc(int(doc_ids[j]))
+        doc = self._map.doc(int(doc_ids[j]))
         if total <= c:
             raise VerifyError(f"{place}: {doc} holds {total} <= C={c} tokens but is cut: {int(doc_lengths[j])} of "
                               f"them here, {int(doc_lengths[j + 1])} in {then}; best_fit never cuts a document that "
@@ -348,12 +282,12 @@ class BestFitStructure(Structure):
         chunk_starts = np.concatenate([[0], bounds]).astype(np.int64)
         chunk_stops = np.concatenate([bounds, [windows.size]]).astype(np.int64)
         run_windows = windows[chunk_starts]
-        layout = expected_layout(run_windows, docs, totals, self._windows_of(docs), self.context_length)
+        layout = expected_layout(run_windows, docs, totals, self._map.windows_of(docs), self.context_length)
         self._compare_chunks(layout, run_windows, first_chunk, chunk_starts, chunk_stops)
         expected_rows = chunk_starts[layout.window_of_item] + layout.bins
         self._compare_fills(layout, expected_rows, windows, first_chunk, rows, ids, lengths)
         self._compare_segments(layout, expected_rows, windows, first_chunk, rows, ids, lengths, starts)
-        self._shard_tokens += np.bincount(self._shard_of_docs(ids), weights=lengths,
+        self._shard_tokens += np.bincount(self._map.shard_of_docs(ids), weights=lengths,
                                           minlength=self._shard_tokens.size).astype(np.int64)
 
     def _compare_chunks(self, layout: ExpectedLayout, run_windows: np.ndarray, first_chunk: int,
@@ -365,9 +299,12 @@ class BestFitStructure(Structure):
             a, b = int(chunk_starts[r]), int(chunk_stops[r])
             s0 = int(layout.item_starts[r])
             tokens = int(layout.lengths[s0:s0 + int(layout.item_counts[r])].sum())
-            raise VerifyError(f"{self._place(first_chunk + a, 0)}: {self._window_label(int(run_windows[r]))} fills chunks "
-                              f"{first_chunk + a}..{first_chunk + b - 1} ({b - a} chunks, {tokens} tokens), but best-fit "
-                              f"decreasing packs its {int(layout.item_counts[r])} pieces into {int(layout.num_bins[r])}: "
+            raise VerifyError(f"{self._map.place(first_chunk + a, 0)}: {self._map.window_label(int(run_windows[r]))} "
+                              f"fills chunks "
+                              f"{first_chunk + a}..{first_chunk + b - 1} ({b - a} chunks, {tokens} tokens), but "
+                              f"best-fit "
+                              f"decreasing packs its {int(layout.item_counts[r])} pieces into "
+                              f"{int(layout.num_bins[r])}: "
                               "not best-fit")
 
     def _compare_fills(self, layout: ExpectedLayout, expected_rows: np.ndarray, windows: np.ndarray,
@@ -378,8 +315,10 @@ class BestFitStructure(Structure):
         if not np.array_equal(found_fills, expected_fills):
             i = int(np.argmax(found_fills != expected_fills))
             chunk = first_chunk + i
-            raise VerifyError(f"{self._place(chunk, int(found_fills[i]))}: chunk {chunk} holds {int(found_fills[i])} "
-                              f"tokens (doc ids {ids[rows == i].tolist()}) of {self._window_label(int(windows[i]))}; "
+            raise VerifyError(f"{self._map.place(chunk, int(found_fills[i]))}: chunk {chunk} holds "
+                              f"{int(found_fills[i])} "
+                              f"tokens (doc ids {ids[rows == i].tolist()}) of "
+                              f"{self._map.window_label(int(windows[i]))}; "
                               f"best-fit decreasing fills it with {int(expected_fills[i])}: not best-fit")
 
     def _compare_segments(self, layout: ExpectedLayout, expected_rows: np.ndarray, windows: np.ndarray,
@@ -393,10 +332,12 @@ class BestFitStructure(Structure):
             m = min(rows.size, order.size)  # equal when every document passed _check_document_pieces
             differ = np.logical_or.reduce([f[:m] != e[:m] for f, e in zip(found, expected)])
             i = int(np.argmax(differ)) if differ.any() else m - 1
-            raise VerifyError(f"{self._place(first_chunk + int(rows[i]), int(starts[i]))}: {self._doc(int(ids[i]))} "
+            raise VerifyError(f"{self._map.place(first_chunk + int(rows[i]), int(starts[i]))}: "
+                              f"{self._map.doc(int(ids[i]))} "
                               f"({int(lengths[i])} tokens) is here, where best-fit decreasing over "
-                              f"{self._window_label(int(windows[rows[i]]))} puts doc id {int(expected[1][i])} "
-                              f"({int(expected[2][i])} tokens) in chunk {first_chunk + int(expected[0][i])}: not best-fit")
+                              f"{self._map.window_label(int(windows[rows[i]]))} puts doc id {int(expected[1][i])} "
+                              f"({int(expected[2][i])} tokens) in chunk {first_chunk + int(expected[0][i])}: not "
+                              f"best-fit")
 
     def _doc_order_piece(self, parts: list[_Part], first_chunk: int, order: np.ndarray, doc_ids: np.ndarray,
                          doc_lengths: np.ndarray, chunks: np.ndarray, starts: np.ndarray) -> Piece:
@@ -411,16 +352,17 @@ class BestFitStructure(Structure):
 
         def where(i: int) -> str:
             j = int(np.searchsorted(ends, i, side="right"))
-            return self._place(int(segment_chunks[j]), int(segment_starts[j]) + i - int(targets[j]))
+            return self._map.place(int(segment_chunks[j]), int(segment_starts[j]) + i - int(targets[j]))
 
         return Piece(flat[gather], np.repeat(doc_ids, doc_lengths), where)
 
     def finish(self, manifest: dict[str, Any], where: str) -> None:
         super().finish(manifest, where)
-        wrong = self._shard_tokens != self._recorded_tokens
+        wrong = self._shard_tokens != self._map.recorded_tokens
         if wrong.any():
             k = int(np.argmax(wrong))
-            first, n = int(self._shard_first[k]), int(self._shard_chunks[k])
-            raise VerifyError(f"{where}: shards[{k}] ({self._shard_paths[k]}): num_tokens={int(self._recorded_tokens[k])} "
+            first, n = int(self._map.shard_first[k]), int(self._map.shard_chunks[k])
+            raise VerifyError(f"{where}: shards[{k}] ({self._map.shard_paths[k]}): "
+                              f"num_tokens={int(self._map.recorded_tokens[k])} "
                               f"but its chunks {first}..{first + n - 1} hold {int(self._shard_tokens[k])} tokens")
 

@@ -5,6 +5,8 @@ A :class:`Block` is up to ``batch_chunks`` consecutive rows of one chunk file, d
 batches (``validate(full=True)``) and its row count were checked. A :class:`Piece` is a stretch of
 a token stream with its dense doc ids; a structure check turns blocks into the output's pieces, the
 inputs are read as pieces, and the two streams are compared (:mod:`raypack.verify.inputs`).
+Where segments lie in their chunks: :func:`row_of_segment` and :func:`segment_start` for one
+segment (used to name it in a message), :func:`segment_places` for all of them at once.
 Memory: one file's record batches are opened (not read) at a time; a block is ``n * C`` tokens.
 """
 
@@ -22,7 +24,8 @@ from raypack.output import FORMAT_VERSION
 from raypack.verify.files import open_file
 from raypack.verify.report import VerifyError
 
-__all__ = ["Block", "Piece", "iter_blocks", "list_column", "row_of_segment", "segment_start"]
+__all__ = ["Block", "Piece", "SegmentPlaces", "iter_blocks", "list_column", "row_of_segment", "segment_places",
+           "segment_start"]
 
 _COLUMNS = ("chunk_index", "input_ids", "segment_doc_ids", "segment_lengths")
 
@@ -145,3 +148,26 @@ def segment_start(block: Block, k: int, row: int) -> int:
     """Position of segment ``k`` inside its chunk ``row``."""
     first = int(block.segment_offsets[row])
     return int(block.segment_lengths[first:k].sum())
+
+
+class SegmentPlaces(NamedTuple):
+    """Per segment of some consecutive chunks: its chunk row, global chunk, start inside the chunk."""
+
+    rows: np.ndarray
+    chunks: np.ndarray
+    starts: np.ndarray
+    is_first: np.ndarray
+    is_last: np.ndarray
+
+
+def segment_places(first_chunk: int, counts: np.ndarray, lengths: np.ndarray, c: int) -> SegmentPlaces:
+    """Where each segment is, given segments per chunk (each chunk's lengths summing to ``c``)."""
+    rows = np.repeat(np.arange(counts.size, dtype=np.int64), counts)
+    starts = np.cumsum(lengths, dtype=np.int64) - lengths - rows * c
+    offsets = np.zeros(counts.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    is_first = np.zeros(lengths.size, dtype=bool)
+    is_last = np.zeros(lengths.size, dtype=bool)
+    is_first[offsets[:-1][counts > 0]] = True
+    is_last[offsets[1:][counts > 0] - 1] = True
+    return SegmentPlaces(rows, rows + first_chunk, starts, is_first, is_last)

@@ -110,7 +110,8 @@ def _input_pieces(shards: list[Shard], column: str, totals: _InputTotals) -> Ite
             for first_row, lists in iter_token_batches(shard.path, shard.format, column, INPUT_BATCH_DOCS):
                 tokens, lengths = flatten_documents(lists)
                 doc_ids = np.arange(totals.num_docs + first_row, totals.num_docs + first_row + lengths.size)
-                yield Piece(tokens, np.repeat(doc_ids, lengths), _input_locator(shard.path, first_row, doc_ids, lengths))
+                where = _input_locator(shard.path, first_row, doc_ids, lengths)
+                yield Piece(tokens, np.repeat(doc_ids, lengths), where)
                 num_docs, num_tokens = first_row + lengths.size, num_tokens + tokens.size
         except InputError as e:
             raise VerifyError(f"input {e}") from e
