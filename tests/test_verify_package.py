@@ -110,3 +110,12 @@ def test_expected_layout_is_best_fit_decreasing_per_window(windows):
         s = slice(int(layout.item_starts[r]), int(layout.item_starts[r] + layout.item_counts[r]))
         assert layout.lengths[s].tolist() == items.lengths.tolist()
         assert layout.bins[s].tolist() == bins.tolist() and int(layout.num_bins[r]) == num_bins
+
+
+@pytest.mark.parametrize("strategy", ["concat", "best_fit"])
+def test_report_shows_the_window_of_the_strategy_check(tmp_path, strategy):
+    out = packed(tmp_path, strategy)
+    report = verify_output(out)
+    window = load_manifest(out).get("best_fit_window") if strategy == "best_fit" else None
+    assert (report.strategy, report.best_fit_window) == (strategy, window)
+    assert strategy == "concat" or window is not None

@@ -91,7 +91,7 @@ def verify_output(
         num_segments=structure.num_segments, content_sha256=manifest["content_sha256"],
         inputs_compared=shards is not None, num_shards=len(shards or ()),
         seconds=time.perf_counter() - start, strategy=strategy,
-        best_fit_window=manifest.get("best_fit_window") if strategy == "best_fit" else None,
+        best_fit_window=structure.window,
         input_paths=tuple(shard.path for shard in shards or ()),
     )
 

@@ -65,6 +65,7 @@ class BestFitStructure(Structure):
     def __init__(self, manifest: dict[str, Any], *, keep_tokens: bool = False) -> None:
         super().__init__(manifest, keep_tokens=keep_tokens)
         self._map = WindowMap(manifest)
+        self.window = self._map.window
         self._shard_tokens = np.zeros(len(manifest["shards"]), dtype=np.int64)
         self.last_window = -1
         self._pending: list[_Part] = []

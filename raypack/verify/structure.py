@@ -11,9 +11,10 @@ stream of :class:`~raypack.verify.blocks.Piece` s, in doc id order:
   ``finish(manifest, where)``  compare the manifest's counts with what was read.
 
 It counts as it goes: ``next_chunk`` (chunks read), ``num_tokens``, ``num_padding``,
-``num_split``, ``num_segments``, ``last_doc_id``. :class:`Structure` is the base: those counts,
-the checks every strategy makes per block (chunk indices ``0..n-1``; segment lengths > 0 summing
-to C per chunk) and the final count check. Subclasses: :class:`raypack.verify.concat.ConcatStructure`
+``num_split``, ``num_segments``, ``last_doc_id``; ``window`` is the documents per packing window
+the report shows (None: the strategy has none). :class:`Structure` is the base: those counts, the
+checks every strategy makes per block (chunk indices ``0..n-1``; segment lengths > 0 summing to C
+per chunk) and the final count check. Subclasses: :class:`raypack.verify.concat.ConcatStructure`
 and :class:`raypack.verify.best_fit.BestFitStructure`.
 """
 
@@ -39,6 +40,8 @@ class Structure:
         self.context_length = manifest["context_length"]
         self.pad_token = manifest["pad_token"]
         self.keep_tokens = keep_tokens
+        self.window: int | None = None
+        """Documents per packing window (0: a whole shard); None for a strategy without windows."""
         self.num_chunks = sum(entry["num_chunks"] for entry in manifest["files"])
         self.next_chunk = 0
         self.last_doc_id = -1
