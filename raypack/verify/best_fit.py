@@ -4,20 +4,20 @@
 :func:`raypack.manifest.load_manifest` (which also checked ``best_fit_window``, N >= 0, and the
 shards' ``first_chunk``/``num_chunks``: ranges that tile the chunks in shard order). Checks:
 
-  b. Per block: chunk indices and segment lengths as for every strategy; per chunk, documents first
+  1. Per block: chunk indices and segment lengths as for every strategy; per chunk, documents first
      in strictly increasing doc id (so none twice), then at most one padding segment (-1, holding
      ``pad_token``), never a chunk of padding only; every doc id lies in the shard whose chunk
      range holds the chunk, and in one window (rows ``[w*N, (w+1)*N)`` of its shard; N=0: the
      whole shard) shared by all of the chunk's documents; windows never go back along the chunks,
      so each window's chunks are exactly the contiguous run of chunks holding its doc ids.
-  c. Per window, once its last chunk is read: every document's segments, in chunk order, are
+  2. Per window, once its last chunk is read: every document's segments, in chunk order, are
      full C-token chunks except the last (so a document of at most C tokens is one segment, a
      longer one its full pieces then its remainder); then the chunks are compared with the
      expected layout (:func:`raypack.verify.best_fit_layout.expected_layout`, best-fit decreasing
      re-run on the window's document lengths): the same number of chunks, the same fill per chunk
      and the same segments ("not best-fit" otherwise). At the end: the counts (split_documents =
      documents longer than C) and each shard's num_tokens.
-  d. With inputs (``keep_tokens``): each window's segments are put back in doc id order (a
+  3. With inputs (``keep_tokens``): each window's segments are put back in doc id order (a
      document's segments in chunk order) and handed on as one piece, compared with the inputs.
 
 Memory: the segments of one window plus one block (and, with ``keep_tokens``, that window's
@@ -76,7 +76,7 @@ class BestFitStructure(Structure):
         self._check_chunk_indices(block)
         self._check_lengths(block)
         segs = segment_places(self.next_chunk, np.diff(block.segment_offsets), block.segment_lengths,
-                               self.context_length)
+                              self.context_length)
         real = self._check_chunk_padding(block, segs)
         self._check_chunk_documents(block, segs, real)
         windows = self._check_shards_and_windows(block, segs, real)
@@ -271,6 +271,7 @@ class BestFitStructure(Structure):
                           f"tokens and another follows in {then}: a document longer than C is its full {c}-token "
                           f"pieces, then its remainder of {total % c or c} tokens, in chunk order")
 
+    # --------------------------------------------------------------- against the expected layout
 
     def _check_best_fit(self, windows: np.ndarray, first_chunk: int, rows: np.ndarray, ids: np.ndarray,
                         lengths: np.ndarray, starts: np.ndarray, docs: np.ndarray, totals: np.ndarray) -> None:
