@@ -627,12 +627,13 @@ def test_best_fit_verify_streams_window_by_window(best_fit_outputs):
     """With one chunk per block, every piece compared with the inputs is exactly one window."""
     import pyarrow.fs as pafs
 
-    from raypack import verify as verify_module
+    from raypack.verify.best_fit import BestFitStructure
+    from raypack.verify.structure import output_pieces
 
     out, _, docs = best_fit_outputs(BF_WINDOW)
     manifest = load_manifest(out)
-    structure = verify_module._BestFitStructure(manifest, keep_tokens=True)
-    pieces = list(verify_module._output_pieces(pafs.LocalFileSystem(), out, manifest, structure, 1))
+    structure = BestFitStructure(manifest, keep_tokens=True)
+    pieces = list(output_pieces(pafs.LocalFileSystem(), out, manifest, structure, 1))
     layout = Layout(out, docs)
     windows = [{layout.window_of(int(d)) for d in np.unique(p.doc_ids)} for p in pieces]
     assert all(len(w) == 1 for w in windows)

@@ -1,0 +1,194 @@
+"""Check 3, the round trip: which inputs to compare with, and the comparison itself.
+
+:func:`resolve_inputs` picks the shards: the ones given (expanded like ``raypack pack`` does), or by
+default the manifest's, read only when each is an absolute path or URI of a shard file without
+``..`` (the manifest is untrusted) and all of them still exist. :func:`compare_with_inputs` walks
+the output's non-padding stream and the inputs' token stream together, each token labelled with its
+document's global id: a cursor compares the overlap of the current output piece and input piece
+with numpy, whose batch boundaries differ, so every non-empty document appears once, whole,
+contiguous and in order, and tokens are conserved. Then the inputs' document count must equal the
+manifest's and, when the inputs are the manifest's shards, each shard's counts what was recorded.
+Memory: one input read batch of ``INPUT_BATCH_DOCS`` documents. Cost: the inputs read once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from raypack.core import flatten_documents
+from raypack.errors import InputError
+from raypack.formats import SHARD_SUFFIXES, iter_token_batches, shard_format
+from raypack.fs import is_uri as fs_is_uri
+from raypack.fs import resolve_filesystem
+from raypack.shards import discover_shards
+from raypack.verify.blocks import Piece
+from raypack.verify.report import VerifyError
+
+__all__ = ["INPUT_BATCH_DOCS", "Shard", "compare_with_inputs", "resolve_inputs"]
+
+log = logging.getLogger(__name__)
+
+INPUT_BATCH_DOCS = 2048
+"""Input documents read per batch when comparing with the inputs."""
+
+
+class Shard(NamedTuple):
+    path: str
+    format: str
+    recorded: dict[str, Any] | None
+    """The manifest's entry for this shard, when the inputs are the manifest's shards."""
+
+
+def resolve_inputs(manifest: dict[str, Any], inputs: Sequence[str] | None, where: str) -> list[Shard] | None:
+    """The shards to compare with, or None to skip the comparison. ``where`` names the manifest.
+
+    Default (``inputs`` None): the manifest's shards, but only absolute paths or URIs with a known
+    shard suffix and no ``..`` (else InputError: pass --input), and only when all still exist.
+    """
+    recorded = manifest.get("shards") or []
+    if inputs is None:
+        if not recorded:
+            log.info("verify: the manifest lists no shards; inputs not compared")
+            return None
+        for k, entry in enumerate(recorded):
+            _check_default_input(entry, k, where)
+        missing = [e["path"] for e in recorded if not _exists(e["path"])]
+        if missing:
+            log.warning("verify: %d of the manifest's shards are gone (e.g. %s); inputs not compared",
+                        len(missing), missing[0])
+            return None
+        return [Shard(e["path"], e.get("format") or shard_format(e["path"]), e) for e in recorded]
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if not inputs:
+        return None
+    paths = discover_shards(list(inputs))
+    same = paths == [e["path"] for e in recorded]
+    return [Shard(p, shard_format(p), recorded[k] if same else None) for k, p in enumerate(paths)]
+
+
+_SHARD_FORMATS = frozenset(SHARD_SUFFIXES.values())
+
+
+def _check_default_input(entry: dict[str, Any], k: int, where: str) -> None:
+    """Refuse to read a manifest's shard path unless it is an absolute local path or a URI with a
+    known shard suffix and no ``..`` component, in a known format (the manifest is untrusted)."""
+    path, fmt = entry["path"], entry.get("format")
+    is_uri = fs_is_uri(path)
+    parts = (path.split("://", 1)[1] if is_uri else path).split("/")
+    if (not (is_uri or os.path.isabs(path)) or ".." in parts or shard_format(path) is None
+            or (fmt is not None and fmt not in _SHARD_FORMATS) or any(c in path for c in "\n\r\0")):
+        raise InputError(f"{where}: shards[{k}]: path={path!r} (format={fmt!r}) is not an absolute path or URI of a "
+                         f"shard file ({', '.join(SHARD_SUFFIXES)}) without '..'; verify does not read it: pass "
+                         "the inputs with --input (or --no-inputs)")
+
+
+def _exists(path: str) -> bool:
+    try:
+        fs, fs_path = resolve_filesystem(path)
+        return fs.get_file_info(fs_path).type == pafs.FileType.File
+    except (InputError, OSError, pa.ArrowException):
+        return False
+
+
+@dataclass
+class _InputTotals:
+    num_docs: int = 0
+    """Documents in the shards read so far: the global id of the next shard's first document."""
+
+
+def _input_pieces(shards: list[Shard], column: str, totals: _InputTotals) -> Iterator[Piece]:
+    """The inputs' token stream, each token labelled with its document's global id."""
+    for shard in shards:
+        num_docs, num_tokens = 0, 0
+        try:
+            for first_row, lists in iter_token_batches(shard.path, shard.format, column, INPUT_BATCH_DOCS):
+                tokens, lengths = flatten_documents(lists)
+                doc_ids = np.arange(totals.num_docs + first_row, totals.num_docs + first_row + lengths.size)
+                where = _input_locator(shard.path, first_row, doc_ids, lengths)
+                yield Piece(tokens, np.repeat(doc_ids, lengths), where)
+                num_docs, num_tokens = first_row + lengths.size, num_tokens + tokens.size
+        except InputError as e:
+            raise VerifyError(f"input {e}") from e
+        _check_recorded(shard, num_docs, num_tokens)
+        totals.num_docs += num_docs
+
+
+def _input_locator(path: str, first_row: int, doc_ids: np.ndarray, lengths: np.ndarray) -> Callable[[int], str]:
+    def where(i: int) -> str:
+        ends = np.cumsum(lengths)
+        row = int(np.searchsorted(ends, i, side="right"))
+        offset = i - (int(ends[row - 1]) if row else 0)
+        return (f"input shard {path} row {first_row + row} (doc id {int(doc_ids[row])}, "
+                f"token {offset} of {int(lengths[row])})")
+
+    return where
+
+
+def _check_recorded(shard: Shard, num_docs: int, num_tokens: int) -> None:
+    if shard.recorded is None:
+        return
+    recorded = (shard.recorded["num_docs"], shard.recorded["num_tokens"])
+    if (num_docs, num_tokens) != recorded:
+        raise VerifyError(f"input shard {shard.path}: holds {num_docs} documents / {num_tokens} tokens, the manifest "
+                          f"recorded {recorded[0]} / {recorded[1]} at packing; it changed after packing")
+
+
+class _Cursor:
+    """Walks a stream of pieces; ``take(n)`` views the next n positions of the current piece."""
+
+    def __init__(self, pieces: Iterator[Piece]) -> None:
+        self._pieces = pieces
+        self.piece: Piece | None = None
+        self.offset = 0
+
+    def current(self) -> Piece | None:
+        """The piece holding the next position (skipping empty ones), None at the end."""
+        while self.piece is None or self.offset == self.piece.tokens.size:
+            self.piece, self.offset = next(self._pieces, None), 0
+            if self.piece is None:
+                return None
+        return self.piece
+
+    def remaining(self) -> int:
+        return self.piece.tokens.size - self.offset
+
+    def take(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        start, self.offset = self.offset, self.offset + n
+        return self.piece.tokens[start:self.offset], self.piece.doc_ids[start:self.offset]
+
+
+def compare_with_inputs(output: Iterator[Piece], shards: list[Shard], column: str, manifest: dict[str, Any],
+                         manifest_path: str) -> None:
+    """Walk the output and input streams together; raise at the first position where they differ."""
+    totals = _InputTotals()
+    found, expected = _Cursor(output), _Cursor(_input_pieces(shards, column, totals))
+    while found.current() is not None and expected.current() is not None:
+        n = min(found.remaining(), expected.remaining())
+        start_found, start_expected = found.offset, expected.offset
+        found_tokens, found_ids = found.take(n)
+        expected_tokens, expected_ids = expected.take(n)
+        bad = (found_ids != expected_ids) | (found_tokens != expected_tokens)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise VerifyError(
+                f"{found.piece.where(start_found + i)}: found doc id {int(found_ids[i])} token "
+                f"{int(found_tokens[i])}; {expected.piece.where(start_expected + i)}: expected doc id "
+                f"{int(expected_ids[i])} token {int(expected_tokens[i])}"
+            )
+    if found.current() is not None:
+        raise VerifyError(f"{found.piece.where(found.offset)}: the output continues (doc id "
+                          f"{int(found.piece.doc_ids[found.offset])}) but the inputs end there; tokens not conserved")
+    if expected.current() is not None:
+        raise VerifyError(f"{expected.piece.where(expected.offset)}: not in the output, which ends after "
+                          f"{manifest['counts']['tokens']} tokens; tokens not conserved")
+    if totals.num_docs != manifest["counts"]["documents"]:
+        raise VerifyError(f"{manifest_path}: counts.documents={manifest['counts']['documents']} but the inputs "
+                          f"hold {totals.num_docs} documents")

@@ -1,0 +1,60 @@
+"""What ``raypack verify`` raises (:class:`VerifyError`) and returns (:class:`VerifyReport`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["VerifyError", "VerifyReport"]
+
+
+class VerifyError(ValueError):
+    """The output breaks the format or differs from its inputs; the message says where and how."""
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What :func:`raypack.verify.verify_output` checked; every count was read, and matched the manifest."""
+
+    output: str
+    num_files: int
+    num_bytes: int
+    num_chunks: int
+    context_length: int
+    num_tokens: int
+    num_padding_positions: int
+    num_documents: int
+    """The manifest's document count (>= max doc id + 1; equal to the inputs' when compared)."""
+    num_split_documents: int
+    num_segments: int
+    content_sha256: str
+    inputs_compared: bool
+    num_shards: int
+    """Input shards compared (0 when inputs were not compared)."""
+    seconds: float
+    strategy: str = "concat"
+    best_fit_window: int | None = None
+    """Documents per best-fit window (0: a whole shard); None for concat."""
+    input_paths: tuple[str, ...] = ()
+    """The input shards read, in order (empty when inputs were not compared)."""
+
+    def lines(self) -> list[str]:
+        rate = self.num_tokens / self.seconds if self.seconds > 0 else 0.0
+        inputs = (f"{self.num_shards} shard(s), {self.num_documents:,} documents: unpack(pack(x)) == x"
+                  if self.inputs_compared else "not compared")
+        return [
+            f"verified {self.output}",
+            f"  files            {self.num_files:>14,}  ({self.num_bytes:,} bytes, sha256 ok)",
+            f"  chunks           {self.num_chunks:>14,}  of {self.context_length} tokens",
+            f"  strategy         {self.strategy:>14}" + (
+                f"  (windows of {self.best_fit_window:,} documents)" if self.best_fit_window
+                else "  (windows of a whole shard)" if self.best_fit_window == 0 else ""),
+            f"  tokens           {self.num_tokens:>14,}",
+            f"  padding          {self.num_padding_positions:>14,}",
+            f"  documents        {self.num_documents:>14,}",
+            f"  split documents  {self.num_split_documents:>14,}",
+            f"  inputs           {inputs}",
+            *(f"    read {path}" for path in self.input_paths[:3]),
+            *([f"    ... and {len(self.input_paths) - 3:,} more shard(s)"] if len(self.input_paths) > 3 else []),
+            f"  content_sha256   {self.content_sha256}",
+            f"  time             {self.seconds:>14.2f}s  ({rate / 1e6:,.1f}M tokens/s)",
+        ]
