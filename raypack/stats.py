@@ -43,7 +43,7 @@ class PackStats:
     shard_paths: tuple[str, ...]
     shard_documents: npt.NDArray[np.int64]
     shard_split_documents: npt.NDArray[np.int64]
-    strategy: str = "concat"
+    strategy: str
 
     @property
     def padding_percent(self) -> float:

@@ -47,7 +47,8 @@ class PackSettings:
     read_batch_size: int
     read_batch_tokens: int
     chunks_per_record_batch: int
-    strategy: str = "concat"
+    strategy: str
+    """The registered strategy's name (raypack.strategies)."""
     strategy_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     """The strategy's options by key (``{"best_fit_window": 8192}``); see :attr:`packing`."""
     verify_inputs: bool = False
