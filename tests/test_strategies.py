@@ -176,6 +176,13 @@ def test_a_packed_manifest_with_a_bad_option_is_refused(tmp_path, corpus, value,
         load_manifest(str(tmp_path / "out"))
 
 
+def test_a_hostile_option_value_gives_one_short_line():
+    manifest = {"strategy": "best_fit", "best_fit_window": "9" * 100_000, "counts": {"chunks": 0}, "shards": []}
+    with pytest.raises(InputError, match=r"m.json: best_fit_window='9999.*\.\.\. must be an integer") as e:
+        strategy_of_manifest(manifest, "m.json")
+    assert len(str(e.value)) < 300 and "\n" not in str(e.value)
+
+
 def test_best_fit_stores_its_window_once(tmp_path, corpus):
     _, shard_dir = corpus
     pack(tmp_path, shard_dir, strategy="best_fit", best_fit_window=7)

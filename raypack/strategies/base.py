@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
 import numpy as np
 
 from raypack.errors import InputError
+from raypack.manifest import _show
 
 if TYPE_CHECKING:
     from raypack.core import Chunks, Fragment
@@ -124,7 +125,7 @@ class PackingStrategy:
         """Raise ValueError naming the option's key unless it is an int (not bool) in ``[least, 2**53]``."""
         value = getattr(self, field_name)
         if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= MAX_OPTION_INT:
-            raise ValueError(f"{self.option_key(field_name)}={value!r} must be an integer >= {least} "
+            raise ValueError(f"{self.option_key(field_name)}={_show(value)} must be an integer >= {least} "
                              f"(at most 2**53)")
 
     def fingerprint(self) -> str:
