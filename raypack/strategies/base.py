@@ -17,7 +17,9 @@ What the rest of raypack asks of a strategy, and who asks:
     (:meth:`dry_run_figures`; raypack.dry_run), the summary's description (:meth:`describe`;
     raypack.job);
   - the verify structure check, named by :attr:`verify_structure_name` and imported on demand
-    (:meth:`verify_structure`; raypack.verify wires it);
+    (:meth:`verify_structure`), so that packing never imports verify. raypack.verify is to ask
+    ``strategy_of_manifest(manifest).verify_structure()`` for the class it builds (today it still
+    compares the name itself); the verify package rewrite updates the names it points at;
   - a fingerprint of its settings (:meth:`fingerprint`): equal exactly when name and options are.
 No Ray here; the per-strategy modules keep the token math in raypack.core / raypack.best_fit.
 """
