@@ -90,8 +90,10 @@ def child(args: argparse.Namespace) -> dict:
     from raypack.tasks import PackSettings, ShardTask
 
     info = inspect_shard(args.path, "input_ids")
-    settings = PackSettings(args.out, C, 0, args.dtype, "input_ids", 0, args.read_batch_tokens, 512,
-                            args.strategy, args.window if args.strategy == "best_fit" else 0)
+    settings = PackSettings(out_dir=args.out, context_length=C, pad_token=0, token_dtype=args.dtype,
+                            token_column="input_ids", read_batch_size=0, read_batch_tokens=args.read_batch_tokens,
+                            chunks_per_record_batch=512, strategy=args.strategy,
+                            strategy_options={"best_fit_window": args.window} if args.strategy == "best_fit" else {})
     task = ShardTask(0, args.path, info.format, 0, 0, info.num_docs, info.num_tokens)
     if args.count:
         return {"num_chunks": count_shard_chunks(task, settings)}

@@ -170,7 +170,9 @@ def child_stitch(num_shards: int, out_dir: str, write: bool, repeats: int) -> di
     tasks = tuple(ShardTask(k, p, "parquet", k, int(offsets[k]), 1, r.num_tokens)
                   for k, (p, r) in enumerate(zip(paths, results)))
     plan = Plan(infos, tasks, "int32", num_shards, num_tokens, C)
-    settings = PackSettings(out_dir, C, 0, "int32", "input_ids", 0, 1 << 20, 512)
+    settings = PackSettings(out_dir=out_dir, context_length=C, pad_token=0, token_dtype="int32",
+                            token_column="input_ids", read_batch_size=0, read_batch_tokens=1 << 20,
+                            chunks_per_record_batch=512, strategy=plan.packing.name)
 
     stitch_s = []
     for _ in range(repeats):

@@ -18,6 +18,7 @@ from raypack.config import PackConfig
 from raypack.core import Chunks, Fragment, concat_chunks, stitch_fragments
 from raypack.output import FORMAT_VERSION, WrittenFile, chunk_schema, content_sha256, write_chunks_file
 from raypack.plan import Plan
+from raypack.strategies import PackingStrategy
 from raypack.tasks import PackSettings, ShardResult
 
 
@@ -76,12 +77,9 @@ def count_stats(results: Sequence[ShardResult], plan: Plan) -> dict[str, int]:
     }
 
 
-def _shard_row(shard, task, strategy: str) -> dict[str, Any]:
-    row = {"path": shard.path, "format": shard.format, "num_docs": shard.num_docs, "num_tokens": shard.num_tokens,
-           "doc_offset": task.doc_offset, "token_offset": task.token_offset}
-    if strategy == "best_fit":
-        row.update(first_chunk=task.first_chunk, num_chunks=task.num_chunks)
-    return row
+def _shard_row(shard, task, packing: PackingStrategy) -> dict[str, Any]:
+    return {"path": shard.path, "format": shard.format, "num_docs": shard.num_docs, "num_tokens": shard.num_tokens,
+            "doc_offset": task.doc_offset, "token_offset": task.token_offset, **packing.shard_row_extras(task)}
 
 
 def build_manifest(config: PackConfig, plan: Plan, files: list[WrittenFile], counts: dict[str, int]) -> dict[str, Any]:
@@ -92,11 +90,10 @@ def build_manifest(config: PackConfig, plan: Plan, files: list[WrittenFile], cou
         "context_length": config.context_length,
         "pad_token": config.pad_token,
         "token_dtype": plan.token_dtype,
-        "strategy": config.strategy,
-        **({"best_fit_window": config.best_fit_window} if config.strategy == "best_fit" else {}),
+        **plan.packing.manifest_fields(),
         "counts": counts,
         "files": file_rows,
-        "shards": [_shard_row(s, t, config.strategy) for s, t in zip(plan.shards, plan.tasks)],
+        "shards": [_shard_row(s, t, plan.packing) for s, t in zip(plan.shards, plan.tasks)],
         "content_sha256": content_sha256(file_rows),
         "config": config.output_dict(),
     }

@@ -9,6 +9,7 @@ from typing import Sequence
 
 from raypack.config import load_config
 from raypack.errors import InputError
+from raypack.strategies import DEFAULT_STRATEGY, STRATEGIES, option_fields, strategy_names
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,12 +26,13 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--token-dtype")
     pack.add_argument("--workers", dest="num_workers", type=int, help="packer actors")
     pack.add_argument("--read-batch-size", type=int, help="documents per record batch read")
-    pack.add_argument("--strategy", choices=("concat", "best_fit"),
-                      help="concat (default): the exact rules; best_fit: never cut a document that fits a chunk")
-    pack.add_argument("--best-fit-window", type=int, metavar="DOCS",
-                      help="documents per best-fit window (0: a whole shard; default 8192)")
+    pack.add_argument("--read-batch-tokens", type=int, metavar="TOKENS",
+                      help="with read batch size 0: tokens per read batch (default 1048576)")
+    pack.add_argument("--chunks-per-record-batch", type=int, metavar="N", help="chunks per Arrow record batch written")
+    pack.add_argument("--worker-num-cpus", type=float, metavar="CPUS", help="CPUs each packer actor reserves")
+    _add_strategy_arguments(pack)
     pack.add_argument("--dry-run", action="store_true",
-                      help="print what concat and best_fit would give on a sample; write nothing")
+                      help="print what every strategy would give on a sample; write nothing")
     pack.add_argument("--sample-docs", type=int, default=100_000, metavar="N",
                       help="with --dry-run: the first N documents of the stream (0: all; default 100000)")
     pack.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded local Ray)")
@@ -57,6 +59,18 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("output", metavar="OUT", help="packed output directory")
     stats.add_argument("--plot", metavar="PNG", help="also write a plot (needs matplotlib)")
     return parser
+
+
+def _add_strategy_arguments(pack: argparse.ArgumentParser) -> None:
+    """``--strategy`` with the registered names, and one flag per strategy option (its key with dashes)."""
+    pack.add_argument("--strategy", choices=strategy_names(),
+                      help="; ".join(f"{name}{' (default)' if name == DEFAULT_STRATEGY else ''}: {cls.summary}"
+                                     for name, cls in STRATEGIES.items()))
+    for key, (_, field) in option_fields().items():
+        kind = type(field.default)  # an option has a default; a bool one is a switch
+        how = {"action": "store_true", "default": None} if kind is bool else {"type": kind,
+                                                                               "metavar": field.metadata.get("metavar")}
+        pack.add_argument("--" + key.replace("_", "-"), help=field.metadata.get("help"), **how)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

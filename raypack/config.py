@@ -1,9 +1,19 @@
-"""The job's configuration: one frozen dataclass, loaded from ``configs/*.toml`` and overrides."""
+"""The job's configuration: one frozen dataclass, loaded from ``configs/*.toml`` and overrides.
+
+Keys are flat (TOML and :func:`make_config` alike). A packing strategy's options are keys named
+``{strategy}_{option}`` (``best_fit_window``), taken from the registry (raypack.strategies) and
+held in ``PackConfig.strategy_options``; the options of every registered strategy are accepted
+and validated, whichever strategy is chosen (the chosen one's decide the output).
+
+Every key has a ``raypack pack`` flag, so none is TOML-only: the flag is the key with dashes
+(``--context-length``, ``--best-fit-window``), except ``inputs`` (``--input``, repeatable),
+``num_workers`` (``--workers``) and ``progress_timeout_s`` (``--progress-timeout``).
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -12,10 +22,18 @@ import tomllib
 
 from raypack.core import validate_context_length, validate_pad_token
 from raypack.errors import InputError
+from raypack.strategies import (
+    DEFAULT_STRATEGY,
+    PackingStrategy,
+    configured_strategy,
+    option_fields,
+    strategy_class,
+    strategy_names,
+)
 
-OUTPUT_KEYS = ("inputs", "context_length", "pad_token", "token_column", "token_dtype", "chunks_per_record_batch",
-               "strategy")
-STRATEGIES = ("concat", "best_fit")
+OUTPUT_KEYS = ("inputs", "context_length", "pad_token", "token_column", "token_dtype", "chunks_per_record_batch")
+"""Keys that decide the output's bytes, saved as the manifest's ``config``; the strategy and its
+options decide them too but are stored once, at the manifest's top level (the strategy's fields)."""
 TOKEN_DTYPES = ("auto", "uint8", "uint16", "uint32", "int16", "int32", "int64")
 
 
@@ -37,13 +55,14 @@ class PackConfig:
     document length so that a batch holds about ``read_batch_tokens`` tokens."""
     read_batch_tokens: int = 1 << 20
     """Target tokens per read batch when ``read_batch_size`` is 0: a packer's memory follows it."""
-    strategy: str = "concat"
-    """"concat": the exact rules (concatenate, cut every C tokens, pad only the last chunk).
-    "best_fit": best-fit decreasing within windows of documents; a document of at most C
-    tokens is never cut and every chunk may end with padding (see raypack/best_fit.py)."""
-    best_fit_window: int = 8192
-    """Documents per best-fit window (0: a whole shard). Windows never span shards; a packer
-    holds one window of tokens in memory."""
+    strategy: str = DEFAULT_STRATEGY
+    """A registered packing strategy (raypack.strategies): ``concat``, the exact rules
+    (concatenate, cut every C tokens, pad only the last chunk), or ``best_fit``, best-fit
+    decreasing within windows of documents (a document of at most C tokens is never cut)."""
+    strategy_options: Mapping[str, Any] = field(default_factory=dict)
+    """Strategy options by key, e.g. ``{"best_fit_window": 8192}`` (documents per best-fit window,
+    0: a whole shard; windows never span shards). Set as flat keys; missing ones take the
+    strategy's default."""
     chunks_per_record_batch: int = 512
     """Chunks per Arrow record batch written; batches start at multiples of it globally."""
     num_workers: int = 2
@@ -71,11 +90,14 @@ class PackConfig:
             validate_pad_token(self.pad_token, np.dtype(self.token_dtype))
         elif isinstance(self.pad_token, bool) or not isinstance(self.pad_token, int):
             raise TypeError(f"pad_token={self.pad_token!r} must be an integer")
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"strategy={self.strategy!r} must be one of {', '.join(STRATEGIES)}")
-        for name in ("read_batch_size", "read_batch_tokens", "chunks_per_record_batch", "num_workers", "best_fit_window"):
+        strategy_class(self.strategy)
+        unknown = sorted(set(self.strategy_options) - set(option_fields()))
+        if unknown:
+            raise ValueError(f"unknown strategy option(s) {', '.join(unknown)}; valid are {', '.join(option_fields())}")
+        self.strategies()  # every registered strategy's options are checked, the chosen one's or not
+        for name in ("read_batch_size", "read_batch_tokens", "chunks_per_record_batch", "num_workers"):
             value = getattr(self, name)
-            least = 0 if name in ("read_batch_size", "best_fit_window") else 1
+            least = 0 if name == "read_batch_size" else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name}={value!r} must be an integer >= {least}")
         for name in ("verify_inputs", "restart_stalled"):
@@ -88,29 +110,49 @@ class PackConfig:
         if not 0 < self.worker_num_cpus <= 64:
             raise ValueError(f"worker_num_cpus={self.worker_num_cpus!r} must be in (0, 64]")
 
+    @property
+    def packing(self) -> PackingStrategy:
+        """The chosen strategy with its options."""
+        return configured_strategy(self.strategy, self.strategy_options)
+
+    def strategies(self) -> tuple[PackingStrategy, ...]:
+        """Every registered strategy with this config's options for it (the dry run compares them)."""
+        return tuple(configured_strategy(name, self.strategy_options) for name in strategy_names())
+
     def output_dict(self) -> dict[str, Any]:
-        """The keys that decide the output's bytes (workers, batch sizes, address do not)."""
+        """The keys that decide the output's bytes besides the strategy's (workers, batch sizes,
+        address do not decide them)."""
         full = self.to_dict()
-        keys = OUTPUT_KEYS + (("best_fit_window",) if self.strategy == "best_fit" else ())
-        return {k: full[k] for k in keys}
+        return {k: full[k] for k in OUTPUT_KEYS}
 
     def to_dict(self) -> dict[str, Any]:
+        """Flat keys, as in a TOML config, with every registered strategy's options."""
         out = dataclasses.asdict(self)
+        out.pop("strategy_options")
         out["inputs"] = list(self.inputs)
+        for strategy in self.strategies():
+            out.update(strategy.options())
         return out
 
 
 def config_keys() -> list[str]:
-    return [f.name for f in dataclasses.fields(PackConfig)]
+    """Every key a config may set: the dataclass's fields and the registered strategies' options."""
+    fields = [f.name for f in dataclasses.fields(PackConfig) if f.name != "strategy_options"]
+    clashes = set(fields) & set(option_fields())
+    if clashes:
+        raise RuntimeError(f"internal error: strategy option(s) {', '.join(sorted(clashes))} clash with config keys")
+    return fields + list(option_fields())
 
 
 def make_config(values: Mapping[str, Any], *, source: str = "config") -> PackConfig:
-    """Build a config from a mapping; unknown keys and bad values raise InputError."""
+    """Build a config from flat keys; unknown keys and bad values raise InputError."""
     valid = config_keys()
     unknown = sorted(set(values) - set(valid))
     if unknown:
         raise InputError(f"{source}: unknown key(s) {', '.join(unknown)}; valid keys are {', '.join(valid)}")
-    values = dict(values)
+    options = option_fields()
+    values = {**{k: v for k, v in values.items() if k not in options},
+              "strategy_options": {k: v for k, v in values.items() if k in options}}
     if "inputs" in values:
         inputs = values["inputs"]
         values["inputs"] = (inputs,) if isinstance(inputs, str) else tuple(inputs)

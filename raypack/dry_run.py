@@ -1,9 +1,10 @@
-"""``raypack pack --dry-run``: what concat and best_fit would give, from document lengths alone.
+"""``raypack pack --dry-run``: what every registered strategy would give, from document lengths alone.
 
 Reads only document lengths (list offsets) of a sample, the first ``sample_docs`` documents
 of the stream with shards in order (0: every document, which gives the exact figures of a
-real run), and computes for each strategy the chunks, padding and documents split across
-chunks, plus what the best-fit window costs in padding. Writes nothing. No Ray.
+real run), and asks each strategy (with the config's options for it) for its chunks, padding
+and documents split across chunks, plus any notes of its own (best_fit: what the window costs
+in padding). Writes nothing. No Ray.
 """
 
 from __future__ import annotations
@@ -13,25 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from raypack.best_fit import BestFitChunkCounter
 from raypack.config import PackConfig
-from raypack.core import split_document_mask
 from raypack.formats import iter_token_batches
-from raypack.plan import make_plan
-from raypack.shard_pack import read_batch_rows
-from raypack.tasks import PackSettings
-
-WINDOWS = (1024, 4096, 16384, 65536)
-
-
-@dataclass(frozen=True)
-class StrategyFigures:
-    name: str
-    num_chunks: int
-    padding_positions: int
-    split_documents: int
-    split_short_documents: int
-    """Split documents of at most C tokens: the ones best_fit never cuts."""
+from raypack.plan import make_plan, settings_for
+from raypack.strategies.base import StrategyFigures, percent
+from raypack.tasks import PackSettings, read_batch_rows
 
 
 @dataclass(frozen=True)
@@ -45,8 +32,7 @@ class DryRunReport:
     long_documents: int
     """Documents longer than C: every strategy has to cut them."""
     strategies: tuple[StrategyFigures, ...]
-    window_padding: tuple[tuple[int, int], ...]
-    """(best-fit window in documents, 0 = a whole shard; padding positions) on the sample."""
+    """One per registered strategy, in registry order."""
 
     def lines(self) -> list[str]:
         c = self.context_length
@@ -54,36 +40,25 @@ class DryRunReport:
         out = [f"dry run: {'all' if whole else 'a sample of'} {self.num_docs:,} documents "
                f"({self.num_tokens:,} tokens, {self.num_shards} shard(s)) of {self.corpus_docs:,} "
                f"({self.corpus_tokens:,} tokens); C={c}; nothing written",
-               f"  documents longer than C: {self.long_documents:,} ({_pct(self.long_documents, self.num_docs)})",
+               f"  documents longer than C: {self.long_documents:,} ({percent(self.long_documents, self.num_docs)})",
                f"  {'strategy':<24}{'chunks':>12}{'padding':>12}{'split docs':>14}{'split docs <= C':>18}"]
         for s in self.strategies:
-            out.append(f"  {s.name:<24}{s.num_chunks:>12,}{_pct(s.padding_positions, s.num_chunks * c):>12}"
-                       f"{_pct(s.split_documents, self.num_docs):>14}{s.split_short_documents:>18,}")
-        out.append("  best_fit padding by window (documents; windows never span shards):")
-        for window, padding in self.window_padding:
-            chunks = (self.num_tokens + padding) // c
-            out.append(f"    {'whole shard' if window == 0 else f'{window:,}':>12}  {_pct(padding, chunks * c)}")
+            out.append(f"  {s.name:<24}{s.num_chunks:>12,}{percent(s.padding_positions, s.num_chunks * c):>12}"
+                       f"{percent(s.split_documents, self.num_docs):>14}{s.split_short_documents:>18,}")
+        for s in self.strategies:
+            out.extend(s.notes)
         return out
 
 
-def _pct(part: int, whole: int) -> str:
-    return f"{100.0 * part / whole:.3f}%" if whole else "0.000%"
-
-
 def dry_run(config: PackConfig, *, sample_docs: int = 100_000) -> DryRunReport:
-    """Plan the run, read the sample's document lengths, and compute both strategies' figures."""
+    """Plan the run, read the sample's document lengths, and ask every strategy for its figures."""
     plan = make_plan(config)
-    settings = PackSettings("", config.context_length, config.pad_token, plan.token_dtype, config.token_column,
-                            config.read_batch_size, config.read_batch_tokens, config.chunks_per_record_batch)
-    per_shard = _sample_lengths(plan.tasks, settings, sample_docs)
+    per_shard = _sample_lengths(plan.tasks, settings_for(config, plan, ""), sample_docs)
     lengths = np.concatenate(per_shard) if per_shard else np.zeros(0, np.int64)
     c = config.context_length
-    best_fit_windows = sorted({*WINDOWS, config.best_fit_window}, key=lambda w: (w == 0, w))
-    window_padding = tuple((w, _best_fit_chunks(per_shard, c, w) * c - int(lengths.sum())) for w in best_fit_windows)
-    figures = (_concat_figures(lengths, c),
-               _best_fit_figures(lengths, c, config.best_fit_window, dict(window_padding)[config.best_fit_window]))
+    figures = tuple(strategy.dry_run_figures(per_shard, c) for strategy in config.strategies())
     return DryRunReport(c, int(lengths.size), int(lengths.sum()), len(per_shard), plan.num_docs, plan.num_tokens,
-                        int(np.count_nonzero(lengths > c)), figures, window_padding)
+                        int(np.count_nonzero(lengths > c)), figures)
 
 
 def _sample_lengths(tasks, settings: PackSettings, sample_docs: int) -> list[npt.NDArray[np.int64]]:
@@ -101,26 +76,3 @@ def _sample_lengths(tasks, settings: PackSettings, sample_docs: int) -> list[npt
                 break
         per_shard.append(np.concatenate(parts) if parts else np.zeros(0, np.int64))
     return per_shard
-
-
-def _concat_figures(lengths: np.ndarray, c: int) -> StrategyFigures:
-    tokens = int(lengths.sum())
-    chunks = -(-tokens // c)
-    cut = split_document_mask(lengths, 0, c)
-    return StrategyFigures("concat", chunks, chunks * c - tokens, int(cut.sum()),
-                           int(np.count_nonzero(cut & (lengths <= c))))
-
-
-def _best_fit_figures(lengths: np.ndarray, c: int, window: int, padding: int) -> StrategyFigures:
-    name = f"best_fit (window {window:,})" if window else "best_fit (whole shard)"
-    chunks = (int(lengths.sum()) + padding) // c
-    return StrategyFigures(name, chunks, padding, int(np.count_nonzero(lengths > c)), 0)
-
-
-def _best_fit_chunks(per_shard: list[np.ndarray], c: int, window: int) -> int:
-    total = 0
-    for lengths in per_shard:
-        counter = BestFitChunkCounter(c, window=window)
-        counter.push(lengths)
-        total += counter.finish()
-    return total

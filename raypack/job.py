@@ -18,6 +18,7 @@ from raypack.plan import Plan, check_output_outside_inputs, make_plan, place_chu
 from raypack.publish import LocalOutput, ObjectStoreOutput, output_target
 from raypack.resume import load_verified_result
 from raypack.shard_pack import count_shard_chunks, current_rss_bytes, pack_shard
+from raypack.strategies import strategy_of_manifest
 from raypack.tasks import PackSettings, ShardResult
 
 log = logging.getLogger(__name__)
@@ -42,9 +43,7 @@ class Summary:
         pad_pct = 100.0 * c["padding_positions"] / positions if positions else 0.0
         split_pct = 100.0 * c["split_documents"] / c["documents"] if c["documents"] else 0.0
         rate = c["tokens"] / self.seconds if self.seconds > 0 else 0.0
-        strategy = self.manifest.get("strategy", "concat")
-        if strategy == "best_fit":
-            strategy += f", windows of {self.manifest['best_fit_window']:,} documents" if self.manifest["best_fit_window"] else ", whole-shard windows"
+        strategy = strategy_of_manifest(self.manifest).describe()
         return [
             f"packed {self.output} ({strategy})",
             f"  documents        {c['documents']:>14,}",
@@ -95,7 +94,7 @@ def _pack_seconds(results: list[ShardResult]) -> float:
 def _pack_into(target: LocalOutput | ObjectStoreOutput, config: PackConfig, plan: Plan, engine: str,
                resume: bool) -> tuple[dict, list[ShardResult]]:
     settings = settings_for(config, plan, target.work_dir)
-    if config.strategy == "best_fit":
+    if plan.packing.needs_counting_pass:
         plan = place_chunks(plan, _count_chunks(plan, settings, config, engine))
     results = _pack_shards(plan, settings, config, engine, resume)
     boundary_runs = stitch_boundaries(results, plan, settings)
@@ -120,7 +119,7 @@ def _pack_shards(plan: Plan, settings: PackSettings, config: PackConfig, engine:
 
 
 def _count_chunks(plan: Plan, settings: PackSettings, config: PackConfig, engine: str) -> list[int]:
-    """best_fit's first pass: each shard's chunk count, from document lengths alone."""
+    """The strategy's first pass: each shard's chunk count, from document lengths alone."""
     if engine == "local" or not plan.tasks:
         return [count_shard_chunks(t, settings) for t in plan.tasks]
     return _on_ray(config, lambda pipeline: pipeline.count_chunks(

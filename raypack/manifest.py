@@ -17,8 +17,10 @@ InputErrors naming the manifest, the entry and the value:
      no file is listed twice), and each file is large enough to hold its tokens
      (``num_bytes >= num_chunks * context_length * itemsize``): a manifest cannot claim more
      chunks than the bytes it vouches for, so hostile counts cost nothing;
-  4. ``shards`` (optional; required by best_fit): offsets are the running sums, totals equal the
-     counts; ``strategy`` known, best_fit's window and chunk ranges consistent.
+  4. ``shards`` (optional; a strategy may require them): offsets are the running sums, totals
+     equal the counts; ``strategy`` registered, and the strategy's own top-level options and
+     shard fields valid (asked of the strategy: raypack.strategies, e.g. best_fit's window and
+     chunk ranges).
 Cost: O(files + shards) Python work, which stops at the first bad entry; the manifest itself
 is read whole but never more than ``MAX_MANIFEST_BYTES``.
 
@@ -45,7 +47,7 @@ from raypack.errors import InputError
 from raypack.fs import check_bucket, resolve_filesystem
 from raypack.output import CHUNK_FILE_RE, FORMAT_VERSION, MANIFEST_NAME
 
-__all__ = ["COUNT_KEYS", "FILE_KEYS", "MAX_CONTEXT_LENGTH", "MAX_COUNT", "MAX_MANIFEST_BYTES", "STRATEGIES",
+__all__ = ["COUNT_KEYS", "FILE_KEYS", "MAX_CONTEXT_LENGTH", "MAX_COUNT", "MAX_MANIFEST_BYTES",
            "check_manifest", "load_manifest", "open_chunk_file", "resolve_output", "strategy_of"]
 
 # MAX_CONTEXT_LENGTH: one cap for writers and readers (raypack.core)
@@ -59,8 +61,8 @@ MAX_MANIFEST_BYTES = 256 << 20
 COUNT_KEYS = ("documents", "tokens", "chunks", "padding_positions", "split_documents")
 FILE_KEYS = ("path", "first_chunk", "num_chunks", "num_bytes", "sha256")
 SHARD_KEYS = ("num_docs", "num_tokens", "doc_offset", "token_offset")
-STRATEGIES = ("concat", "best_fit")
-"""Packing strategies a manifest may name; a manifest without ``strategy`` is ``concat``."""
+DEFAULT_STRATEGY = "concat"
+"""The strategy of a manifest without ``strategy``, and of a config without one (raypack.strategies)."""
 TOKEN_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 DAMAGED = "the output was replaced or damaged"
 _HEX = frozenset("0123456789abcdef")
@@ -106,8 +108,9 @@ def load_manifest(path: str) -> dict[str, Any]:
 
 
 def strategy_of(manifest: dict[str, Any]) -> str:
-    """The manifest's packing strategy; outputs written before strategies existed are ``concat``."""
-    return manifest.get("strategy", "concat")
+    """The name of a checked manifest's packing strategy (none: concat); the strategy object with its
+    options is :func:`raypack.strategies.strategy_of_manifest`."""
+    return manifest.get("strategy", DEFAULT_STRATEGY)
 
 
 # ----------------------------------------------------------------------------- checking
@@ -255,40 +258,14 @@ def _check_shards(manifest: dict[str, Any], counts: dict[str, int], where: str) 
 
 
 def _check_strategy(manifest: dict[str, Any], where: str) -> None:
-    """``strategy`` known (and as in ``config``); for best_fit, the window and the shards' chunk ranges."""
-    strategy = strategy_of(manifest)
-    if strategy not in STRATEGIES:
-        raise InputError(f"{where}: strategy={_show(strategy)} is unknown; expected one of {', '.join(STRATEGIES)} "
-                         "(no strategy: concat)")
+    """``strategy`` registered (none: concat), its options and its own fields valid: asked of the
+    strategy (raypack.strategies), which reads them back from the top level."""
+    from raypack.strategies import strategy_of_manifest  # the strategies use this module's field checks
+
     config = manifest.get("config", {})
     if not isinstance(config, dict):
         raise InputError(f"{where}: config={_show(config)}, expected an object; {DAMAGED}")
-    if config.get("strategy", strategy) != strategy:
-        raise InputError(f"{where}: strategy={strategy!r} but config.strategy={_show(config['strategy'])}")
-    if strategy != "best_fit":
-        return
-    window = _int_field(manifest, "best_fit_window", where)
-    if config.get("best_fit_window", window) != window:
-        raise InputError(f"{where}: best_fit_window={window} but config.best_fit_window="
-                         f"{_show(config['best_fit_window'])}")
-    shards = manifest.get("shards")
-    if not isinstance(shards, list):
-        raise InputError(f"{where}: shards={_show(shards)}; a best_fit manifest must list its shards (their chunk "
-                         "ranges and windows)")
-    next_chunk, num_chunks = 0, manifest["counts"]["chunks"]
-    for k, entry in enumerate(shards):
-        label = f"{where}: shards[{k}] ({entry['path']})"
-        first = _int_field(entry, "first_chunk", label)
-        count = _int_field(entry, "num_chunks", label)
-        if first != next_chunk:
-            raise InputError(f"{label}: first_chunk={first}, expected {next_chunk}; best_fit shard chunk ranges "
-                             "tile the chunks in shard order (shard k's chunks follow shard k-1's)")
-        next_chunk += count
-        if next_chunk > num_chunks:
-            break
-    if next_chunk != num_chunks:
-        raise InputError(f"{where}: the shards' chunk ranges cover chunks 0..{next_chunk - 1} ({next_chunk} chunks) "
-                         f"but the files hold {num_chunks}; they must tile the same chunks")
+    strategy_of_manifest(manifest, where)
 
 
 # ----------------------------------------------------------------------------- chunk files

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
@@ -22,6 +22,7 @@ from raypack.errors import InputError
 from raypack.formats import ShardInfo, inspect_shard
 from raypack.fs import is_uri
 from raypack.shards import common_token_type, discover_shards, plan_offsets
+from raypack.strategies import PackingStrategy, default_strategy
 from raypack.tasks import PackSettings, ShardTask
 
 
@@ -33,19 +34,17 @@ class Plan:
     num_docs: int
     num_tokens: int
     context_length: int
-    strategy: str = "concat"
+    packing: PackingStrategy = field(default_factory=default_strategy)
 
     @property
     def num_chunks(self) -> int:
-        if self.strategy == "concat":
-            return -(-self.num_tokens // self.context_length)
-        if any(t.num_chunks < 0 for t in self.tasks):
-            raise RuntimeError("internal error: best_fit chunk counts not placed yet (call place_chunks)")
-        return sum(t.num_chunks for t in self.tasks)
+        """Chunks of the whole output, as the strategy counts them (after :func:`place_chunks` if it counts)."""
+        return self.packing.num_chunks(self)
 
 
 def place_chunks(plan: Plan, chunk_counts: Sequence[int]) -> Plan:
-    """best_fit: give each shard its chunk range from every shard's counted chunks (a cumsum)."""
+    """A strategy with a counting pass: give each shard its chunk range from every shard's
+    counted chunks (a cumsum)."""
     if len(chunk_counts) != len(plan.tasks):
         raise RuntimeError(f"internal error: {len(chunk_counts)} chunk counts for {len(plan.tasks)} shards")
     firsts = np.concatenate([[0], np.cumsum(np.asarray(chunk_counts, dtype=np.int64))[:-1]])
@@ -69,7 +68,7 @@ def make_plan(config: PackConfig, *, max_threads: int = 8) -> Plan:
         for k, info in enumerate(infos)
     )
     return Plan(tuple(infos), tasks, token_dtype, int(offsets.doc_offsets[-1]),
-                int(offsets.token_offsets[-1]), config.context_length, config.strategy)
+                int(offsets.token_offsets[-1]), config.context_length, config.packing)
 
 
 def _resolve_token_dtype(config: PackConfig, infos: list[ShardInfo]) -> str:
@@ -84,11 +83,13 @@ def _resolve_token_dtype(config: PackConfig, infos: list[ShardInfo]) -> str:
 
 
 def settings_for(config: PackConfig, plan: Plan, out_dir: str) -> PackSettings:
-    return PackSettings(out_dir, config.context_length, config.pad_token, plan.token_dtype,
-                        config.token_column, config.read_batch_size, config.read_batch_tokens,
-                        config.chunks_per_record_batch, config.strategy,
-                        config.best_fit_window if config.strategy == "best_fit" else 0, config.verify_inputs,
-                        config.progress_timeout_s, config.restart_stalled)
+    """The one place PackSettings are built: the config's, with the plan's token dtype, writing to ``out_dir``."""
+    return PackSettings(out_dir=out_dir, context_length=config.context_length, pad_token=config.pad_token,
+                        token_dtype=plan.token_dtype, token_column=config.token_column,
+                        read_batch_size=config.read_batch_size, read_batch_tokens=config.read_batch_tokens,
+                        chunks_per_record_batch=config.chunks_per_record_batch, strategy=plan.packing.name,
+                        strategy_options=plan.packing.options(), verify_inputs=config.verify_inputs,
+                        progress_timeout_s=config.progress_timeout_s, restart_stalled=config.restart_stalled)
 
 
 def check_output_outside_inputs(output: str, plan: Plan) -> None:

@@ -20,9 +20,10 @@ import numpy as np
 import numpy.typing as npt
 
 from raypack.errors import InputError
-from raypack.manifest import resolve_output, strategy_of
+from raypack.manifest import resolve_output
 from raypack.output import MANIFEST_NAME
 from raypack.packed import PackedDataset, read_packed
+from raypack.strategies import strategy_of_manifest
 
 NUM_BINS = 16
 
@@ -42,7 +43,7 @@ class PackStats:
     shard_paths: tuple[str, ...]
     shard_documents: npt.NDArray[np.int64]
     shard_split_documents: npt.NDArray[np.int64]
-    strategy: str = "concat"
+    strategy: str
 
     @property
     def padding_percent(self) -> float:
@@ -81,7 +82,8 @@ def packing_stats(out: str) -> PackStats:
     manifest, c = ds.manifest, ds.context_length
     edges = np.unique(np.linspace(1, c + 1, NUM_BINS + 1).astype(np.int64))
     counts = np.zeros(edges.size - 1, np.int64)
-    find_split = _BestFitSplits(c) if strategy_of(manifest) == "best_fit" else _ConcatSplits()
+    packing = strategy_of_manifest(manifest)
+    find_split = packing.make_split_finder(c)
     found = {"chunks": 0, "tokens": 0, "padding_positions": 0}
     max_doc_id = -1
     for seg_ids, seg_lens, offsets in _segment_batches(ds):
@@ -103,7 +105,7 @@ def packing_stats(out: str) -> PackStats:
                             minlength=len(shards)) if shards else np.zeros(0, np.int64)
     return PackStats(c, found["chunks"], found["tokens"], num_docs, found["padding_positions"], int(split.size),
                      edges, counts, tuple(s["path"] for s in shards), np.diff(doc_offsets)[: len(shards)],
-                     per_shard[: len(shards)], strategy_of(manifest))
+                     per_shard[: len(shards)], packing.name)
 
 
 def _cross_check(manifest: dict[str, Any], found: dict[str, int], max_doc_id: int, where: str) -> None:
@@ -116,42 +118,6 @@ def _cross_check(manifest: dict[str, Any], found: dict[str, int], max_doc_id: in
     if recorded["documents"] <= max_doc_id:
         raise InputError(f"{where}: counts.documents={recorded['documents']} but the chunk files hold doc id "
                          f"{max_doc_id}; the output is damaged (raypack verify OUT says where)")
-
-
-class _ConcatSplits:
-    """concat: a document is split where a chunk starts with the id the previous chunk ended with."""
-
-    def __init__(self) -> None:
-        self._ids: list[np.ndarray] = []
-        self._previous_last = -1
-
-    def add(self, seg_ids: np.ndarray, seg_lens: np.ndarray, offsets: np.ndarray) -> None:
-        first, last = seg_ids[offsets[:-1]], seg_ids[offsets[1:] - 1]
-        before = np.concatenate([[self._previous_last], last[:-1]])
-        self._ids.append(np.unique(first[(first == before) & (first >= 0)]))
-        self._previous_last = int(last[-1])
-
-    def split_ids(self) -> np.ndarray:
-        return np.unique(np.concatenate(self._ids)) if self._ids else np.zeros(0, np.int64)
-
-
-class _BestFitSplits:
-    """best_fit: only a document with a full-chunk piece can have another piece, and its full
-    pieces come before its remainder in chunk order; so only segments of such documents are kept."""
-
-    def __init__(self, context_length: int) -> None:
-        self.context_length = context_length
-        self._candidates = np.zeros(0, np.int64)
-        self._hits: list[np.ndarray] = []
-
-    def add(self, seg_ids: np.ndarray, seg_lens: np.ndarray, offsets: np.ndarray) -> None:
-        self._candidates = np.union1d(self._candidates, seg_ids[seg_lens == self.context_length])
-        self._hits.append(seg_ids[np.isin(seg_ids, self._candidates)])
-
-    def split_ids(self) -> np.ndarray:
-        ids, counts = np.unique(np.concatenate(self._hits) if self._hits else np.zeros(0, np.int64),
-                                return_counts=True)
-        return ids[counts > 1]
 
 
 def _segment_batches(ds: PackedDataset) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:

@@ -3,14 +3,18 @@ one-row Arrow form a result takes on its way back (no pickled objects)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 import pyarrow as pa
 
 from raypack.core import Fragment
 from raypack.output import WrittenFile
+
+if TYPE_CHECKING:
+    from raypack.strategies import PackingStrategy
 
 
 @dataclass(frozen=True)
@@ -25,14 +29,15 @@ class ShardTask:
     num_docs: int
     num_tokens: int
     first_chunk: int = -1
-    """best_fit only: the global index of the shard's first chunk (from the counting pass)."""
+    """Strategies with a counting pass only: the global index of the shard's first chunk."""
     num_chunks: int = -1
-    """best_fit only: the chunks the shard packs into (from the counting pass)."""
+    """Strategies with a counting pass only: the chunks the shard packs into."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PackSettings:
-    """The run-wide settings every packer shares."""
+    """The run-wide settings every packer shares; built by :func:`raypack.plan.settings_for` alone.
+    Plain values only, so that it travels to Ray actors (and resume records) as a dict."""
 
     out_dir: str
     context_length: int
@@ -42,14 +47,31 @@ class PackSettings:
     read_batch_size: int
     read_batch_tokens: int
     chunks_per_record_batch: int
-    strategy: str = "concat"
-    best_fit_window: int = 0
+    strategy: str
+    """The registered strategy's name (raypack.strategies)."""
+    strategy_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The strategy's options by key (``{"best_fit_window": 8192}``); see :attr:`packing`."""
     verify_inputs: bool = False
     """Resume records also hold each input's full sha256 (PackConfig.verify_inputs); no effect on output."""
     progress_timeout_s: float = 0.0
     """Report a shard with no progress for this long (raypack.watchdog); no effect on output."""
     restart_stalled: bool = False
     """End a stalled packer's process (Ray restarts it); no effect on output."""
+
+    @property
+    def packing(self) -> PackingStrategy:
+        """The strategy object (registry: raypack.strategies), built from ``strategy`` and its options."""
+        from raypack.strategies import configured_strategy  # the strategies import this module
+
+        return configured_strategy(self.strategy, self.strategy_options)
+
+
+def read_batch_rows(task: ShardTask, settings: PackSettings) -> int:
+    """Documents per read batch: the configured number, or enough for ~read_batch_tokens tokens."""
+    if settings.read_batch_size:
+        return settings.read_batch_size
+    mean_len = task.num_tokens / task.num_docs if task.num_docs else 1.0
+    return int(min(1 << 20, max(1, settings.read_batch_tokens / max(mean_len, 1.0))))
 
 
 @dataclass(frozen=True)

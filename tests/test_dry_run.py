@@ -42,7 +42,7 @@ def test_whole_corpus_figures_equal_real_runs(tmp_path, corpus):
     cut_short = sum(1 for d, start in zip(docs, positions)
                     if 0 < len(d) <= 8 and start // 8 != (start + len(d) - 1) // 8)
     assert concat.split_short_documents == cut_short > 0
-    assert dict(report.window_padding)[16] == best_fit.padding_positions
+    assert dict(best_fit.window_padding)[16] == best_fit.padding_positions
 
 
 def test_sample_is_the_first_documents_of_the_stream(corpus):

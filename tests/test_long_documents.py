@@ -181,8 +181,10 @@ def write_shard(path, lengths: np.ndarray, fmt: str) -> np.ndarray:
 def pack_one(path, out, strategy: str, read_batch_tokens: int, read_batch_size: int = 0, doc_offset: int = 5,
              token_offset: int = 0):
     info = inspect_shard(str(path))
-    settings = PackSettings(str(out), 2048, 0, "int32", "input_ids", read_batch_size, read_batch_tokens, 64,
-                            strategy, 2 if strategy == "best_fit" else 0)
+    settings = PackSettings(out_dir=str(out), context_length=2048, pad_token=0, token_dtype="int32",
+                            token_column="input_ids", read_batch_size=read_batch_size,
+                            read_batch_tokens=read_batch_tokens, chunks_per_record_batch=64, strategy=strategy,
+                            strategy_options={"best_fit_window": 2} if strategy == "best_fit" else {})
     task = ShardTask(0, str(path), info.format, doc_offset, token_offset, info.num_docs, info.num_tokens)
     if strategy == "best_fit":
         num_chunks = count_shard_chunks(task, settings)

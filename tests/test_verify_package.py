@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import raypack.verify
 from raypack.best_fit import best_fit_decreasing, split_items
 from raypack.config import make_config
 from raypack.job import run_pack
-from raypack.manifest import STRATEGIES, load_manifest
-from raypack.verify import STRUCTURES, VerifyError, verify_output
+from raypack.manifest import load_manifest
+from raypack.strategies import STRATEGIES
+from raypack.verify import VerifyError, verify_output
 from raypack.verify.best_fit import BestFitStructure
 from raypack.verify.best_fit_layout import expected_layout
 from raypack.verify.concat import ConcatStructure
@@ -42,9 +42,9 @@ def packed(tmp_path, strategy: str) -> str:
 
 
 def test_every_strategy_has_a_structure_check():
-    assert set(STRUCTURES) == set(STRATEGIES)
-    assert STRUCTURES == {"concat": ConcatStructure, "best_fit": BestFitStructure}
-    assert all(issubclass(cls, Structure) for cls in STRUCTURES.values())
+    checks = {name: cls.verify_structure() for name, cls in STRATEGIES.items()}
+    assert checks == {"concat": ConcatStructure, "best_fit": BestFitStructure}
+    assert all(issubclass(cls, Structure) for cls in checks.values())
 
 
 @pytest.mark.parametrize("strategy", ["concat", "best_fit"])
@@ -53,7 +53,7 @@ def test_verify_builds_the_registered_check(tmp_path, monkeypatch, strategy):
     out = packed(tmp_path, strategy)
     built = []
 
-    class Refusing(STRUCTURES[strategy]):
+    class Refusing(STRATEGIES[strategy].verify_structure()):
         def __init__(self, manifest, *, keep_tokens):
             super().__init__(manifest, keep_tokens=keep_tokens)
             built.append(keep_tokens)
@@ -61,7 +61,7 @@ def test_verify_builds_the_registered_check(tmp_path, monkeypatch, strategy):
         def pieces(self, block):
             raise VerifyError(f"refused by the registered {strategy} check")
 
-    monkeypatch.setitem(raypack.verify.STRUCTURES, strategy, Refusing)
+    monkeypatch.setattr(STRATEGIES[strategy], "verify_structure_name", lambda: Refusing)
     with pytest.raises(VerifyError, match=f"refused by the registered {strategy} check"):
         verify_output(out)
     with pytest.raises(VerifyError, match="refused"):

@@ -36,17 +36,18 @@ from typing import Any, Sequence
 from raypack.errors import InputError
 from raypack.manifest import load_manifest, resolve_output, strategy_of
 from raypack.output import MANIFEST_NAME
-from raypack.verify.best_fit import BestFitStructure
-from raypack.verify.concat import ConcatStructure
+from raypack.strategies import strategy_of_manifest
 from raypack.verify.files import check_files
 from raypack.verify.inputs import INPUT_BATCH_DOCS, compare_with_inputs, resolve_inputs
 from raypack.verify.report import VerifyError, VerifyReport
 from raypack.verify.structure import Structure, output_pieces
 
-__all__ = ["INPUT_BATCH_DOCS", "STRUCTURES", "VerifyError", "VerifyReport", "verify_output"]
+__all__ = ["INPUT_BATCH_DOCS", "VerifyError", "VerifyReport", "verify_output"]
 
-STRUCTURES: dict[str, type[Structure]] = {"concat": ConcatStructure, "best_fit": BestFitStructure}
-"""Strategy name (the manifest's ``strategy``) -> its structure check, built as ``cls(manifest, keep_tokens=...)``."""
+def structure_class(manifest: dict) -> type[Structure]:
+    """The structure check of the manifest's strategy, from the strategy registry
+    (``PackingStrategy.verify_structure``), built as ``cls(manifest, keep_tokens=...)``."""
+    return strategy_of_manifest(manifest).verify_structure()
 
 
 def verify_output(
@@ -75,7 +76,7 @@ def verify_output(
     num_bytes = check_files(fs, base, manifest)
     shards = resolve_inputs(manifest, inputs, manifest_path)
     strategy = strategy_of(manifest)
-    structure = STRUCTURES[strategy](manifest, keep_tokens=shards is not None)
+    structure = structure_class(manifest)(manifest, keep_tokens=shards is not None)
     pieces = output_pieces(fs, base, manifest, structure, batch_chunks)
     if shards is None:
         for _ in pieces:

@@ -1,0 +1,172 @@
+"""``best_fit``: best-fit decreasing within windows of a shard's documents (rules and token math:
+raypack/best_fit.py). A document of at most C tokens is never cut; every chunk may end with padding.
+
+Windows never span shards, so a shard owns all of its chunks and has no edge fragments; how many
+it has is known only after best-fit packing its windows, so the driver first runs
+:meth:`BestFit.count_shard_chunks` on every shard (document lengths only) and hands each shard
+its first chunk index. The manifest stores ``best_fit_window`` (top level) and each shard's
+``first_chunk`` / ``num_chunks``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from raypack.best_fit import BestFitChunkCounter, BestFitPacker
+from raypack.core import Chunks
+from raypack.errors import InputError
+from raypack.formats import iter_token_batches
+from raypack.manifest import _int_field, _show
+from raypack.strategies.base import PackingStrategy, StrategyFigures, percent
+from raypack.tasks import read_batch_rows
+
+if TYPE_CHECKING:
+    from raypack.plan import Plan
+    from raypack.tasks import PackSettings, ShardTask
+
+DRY_RUN_WINDOWS = (1024, 4096, 16384, 65536)
+"""Windows whose padding ``--dry-run`` also reports, beside the configured one."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BestFit(PackingStrategy):
+    window: int = field(default=8192, metadata={
+        "metavar": "DOCS", "help": "documents per best-fit window (0: a whole shard; default 8192)",
+        "doc": "Documents per best-fit window (0: a whole shard). Windows never span shards; a "
+               "packer holds one window of tokens in memory."})
+
+    name = "best_fit"
+    summary = "never cut a document that fits a chunk (best-fit decreasing in windows of documents)"
+    needs_counting_pass = True
+    verify_structure_name = "raypack.verify.best_fit:BestFitStructure"
+
+    def __post_init__(self) -> None:
+        self._check_int("window", 0)
+
+    def make_shard_packer(self, task: ShardTask, settings: PackSettings) -> BestFitShardPacker:
+        return BestFitShardPacker(task, settings, self.window)
+
+    def count_shard_chunks(self, task: ShardTask, settings: PackSettings) -> int:
+        """The chunks ``task``'s shard packs into, from its document lengths alone."""
+        counter = BestFitChunkCounter(settings.context_length, window=self.window)
+        batches = iter_token_batches(task.path, task.format, settings.token_column, read_batch_rows(task, settings),
+                                     validate=False)
+        for _, docs in batches:
+            counter.push(np.diff(docs.offsets.to_numpy()))
+        return counter.finish()
+
+    def num_chunks(self, plan: Plan) -> int:
+        if any(t.num_chunks < 0 for t in plan.tasks):
+            raise RuntimeError("internal error: best_fit chunk counts not placed yet (call place_chunks)")
+        return sum(t.num_chunks for t in plan.tasks)
+
+    def shard_row_extras(self, task: ShardTask) -> dict[str, Any]:
+        return {"first_chunk": task.first_chunk, "num_chunks": task.num_chunks}
+
+    def check_manifest(self, manifest: dict[str, Any], where: str) -> None:
+        """The shards are listed and their chunk ranges tile ``[0, counts.chunks)`` in shard order."""
+        shards = manifest.get("shards")
+        if not isinstance(shards, list):
+            raise InputError(f"{where}: shards={_show(shards)}; a best_fit manifest must list its shards (their "
+                             "chunk ranges and windows)")
+        next_chunk, num_chunks = 0, manifest["counts"]["chunks"]
+        for k, entry in enumerate(shards):
+            label = f"{where}: shards[{k}] ({entry['path']})"
+            first = _int_field(entry, "first_chunk", label)
+            count = _int_field(entry, "num_chunks", label)
+            if first != next_chunk:
+                raise InputError(f"{label}: first_chunk={first}, expected {next_chunk}; best_fit shard chunk ranges "
+                                 "tile the chunks in shard order (shard k's chunks follow shard k-1's)")
+            next_chunk += count
+            if next_chunk > num_chunks:
+                break
+        if next_chunk != num_chunks:
+            raise InputError(f"{where}: the shards' chunk ranges cover chunks 0..{next_chunk - 1} ({next_chunk} "
+                             f"chunks) but the files hold {num_chunks}; they must tile the same chunks")
+
+    def describe(self) -> str:
+        return f"{self.name}, " + (f"windows of {self.window:,} documents" if self.window else "whole-shard windows")
+
+    def make_split_finder(self, context_length: int) -> BestFitSplits:
+        return BestFitSplits(context_length)
+
+    def dry_run_figures(self, per_shard_lengths: list[np.ndarray], context_length: int) -> BestFitFigures:
+        """Figures for the configured window, plus the padding of :data:`DRY_RUN_WINDOWS` as notes."""
+        c = context_length
+        tokens = sum(int(lengths.sum()) for lengths in per_shard_lengths)
+        windows = sorted({*DRY_RUN_WINDOWS, self.window}, key=lambda w: (w == 0, w))
+        window_padding = tuple((w, _chunks(per_shard_lengths, c, w) * c - tokens) for w in windows)
+        padding = dict(window_padding)[self.window]
+        notes = ["  best_fit padding by window (documents; windows never span shards):"]
+        for window, pad in window_padding:
+            chunks = (tokens + pad) // c
+            notes.append(f"    {'whole shard' if window == 0 else f'{window:,}':>12}  {percent(pad, chunks * c)}")
+        name = f"{self.name} (window {self.window:,})" if self.window else f"{self.name} (whole shard)"
+        long_docs = sum(int(np.count_nonzero(lengths > c)) for lengths in per_shard_lengths)
+        return BestFitFigures(name, (tokens + padding) // c, padding, long_docs, 0, tuple(notes), window_padding)
+
+
+@dataclass(frozen=True)
+class BestFitFigures(StrategyFigures):
+    window_padding: tuple[tuple[int, int], ...] = ()
+    """(window in documents, 0 = a whole shard; padding positions) on the sample."""
+
+
+class BestFitShardPacker:
+    """Windows of the shard's documents, its chunks from ``task.first_chunk``."""
+
+    def __init__(self, task: ShardTask, settings: PackSettings, window: int) -> None:
+        if task.first_chunk < 0:
+            raise RuntimeError(f"internal error: best_fit shard {task.shard_index} has no first chunk")
+        self.context_length = settings.context_length
+        self.first_chunk = task.first_chunk
+        self._packer = BestFitPacker(settings.context_length, settings.pad_token, window=window,
+                                     first_doc_id=task.doc_offset, dtype=np.dtype(settings.token_dtype))
+        self.head = self.tail = None
+
+    def push_runs_parts(self, tokens: np.ndarray, run_lengths: np.ndarray, first_doc_id: int) -> list[Chunks]:
+        """Runs of documents from ``first_doc_id`` (the first may continue the last one pushed)."""
+        return self._packer.push_runs_parts(tokens, run_lengths, first_doc_id)
+
+    def count_split(self, lengths: np.ndarray) -> int:
+        return int(np.count_nonzero(lengths > self.context_length))
+
+    def finish(self) -> Chunks:
+        return self._packer.finish()
+
+    def check_num_chunks(self, task: ShardTask, num_chunks: int) -> None:
+        if num_chunks != task.num_chunks:
+            raise InputError(f"shard {task.path}: counted {task.num_chunks} best_fit chunks but packed "
+                             f"{num_chunks}; the file changed during the run (rerun on a stable copy)")
+
+
+class BestFitSplits:
+    """Only a document with a full-chunk piece can have another piece, and its full pieces come
+    before its remainder in chunk order; so only segments of such documents are kept."""
+
+    def __init__(self, context_length: int) -> None:
+        self.context_length = context_length
+        self._candidates = np.zeros(0, np.int64)
+        self._hits: list[np.ndarray] = []
+
+    def add(self, seg_ids: np.ndarray, seg_lens: np.ndarray, offsets: np.ndarray) -> None:
+        self._candidates = np.union1d(self._candidates, seg_ids[seg_lens == self.context_length])
+        self._hits.append(seg_ids[np.isin(seg_ids, self._candidates)])
+
+    def split_ids(self) -> np.ndarray:
+        ids, counts = np.unique(np.concatenate(self._hits) if self._hits else np.zeros(0, np.int64),
+                                return_counts=True)
+        return ids[counts > 1]
+
+
+def _chunks(per_shard_lengths: list[np.ndarray], c: int, window: int) -> int:
+    """Chunks best-fit packing makes of these shards' documents (windows never span shards)."""
+    total = 0
+    for lengths in per_shard_lengths:
+        counter = BestFitChunkCounter(c, window=window)
+        counter.push(lengths)
+        total += counter.finish()
+    return total
