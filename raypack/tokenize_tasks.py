@@ -147,7 +147,7 @@ def write_part(out_dir: str, task_index: int, id_lists: Iterator[pa.Array], toke
             for group in _row_groups(id_lists, settings.row_group_tokens, settings.row_group_docs):
                 writer.write_table(pa.table([group], schema=schema), row_group_size=len(group))
                 num_docs += len(group)
-                num_tokens += len(group.values)
+                num_tokens += group.offsets[-1].as_py() - group.offsets[0].as_py()
         sink.finish()
         file.commit()
     except BaseException:
