@@ -293,3 +293,24 @@ def test_cli_tokenize_then_pack(tmp_path, text_dir, tok, capsys):
                  str(tmp_path / "q"), "--local", "--context-length", "64"]) == 0
     assert manifest_of(tmp_path / "p")["content_sha256"] == manifest_of(tmp_path / "q")["content_sha256"]
     assert main(["pack", "--input", text_dir, "--eos", "<eos>", "--output", str(tmp_path / "r"), "--local"]) == 2
+
+
+# ----------------------------------------------------------------------------- sample text mode
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_sample_text_mode_feeds_tokenize(tmp_path, tok, capsys, fmt):
+    from raypack.sample import main as sample_main
+
+    args = ["--output", str(tmp_path / "s"), "--shards", "2", "--docs-per-shard", "30", "--context-length", "30",
+            "--text", "--format", fmt]
+    assert sample_main(args) == 0 and "text shards" in capsys.readouterr().out
+    first = open(tmp_path / "s" / f"shard-00000.{fmt}", "rb").read()
+    assert sample_main(args) == 0 and open(tmp_path / "s" / f"shard-00000.{fmt}", "rb").read() == first
+    out = tokenize(tmp_path, str(tmp_path / "s"), tok)
+    documents = read_documents(out)
+    texts = [t for k in range(2) for t in (
+        pq.read_table(tmp_path / "s" / f"shard-{k:05d}.parquet").column("text").to_pylist() if fmt == "parquet"
+        else [json.loads(line)["text"] for line in open(tmp_path / "s" / f"shard-{k:05d}.jsonl", encoding="utf-8")])]
+    assert len(texts) == 60 and any(not t.isascii() for t in texts)
+    assert documents == [tok[0].encode(t, add_special_tokens=False).ids for t in texts]
