@@ -314,3 +314,39 @@ def test_sample_text_mode_feeds_tokenize(tmp_path, tok, capsys, fmt):
         else [json.loads(line)["text"] for line in open(tmp_path / "s" / f"shard-{k:05d}.jsonl", encoding="utf-8")])]
     assert len(texts) == 60 and any(not t.isascii() for t in texts)
     assert documents == [tok[0].encode(t, add_special_tokens=False).ids for t in texts]
+
+
+# ----------------------------------------------------------------------------- object store
+
+
+def test_tokenize_and_pack_with_tokenizer_on_s3(tmp_path, text_dir, tok):
+    """Text in S3, outputs in S3: same bytes as locally; a one-run pack leaves no _tokenized/ objects."""
+    pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    boto3 = pytest.importorskip("boto3")
+    from raypack.shards import clear_filesystem_cache
+    from s3_server import moto_server, s3_environment
+
+    local_tok = tokenize(tmp_path, text_dir, tok, "local")
+    local = run_pack(make_config(dict(inputs=[local_tok], output=str(tmp_path / "p"), context_length=32)), engine="local")
+    with moto_server() as endpoint, s3_environment(endpoint):
+        clear_filesystem_cache()
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        client.create_bucket(Bucket="text")
+        for name in os.listdir(text_dir):
+            client.upload_file(os.path.join(text_dir, name), "text", f"in/{name}")
+        try:
+            run_tokenize(TokenizeConfig(inputs=("s3://text/in",), output="s3://text/tok", text=options(tok)),
+                         engine="local")
+            two = run_pack(make_config(dict(inputs=["s3://text/tok"], output="s3://text/two", context_length=32)),
+                           engine="local")
+            one = run_pack(make_config(dict(inputs=["s3://text/in"], output="s3://text/one", context_length=32)),
+                           engine="local", text=options(tok))
+            keys = [o["Key"] for o in client.list_objects_v2(Bucket="text", Prefix="one/")["Contents"]
+                    if not o["Key"].endswith("/")]  # a directory marker is not an object
+            tok_keys = {o["Key"][4:] for o in client.list_objects_v2(Bucket="text", Prefix="tok/")["Contents"]
+                        if not o["Key"].endswith("/")}
+        finally:
+            clear_filesystem_cache()
+    assert tok_keys == {"manifest.json", *digests(local_tok, "part-*.parquet")}
+    assert one.manifest["content_sha256"] == two.manifest["content_sha256"] == local.manifest["content_sha256"]
+    assert sorted(k[4:] for k in keys) == sorted(["manifest.json", *(f["path"] for f in one.manifest["files"])])
