@@ -176,6 +176,13 @@ def test_bytes_do_not_depend_on_engine_workers_or_batch_sizes(ray_session, tmp_p
         assert manifest_of(out)["shards"] == manifest["shards"]
 
 
+def test_local_bytes_do_not_depend_on_the_read_batch_size(tmp_path, text_dir, tok):
+    small = tokenize(tmp_path, text_dir, tok, "small", batch_rows=1, row_group_docs=5)
+    large = tokenize(tmp_path, text_dir, tok, "large", batch_rows=1000, row_group_docs=5)
+    assert pq.ParquetFile(os.path.join(small, "part-000000.parquet")).metadata.num_row_groups > 1
+    assert digests(small, "*") == digests(large, "*")
+
+
 def test_documents_do_not_depend_on_the_task_split(tmp_path, text_dir, tok):
     fine = tokenize(tmp_path, text_dir, tok, "fine", task_rows=1, task_bytes=500)
     whole = tokenize(tmp_path, text_dir, tok, "whole", task_rows=10**9, task_bytes=10**9)
