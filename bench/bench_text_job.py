@@ -5,7 +5,7 @@ and a tokenize worker's peak memory when its shard grows 10x.
 
 Text: the Python standard library's .py files (bench_tokenize.stdlib_texts, one document each)
 up to ``--mb`` MB, written as ``--shards`` Parquet shards (column ``text``). Tokenizer: a
-byte-level BPE of ``--vocab`` ids trained on at most 8 MB of that text in this run.
+byte-level BPE of ``--vocab`` ids trained on (at most 8 MB of) that text in this run.
 
   1. floor: ``Tokenizer.encode_batch_fast(texts, add_special_tokens=False)`` in this process over
      all texts (in memory, all cores, batches of 1024 documents);
@@ -111,7 +111,7 @@ def main() -> None:
         root = Path(tmp)
         texts = stdlib_texts(int(args.mb * 1e6))
         start = time.perf_counter()
-        train_bpe(stdlib_texts(8_000_000), args.vocab, root / "tokenizer.json")
+        train_bpe(stdlib_texts(int(min(args.mb, 8) * 1e6)), args.vocab, root / "tokenizer.json")
         print(f"{len(texts)} docs, {sum(len(t.encode()) for t in texts) / 1e6:.1f} MB; "
               f"BPE {args.vocab} trained in {time.perf_counter() - start:.1f}s")
         shards = write_shards(texts, root / "text", args.shards)

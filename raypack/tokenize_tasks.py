@@ -37,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from raypack.errors import InputError
 from raypack.output import AtomicFile, _HashingSink, write_whole
 from raypack.resume import RESULTS_DIR, sampled_identity
 from raypack.shards import resolve_filesystem
@@ -101,8 +102,6 @@ def record_name(task_index: int) -> str:
 
 def load_worker_tokenizer(settings: TokenizeSettings) -> TextTokenizer:
     """Load the tokenizer from its spec, once per worker, and check it is the driver's."""
-    from raypack.errors import InputError
-
     tokenizer = load_tokenizer(settings.tokenizer)
     sha256 = tokenizer.identity()["sha256"]
     if sha256 != settings.tokenizer_sha256:
