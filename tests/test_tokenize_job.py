@@ -123,6 +123,18 @@ def test_token_dtype_wider_than_auto(tmp_path, text_dir, tok):
     assert read_documents(out) == [tok[0].encode(t, add_special_tokens=False).ids for t in TEXTS]
 
 
+def test_tiktoken_through_the_job(tmp_path, text_dir):
+    tiktoken = pytest.importorskip("tiktoken")
+    from raypack.text_tokenizers import load_tokenizer
+
+    encoding = load_tokenizer("tiktoken:cl100k_base")._encoding
+    out = str(tmp_path / "tt")
+    run_tokenize(TokenizeConfig(inputs=(text_dir,), output=out, text=TextOptions(tokenizer="tiktoken:cl100k_base",
+                                eos="<|endoftext|>", task_rows=40, task_bytes=3000)), engine="local")
+    assert isinstance(encoding, tiktoken.Encoding) and manifest_of(out)["token_dtype"] == "uint32"
+    assert read_documents(out) == [[*encoding.encode_ordinary(t), 100257] for t in TEXTS]
+
+
 # ----------------------------------------------------------------------------- one run == two runs
 
 
