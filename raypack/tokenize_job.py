@@ -57,18 +57,20 @@ class TextOptions:
     row_group_tokens: int = 1 << 20
     row_group_docs: int = 65536
     batch_rows: int = 1024
-    """Texts encoded at once (memory); no effect on the output."""
+    """Texts read at once (memory); no effect on the output."""
+    batch_bytes: int = 1 << 20
+    """Bytes of text encoded at once (memory); no effect on the output."""
 
     def __post_init__(self) -> None:
         if not self.tokenizer:
             raise InputError("no tokenizer given: pass --tokenizer (a tokenizer.json, its directory, or tiktoken:NAME)")
-        for name in ("task_rows", "task_bytes", "row_group_tokens", "row_group_docs", "batch_rows"):
+        for name in ("task_rows", "task_bytes", "row_group_tokens", "row_group_docs", "batch_rows", "batch_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"{name}={value!r} must be an integer >= 1")
 
     def output_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in vars(self).items() if k != "batch_rows"}
+        return {k: v for k, v in vars(self).items() if k not in ("batch_rows", "batch_bytes")}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -185,7 +187,8 @@ def tokenize_into(out_dir: str, config: TokenizeConfig, tasks: list[TextTask], e
     bos_id, eos_id = (None if t is None else tokenizer.token_id(parse_token(t)) for t in (text.bos, text.eos))
     token_dtype = token_dtype_for(tokenizer.vocab_size, text.token_dtype).name
     settings = TokenizeSettings(out_dir, text.tokenizer, identity["sha256"], text.text_column, token_dtype,
-                                bos_id, eos_id, text.row_group_tokens, text.row_group_docs, text.batch_rows)
+                                bos_id, eos_id, text.row_group_tokens, text.row_group_docs, text.batch_rows,
+                                text.batch_bytes)
     results = _run_tasks(tasks, settings, config, engine, resume, tokenizer)
     shards = [{"path": r.path, "num_docs": r.num_docs, "num_tokens": r.num_tokens, "num_bytes": r.num_bytes,
                "sha256": r.sha256, "source": {"path": t.path, "format": t.format, "start": t.start, "end": t.end}}

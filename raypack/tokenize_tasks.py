@@ -13,8 +13,9 @@ the read batch size or the thread count:
     document sequence alone;
   * the Parquet writer's options are fixed (zstd, no dictionary, statistics on).
 
-Memory per task: one read batch of texts and its encodings, plus at most one row group of
-ids (about ``row_group_tokens`` ids plus the last batch): flat in the size of the task.
+Memory per task: one read batch of texts, the encodings of at most ``batch_bytes`` of it, and
+at most one row group of ids (about ``row_group_tokens`` ids plus one piece): flat in the
+size of the task and in the length of its documents (but a single text is encoded whole).
 
 After a part file is complete a record ``_results/text-NNNNNN.json`` (checksummed JSON, as
 :mod:`raypack.resume` writes for packing) holds the task, the settings that decide the
@@ -35,6 +36,7 @@ from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from raypack.errors import InputError
@@ -50,7 +52,7 @@ log = logging.getLogger(__name__)
 RECORD_VERSION = 1
 PARQUET_WRITE_OPTIONS = {"compression": "zstd", "use_dictionary": False, "write_statistics": True}
 """Fixed, so a part file's bytes depend only on its documents."""
-_NOT_OUTPUT_SETTINGS = ("out_dir", "tokenizer", "batch_rows", "num_threads")
+_NOT_OUTPUT_SETTINGS = ("out_dir", "tokenizer", "batch_rows", "batch_bytes", "num_threads")
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,11 @@ class TokenizeSettings:
     row_group_tokens: int = 1 << 20
     row_group_docs: int = 65536
     batch_rows: int = 1024
-    """Texts encoded at once; no effect on the output."""
+    """Texts read at once; no effect on the output."""
+    batch_bytes: int = 1 << 20
+    """Bytes of text encoded at once (a read batch is cut into pieces of at most this many
+    bytes, or one longer text): the tokenizer's per-token objects, about 100 bytes a token,
+    stay bounded however long the documents. No effect on the output."""
     num_threads: int = 0
     """Tokenizer threads per worker (0: the library's default, all cores); no effect on the output."""
 
@@ -116,7 +122,8 @@ def tokenize_task(task: TextTask, settings: TokenizeSettings, tokenizer: TextTok
     """Tokenize ``task``'s texts into its part file, then record the result durably."""
     identity = sampled_identity(task.path, task.format)
     token_type = pa.from_numpy_dtype(np.dtype(settings.token_dtype))
-    id_lists = (_encode(texts, tokenizer, settings, token_type) for _, texts in _iter_texts(task, settings))
+    pieces = (piece for _, texts in _iter_texts(task, settings) for piece in _byte_pieces(texts, settings.batch_bytes))
+    id_lists = (_encode(piece, tokenizer, settings, token_type) for piece in pieces)
     result = write_part(settings.out_dir, task.task_index, id_lists, token_type, settings)
     save_record(task, settings, result, identity)
     return result
@@ -126,6 +133,19 @@ def _iter_texts(task: TextTask, settings: TokenizeSettings) -> Iterator[tuple[in
     if task.format == "parquet":
         return iter_parquet_texts(task.path, settings.text_column, (task.start, task.end), settings.batch_rows)
     return iter_jsonl_texts(task.path, settings.text_column, task.start, task.end, settings.batch_rows)
+
+
+def _byte_pieces(texts: pa.Array, max_bytes: int) -> Iterator[pa.Array]:
+    """Consecutive slices of ``texts`` of at most ``max_bytes`` bytes of text each (a longer
+    text alone). Cost: O(texts) numpy on the offsets."""
+    offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum(pc.binary_length(texts).to_numpy(zero_copy_only=False), out=offsets[1:])
+    start = 0
+    while start < len(texts):
+        end = int(np.searchsorted(offsets, offsets[start] + max_bytes, side="right")) - 1
+        end = max(end, start + 1)
+        yield texts.slice(start, end - start)
+        start = end
 
 
 def _encode(texts: pa.Array, tokenizer: TextTokenizer, settings: TokenizeSettings, token_type: pa.DataType) -> pa.Array:

@@ -190,9 +190,10 @@ def test_bytes_do_not_depend_on_engine_workers_or_batch_sizes(ray_session, tmp_p
 
 def test_local_bytes_do_not_depend_on_the_read_batch_size(tmp_path, text_dir, tok):
     small = tokenize(tmp_path, text_dir, tok, "small", batch_rows=1, row_group_docs=5)
-    large = tokenize(tmp_path, text_dir, tok, "large", batch_rows=1000, row_group_docs=5)
+    large = tokenize(tmp_path, text_dir, tok, "large", batch_rows=1000, row_group_docs=5, batch_bytes=1 << 30)
+    pieces = tokenize(tmp_path, text_dir, tok, "pieces", batch_rows=1000, row_group_docs=5, batch_bytes=50)
     assert pq.ParquetFile(os.path.join(small, "part-000000.parquet")).metadata.num_row_groups > 1
-    assert digests(small, "*") == digests(large, "*")
+    assert digests(small, "*") == digests(large, "*") == digests(pieces, "*")
 
 
 def test_documents_do_not_depend_on_the_task_split(tmp_path, text_dir, tok):
@@ -205,6 +206,15 @@ def test_documents_do_not_depend_on_the_task_split(tmp_path, text_dir, tok):
     chunks = [pa.concat_tables(pa.ipc.open_file(p).read_all() for p in sorted(glob.glob(str(tmp_path / f"p{k}" / "*.arrow"))))
               .column("input_ids").to_pylist() for k in range(2)]
     assert chunks[0] == chunks[1] and packed[0].manifest["counts"] == packed[1].manifest["counts"]
+
+
+def test_byte_pieces_literal():
+    from raypack.tokenize_tasks import _byte_pieces
+
+    texts = pa.array(["ab", "cde", "", "f", "ghijkl", "m"]).slice(1)  # a slice: offsets do not start at 0
+    assert [p.to_pylist() for p in _byte_pieces(texts, 4)] == [["cde", "", "f"], ["ghijkl"], ["m"]]
+    assert [p.to_pylist() for p in _byte_pieces(texts, 100)] == [texts.to_pylist()]
+    assert list(_byte_pieces(pa.array([], pa.string()), 4)) == []
 
 
 def test_rayon_threads_share_the_cpus():
