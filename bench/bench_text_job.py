@@ -11,8 +11,10 @@ byte-level BPE of ``--vocab`` ids trained on (at most 8 MB of) that text in this
      all texts (in memory, all cores, batches of 1024 documents);
   2. ``run_pack(..., text=TextOptions(...))`` on Ray with ``--workers`` actors, timed after Ray has
      started (init_ray before the clock): read, tokenize, write, plan, pack, publish;
-  3. worker peak RSS: ``tokenize_task`` on one task of shard 0, then of shard 0 repeated 10x, each
-     in a fresh process; VmHWM minus the RSS once the tokenizer is loaded.
+  3. ``run_tokenize`` alone on the same Ray (the tokenize stage, its own publish included);
+  4. worker peak RSS: ``tokenize_task`` on shard 0 as one task, then on shard 0 repeated 10x (10
+     row groups of the same size) as one task, each in a fresh process; VmHWM minus the RSS
+     once the tokenizer is loaded.
 
 Tokens are the tokenizer's own count (the manifest's). Prints the machine's load average.
 """
@@ -46,7 +48,8 @@ settings = TokenizeSettings(**json.loads(sys.argv[1]))
 tokenizer = load_worker_tokenizer(settings)
 base = current_rss_bytes()
 open("/proc/self/clear_refs", "w").write("5")  # reset VmHWM
-result = tokenize_task(TextTask(0, sys.argv[2], "parquet", 0, 1), settings, tokenizer)
+import pyarrow.parquet as pq; n = pq.ParquetFile(sys.argv[2]).num_row_groups
+result = tokenize_task(TextTask(0, sys.argv[2], "parquet", 0, n), settings, tokenizer)
 hwm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM"))
 print(json.dumps({"tokens": result.num_tokens, "peak_added": hwm - base}))
 """
@@ -85,9 +88,9 @@ def job_tokens_per_s(text_dir: Path, tokenizer_path: Path, out: Path, workers: i
 
 
 def worker_peak(shard: Path, repeat: int, root: Path, tokenizer_path: Path) -> dict:
-    texts = pq.read_table(shard).column("text").to_pylist() * repeat
+    base_texts = pq.read_table(shard).column("text").to_pylist()
     path = root / f"grown-{repeat}.parquet"
-    pq.write_table(pa.table({"text": texts}), path, row_group_size=len(texts))  # one row group: one task
+    pq.write_table(pa.table({"text": base_texts * repeat}), path, row_group_size=len(base_texts))  # one task
     from raypack.text_tokenizers import load_tokenizer
 
     identity = load_tokenizer(str(tokenizer_path)).identity()
@@ -96,7 +99,7 @@ def worker_peak(shard: Path, repeat: int, root: Path, tokenizer_path: Path) -> d
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     done = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, json.dumps(settings), str(path)],
                           capture_output=True, text=True, env=env, check=True)
-    return {**json.loads(done.stdout.strip().splitlines()[-1]), "bytes": path.stat().st_size}
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "bytes": sum(len(t.encode()) for t in base_texts) * repeat}
 
 
 def main() -> None:
@@ -121,6 +124,12 @@ def main() -> None:
         job_tokens, job_seconds = job_tokens_per_s(root / "text", root / "tokenizer.json", root / "packed", args.workers)
         print(f"job    pack --tokenizer, {args.workers} workers (Ray up): {job_tokens:>12,} tokens {job_seconds:7.2f}s "
               f"{job_tokens / job_seconds / 1e6:6.2f}M tokens/s = {job_tokens / job_seconds / (num_tokens / seconds):.2f}x floor")
+        from raypack.tokenize_job import TokenizeConfig, run_tokenize
+
+        summary = run_tokenize(TokenizeConfig(inputs=(str(root / "text"),), output=str(root / "tok"), num_workers=args.workers,
+                                              text=TextOptions(tokenizer=str(root / "tokenizer.json"))))
+        print(f"stage  tokenize alone, {args.workers} workers (Ray up):   {job_tokens:>12,} tokens {summary.seconds:7.2f}s "
+              f"{job_tokens / summary.seconds / 1e6:6.2f}M tokens/s = {job_tokens / summary.seconds / (num_tokens / seconds):.2f}x floor")
         for repeat in (1, 10):
             peak = worker_peak(shards[0], repeat, root, root / "tokenizer.json")
             print(f"worker shard x{repeat:<2}: {peak['bytes'] / 1e6:7.1f} MB text, {peak['tokens']:>11,} tokens, "
