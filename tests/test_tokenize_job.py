@@ -186,6 +186,9 @@ def test_bytes_do_not_depend_on_engine_workers_or_batch_sizes(ray_session, tmp_p
         out = tokenize(tmp_path, text_dir, tok, f"ray{workers}", engine="ray", workers=workers, batch_rows=batch_rows)
         assert digests(out, "part-*.parquet") == expected, f"{workers} workers"
         assert manifest_of(out)["shards"] == manifest["shards"]
+    packed = [run_pack(make_config(dict(inputs=[text_dir], output=str(tmp_path / f"one-{engine}"), context_length=32,
+                                        num_workers=2)), engine=engine, text=options(tok)) for engine in ("local", "ray")]
+    assert packed[0].manifest["content_sha256"] == packed[1].manifest["content_sha256"]
 
 
 def test_local_bytes_do_not_depend_on_the_read_batch_size(tmp_path, text_dir, tok):
