@@ -1,4 +1,4 @@
-"""Command line: ``raypack pack ...``. Bad input: one line on stderr, exit code 2."""
+"""Command line: ``raypack pack ...``, ``raypack tokenize ...``. Bad input: one line on stderr, exit code 2."""
 
 from __future__ import annotations
 
@@ -49,6 +49,24 @@ def build_parser() -> argparse.ArgumentParser:
                            "(and Parquet footer): costs one more full read of every shard when packing, and of "
                            "every kept shard on --resume; a record made without it is not reused with it")
     pack.add_argument("--local", action="store_true", help="pack in this process, without Ray")
+    pack.add_argument("--tokenizer", metavar="SPEC",
+                      help="the inputs are text: tokenize them first (tokenizer.json, its directory, or tiktoken:NAME)")
+    _add_text_arguments(pack)
+    tokenize = commands.add_parser("tokenize", help="tokenize text (Parquet or JSON Lines) into a tokenized corpus")
+    tokenize.add_argument("--input", dest="inputs", action="append", metavar="PATH", required=True,
+                          help="text file, directory or glob (repeatable; order kept)")
+    tokenize.add_argument("--output", required=True, help="output directory")
+    tokenize.add_argument("--tokenizer", metavar="SPEC", required=True,
+                          help="a tokenizer.json, a directory holding one, or tiktoken:NAME")
+    tokenize.add_argument("--token-dtype", default="auto",
+                          help="auto (narrowest holding the vocabulary), uint8, uint16, uint32")
+    tokenize.add_argument("--workers", dest="num_workers", type=int, default=2, help="tokenizer actors")
+    tokenize.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded local Ray)")
+    tokenize.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    tokenize.add_argument("--resume", action="store_true",
+                          help="finish an interrupted run: keep tasks whose output verifies")
+    tokenize.add_argument("--local", action="store_true", help="tokenize in this process, without Ray")
+    _add_text_arguments(tokenize)
     verify = commands.add_parser("verify", help="audit a packed output against its manifest and its inputs")
     verify.add_argument("output", metavar="OUT", help="packed output directory")
     verify.add_argument("--input", dest="inputs", action="append", metavar="PATH",
@@ -73,11 +91,42 @@ def _add_strategy_arguments(pack: argparse.ArgumentParser) -> None:
         pack.add_argument("--" + key.replace("_", "-"), help=field.metadata.get("help"), **how)
 
 
+_TEXT_ARGUMENTS = ("text_column", "bos", "eos", "task_rows", "task_bytes")
+
+
+def _add_text_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--text-column", help="the text column (Parquet) or key (JSON Lines); default text")
+    parser.add_argument("--bos", metavar="TOKEN|ID", help="a token (or, if digits, an id) put before every document")
+    parser.add_argument("--eos", metavar="TOKEN|ID", help="a token (or, if digits, an id) put after every document")
+    parser.add_argument("--task-rows", type=int,
+                        help="Parquet: rows per tokenize task (whole row groups; default 65536)")
+    parser.add_argument("--task-bytes", type=int, help="JSON Lines: bytes per tokenize task (default 64 MiB)")
+
+
+def _text_options(args: argparse.Namespace, token_dtype: str = "auto"):
+    from raypack.tokenize_job import TextOptions
+
+    given = {k: getattr(args, k) for k in _TEXT_ARGUMENTS if getattr(args, k) is not None}
+    return TextOptions(tokenizer=args.tokenizer, token_dtype=token_dtype, **given)
+
+
+def _run_tokenize(args: argparse.Namespace) -> int:
+    from raypack.tokenize_job import TokenizeConfig, run_tokenize
+
+    if args.num_workers < 1:
+        raise InputError(f"--workers={args.num_workers} must be >= 1")
+    config = TokenizeConfig(inputs=tuple(args.inputs), output=args.output, text=_text_options(args, args.token_dtype),
+                            num_workers=args.num_workers, overwrite=args.overwrite, address=args.address)
+    summary = run_tokenize(config, engine="local" if args.local else "ray", resume=args.resume)
+    print("\n".join(summary.lines()))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        runners = {"pack": _run_pack, "verify": _run_verify, "stats": _run_stats}
+        runners = {"pack": _run_pack, "verify": _run_verify, "stats": _run_stats, "tokenize": _run_tokenize}
         return runners[args.command](args)
     except InputError as e:
         print(f"raypack: error: {e}", file=sys.stderr)
@@ -113,17 +162,24 @@ def _run_stats(args: argparse.Namespace) -> int:
 def _run_pack(args: argparse.Namespace) -> int:
     from raypack.job import run_pack
 
-    skip = ("command", "config", "local", "resume", "dry_run", "sample_docs")
+    skip = ("command", "config", "local", "resume", "dry_run", "sample_docs", "tokenizer", *_TEXT_ARGUMENTS)
     overrides = {k: v for k, v in vars(args).items() if k not in skip}
     config = load_config(args.config, **overrides)
+    text = _text_options(args) if args.tokenizer else None
+    if text is None and any(getattr(args, k) is not None for k in _TEXT_ARGUMENTS):
+        raise InputError("--text-column, --bos, --eos, --task-rows and --task-bytes need --tokenizer")
     if args.dry_run:
         from raypack.dry_run import dry_run
+
+        if text is not None:
+            raise InputError("--dry-run reads tokenized shards; run raypack tokenize first, "
+                             "then pack --dry-run over its output")
 
         if args.sample_docs < 0:
             raise InputError(f"--sample-docs={args.sample_docs} must be >= 0 (0: every document)")
         print("\n".join(dry_run(config, sample_docs=args.sample_docs).lines()))
         return 0
-    summary = run_pack(config, engine="local" if args.local else "ray", resume=args.resume)
+    summary = run_pack(config, engine="local" if args.local else "ray", resume=args.resume, text=text)
     print("\n".join(summary.lines()))
     return 0
 

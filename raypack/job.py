@@ -59,8 +59,12 @@ class Summary:
         ]
 
 
-def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False) -> Summary:
-    """Pack ``config.inputs`` into ``config.output``. ``engine``: "ray" or "local" (one process)."""
+def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False, text=None) -> Summary:
+    """Pack ``config.inputs`` into ``config.output``. ``engine``: "ray" or "local" (one process).
+
+    ``text`` (a :class:`raypack.tokenize_job.TextOptions`): the inputs are text, tokenized first
+    into the work directory (:func:`raypack.tokenize_job.tokenize_for_pack`).
+    """
     start = time.perf_counter()
     if engine not in ("ray", "local"):
         raise ValueError(f"engine={engine!r} must be 'ray' or 'local'")
@@ -71,10 +75,15 @@ def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False) -
     try:
         target.recover()
         target.check_free(overwrite=config.overwrite, resume=resume)
-        plan = make_plan(config)
-        check_output_outside_inputs(config.output, plan)
+        if text is None:
+            plan = make_plan(config)
+            check_output_outside_inputs(config.output, plan)
         target.prepare(fresh=config.overwrite and not resume)
         try:
+            if text is not None:
+                from raypack.tokenize_job import tokenize_for_pack
+
+                plan = tokenize_for_pack(target.work_dir, config, text, engine, resume)
             manifest, results = _pack_into(target, config, plan, engine, resume)
             target.publish()
         except BaseException as e:

@@ -187,7 +187,7 @@ class AtomicFile:
             log.warning("could not delete the partial object %s: %s", path, e)
 
 
-class _HashingSink:
+class HashingSink:
     """A write-only file object that hashes what passes through it and writes it to ``f``.
 
     Hashing and writing happen in order on one background thread (both release the GIL), so
@@ -285,7 +285,7 @@ class ChunkFileWriter:
         self.schema = schema
         self.batch_rows = chunks_per_record_batch
         self._file = AtomicFile(out_dir, chunk_file_stem(first_chunk), named_at_commit=True)
-        self._sink = _HashingSink(self._file)
+        self._sink = HashingSink(self._file)
         self._writer = pa.ipc.new_file(pa.PythonFile(self._sink, mode="w"), schema)
         self._pending: list[Chunks] = []
         self._pending_rows = 0

@@ -155,3 +155,40 @@ def _read_file_blocks(items: pa.Table, **options: Any) -> Iterator[pa.Table]:
     """Ray map_batches function: the chunk tables of the files described by ``items``, in order."""
     for item in items.to_pylist():
         yield from iter_file_tables(item, **options)
+
+
+# ----------------------------------------------------------------------------- tokenize
+
+
+class TextTokenizerActor:
+    """Tokenizes text tasks, one per call. Loads the tokenizer once, from its spec string."""
+
+    def __init__(self, settings: dict) -> None:
+        from raypack.tokenize_tasks import TokenizeSettings, load_worker_tokenizer, set_thread_env
+
+        self.settings = TokenizeSettings(**settings)
+        set_thread_env(self.settings.num_threads)  # before the tokenizer's pool first starts
+        self.tokenizer = load_worker_tokenizer(self.settings)
+
+    def __call__(self, batch: pa.Table) -> Iterator[pa.Table]:
+        from raypack.tokenize_tasks import TextTask, tokenize_task
+
+        for row in batch.to_pylist():
+            yield pa.Table.from_pylist([asdict(tokenize_task(TextTask(**row), self.settings, self.tokenizer))])
+
+
+def tokenize_texts(tasks: Sequence, settings, *, num_workers: int, worker_num_cpus: float) -> list:
+    """Run every text task (raypack.tokenize_tasks) on a pool of tokenizer actors; results in task order.
+
+    Each actor's tokenizer gets ``cluster CPUs // actors`` threads (rayon_threads says why).
+    """
+    from dataclasses import replace
+
+    from raypack.tokenize_tasks import TextResult, rayon_threads
+
+    num_actors = max(1, min(num_workers, len(tasks)))
+    cpus = ray.cluster_resources().get("CPU", os.cpu_count() or 1)
+    settings = replace(settings, num_threads=rayon_threads(cpus, num_actors))
+    blocks = _map_shards(TextTokenizerActor, tasks, settings, num_workers, worker_num_cpus)
+    results = [TextResult(**row) for block in blocks for row in block.to_pylist()]
+    return sorted(results, key=lambda r: r.task_index)

@@ -24,6 +24,7 @@ from raypack.fs import is_uri
 from raypack.shards import common_token_type, discover_shards, plan_offsets
 from raypack.strategies import PackingStrategy, default_strategy
 from raypack.tasks import PackSettings, ShardTask
+from raypack.tokenized import tokenized_inputs
 
 
 @dataclass(frozen=True)
@@ -57,9 +58,11 @@ def make_plan(config: PackConfig, *, max_threads: int = 8) -> Plan:
     """List, count and place every shard. Raises InputError on bad input, before any write."""
     if not config.inputs:
         raise InputError("no input given: pass --input PATH (a shard file, a directory or a glob)")
-    paths = discover_shards(list(config.inputs))
-    with ThreadPoolExecutor(max_workers=max(1, min(max_threads, len(paths)))) as pool:
-        infos = list(pool.map(lambda p: inspect_shard(p, config.token_column), paths))
+    infos = tokenized_inputs(config.inputs, config.token_column)  # counts from a tokenized corpus's manifest
+    if infos is None:
+        paths = discover_shards(list(config.inputs))
+        with ThreadPoolExecutor(max_workers=max(1, min(max_threads, len(paths)))) as pool:
+            infos = list(pool.map(lambda p: inspect_shard(p, config.token_column), paths))
     token_dtype = _resolve_token_dtype(config, infos)
     offsets = plan_offsets(infos)
     tasks = tuple(

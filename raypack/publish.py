@@ -49,6 +49,7 @@ from raypack.fs import bucket_of, check_bucket, is_uri, resolve_filesystem
 from raypack.lock import LocalLock, ObjectStoreLock
 from raypack.output import CHUNK_FILE_RE, MANIFEST_NAME, TMP_PREFIX
 from raypack.resume import RESULTS_DIR
+from raypack.tokenized import PART_FILE_RE, TOKENIZED_SUBDIR
 
 log = logging.getLogger(__name__)
 
@@ -288,5 +289,5 @@ class ObjectStoreOutput:
 
 def _is_run_object(name: str) -> bool:
     """An object a raypack run writes under its output prefix."""
-    return (name == MANIFEST_NAME or name.startswith((f"{RESULTS_DIR}/", TMP_PREFIX))
-            or CHUNK_FILE_RE.match(name) is not None)
+    return (name == MANIFEST_NAME or name.startswith((f"{RESULTS_DIR}/", TMP_PREFIX, f"{TOKENIZED_SUBDIR}/"))
+            or CHUNK_FILE_RE.match(name) is not None or PART_FILE_RE.match(name) is not None)

@@ -8,11 +8,15 @@ format and dtype. Parquet and Arrow shards are built with numpy (offsets + value
 per-token Python; JSONL loops per document.
 
     python -m raypack.sample --output build/sample --shards 8 --docs-per-shard 2000 --context-length 512
+
+``--text`` writes text instead (:func:`write_sample_texts`): a ``text`` column of words, some
+of them non-ASCII, for ``raypack tokenize`` / ``raypack pack --tokenizer``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -25,7 +29,7 @@ import pyarrow.parquet as pq
 
 from raypack.errors import InputError
 
-__all__ = ["FORMATS", "lognormal_lengths", "main", "write_sample_corpus"]
+__all__ = ["FORMATS", "TEXT_WORDS", "lognormal_lengths", "main", "write_sample_corpus", "write_sample_texts"]
 
 FORMATS = ("parquet", "jsonl", "arrow")
 _SHARD_NAME = re.compile(r"shard-\d{5,}\.(parquet|jsonl|arrow)")
@@ -166,6 +170,51 @@ def write_sample_corpus(
     return [s.path for s in shards]
 
 
+# ----------------------------------------------------------------------------- text mode
+
+TEXT_WORDS = (
+    "the", "of", "and", "a", "to", "in", "is", "data", "model", "token", "packing", "context", "window",
+    "def", "return", "import", "42", "3.14", "(x)", "=", ",", ".", "\n",
+    "café", "naïve", "Ωμέγα", "Кириллица", "東京", "日本語", "我爱北京", "한국어", "😀", "🎉", "👍🏽",
+    "مرحبا", "العربية", "שלום", "עברית",
+)
+"""Words of the sample text: mostly English, some code, and non-ASCII (accents, Greek, Cyrillic,
+CJK, emoji, right-to-left scripts)."""
+
+
+def _shard_texts(seed: np.random.SeedSequence, num_docs: int, mean_doc_words: float) -> pa.StringArray:
+    """One shard's documents: log-normal word counts of uniformly drawn TEXT_WORDS, space-joined."""
+    rng = np.random.default_rng(seed)
+    lengths = lognormal_lengths(num_docs, mean_doc_words, seed=rng)
+    words = np.array(TEXT_WORDS, dtype=object)[rng.integers(0, len(TEXT_WORDS), size=int(lengths.sum()))]
+    return pa.array([" ".join(doc) for doc in np.split(words, np.cumsum(lengths)[:-1])] if num_docs else [],
+                    pa.string())
+
+
+def write_sample_texts(output_dir: str, *, num_shards: int, docs_per_shard: int, mean_doc_words: float,
+                       seed: int = 0, fmt: str = "parquet") -> list[str]:
+    """Write ``num_shards`` text shards ``shard-00000.{fmt}``, ... (Parquet or JSONL, column/key
+    ``text``) into ``output_dir``, for ``raypack tokenize`` and ``raypack pack --tokenizer``;
+    deterministic for ``seed``. Returns their paths."""
+    if fmt not in ("parquet", "jsonl"):
+        raise ValueError(f"fmt={fmt!r} must be parquet or jsonl for text")
+    _check_args(num_shards, docs_per_shard, mean_doc_words, 2, fmt, np.dtype("int32"), None)
+    os.makedirs(output_dir, exist_ok=True)
+    names = [f"shard-{k:05d}.{fmt}" for k in range(num_shards)]
+    _check_no_stale_shards(output_dir, names)
+    paths = []
+    for name, shard_seed in zip(names, np.random.SeedSequence(seed).spawn(num_shards)):
+        texts = _shard_texts(shard_seed, docs_per_shard, mean_doc_words)
+        path = os.path.join(output_dir, name)
+        if fmt == "parquet":
+            pq.write_table(pa.table({"text": texts}), path)
+        else:
+            with open(path, "w", encoding="utf-8") as f:
+                f.writelines(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts.to_pylist())
+        paths.append(path)
+    return paths
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m raypack.sample",
                                      description="Write a sample sharded corpus of random tokens.")
@@ -179,6 +228,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default="int32", help="token dtype (default int32)")
     parser.add_argument("--vocab-size", type=int, default=50_000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--text", action="store_true",
+                        help="write text (a 'text' column of words, some non-ASCII) instead of tokens; "
+                             "--mean-doc-len is then in words")
     return parser
 
 
@@ -189,6 +241,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.context_length < 1:
             raise ValueError(f"--context-length={args.context_length} must be >= 1")
         mean = args.mean_doc_len if args.mean_doc_len is not None else args.context_length / 3
+        if args.text:
+            paths = write_sample_texts(args.output, num_shards=args.shards, docs_per_shard=args.docs_per_shard,
+                                       mean_doc_words=mean, seed=args.seed, fmt=args.format)
+            print(f"wrote {len(paths)} {args.format} text shards, {len(paths) * args.docs_per_shard} documents "
+                  f"to {args.output}")
+            return 0
         shards = _write_corpus(args.output, num_shards=args.shards, docs_per_shard=args.docs_per_shard,
                                mean_doc_len=mean, vocab_size=args.vocab_size, seed=args.seed,
                                fmt=args.format, dtype=args.dtype, row_group_size=None)

@@ -91,3 +91,31 @@ def random_corpus(seed: int, num_docs: int, max_len: int):
     rng = np.random.default_rng(seed)
     lengths = rng.integers(0, max_len, size=num_docs)
     return [rng.integers(0, 50_000, size=n).tolist() for n in lengths]
+
+
+# ----------------------------------------------------------------------------- text
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. def main(): return 42\n",
+    "東京は日本の首都です。我爱北京天安门。한국어 텍스트도 있습니다。",
+    "Emoji: 😀👍🏽👨‍👩‍👧‍👦🇯🇵 🎉 and more ✨",
+    "العربية تُكتب من اليمين إلى اليسار. עברית נכתבת מימין לשמאל.",
+    "Ünïcödé çömbining: é vs e\u0301, ß, ﬁ ligature, Ωμέγα, Кириллица.",
+    "   leading spaces\tand tabs\r\nwindows line\n\n\nblank lines   ",
+]
+
+def train_byte_level_bpe(texts: list[str], vocab_size: int):
+    import tokenizers
+
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<bos>", "<eos>"],
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(texts, trainer)
+    return tok
+
+

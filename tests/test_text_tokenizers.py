@@ -27,14 +27,8 @@ from raypack.text_tokenizers import (
 tokenizers = pytest.importorskip("tokenizers")
 tiktoken = pytest.importorskip("tiktoken")
 
-CORPUS = [
-    "The quick brown fox jumps over the lazy dog. def main(): return 42\n",
-    "東京は日本の首都です。我爱北京天安门。한국어 텍스트도 있습니다。",
-    "Emoji: 😀👍🏽👨‍👩‍👧‍👦🇯🇵 🎉 and more ✨",
-    "العربية تُكتب من اليمين إلى اليسار. עברית נכתבת מימין לשמאל.",
-    "Ünïcödé çömbining: é vs e\u0301, ß, ﬁ ligature, Ωμέγα, Кириллица.",
-    "   leading spaces\tand tabs\r\nwindows line\n\n\nblank lines   ",
-]
+from helpers import CORPUS, train_byte_level_bpe  # noqa: E402
+
 TEXTS = [
     *CORPUS,
     "",
@@ -45,19 +39,6 @@ TEXTS = [
     "<eos> written in the text",
     "\u200f\u200e\u202e RTL marks \ufeff BOM \x00 NUL",
 ]
-
-
-def train_byte_level_bpe(texts: list[str], vocab_size: int):
-    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = tokenizers.decoders.ByteLevel()
-    trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<bos>", "<eos>"],
-        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(texts, trainer)
-    return tok
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,386 @@
+"""raypack tokenize and pack --tokenizer end to end: every document's ids are the tokenizer's
+own, one run equals two, output bytes do not depend on engine, workers or batch sizes, resume
+reuses finished tasks, bad input exits 2 with one line and publishes nothing."""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import hashlib
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import raypack.tokenize_job as tokenize_job
+from raypack.cli import main
+from raypack.config import make_config
+from raypack.job import run_pack
+from raypack.plan import make_plan
+from raypack.tokenize_job import TextOptions, TokenizeConfig, run_tokenize
+from raypack.tokenize_tasks import rayon_threads
+
+from helpers import CORPUS, train_byte_level_bpe
+from packing_faults import fail_at_shard
+
+tokenizers = pytest.importorskip("tokenizers")
+
+WORDS = ["the", "quick", "brown", "fox", "東京", "首都", "我爱北京", "😀", "👨‍👩‍👧‍👦", "🇯🇵", "مرحبا", "العربية",
+         "שלום", "עברית", "Ωμέγα", "Кириллица", "e\u0301", "\u200f", "def", "return", "42", "\t", "\n"]
+
+
+def make_texts(num_docs: int, seed: int = 0) -> list[str]:
+    """Documents of 0-60 words (non-ASCII, emoji, RTL), empty and whitespace-only ones, one very long."""
+    rng = np.random.default_rng(seed)
+    texts = [" ".join(rng.choice(WORDS, size=rng.integers(0, 60))) for _ in range(num_docs)]
+    texts[3], texts[5], texts[8] = "", "   ", "\n\t \r\n"
+    texts[num_docs // 2] = " ".join(CORPUS) * 300  # ~ 110k characters, one document
+    return texts
+
+
+TEXTS = make_texts(240)
+PARQUET_DOCS = 150  # TEXTS[:150] in a.parquet, the rest in b.jsonl
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    """(reference Tokenizer, path of its tokenizer.json): a byte-level BPE of ~600 ids."""
+    reference = train_byte_level_bpe(CORPUS * 20 + TEXTS[:50], 600)
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    reference.save(str(path))
+    return reference, str(path)
+
+
+@pytest.fixture(scope="module")
+def text_dir(tmp_path_factory):
+    """a.parquet (row groups of 16 rows) then b.jsonl: TEXTS in this order."""
+    root = tmp_path_factory.mktemp("text")
+    pq.write_table(pa.table({"id": range(PARQUET_DOCS), "text": TEXTS[:PARQUET_DOCS]}), root / "a.parquet",
+                   row_group_size=16)
+    with open(root / "b.jsonl", "w", encoding="utf-8") as f:
+        for text in TEXTS[PARQUET_DOCS:]:
+            f.write(json.dumps({"text": text, "n": 1}, ensure_ascii=False) + "\n")
+    return str(root)
+
+
+def options(tok, **kw) -> TextOptions:
+    values = dict(tokenizer=tok[1], task_rows=40, task_bytes=3000, row_group_docs=7, batch_rows=5)
+    return TextOptions(**{**values, **kw})
+
+
+def tokenize(tmp_path, text_dir, tok, name="tok", engine="local", workers=2, resume=False, **kw) -> str:
+    out = str(tmp_path / name)
+    run_tokenize(TokenizeConfig(inputs=(text_dir,), output=out, text=options(tok, **kw), num_workers=workers),
+                 engine=engine, resume=resume)
+    return out
+
+
+def read_documents(out: str) -> list[list[int]]:
+    parts = sorted(glob.glob(os.path.join(out, "part-*.parquet")))
+    return [ids for p in parts for ids in pq.read_table(p).column("input_ids").to_pylist()]
+
+
+def digests(out: str, pattern: str) -> dict[str, str]:
+    return {os.path.basename(p): hashlib.sha256(open(p, "rb").read()).hexdigest()
+            for p in sorted(glob.glob(os.path.join(out, pattern)))}
+
+
+def manifest_of(out: str) -> dict:
+    with open(os.path.join(out, "manifest.json")) as f:
+        return json.load(f)
+
+
+# ----------------------------------------------------------------------------- token for token
+
+
+def test_every_document_equals_the_tokenizers_encode(tmp_path, text_dir, tok):
+    out = tokenize(tmp_path, text_dir, tok, bos="<bos>", eos="1")
+    reference, _ = tok
+    bos, eos = reference.token_to_id("<bos>"), 1
+    expected = [[bos, *reference.encode(t, add_special_tokens=False).ids, eos] for t in TEXTS]
+    documents = read_documents(out)
+    assert len(documents) == len(TEXTS)
+    for k, (got, want) in enumerate(zip(documents, expected)):
+        assert got == want, f"document {k}"
+    assert max(map(len, expected)) > 5_000  # the very long text is there
+    manifest = manifest_of(out)
+    assert manifest["kind"] == "tokenized" and manifest["token_dtype"] == "uint16"
+    assert manifest["counts"] == {"documents": len(TEXTS), "tokens": sum(map(len, expected)),
+                                  "shards": len(manifest["shards"])}
+    assert [s["num_docs"] for s in manifest["shards"]] == [len(pq.read_table(os.path.join(out, s["path"])))
+                                                          for s in manifest["shards"]]
+    assert manifest["tokenizer"]["sha256"] == hashlib.sha256(open(tok[1], "rb").read()).hexdigest()
+    assert manifest["options"]["bos_id"] == bos and manifest["options"]["eos_id"] == eos
+    assert pq.read_schema(os.path.join(out, "part-000000.parquet")).field("input_ids").type == pa.list_(pa.uint16())
+    assert sorted(os.listdir(out)) == sorted(["manifest.json", *(s["path"] for s in manifest["shards"])])
+
+
+def test_token_dtype_wider_than_auto(tmp_path, text_dir, tok):
+    out = tokenize(tmp_path, text_dir, tok, token_dtype="uint32")
+    assert pq.read_schema(os.path.join(out, "part-000000.parquet")).field("input_ids").type == pa.list_(pa.uint32())
+    assert read_documents(out) == [tok[0].encode(t, add_special_tokens=False).ids for t in TEXTS]
+
+
+def test_tiktoken_through_the_job(tmp_path, text_dir):
+    tiktoken = pytest.importorskip("tiktoken")
+    from raypack.text_tokenizers import load_tokenizer
+
+    encoding = load_tokenizer("tiktoken:cl100k_base")._encoding
+    out = str(tmp_path / "tt")
+    run_tokenize(TokenizeConfig(inputs=(text_dir,), output=out, text=TextOptions(tokenizer="tiktoken:cl100k_base",
+                                eos="<|endoftext|>", task_rows=40, task_bytes=3000)), engine="local")
+    assert isinstance(encoding, tiktoken.Encoding) and manifest_of(out)["token_dtype"] == "uint32"
+    assert read_documents(out) == [[*encoding.encode_ordinary(t), 100257] for t in TEXTS]
+
+
+# ----------------------------------------------------------------------------- one run == two runs
+
+
+@pytest.mark.parametrize("strategy", ["concat", "best_fit"])
+def test_pack_with_tokenizer_equals_tokenize_then_pack(tmp_path, text_dir, tok, strategy):
+    tokenized = tokenize(tmp_path, text_dir, tok, eos="<eos>")
+    common = dict(context_length=32, pad_token=0, strategy=strategy, best_fit_window=16)
+    two = run_pack(make_config(dict(inputs=[tokenized], output=str(tmp_path / "two"), **common)), engine="local")
+    one = run_pack(make_config(dict(inputs=[text_dir], output=str(tmp_path / "one"), **common)), engine="local",
+                   text=options(tok, eos="<eos>"))
+    assert one.manifest["content_sha256"] == two.manifest["content_sha256"]
+    assert digests(tmp_path / "one", "*.arrow") == digests(tmp_path / "two", "*.arrow")
+    assert len(digests(tmp_path / "one", "*.arrow")) > 2 and one.manifest["counts"]["split_documents"] > 0
+    assert sorted(os.listdir(tmp_path / "one")) == sorted(["manifest.json", *digests(tmp_path / "one", "*.arrow")])
+    assert not glob.glob(str(tmp_path / ".one.*"))  # staging (and its _tokenized/) gone
+    assert main(["verify", str(tmp_path / "two")]) == 0
+
+
+def test_pack_takes_counts_from_the_tokenized_manifest(tmp_path, text_dir, tok):
+    tokenized = tokenize(tmp_path, text_dir, tok)
+    plan = make_plan(make_config(dict(inputs=[tokenized], output=str(tmp_path / "o"), context_length=32)))
+    assert {s.count_method for s in plan.shards} == {"manifest"}
+    footer = make_plan(make_config(dict(inputs=[os.path.join(tokenized, "*.parquet")], output=str(tmp_path / "o"),
+                                        context_length=32)))
+    assert [(s.num_docs, s.num_tokens) for s in plan.shards] == [(s.num_docs, s.num_tokens) for s in footer.shards]
+    assert plan.token_dtype == "uint16"
+
+
+def test_pack_refuses_a_tokenized_corpus_whose_file_changed(tmp_path, text_dir, tok, capsys):
+    tokenized = tokenize(tmp_path, text_dir, tok)
+    with open(os.path.join(tokenized, "part-000001.parquet"), "ab") as f:
+        f.write(b"x")
+    code = main(["pack", "--input", tokenized, "--output", str(tmp_path / "o"), "--local"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "part-000001.parquet is" in err and "re-run raypack tokenize" in err
+
+
+# ----------------------------------------------------------------------------- split invariance
+
+
+def test_bytes_do_not_depend_on_engine_workers_or_batch_sizes(ray_session, tmp_path, text_dir, tok):
+    local = tokenize(tmp_path, text_dir, tok, "local", batch_rows=3)
+    manifest = manifest_of(local)
+    formats = [s["source"]["format"] for s in manifest["shards"]]
+    assert formats.count("parquet") > 1 and formats.count("jsonl") > 1  # files split into several tasks
+    assert pq.ParquetFile(os.path.join(local, "part-000000.parquet")).metadata.num_row_groups > 1
+    expected = digests(local, "part-*.parquet")
+    for workers, batch_rows in ((1, 1024), (2, 2)):
+        out = tokenize(tmp_path, text_dir, tok, f"ray{workers}", engine="ray", workers=workers, batch_rows=batch_rows)
+        assert digests(out, "part-*.parquet") == expected, f"{workers} workers"
+        assert manifest_of(out)["shards"] == manifest["shards"]
+    packed = [run_pack(make_config(dict(inputs=[text_dir], output=str(tmp_path / f"one-{engine}"), context_length=32,
+                                        num_workers=2)), engine=engine, text=options(tok)) for engine in ("local", "ray")]
+    assert packed[0].manifest["content_sha256"] == packed[1].manifest["content_sha256"]
+
+
+def test_local_bytes_do_not_depend_on_the_read_batch_size(tmp_path, text_dir, tok):
+    small = tokenize(tmp_path, text_dir, tok, "small", batch_rows=1, row_group_docs=5)
+    large = tokenize(tmp_path, text_dir, tok, "large", batch_rows=1000, row_group_docs=5, batch_bytes=1 << 30)
+    pieces = tokenize(tmp_path, text_dir, tok, "pieces", batch_rows=1000, row_group_docs=5, batch_bytes=50)
+    assert pq.ParquetFile(os.path.join(small, "part-000000.parquet")).metadata.num_row_groups > 1
+    assert digests(small, "*") == digests(large, "*") == digests(pieces, "*")
+
+
+def test_documents_do_not_depend_on_the_task_split(tmp_path, text_dir, tok):
+    fine = tokenize(tmp_path, text_dir, tok, "fine", task_rows=1, task_bytes=500)
+    whole = tokenize(tmp_path, text_dir, tok, "whole", task_rows=10**9, task_bytes=10**9)
+    assert manifest_of(whole)["counts"]["shards"] == 2 < manifest_of(fine)["counts"]["shards"]
+    assert read_documents(fine) == read_documents(whole)
+    packed = [run_pack(make_config(dict(inputs=[d], output=str(tmp_path / f"p{k}"), context_length=16)), engine="local")
+              for k, d in enumerate((fine, whole))]
+    chunks = [pa.concat_tables(pa.ipc.open_file(p).read_all() for p in sorted(glob.glob(str(tmp_path / f"p{k}" / "*.arrow"))))
+              .column("input_ids").to_pylist() for k in range(2)]
+    assert chunks[0] == chunks[1] and packed[0].manifest["counts"] == packed[1].manifest["counts"]
+
+
+def test_byte_pieces_literal():
+    from raypack.tokenize_tasks import _byte_pieces
+
+    texts = pa.array(["ab", "cde", "", "f", "ghijkl", "m"]).slice(1)  # a slice: offsets do not start at 0
+    assert [p.to_pylist() for p in _byte_pieces(texts, 4)] == [["cde", "", "f"], ["ghijkl"], ["m"]]
+    assert [p.to_pylist() for p in _byte_pieces(texts, 100)] == [texts.to_pylist()]
+    assert list(_byte_pieces(pa.array([], pa.string()), 4)) == []
+
+
+def test_rayon_threads_share_the_cpus():
+    assert [rayon_threads(2, n) for n in (1, 2, 3)] == [2, 1, 1]
+    assert rayon_threads(16.0, 4) == 4
+
+
+# ----------------------------------------------------------------------------- resume
+
+
+def fail_at_task(monkeypatch, index: int) -> list[int]:
+    done, real = [], tokenize_job.tokenize_task
+
+    def flaky(task, settings, tokenizer):
+        if task.task_index == index:
+            raise RuntimeError(f"killed at task {index}")
+        done.append(task.task_index)
+        return real(task, settings, tokenizer)
+
+    monkeypatch.setattr(tokenize_job, "tokenize_task", flaky)
+    return done
+
+
+def test_tokenize_resume_after_a_crash_reuses_finished_tasks(tmp_path, text_dir, tok, monkeypatch):
+    clean = tokenize(tmp_path, text_dir, tok, "clean")
+    num_tasks = manifest_of(clean)["counts"]["shards"]
+    fail_at_task(monkeypatch, 3)
+    with pytest.raises(RuntimeError, match="killed at task 3"):
+        tokenize(tmp_path, text_dir, tok, "out")
+    assert not os.path.exists(tmp_path / "out") and os.path.isdir(tmp_path / ".out.raypack-staging-partial")
+    monkeypatch.undo()
+    done = fail_at_task(monkeypatch, -1)
+    with pytest.raises(tokenize_job.InputError, match="--resume"):
+        tokenize(tmp_path, text_dir, tok, "out")
+    tokenize(tmp_path, text_dir, tok, "out", resume=True)
+    assert done == list(range(3, num_tasks))
+    assert digests(tmp_path / "out", "*") == digests(clean, "*")
+
+
+def test_pack_with_tokenizer_resume_reuses_the_tokenized_tasks(tmp_path, text_dir, tok, monkeypatch):
+    config = make_config(dict(inputs=[text_dir], output=str(tmp_path / "out"), context_length=32))
+    clean = run_pack(make_config(dict(inputs=[text_dir], output=str(tmp_path / "clean"), context_length=32)),
+                     engine="local", text=options(tok))
+    fail_at_shard(monkeypatch, 2, RuntimeError("killed while packing"))
+    with pytest.raises(RuntimeError, match="killed while packing"):
+        run_pack(config, engine="local", text=options(tok))
+    assert glob.glob(str(tmp_path / ".out.raypack-staging-partial" / "_tokenized" / "part-*.parquet"))
+    monkeypatch.undo()
+    done = fail_at_task(monkeypatch, -1)
+    summary = run_pack(config, engine="local", resume=True, text=options(tok))
+    assert done == []  # every tokenize task reused
+    assert summary.manifest["content_sha256"] == clean.manifest["content_sha256"]
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def _write(root, name, make) -> str:
+    path = os.path.join(root, name)
+    os.makedirs(root, exist_ok=True)
+    make(path)
+    return root
+
+
+BAD_INPUTS = {
+    "null text": (lambda p: pq.write_table(pa.table({"text": ["a", None]}), p), "in.parquet", [],
+                  "in.parquet row 1: 'text' is null"),
+    "missing column": (lambda p: pq.write_table(pa.table({"body": ["a"], "id": [1]}), p), "in.parquet", [],
+                       "no column 'text'; its columns: body, id"),
+    "invalid utf-8": (lambda p: open(p, "wb").write(b'{"text": "ok"}\n{"text": "\xff\xfe"}\n'), "in.jsonl", [],
+                      "in.jsonl line 2: invalid UTF-8"),
+    "gzip jsonl non-string": (lambda p: open(p, "wb").write(gzip.compress(b'{"text": "ok"}\n{"text": 5}\n')),
+                              "in.jsonl.gz", [], "line 2: 'text' is a JSON number"),
+    "missing tokenizer": (lambda p: pq.write_table(pa.table({"text": ["a"]}), p), "in.parquet",
+                          ["--tokenizer", "/nonexistent/tokenizer.json"], "tokenizer /nonexistent/tokenizer.json not found"),
+    "bos not in vocab": (lambda p: pq.write_table(pa.table({"text": ["a"]}), p), "in.parquet",
+                         ["--bos", "<|begin|>"], "token '<|begin|>' is not in the vocabulary"),
+    "vocab too large": (lambda p: pq.write_table(pa.table({"text": ["a"]}), p), "in.parquet",
+                        ["--token-dtype", "uint8"], "--token-dtype uint8 holds ids up to 255"),
+}
+
+
+@pytest.mark.parametrize("command", ["tokenize", "pack"])
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_exits_2_with_one_line_and_publishes_nothing(tmp_path, tok, capsys, case, command):
+    make, name, extra, message = BAD_INPUTS[case]
+    if command == "pack" and "--token-dtype" in extra:
+        pytest.skip("pack's --token-dtype is the packed output's")
+    root = _write(str(tmp_path / "text"), name, make)
+    extra = extra if "--tokenizer" in extra else ["--tokenizer", tok[1], *extra]
+    code = main([command, "--input", root, "--output", str(tmp_path / "out"), "--local", *extra])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert err.count("\n") == 0 and message in err, err
+    assert sorted(os.listdir(tmp_path)) == ["text"]  # no output, no staging, no lock left behind
+
+
+def test_cli_tokenize_then_pack(tmp_path, text_dir, tok, capsys):
+    assert main(["tokenize", "--input", text_dir, "--output", str(tmp_path / "t"), "--tokenizer", tok[1],
+                 "--eos", "<eos>", "--local"]) == 0
+    assert "tokens/s" in capsys.readouterr().out
+    assert main(["pack", "--input", str(tmp_path / "t"), "--output", str(tmp_path / "p"), "--local",
+                 "--context-length", "64"]) == 0
+    assert main(["pack", "--input", text_dir, "--tokenizer", tok[1], "--eos", "<eos>", "--output",
+                 str(tmp_path / "q"), "--local", "--context-length", "64"]) == 0
+    assert manifest_of(tmp_path / "p")["content_sha256"] == manifest_of(tmp_path / "q")["content_sha256"]
+    assert main(["pack", "--input", text_dir, "--eos", "<eos>", "--output", str(tmp_path / "r"), "--local"]) == 2
+
+
+# ----------------------------------------------------------------------------- sample text mode
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_sample_text_mode_feeds_tokenize(tmp_path, tok, capsys, fmt):
+    from raypack.sample import main as sample_main
+
+    args = ["--output", str(tmp_path / "s"), "--shards", "2", "--docs-per-shard", "30", "--context-length", "30",
+            "--text", "--format", fmt]
+    assert sample_main(args) == 0 and "text shards" in capsys.readouterr().out
+    first = open(tmp_path / "s" / f"shard-00000.{fmt}", "rb").read()
+    assert sample_main(args) == 0 and open(tmp_path / "s" / f"shard-00000.{fmt}", "rb").read() == first
+    out = tokenize(tmp_path, str(tmp_path / "s"), tok)
+    documents = read_documents(out)
+    texts = [t for k in range(2) for t in (
+        pq.read_table(tmp_path / "s" / f"shard-{k:05d}.parquet").column("text").to_pylist() if fmt == "parquet"
+        else [json.loads(line)["text"] for line in open(tmp_path / "s" / f"shard-{k:05d}.jsonl", encoding="utf-8")])]
+    assert len(texts) == 60 and any(not t.isascii() for t in texts)
+    assert documents == [tok[0].encode(t, add_special_tokens=False).ids for t in texts]
+
+
+# ----------------------------------------------------------------------------- object store
+
+
+def test_tokenize_and_pack_with_tokenizer_on_s3(tmp_path, text_dir, tok):
+    """Text in S3, outputs in S3: same bytes as locally; a one-run pack leaves no _tokenized/ objects."""
+    pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    boto3 = pytest.importorskip("boto3")
+    from raypack.fs import clear_filesystem_cache
+
+    from s3_server import moto_server, s3_environment
+
+    local_tok = tokenize(tmp_path, text_dir, tok, "local")
+    local = run_pack(make_config(dict(inputs=[local_tok], output=str(tmp_path / "p"), context_length=32)), engine="local")
+    with moto_server() as endpoint, s3_environment(endpoint):
+        clear_filesystem_cache()
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        client.create_bucket(Bucket="text")
+        for name in os.listdir(text_dir):
+            client.upload_file(os.path.join(text_dir, name), "text", f"in/{name}")
+        try:
+            run_tokenize(TokenizeConfig(inputs=("s3://text/in",), output="s3://text/tok", text=options(tok)),
+                         engine="local")
+            two = run_pack(make_config(dict(inputs=["s3://text/tok"], output="s3://text/two", context_length=32)),
+                           engine="local")
+            one = run_pack(make_config(dict(inputs=["s3://text/in"], output="s3://text/one", context_length=32)),
+                           engine="local", text=options(tok))
+            keys = [o["Key"] for o in client.list_objects_v2(Bucket="text", Prefix="one/")["Contents"]
+                    if not o["Key"].endswith("/")]  # a directory marker is not an object
+            tok_keys = {o["Key"][4:] for o in client.list_objects_v2(Bucket="text", Prefix="tok/")["Contents"]
+                        if not o["Key"].endswith("/")}
+        finally:
+            clear_filesystem_cache()
+    assert tok_keys == {"manifest.json", *digests(local_tok, "part-*.parquet")}
+    assert one.manifest["content_sha256"] == two.manifest["content_sha256"] == local.manifest["content_sha256"]
+    assert sorted(k[4:] for k in keys) == sorted(["manifest.json", *(f["path"] for f in one.manifest["files"])])
