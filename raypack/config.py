@@ -31,9 +31,11 @@ from raypack.strategies import (
     strategy_names,
 )
 
-OUTPUT_KEYS = ("inputs", "context_length", "pad_token", "token_column", "token_dtype", "chunks_per_record_batch")
-"""Keys that decide the output's bytes, saved as the manifest's ``config``; the strategy and its
-options decide them too but are stored once, at the manifest's top level (the strategy's fields)."""
+OUTPUT_KEYS = ("inputs", "token_column", "token_dtype", "chunks_per_record_batch")
+"""Keys that decide the output's bytes, saved as the manifest's ``config``, that the manifest does
+not already hold: ``context_length``, ``pad_token``, the strategy and its options decide them too
+but are stored once, at the manifest's top level (``token_dtype`` there is the resolved dtype; here,
+the one asked for)."""
 TOKEN_DTYPES = ("auto", "uint8", "uint16", "uint32", "int16", "int32", "int64")
 
 

@@ -4,6 +4,8 @@ Outputs travel between teams and get downloaded, so everything here assumes a ho
 ``manifest.json`` and directory. This module is the one place that parses a manifest
 (:func:`load_manifest`) and the one place that opens a chunk file it lists
 (:func:`open_chunk_file`); ``raypack.packed``, ``raypack.stats`` and ``raypack.verify`` use both.
+It also saves one (:func:`write_manifest`, called last by a run: the commit); what a manifest
+holds is built by ``raypack.assemble.build_manifest`` and documented in docs/FORMAT.md.
 
 :func:`check_manifest` checks, before any chunk file is opened, and raises one-line
 InputErrors naming the manifest, the entry and the value:
@@ -45,7 +47,7 @@ import pyarrow.fs as pafs
 from raypack.core import MAX_CONTEXT_LENGTH
 from raypack.errors import InputError
 from raypack.fs import check_bucket, resolve_filesystem
-from raypack.output import CHUNK_FILE_RE, FORMAT_VERSION, MANIFEST_NAME
+from raypack.output import CHUNK_FILE_RE, FORMAT_VERSION, MANIFEST_NAME, write_whole
 
 __all__ = ["COUNT_KEYS", "FILE_KEYS", "MAX_CONTEXT_LENGTH", "MAX_COUNT", "MAX_MANIFEST_BYTES",
            "check_manifest", "load_manifest", "open_chunk_file", "resolve_output", "strategy_of"]
@@ -334,3 +336,11 @@ def _open_remote(filesystem: pafs.FileSystem, path: str) -> tuple[pa.NativeFile,
         raise _missing(path) from e
     except (OSError, pa.ArrowException) as e:
         raise InputError(f"{path}: unreadable ({_one_line(e)}); {DAMAGED}") from e
+
+
+# ----------------------------------------------------------------------------- saving
+
+
+def write_manifest(out_dir: str, manifest: dict[str, Any]) -> str:
+    """Write ``manifest.json`` whole. Call it last: it is the commit."""
+    return write_whole(out_dir, MANIFEST_NAME, (json.dumps(manifest, indent=2, sort_keys=False) + "\n").encode())

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import json
 import logging
 import os
 import posixpath
@@ -362,8 +361,3 @@ def write_whole(out_dir: str, name: str, data: bytes, *, make_dirs: bool = False
         file.abort()
         raise
     return file.path
-
-
-def write_manifest(out_dir: str, manifest: dict[str, Any]) -> str:
-    """Write ``manifest.json`` whole. Call it last: it is the commit."""
-    return write_whole(out_dir, MANIFEST_NAME, (json.dumps(manifest, indent=2, sort_keys=False) + "\n").encode())

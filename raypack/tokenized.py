@@ -26,7 +26,8 @@ from raypack import __version__
 from raypack.errors import InputError
 from raypack.formats import ShardInfo
 from raypack.fs import resolve_filesystem
-from raypack.output import MANIFEST_NAME, content_sha256, write_manifest
+from raypack.manifest import write_manifest
+from raypack.output import MANIFEST_NAME, content_sha256
 
 TOKENIZED_KIND = "tokenized"
 TOKENIZED_VERSION = 1
