@@ -153,9 +153,10 @@ def synthetic_results(num_shards: int, context_length: int):
 
 
 def child_stitch(num_shards: int, out_dir: str, write: bool, repeats: int) -> dict:
-    from raypack.assemble import build_manifest, count_stats, stitch_boundaries, write_boundaries
+    from raypack.assemble import count_stats, stitch_boundaries, write_boundaries
     from raypack.config import make_config
     from raypack.formats import ShardInfo
+    from raypack.manifest import build_manifest
     from raypack.output import WrittenFile
     from raypack.plan import Plan
     from raypack.tasks import PackSettings, ShardTask

@@ -1,5 +1,5 @@
 """On the driver, after the packers: stitch the chunks that straddle shards, check that the
-files cover every chunk exactly once, and build the manifest. No Ray here.
+files cover every chunk exactly once (the manifest is built by raypack.manifest). No Ray here.
 
 Fragments are at most two per shard and each shorter than one chunk, so this holds at most
 ``2 * num_shards * context_length`` tokens.
@@ -8,17 +8,14 @@ Fragments are at most two per shard and each shorter than one chunk, so this hol
 from __future__ import annotations
 
 import itertools
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from raypack import __version__
-from raypack.config import PackConfig
 from raypack.core import Chunks, Fragment, concat_chunks, stitch_fragments
-from raypack.output import FORMAT_VERSION, WrittenFile, chunk_schema, content_sha256, write_chunks_file
+from raypack.output import WrittenFile, chunk_schema, write_chunks_file
 from raypack.plan import Plan
-from raypack.strategies import PackingStrategy
 from raypack.tasks import PackSettings, ShardResult
 
 
@@ -74,26 +71,4 @@ def count_stats(results: Sequence[ShardResult], plan: Plan) -> dict[str, int]:
         "chunks": plan.num_chunks,
         "padding_positions": plan.num_chunks * plan.context_length - plan.num_tokens,
         "split_documents": sum(r.num_split_docs for r in results),
-    }
-
-
-def _shard_row(shard, task, packing: PackingStrategy) -> dict[str, Any]:
-    return {"path": shard.path, "format": shard.format, "num_docs": shard.num_docs, "num_tokens": shard.num_tokens,
-            "doc_offset": task.doc_offset, "token_offset": task.token_offset, **packing.shard_row_extras(task)}
-
-
-def build_manifest(config: PackConfig, plan: Plan, files: list[WrittenFile], counts: dict[str, int]) -> dict[str, Any]:
-    file_rows = [f._asdict() for f in files]
-    return {
-        "format_version": FORMAT_VERSION,
-        "created_by": f"raypack {__version__}",
-        "context_length": config.context_length,
-        "pad_token": config.pad_token,
-        "token_dtype": plan.token_dtype,
-        **plan.packing.manifest_fields(),
-        "counts": counts,
-        "files": file_rows,
-        "shards": [_shard_row(s, t, plan.packing) for s, t in zip(plan.shards, plan.tasks)],
-        "content_sha256": content_sha256(file_rows),
-        "config": config.output_dict(),
     }

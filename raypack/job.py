@@ -10,10 +10,10 @@ import logging
 import time
 from dataclasses import dataclass, replace
 
-from raypack.assemble import build_manifest, check_coverage, count_stats, stitch_boundaries, write_boundaries
+from raypack.assemble import check_coverage, count_stats, stitch_boundaries, write_boundaries
 from raypack.config import PackConfig
 from raypack.errors import InputError
-from raypack.manifest import write_manifest
+from raypack.manifest import build_manifest, write_manifest
 from raypack.plan import Plan, check_output_outside_inputs, make_plan, place_chunks, settings_for
 from raypack.publish import LocalOutput, ObjectStoreOutput, output_target
 from raypack.resume import load_verified_result

@@ -5,7 +5,8 @@ Outputs travel between teams and get downloaded, so everything here assumes a ho
 (:func:`load_manifest`) and the one place that opens a chunk file it lists
 (:func:`open_chunk_file`); ``raypack.packed``, ``raypack.stats`` and ``raypack.verify`` use both.
 It also saves one (:func:`write_manifest`, called last by a run: the commit); what a manifest
-holds is built by ``raypack.assemble.build_manifest`` and documented in docs/FORMAT.md.
+holds is built here too (:func:`build_manifest`) and documented in docs/FORMAT.md: the schema
+lives in this one module.
 
 :func:`check_manifest` checks, before any chunk file is opened, and raises one-line
 InputErrors naming the manifest, the entry and the value:
@@ -38,7 +39,7 @@ import numbers
 import os
 import posixpath
 import stat
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -47,7 +48,12 @@ import pyarrow.fs as pafs
 from raypack.core import MAX_CONTEXT_LENGTH
 from raypack.errors import InputError
 from raypack.fs import check_bucket, resolve_filesystem
-from raypack.output import CHUNK_FILE_RE, FORMAT_VERSION, MANIFEST_NAME, write_whole
+from raypack.output import CHUNK_FILE_RE, FORMAT_VERSION, MANIFEST_NAME, WrittenFile, content_sha256, write_whole
+
+if TYPE_CHECKING:
+    from raypack.config import PackConfig
+    from raypack.plan import Plan
+    from raypack.strategies import PackingStrategy
 
 __all__ = ["COUNT_KEYS", "FILE_KEYS", "MAX_CONTEXT_LENGTH", "MAX_COUNT", "MAX_MANIFEST_BYTES",
            "check_manifest", "load_manifest", "open_chunk_file", "resolve_output", "strategy_of"]
@@ -338,9 +344,37 @@ def _open_remote(filesystem: pafs.FileSystem, path: str) -> tuple[pa.NativeFile,
         raise InputError(f"{path}: unreadable ({_one_line(e)}); {DAMAGED}") from e
 
 
-# ----------------------------------------------------------------------------- saving
+# ----------------------------------------------------------------------------- building and saving
+
+
+def _shard_row(shard, task, packing: PackingStrategy) -> dict[str, Any]:
+    return {"path": shard.path, "format": shard.format, "num_docs": shard.num_docs, "num_tokens": shard.num_tokens,
+            "doc_offset": task.doc_offset, "token_offset": task.token_offset, **packing.shard_row_extras(task)}
+
+
+def build_manifest(config: PackConfig, plan: Plan, files: list[WrittenFile], counts: dict[str, int]) -> dict[str, Any]:
+    file_rows = [f._asdict() for f in files]
+    return {
+        "format_version": FORMAT_VERSION,
+        "created_by": f"raypack {_version()}",
+        "context_length": config.context_length,
+        "pad_token": config.pad_token,
+        "token_dtype": plan.token_dtype,
+        **plan.packing.manifest_fields(),
+        "counts": counts,
+        "files": file_rows,
+        "shards": [_shard_row(s, t, plan.packing) for s, t in zip(plan.shards, plan.tasks)],
+        "content_sha256": content_sha256(file_rows),
+        "config": config.output_dict(),
+    }
 
 
 def write_manifest(out_dir: str, manifest: dict[str, Any]) -> str:
     """Write ``manifest.json`` whole. Call it last: it is the commit."""
     return write_whole(out_dir, MANIFEST_NAME, (json.dumps(manifest, indent=2, sort_keys=False) + "\n").encode())
+
+
+def _version() -> str:
+    from raypack import __version__
+
+    return __version__
