@@ -39,6 +39,7 @@ import numbers
 import os
 import posixpath
 import stat
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -55,7 +56,8 @@ if TYPE_CHECKING:
     from raypack.plan import Plan
     from raypack.strategies import PackingStrategy
 
-__all__ = ["COUNT_KEYS", "FILE_KEYS", "MAX_CONTEXT_LENGTH", "MAX_COUNT", "MAX_MANIFEST_BYTES",
+__all__ = ["COUNT_KEYS", "FILE_KEYS", "MAX_CONTEXT_LENGTH", "MAX_COUNT", "MAX_MANIFEST_BYTES", "Manifest",
+           "build_manifest", "write_manifest",
            "check_manifest", "load_manifest", "open_chunk_file", "resolve_output", "strategy_of"]
 
 # MAX_CONTEXT_LENGTH: one cap for writers and readers (raypack.core)
@@ -85,7 +87,83 @@ def resolve_output(path: str) -> tuple[pafs.FileSystem, str]:
     return filesystem, base.rstrip("/") or base
 
 
-def load_manifest(path: str) -> dict[str, Any]:
+class Manifest(Mapping[str, Any]):
+    """A packed output's manifest: the one type that builds (:meth:`build`), checks
+    (:meth:`from_dict`, :meth:`load`) and saves (:meth:`save`) it. Read-only: ``manifest[key]``
+    reads a JSON field as docs/FORMAT.md names it; the properties give the common ones typed.
+    Every instance passed :func:`check_manifest` (or was built by this module)."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        """Use :meth:`load`, :meth:`from_dict` or :meth:`build`: this wraps ``data`` unchecked."""
+        self._data = data
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = MANIFEST_NAME) -> Manifest:
+        """``data`` (parsed JSON) checked; InputError naming ``where`` otherwise."""
+        check_manifest(data, where)
+        return cls(data)
+
+    @classmethod
+    def load(cls, path: str) -> Manifest:
+        return load_manifest(path)
+
+    @classmethod
+    def build(cls, config: PackConfig, plan: Plan, files: list[WrittenFile], counts: dict[str, int]) -> Manifest:
+        return build_manifest(config, plan, files, counts)
+
+    def save(self, out_dir: str) -> str:
+        """Write ``manifest.json`` into ``out_dir`` whole. Call it last: it is the commit."""
+        return write_manifest(out_dir, self._data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A deep copy, as JSON would give it."""
+        return json.loads(json.dumps(self._data))
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return (f"Manifest(strategy={self.strategy_name!r}, context_length={self.context_length}, "
+                f"chunks={self.num_chunks}, files={len(self.files)})")
+
+    @property
+    def context_length(self) -> int:
+        return self._data["context_length"]
+
+    @property
+    def pad_token(self) -> int:
+        return self._data["pad_token"]
+
+    @property
+    def token_dtype(self) -> np.dtype:
+        return np.dtype(self._data["token_dtype"])
+
+    @property
+    def strategy_name(self) -> str:
+        return strategy_of(self._data)
+
+    @property
+    def files(self) -> list[dict[str, Any]]:
+        return self._data["files"]
+
+    @property
+    def num_chunks(self) -> int:
+        return self._data["counts"]["chunks"]
+
+    @property
+    def content_sha256(self) -> str:
+        return self._data["content_sha256"]
+
+
+def load_manifest(path: str) -> Manifest:
     """The checked ``manifest.json`` of output directory ``path`` (local path or URI).
 
     Raises InputError when the directory or its manifest is missing, unreadable, larger than
@@ -111,11 +189,10 @@ def load_manifest(path: str) -> dict[str, Any]:
         manifest = json.loads(text)
     except (ValueError, RecursionError) as e:
         raise InputError(f"{manifest_path}: not valid JSON ({_one_line(e)}); {DAMAGED}") from e
-    check_manifest(manifest, manifest_path)
-    return manifest
+    return Manifest.from_dict(manifest, manifest_path)
 
 
-def strategy_of(manifest: dict[str, Any]) -> str:
+def strategy_of(manifest: Mapping[str, Any]) -> str:
     """The name of a checked manifest's packing strategy (none: concat); the strategy object with its
     options is :func:`raypack.strategies.strategy_of_manifest`."""
     return manifest.get("strategy", DEFAULT_STRATEGY)
@@ -352,9 +429,10 @@ def _shard_row(shard, task, packing: PackingStrategy) -> dict[str, Any]:
             "doc_offset": task.doc_offset, "token_offset": task.token_offset, **packing.shard_row_extras(task)}
 
 
-def build_manifest(config: PackConfig, plan: Plan, files: list[WrittenFile], counts: dict[str, int]) -> dict[str, Any]:
+def build_manifest(config: PackConfig, plan: Plan, files: list[WrittenFile], counts: dict[str, int]) -> Manifest:
+    """The manifest of a finished run (docs/FORMAT.md)."""
     file_rows = [f._asdict() for f in files]
-    return {
+    return Manifest({
         "format_version": FORMAT_VERSION,
         "created_by": f"raypack {_version()}",
         "context_length": config.context_length,
@@ -366,12 +444,14 @@ def build_manifest(config: PackConfig, plan: Plan, files: list[WrittenFile], cou
         "shards": [_shard_row(s, t, plan.packing) for s, t in zip(plan.shards, plan.tasks)],
         "content_sha256": content_sha256(file_rows),
         "config": config.output_dict(),
-    }
+    })
 
 
-def write_manifest(out_dir: str, manifest: dict[str, Any]) -> str:
-    """Write ``manifest.json`` whole. Call it last: it is the commit."""
-    return write_whole(out_dir, MANIFEST_NAME, (json.dumps(manifest, indent=2, sort_keys=False) + "\n").encode())
+def write_manifest(out_dir: str, manifest: Mapping[str, Any]) -> str:
+    """Write ``manifest.json`` whole (a :class:`Manifest`, or a plain dict for other kinds of
+    manifest such as a tokenized corpus's). Call it last: it is the commit."""
+    data = manifest._data if isinstance(manifest, Manifest) else manifest
+    return write_whole(out_dir, MANIFEST_NAME, (json.dumps(data, indent=2, sort_keys=False) + "\n").encode())
 
 
 def _version() -> str:

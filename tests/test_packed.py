@@ -285,7 +285,7 @@ def test_missing_directory(tmp_path):
 @pytest.mark.parametrize("version", [FORMAT_VERSION + 1, 1, str(FORMAT_VERSION), None])
 def test_unknown_format_version(packed, version):
     out = packed[0].path
-    manifest = load_manifest(out)
+    manifest = load_manifest(out).to_dict()
     manifest["format_version"] = version
     write_manifest(out, manifest)
     with pytest.raises(InputError, match=f"format_version={version!r} is not supported"):
@@ -294,7 +294,7 @@ def test_unknown_format_version(packed, version):
 
 def test_manifest_missing_key(packed):
     out = packed[0].path
-    manifest = load_manifest(out)
+    manifest = load_manifest(out).to_dict()
     del manifest["token_dtype"]
     write_manifest(out, manifest)
     with pytest.raises(InputError, match="token_dtype=None is not an integer dtype"):
@@ -303,7 +303,7 @@ def test_manifest_missing_key(packed):
 
 def test_manifest_bad_token_dtype(packed):
     out = packed[0].path
-    manifest = load_manifest(out)
+    manifest = load_manifest(out).to_dict()
     manifest["token_dtype"] = "float32"
     write_manifest(out, manifest)
     with pytest.raises(InputError, match="token_dtype='float32' is not an integer dtype"):
@@ -312,7 +312,7 @@ def test_manifest_bad_token_dtype(packed):
 
 def test_files_not_contiguous(packed):
     out = packed[0].path
-    manifest = load_manifest(out)
+    manifest = load_manifest(out).to_dict()
     manifest["files"][2]["first_chunk"] += 1
     rename_files(out, manifest)
     with pytest.raises(InputError, match=r"files\[2\].*: first_chunk=\d+, expected \d+; the files must cover"):
@@ -321,7 +321,7 @@ def test_files_not_contiguous(packed):
 
 def test_row_count_mismatch_names_the_file(packed):
     out, sizes = packed[0].path, packed[3]
-    manifest = load_manifest(out)
+    manifest = load_manifest(out).to_dict()
     manifest["files"][1]["num_chunks"] += 1
     for entry in manifest["files"][2:]:
         entry["first_chunk"] += 1
@@ -345,7 +345,7 @@ def test_missing_chunk_file(packed):
 
 def test_wrong_context_length_in_file(packed):
     out = packed[0].path
-    manifest = load_manifest(out)
+    manifest = load_manifest(out).to_dict()
     manifest["context_length"] = 16
     write_manifest(out, manifest)
     with pytest.raises(InputError, match="input_ids has type"):

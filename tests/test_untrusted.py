@@ -255,3 +255,22 @@ def test_reader_opened_before_an_overwrite_never_sees_the_new_bytes(tmp_path, ou
             continue
         np.testing.assert_array_equal(tokens, old[i])  # the chunks it had, never the new output's
     assert missing > 0  # files it had not opened are gone
+
+
+def test_manifest_is_one_read_only_type_that_loads_checks_and_saves(tmp_path):
+    from raypack.manifest import Manifest
+
+    out = tmp_path / "out"
+    pack(out, write_corpus(tmp_path / "corpus", seed=1))
+    manifest = Manifest.load(str(out))
+    assert isinstance(manifest, Manifest) and manifest.context_length == C and manifest.strategy_name == "concat"
+    assert manifest.num_chunks == sum(f["num_chunks"] for f in manifest.files)
+    with pytest.raises(TypeError):
+        manifest["context_length"] = 8  # type: ignore[index]
+    edited = manifest.to_dict()
+    edited["context_length"] = 2**40
+    with pytest.raises(InputError, match="context_length"):
+        Manifest.from_dict(edited, "edited.json")
+    before = (out / "manifest.json").read_bytes()
+    manifest.save(str(out))
+    assert (out / "manifest.json").read_bytes() == before
