@@ -203,3 +203,21 @@ def test_stats_plot_without_matplotlib_names_the_extra(capsys, packed, tmp_path,
     assert err.count("\n") == 1 and 'pip install "raypack[plot]"' in err, err
     assert not (tmp_path / "s.png").exists()
 
+
+def test_stats_plot_has_fixed_axes(packed, tmp_path, monkeypatch):
+    """Every y axis is 0-100 (%) and the histogram's x axis 1..C+1, whatever the data, and the
+    histogram's bars are shares of all fragments (they sum to 100)."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from raypack.stats import packing_stats, plot_stats
+
+    seen = []
+    savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (seen.append(fig.axes), savefig(fig, *a, **k)))
+    png = plot_stats(packing_stats(packed), str(tmp_path / "s.png"))
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    (axes,) = seen
+    assert [tuple(ax.get_ylim()) for ax in axes] == [(0, 100)] * 3
+    assert tuple(axes[0].get_xlim()) == (1, 17)
+    assert sum(bar.get_height() for bar in axes[0].patches) == pytest.approx(100)
