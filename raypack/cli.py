@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--tokenizer", metavar="SPEC",
                       help="the inputs are text: tokenize them first (tokenizer.json, its directory, or tiktoken:NAME)")
     _add_text_arguments(pack)
-    _show_defaults(pack, {**PackConfig().to_dict(), **_text_defaults(), "sample_docs": _sample_docs_default()})
+    text_defaults = {k: v for k, v in _text_defaults().items() if k in _TEXT_ARGUMENTS}
+    _show_defaults(pack, {**text_defaults, "sample_docs": _sample_docs_default(), **PackConfig().to_dict()})
     tokenize = commands.add_parser("tokenize", help="tokenize text (Parquet or JSON Lines) into a tokenized corpus")
     tokenize.add_argument("--input", dest="inputs", action="append", metavar="PATH", required=True,
                           help="text file, directory or glob (repeatable; order kept)")
@@ -168,7 +169,8 @@ def _refuse_contradictions(args: argparse.Namespace, rules: Sequence[tuple[str, 
 
 def _given(args: argparse.Namespace, dest: str) -> bool:
     """Whether the flag was on the command line (the flags that matter here default to None or False)."""
-    return getattr(args, dest) not in (None, False)
+    value = getattr(args, dest)
+    return value is not None and value is not False
 
 
 _RERUN_RULES = (
@@ -179,6 +181,7 @@ _PACK_RULES = (
     *_RERUN_RULES,
     ("dry_run", "resume", "--dry-run writes nothing, so there is nothing to resume; drop --resume"),
     ("dry_run", "overwrite", "--dry-run writes nothing, so there is nothing to overwrite; drop --overwrite"),
+    ("dry_run", "address", "--dry-run reads its sample in this process, without Ray; drop --address"),
 )
 
 

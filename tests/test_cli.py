@@ -153,14 +153,16 @@ REFUSED = {
     "resume with overwrite": (["--resume", "--overwrite"], "--resume and --overwrite cannot be used together"),
     "dry-run with resume": (["--dry-run", "--resume"], "--dry-run and --resume cannot be used together"),
     "dry-run with overwrite": (["--dry-run", "--overwrite"], "--dry-run and --overwrite cannot be used together"),
-    "local with address": (["--address", "127.0.0.1:6379"], "--local and --address cannot be used together"),
+    "local with address": (["--local", "--address", "127.0.0.1:6379"], "--local and --address cannot be used together"),
+    "dry-run with address": (["--dry-run", "--address", "auto"], "--dry-run and --address cannot be used together"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_contradictory_pack_flags_are_refused(capsys, tiny_input, tmp_path, case):
     extra, message = REFUSED[case]
-    err = refused(capsys, ["pack", "--local", "--input", tiny_input, "--output", str(tmp_path / "o"),
+    local = [] if "--address" in extra else ["--local"]  # a wrong acceptance then packs without Ray
+    err = refused(capsys, ["pack", *local, "--input", tiny_input, "--output", str(tmp_path / "o"),
                            "--context-length", "16", *extra])
     assert message in err
     assert not (tmp_path / "o").exists()
