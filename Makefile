@@ -4,13 +4,19 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
+# Where that torch comes from. Empty: the configured index (the CPU wheel on these machines).
+# Elsewhere the public registry's torch is the multi-GB CUDA build: pass the CPU wheel index,
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# (used for the torch install alone; everything else still comes from the configured index).
+TORCH_INDEX ?=
+TORCH_FROM  := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX) )
 
 .PHONY: demo lint test test-fast bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH_PIN)"   # the CPU build first; the [torch] range keeps it
+	$(PY) -m pip install --quiet $(TORCH_FROM)"$(TORCH_PIN)"   # the CPU build first; the [torch] range keeps it
 	$(PY) -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
 

@@ -3,45 +3,56 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import inspect
 import logging
 import sys
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
-from raypack.config import load_config
+from raypack import __version__
+from raypack.config import TOKEN_DTYPES, PackConfig, flag_of, load_config
 from raypack.errors import InputError
 from raypack.strategies import DEFAULT_STRATEGY, STRATEGIES, option_fields, strategy_names
 
+DESCRIPTION = "Pack tokenized corpora into fixed-length context windows with Ray Data, identically at any parallelism."
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="raypack", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="raypack", description=DESCRIPTION,
+                                     epilog="raypack COMMAND --help shows a command's flags and their defaults")
+    parser.add_argument("--version", action="version", version=f"raypack {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     pack = commands.add_parser("pack", help="pack sharded tokenized corpora into fixed-length chunks")
     pack.add_argument("--config", help="a TOML config (configs/*.toml); flags override its keys")
     pack.add_argument("--input", dest="inputs", action="append", metavar="PATH",
                       help="shard file, directory or glob (repeatable; order kept)")
     pack.add_argument("--output", help="output directory")
-    pack.add_argument("--context-length", type=int)
-    pack.add_argument("--pad-token", type=int)
-    pack.add_argument("--token-column")
-    pack.add_argument("--token-dtype")
+    pack.add_argument("--context-length", type=int, metavar="C",
+                      help="tokens per chunk (required, or context_length in --config)")
+    pack.add_argument("--pad-token", type=int, metavar="ID", help="token id that fills the end of the last chunk")
+    pack.add_argument("--token-column", metavar="NAME", help="the inputs' column (or key) of token ids")
+    pack.add_argument("--token-dtype", metavar="DTYPE",
+                      help=f"the output's token type, one of {', '.join(TOKEN_DTYPES)} (auto: the narrowest type "
+                           "every input's type fits in)")
     pack.add_argument("--workers", dest="num_workers", type=int, help="packer actors")
-    pack.add_argument("--read-batch-size", type=int, help="documents per record batch read")
+    pack.add_argument("--read-batch-size", type=int,
+                      help="documents per record batch read (0: from each shard's mean document length)")
     pack.add_argument("--read-batch-tokens", type=int, metavar="TOKENS",
-                      help="with read batch size 0: tokens per read batch (default 1048576)")
+                      help="tokens a packer takes at once (memory): per read batch with read batch size 0, "
+                           "and at most per slice of a long document")
     pack.add_argument("--chunks-per-record-batch", type=int, metavar="N", help="chunks per Arrow record batch written")
     pack.add_argument("--worker-num-cpus", type=float, metavar="CPUS", help="CPUs each packer actor reserves")
     _add_strategy_arguments(pack)
     pack.add_argument("--dry-run", action="store_true",
                       help="print what every strategy would give on a sample; write nothing")
-    pack.add_argument("--sample-docs", type=int, default=100_000, metavar="N",
-                      help="with --dry-run: the first N documents of the stream (0: all; default 100000)")
+    pack.add_argument("--sample-docs", type=int, metavar="N",
+                      help="with --dry-run: the first N documents of the stream (0: all)")
     pack.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded local Ray)")
     pack.add_argument("--overwrite", action="store_true", default=None, help="replace a non-empty output directory")
     pack.add_argument("--resume", action="store_true",
                       help="finish an interrupted run: keep shards whose output verifies, pack the rest")
     pack.add_argument("--progress-timeout", dest="progress_timeout_s", type=float, metavar="SECONDS",
-                      help="report a packer that makes no progress on its shard for this long (0: never; "
-                           "default 600)")
+                      help="report a packer that makes no progress on its shard for this long (0: never)")
     pack.add_argument("--restart-stalled", action="store_true", default=None,
                       help="on Ray, also end a stalled packer so that Ray restarts it and packs its shard again")
     pack.add_argument("--verify-inputs", action="store_true", default=None,
@@ -52,21 +63,25 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--tokenizer", metavar="SPEC",
                       help="the inputs are text: tokenize them first (tokenizer.json, its directory, or tiktoken:NAME)")
     _add_text_arguments(pack)
+    text_defaults = {k: v for k, v in _text_defaults().items() if k in _TEXT_ARGUMENTS}
+    _show_defaults(pack, {**text_defaults, "sample_docs": _sample_docs_default(), **PackConfig().to_dict()})
     tokenize = commands.add_parser("tokenize", help="tokenize text (Parquet or JSON Lines) into a tokenized corpus")
     tokenize.add_argument("--input", dest="inputs", action="append", metavar="PATH", required=True,
                           help="text file, directory or glob (repeatable; order kept)")
     tokenize.add_argument("--output", required=True, help="output directory")
     tokenize.add_argument("--tokenizer", metavar="SPEC", required=True,
                           help="a tokenizer.json, a directory holding one, or tiktoken:NAME")
-    tokenize.add_argument("--token-dtype", default="auto",
+    tokenize.add_argument("--token-dtype", default=_text_defaults()["token_dtype"],
                           help="auto (narrowest holding the vocabulary), uint8, uint16, uint32")
-    tokenize.add_argument("--workers", dest="num_workers", type=int, default=2, help="tokenizer actors")
+    tokenize.add_argument("--workers", dest="num_workers", type=int, default=_tokenize_defaults()["num_workers"],
+                          help="tokenizer actors")
     tokenize.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded local Ray)")
     tokenize.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
     tokenize.add_argument("--resume", action="store_true",
                           help="finish an interrupted run: keep tasks whose output verifies")
     tokenize.add_argument("--local", action="store_true", help="tokenize in this process, without Ray")
     _add_text_arguments(tokenize)
+    _show_defaults(tokenize, _text_defaults())
     verify = commands.add_parser("verify", help="audit a packed output against its manifest and its inputs")
     verify.add_argument("output", metavar="OUT", help="packed output directory")
     verify.add_argument("--input", dest="inputs", action="append", metavar="PATH",
@@ -75,8 +90,43 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--token-column", help="token column of the inputs (default: the manifest's)")
     stats = commands.add_parser("stats", help="how well an output packed: padding, split documents, fragments")
     stats.add_argument("output", metavar="OUT", help="packed output directory")
-    stats.add_argument("--plot", metavar="PNG", help="also write a plot (needs matplotlib)")
+    stats.add_argument("--plot", metavar="PNG", help=f"also write a plot (needs {PLOT_EXTRA})")
     return parser
+
+
+PLOT_EXTRA = 'pip install "raypack[plot]"'
+
+
+def _show_defaults(parser: argparse.ArgumentParser, defaults: Mapping[str, Any]) -> None:
+    """Append ``(default: X)`` to every flag's help that names no default, X taken from ``defaults`` by
+    the flag's dest, else from the flag's own default; flags without one (None, "", ()) are left as they are."""
+    for action in parser._actions:
+        if action.dest == "help" or "default" in (action.help or "") or "required" in (action.help or ""):
+            continue
+        value = defaults.get(action.dest, action.default)
+        if value is None or value == "" or (isinstance(value, (list, tuple)) and not value):
+            continue
+        shown = ("on" if value else "off") if isinstance(value, bool) else value
+        action.help = f"{action.help} (default: {shown})" if action.help else f"default: {shown}"
+
+
+def _text_defaults() -> dict[str, Any]:
+    """TextOptions' field defaults by name (the text flags of pack and tokenize)."""
+    from raypack.tokenize_job import TextOptions
+
+    return {f.name: f.default for f in dataclasses.fields(TextOptions) if f.default is not dataclasses.MISSING}
+
+
+def _tokenize_defaults() -> dict[str, Any]:
+    from raypack.tokenize_job import TokenizeConfig
+
+    return {f.name: f.default for f in dataclasses.fields(TokenizeConfig) if f.default is not dataclasses.MISSING}
+
+
+def _sample_docs_default() -> int:
+    from raypack.dry_run import dry_run
+
+    return inspect.signature(dry_run).parameters["sample_docs"].default
 
 
 def _add_strategy_arguments(pack: argparse.ArgumentParser) -> None:
@@ -95,12 +145,12 @@ _TEXT_ARGUMENTS = ("text_column", "bos", "eos", "task_rows", "task_bytes")
 
 
 def _add_text_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--text-column", help="the text column (Parquet) or key (JSON Lines); default text")
+    parser.add_argument("--text-column", help="the text column (Parquet) or key (JSON Lines)")
     parser.add_argument("--bos", metavar="TOKEN|ID", help="a token (or, if digits, an id) put before every document")
     parser.add_argument("--eos", metavar="TOKEN|ID", help="a token (or, if digits, an id) put after every document")
     parser.add_argument("--task-rows", type=int,
-                        help="Parquet: rows per tokenize task (whole row groups; default 65536)")
-    parser.add_argument("--task-bytes", type=int, help="JSON Lines: bytes per tokenize task (default 64 MiB)")
+                        help="Parquet: rows per tokenize task (whole row groups)")
+    parser.add_argument("--task-bytes", type=int, help="JSON Lines: bytes per tokenize task")
 
 
 def _text_options(args: argparse.Namespace, token_dtype: str = "auto"):
@@ -110,9 +160,35 @@ def _text_options(args: argparse.Namespace, token_dtype: str = "auto"):
     return TextOptions(tokenizer=args.tokenizer, token_dtype=token_dtype, **given)
 
 
+def _refuse_contradictions(args: argparse.Namespace, rules: Sequence[tuple[str, str, str]]) -> None:
+    """Raise InputError naming the first pair of flags (dest, dest) given together, with ``why``."""
+    for first, second, why in rules:
+        if _given(args, first) and _given(args, second):
+            raise InputError(f"{flag_of(first)} and {flag_of(second)} cannot be used together: {why}")
+
+
+def _given(args: argparse.Namespace, dest: str) -> bool:
+    """Whether the flag was on the command line (the flags that matter here default to None or False)."""
+    value = getattr(args, dest)
+    return value is not None and value is not False
+
+
+_RERUN_RULES = (
+    ("resume", "overwrite", "--resume keeps the finished part of an output, --overwrite replaces it; pass one"),
+    ("local", "address", "--local runs without Ray, --address names a Ray cluster; pass one"),
+)
+_PACK_RULES = (
+    *_RERUN_RULES,
+    ("dry_run", "resume", "--dry-run writes nothing, so there is nothing to resume; drop --resume"),
+    ("dry_run", "overwrite", "--dry-run writes nothing, so there is nothing to overwrite; drop --overwrite"),
+    ("dry_run", "address", "--dry-run reads its sample in this process, without Ray; drop --address"),
+)
+
+
 def _run_tokenize(args: argparse.Namespace) -> int:
     from raypack.tokenize_job import TokenizeConfig, run_tokenize
 
+    _refuse_contradictions(args, _RERUN_RULES)
     if args.num_workers < 1:
         raise InputError(f"--workers={args.num_workers} must be >= 1")
     config = TokenizeConfig(inputs=tuple(args.inputs), output=args.output, text=_text_options(args, args.token_dtype),
@@ -136,6 +212,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run_verify(args: argparse.Namespace) -> int:
     from raypack.verify import VerifyError, verify_output
 
+    _refuse_contradictions(args, (
+        ("no_inputs", "inputs", "--no-inputs checks the output alone; drop one"),
+        ("no_inputs", "token_column", "--token-column names the inputs' column, which --no-inputs does not read"),
+    ))
     inputs = [] if args.no_inputs else args.inputs
     try:
         report = verify_output(args.output, inputs, token_column=args.token_column)
@@ -155,16 +235,19 @@ def _run_stats(args: argparse.Namespace) -> int:
         try:
             print(f"plot written to {plot_stats(report, args.plot)}")
         except ImportError as e:
-            raise InputError(f"--plot needs matplotlib ({e}); pip install matplotlib") from e
+            raise InputError(f"--plot needs matplotlib ({e}); {PLOT_EXTRA}") from e
     return 0
 
 
 def _run_pack(args: argparse.Namespace) -> int:
     from raypack.job import run_pack
 
+    _refuse_contradictions(args, _PACK_RULES)
+    if args.sample_docs is not None and not args.dry_run:
+        raise InputError("--sample-docs applies only with --dry-run; add --dry-run or drop --sample-docs")
     skip = ("command", "config", "local", "resume", "dry_run", "sample_docs", "tokenizer", *_TEXT_ARGUMENTS)
     overrides = {k: v for k, v in vars(args).items() if k not in skip}
-    config = load_config(args.config, **overrides)
+    config = load_config(args.config, required=("context_length",), **overrides)
     text = _text_options(args) if args.tokenizer else None
     if text is None and any(getattr(args, k) is not None for k in _TEXT_ARGUMENTS):
         raise InputError("--text-column, --bos, --eos, --task-rows and --task-bytes need --tokenizer")
@@ -175,9 +258,10 @@ def _run_pack(args: argparse.Namespace) -> int:
             raise InputError("--dry-run reads tokenized shards; run raypack tokenize first, "
                              "then pack --dry-run over its output")
 
-        if args.sample_docs < 0:
-            raise InputError(f"--sample-docs={args.sample_docs} must be >= 0 (0: every document)")
-        print("\n".join(dry_run(config, sample_docs=args.sample_docs).lines()))
+        sample_docs = _sample_docs_default() if args.sample_docs is None else args.sample_docs
+        if sample_docs < 0:
+            raise InputError(f"--sample-docs={sample_docs} must be >= 0 (0: every document)")
+        print("\n".join(dry_run(config, sample_docs=sample_docs).lines()))
         return 0
     summary = run_pack(config, engine="local" if args.local else "ray", resume=args.resume, text=text)
     print("\n".join(summary.lines()))

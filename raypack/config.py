@@ -164,8 +164,18 @@ def make_config(values: Mapping[str, Any], *, source: str = "config") -> PackCon
         raise InputError(f"{source}: {e}") from e
 
 
-def load_config(path: str | Path | None = None, **overrides: Any) -> PackConfig:
-    """Read a TOML config (flat keys) and apply non-None overrides on top."""
+_FLAGS = {"inputs": "--input", "num_workers": "--workers", "progress_timeout_s": "--progress-timeout"}
+"""The ``raypack pack`` flags that are not their key with dashes."""
+
+
+def flag_of(key: str) -> str:
+    """The ``raypack pack`` flag that sets a config key: ``context_length`` -> ``--context-length``."""
+    return _FLAGS.get(key, "--" + key.replace("_", "-"))
+
+
+def load_config(path: str | Path | None = None, *, required: tuple[str, ...] = (), **overrides: Any) -> PackConfig:
+    """Read a TOML config (flat keys) and apply non-None overrides on top. A key in ``required``
+    must be given by one of them (its PackConfig default is not taken), else an InputError."""
     values: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -176,4 +186,7 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> PackConfig:
         except tomllib.TOMLDecodeError as e:
             raise InputError(f"config file {path} is not valid TOML: {e}") from e
     values.update({k: v for k, v in overrides.items() if v is not None})
+    for key in required:
+        if key not in values:
+            raise InputError(f"{flag_of(key)} is required (or {key} in --config)")
     return make_config(values, source=str(path) if path else "config")

@@ -129,21 +129,30 @@ def _segment_batches(ds: PackedDataset) -> Iterator[tuple[np.ndarray, np.ndarray
 
 
 def plot_stats(stats: PackStats, path: str) -> str:
-    """Write a PNG of the fragment-length histogram and per-shard split rates (needs matplotlib)."""
+    """Write a PNG (needs matplotlib): the fragment-length histogram as a share of all fragments, the
+    overall padding and split rates, and the split rate per shard. Every y axis is fixed at 0-100%
+    and the x axis of the histogram at 1..C, so two outputs (a concat and a best_fit one) compare
+    at a glance."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    widths = np.diff(stats.fragment_bin_edges)
-    left.bar(stats.fragment_bin_edges[:-1], stats.fragment_counts, width=widths, align="edge", edgecolor="black")
-    left.set(xlabel="fragment length (tokens)", ylabel="fragments",
-             title=f"pieces of documents in chunks (C={stats.context_length})")
+    fig, (hist, overall, shards) = plt.subplots(1, 3, figsize=(14, 4), width_ratios=[3, 1, 2])
+    edges = stats.fragment_bin_edges
+    shares = 100.0 * stats.fragment_counts / max(1, int(stats.fragment_counts.sum()))
+    hist.bar(edges[:-1], shares, width=np.diff(edges), align="edge", edgecolor="black")
+    hist.set(xlabel="fragment length (tokens)", ylabel="% of fragments", xlim=(1, stats.context_length + 1),
+             ylim=(0, 100), title=f"pieces of documents in chunks (C={stats.context_length})")
+    overall.bar(["padding", "split"], [stats.padding_percent, stats.split_percent], edgecolor="black")
+    overall.set(ylabel="% of positions / % of documents", ylim=(0, 100),
+                title=f"padding {stats.padding_percent:.3f}%\nsplit {stats.split_percent:.2f}%")
     rates = np.divide(100.0 * stats.shard_split_documents, np.maximum(stats.shard_documents, 1))
-    right.bar(np.arange(rates.size), rates, edgecolor="black")
-    right.set(xlabel="shard", ylabel="% documents split", title=f"split documents: {stats.split_percent:.2f}% "
-              f"overall; padding {stats.padding_percent:.3f}%")
+    shards.bar(np.arange(rates.size), rates, edgecolor="black")
+    shards.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    shards.set(xlabel="shard", ylabel="% documents split", ylim=(0, 100), title="split documents per shard")
+    fig.suptitle(f"strategy {stats.strategy}: {stats.num_chunks:,} chunks, {stats.num_documents:,} documents")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

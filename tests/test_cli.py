@@ -10,8 +10,10 @@ import sys
 
 import pytest
 
+import raypack
+import raypack.cli
 from raypack.cli import main
-from raypack.config import load_config
+from raypack.config import PackConfig, load_config
 from raypack.packed import read_packed
 from raypack.sample import write_sample_corpus
 
@@ -52,3 +54,172 @@ def test_job_entrypoint_runs(tmp_path, corpus):
     )
     assert done.returncode == 0, done.stderr
     assert "packed" in done.stdout and (out / "manifest.json").exists()
+
+
+# ----------------------------------------------------------------------------- help, --version
+
+
+def help_of(capsys, *argv: str) -> str:
+    with pytest.raises(SystemExit) as done:
+        main([*argv, "--help"])
+    assert done.value.code == 0
+    return " ".join(capsys.readouterr().out.split())  # argparse wraps lines: compare with single spaces
+
+
+def test_version_prints_the_package_version(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"raypack {raypack.__version__}\n"
+
+
+def test_top_level_help_is_a_short_description(capsys):
+    printed = help_of(capsys)
+    assert "Pack tokenized corpora into fixed-length context windows" in printed
+    assert "Bad input" not in printed and "``" not in printed  # not the module's docstring
+    assert "--version" in printed
+
+
+def test_pack_help_shows_the_config_defaults(capsys):
+    printed = help_of(capsys, "pack")
+    defaults = PackConfig()
+    for flag, value in [("--pad-token ID", defaults.pad_token), ("--token-column NAME", defaults.token_column),
+                        ("--token-dtype DTYPE", defaults.token_dtype), ("--read-batch-tokens TOKENS",
+                                                                        defaults.read_batch_tokens),
+                        ("--chunks-per-record-batch N", defaults.chunks_per_record_batch),
+                        ("--worker-num-cpus CPUS", defaults.worker_num_cpus),
+                        ("--progress-timeout SECONDS", defaults.progress_timeout_s)]:
+        section = printed.split("options:", 1)[1].split(flag, 1)[1].split(" --", 1)[0]
+        assert f"(default: {value})" in section, (flag, section)
+    assert "--context-length C tokens per chunk (required, or context_length in --config)" in printed
+    assert "--sample-docs N with --dry-run: the first N documents of the stream (0: all) (default: 100000)" in printed
+    assert "--overwrite replace a non-empty output directory (default: off)" in printed
+    assert "(default: text)" in printed and "(default: 65536)" in printed  # TextOptions' defaults
+
+
+def test_pack_help_defaults_follow_packconfig(capsys, monkeypatch):
+    """The help reads PackConfig's defaults; it does not repeat them."""
+    monkeypatch.setattr(raypack.cli, "PackConfig", lambda: PackConfig(chunks_per_record_batch=77))
+    assert "chunks per Arrow record batch written (default: 77)" in help_of(capsys, "pack")
+
+
+def test_tokenize_help_shows_defaults(capsys):
+    printed = help_of(capsys, "tokenize")
+    assert "tokenizer actors (default: 2)" in printed and "(default: auto)" in printed
+    assert "(default: text)" in printed and "(default: 67108864)" in printed
+
+
+# ----------------------------------------------------------------------------- refused flags: one line, exit 2
+
+
+def refused(capsys, argv: list[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("raypack: error: "), err
+    return err.strip()
+
+
+@pytest.fixture(scope="module")
+def tiny_input(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    write_sample_corpus(str(root), num_shards=2, docs_per_shard=20, mean_doc_len=10, seed=3)
+    return str(root)
+
+
+def test_context_length_is_required_without_a_config(capsys, tiny_input, tmp_path):
+    err = refused(capsys, ["pack", "--local", "--input", tiny_input, "--output", str(tmp_path / "o")])
+    assert err == "raypack: error: --context-length is required (or context_length in --config)"
+    assert not (tmp_path / "o").exists()
+    config = tmp_path / "c.toml"
+    config.write_text("pad_token = 0\n")  # a config without context_length does not give it either
+    assert "--context-length is required" in refused(capsys, ["pack", "--local", "--config", str(config), "--input",
+                                                              tiny_input, "--output", str(tmp_path / "o")])
+
+
+def test_context_length_from_the_config_or_the_flag(capsys, tiny_input, tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text("context_length = 24\n")
+    assert main(["pack", "--local", "--config", str(config), "--input", tiny_input, "--output",
+                 str(tmp_path / "a")]) == 0
+    assert read_packed(str(tmp_path / "a")).context_length == 24
+    assert main(["pack", "--local", "--input", tiny_input, "--output", str(tmp_path / "b"), "--context-length",
+                 "16"]) == 0
+    assert read_packed(str(tmp_path / "b")).context_length == 16
+
+
+REFUSED = {
+    "sample-docs without dry-run": (["--sample-docs", "10"], "--sample-docs applies only with --dry-run"),
+    "sample-docs 0 without dry-run": (["--sample-docs", "0"], "--sample-docs applies only with --dry-run"),
+    "resume with overwrite": (["--resume", "--overwrite"], "--resume and --overwrite cannot be used together"),
+    "dry-run with resume": (["--dry-run", "--resume"], "--dry-run and --resume cannot be used together"),
+    "dry-run with overwrite": (["--dry-run", "--overwrite"], "--dry-run and --overwrite cannot be used together"),
+    "local with address": (["--local", "--address", "127.0.0.1:6379"], "--local and --address cannot be used together"),
+    "dry-run with address": (["--dry-run", "--address", "auto"], "--dry-run and --address cannot be used together"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_contradictory_pack_flags_are_refused(capsys, tiny_input, tmp_path, case):
+    extra, message = REFUSED[case]
+    local = [] if "--address" in extra else ["--local"]  # a wrong acceptance then packs without Ray
+    err = refused(capsys, ["pack", *local, "--input", tiny_input, "--output", str(tmp_path / "o"),
+                           "--context-length", "16", *extra])
+    assert message in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_tokenize_refuses_resume_with_overwrite(capsys, tmp_path):
+    err = refused(capsys, ["tokenize", "--input", str(tmp_path), "--output", str(tmp_path / "o"), "--tokenizer",
+                           "tiktoken:cl100k_base", "--local", "--resume", "--overwrite"])
+    assert "--resume and --overwrite cannot be used together" in err
+
+
+def test_dry_run_takes_sample_docs(capsys, tiny_input):
+    assert main(["pack", "--input", tiny_input, "--context-length", "16", "--dry-run", "--sample-docs", "5"]) == 0
+    assert capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory, tiny_input):
+    out = tmp_path_factory.mktemp("packed") / "out"
+    assert main(["pack", "--local", "--input", tiny_input, "--output", str(out), "--context-length", "16"]) == 0
+    return str(out)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--input", "x.parquet"], "--no-inputs and --input cannot be used together"),
+    (["--token-column", "ids"], "--no-inputs and --token-column cannot be used together"),
+])
+def test_verify_refuses_no_inputs_with_inputs(capsys, packed, extra, message):
+    assert message in refused(capsys, ["verify", packed, "--no-inputs", *extra])
+    assert main(["verify", packed, "--no-inputs"]) == 0
+
+
+# ----------------------------------------------------------------------------- stats --plot
+
+
+def test_stats_plot_without_matplotlib_names_the_extra(capsys, packed, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    assert main(["stats", packed, "--plot", str(tmp_path / "s.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and 'pip install "raypack[plot]"' in err, err
+    assert not (tmp_path / "s.png").exists()
+
+
+def test_stats_plot_has_fixed_axes(packed, tmp_path, monkeypatch):
+    """Every y axis is 0-100 (%) and the histogram's x axis 1..C+1, whatever the data, and the
+    histogram's bars are shares of all fragments (they sum to 100)."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from raypack.stats import packing_stats, plot_stats
+
+    seen = []
+    savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (seen.append(fig.axes), savefig(fig, *a, **k)))
+    png = plot_stats(packing_stats(packed), str(tmp_path / "s.png"))
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    (axes,) = seen
+    assert [tuple(ax.get_ylim()) for ax in axes] == [(0, 100)] * 3
+    assert tuple(axes[0].get_xlim()) == (1, 17)
+    assert sum(bar.get_height() for bar in axes[0].patches) == pytest.approx(100)

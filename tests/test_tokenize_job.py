@@ -168,7 +168,7 @@ def test_pack_refuses_a_tokenized_corpus_whose_file_changed(tmp_path, text_dir, 
     tokenized = tokenize(tmp_path, text_dir, tok)
     with open(os.path.join(tokenized, "part-000001.parquet"), "ab") as f:
         f.write(b"x")
-    code = main(["pack", "--input", tokenized, "--output", str(tmp_path / "o"), "--local"])
+    code = main(["pack", "--input", tokenized, "--output", str(tmp_path / "o"), "--local", "--context-length", "64"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and "part-000001.parquet is" in err and "re-run raypack tokenize" in err
 
@@ -309,6 +309,7 @@ def test_bad_input_exits_2_with_one_line_and_publishes_nothing(tmp_path, tok, ca
         pytest.skip("pack's --token-dtype is the packed output's")
     root = _write(str(tmp_path / "text"), name, make)
     extra = extra if "--tokenizer" in extra else ["--tokenizer", tok[1], *extra]
+    extra = [*extra, "--context-length", "64"] if command == "pack" else extra
     code = main([command, "--input", root, "--output", str(tmp_path / "out"), "--local", *extra])
     err = capsys.readouterr().err.strip()
     assert code == 2, err
@@ -325,7 +326,9 @@ def test_cli_tokenize_then_pack(tmp_path, text_dir, tok, capsys):
     assert main(["pack", "--input", text_dir, "--tokenizer", tok[1], "--eos", "<eos>", "--output",
                  str(tmp_path / "q"), "--local", "--context-length", "64"]) == 0
     assert manifest_of(tmp_path / "p")["content_sha256"] == manifest_of(tmp_path / "q")["content_sha256"]
-    assert main(["pack", "--input", text_dir, "--eos", "<eos>", "--output", str(tmp_path / "r"), "--local"]) == 2
+    assert main(["pack", "--input", text_dir, "--eos", "<eos>", "--output", str(tmp_path / "r"), "--local",
+                 "--context-length", "64"]) == 2
+    assert "need --tokenizer" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- sample text mode
