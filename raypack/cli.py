@@ -136,7 +136,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     RAY_VERBOSE.set(bool(vars(args).pop("verbose", False)))
     try:
         runners = {"pack": _run_pack, "verify": _run_verify, "stats": _run_stats, "tokenize": _run_tokenize}
-        return runners[args.command](args)
+        code = runners[args.command](args)
+        sys.stdout.flush()  # a closed pipe shows here, not in Python's flush at exit
+        return code
     except InputError as e:
         print(f"raypack: error: {e}", file=sys.stderr)
         return 2

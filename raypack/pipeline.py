@@ -17,9 +17,11 @@ It also holds the Ray side of reading packed output back: :func:`packed_to_ray_d
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
 import os
+import sys
 from dataclasses import asdict
 from typing import Any, Callable, Iterator, Sequence
 
@@ -33,6 +35,8 @@ from raypack.packed import PackedDataset, chunks_table, iter_file_tables
 from raypack.shard_pack import count_shard_chunks, pack_shard
 from raypack.tasks import PackSettings, ShardResult, ShardTask, result_to_table, table_to_results
 from raypack.terminal import RAY_VERBOSE
+
+log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 15.0
 """How long connecting to a cluster may take before the run stops with one line."""
@@ -54,18 +58,40 @@ def init_ray(address: str | None = None, *, verbose: bool | None = None) -> None
     address = address or os.environ.get("RAY_ADDRESS")
     if address and address not in ("auto", "local"):
         _check_reachable(address)
+    if not verbose:
+        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")  # the driver's C++ core worker (E ... lines)
     try:
-        if address:
-            ray.init(address=address, **quiet)
-        else:
-            ray.init(address="local", include_dashboard=False, **quiet)
+        with _stderr_off(not verbose):  # the core worker announces that level on fd 2 as it starts
+            if address:
+                ray.init(address=address, **quiet)
+            else:
+                ray.init(address="local", include_dashboard=False, **quiet)
     except ConnectionError as e:
         raise InputError(_connect_hint(address, e)) from None
     context = ray.data.DataContext.get_current()  # first use of ray.data configures its loggers
     if not verbose:
         _quiet_console("ray.data")
+        log.info("Ray's logs are in %s (-v shows them here)", logs_dir())
     context.enable_progress_bars = verbose
     context.print_on_execution_start = verbose
+
+
+@contextlib.contextmanager
+def _stderr_off(off: bool) -> Iterator[None]:
+    """File descriptor 2 points at /dev/null inside (C++ lines too); Python's own exceptions still propagate."""
+    if not off:
+        yield
+        return
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def _quiet_console(name: str) -> None:
