@@ -11,6 +11,12 @@ Each actor holds its next shard queued (two calls in flight; it runs them one af
 other), so it starts that shard as soon as it ends one instead of waiting for the driver's
 scheduling loop to notice and dispatch.
 
+Terminal: quiet unless ``-v`` (:func:`init_ray`). Bad input met by an actor comes back as an
+error row (``task_index``, ``error``), not as an exception through Ray, and the driver raises it
+as one InputError once the pipeline has ended. Without ``-v`` the workers' own output, including
+the packers' watchdog warnings (raypack.watchdog), lands only in Ray's worker logs
+(:func:`logs_dir`, files ``worker-*.err``); the driver prints that directory once.
+
 It also holds the Ray side of reading packed output back: :func:`packed_to_ray_dataset`
 (``PackedDataset.to_ray_dataset``), one read task per chunk file.
 """
