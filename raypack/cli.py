@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="finish an interrupted run: keep tasks whose output verifies")
     tokenize.add_argument("--local", action="store_true", help="tokenize in this process, without Ray")
     _add_text_arguments(tokenize)
+    for sub in (pack, tokenize):
+        sub.add_argument("-v", "--verbose", action="store_true", help="also show Ray's own logs on the terminal")
     _show_defaults(tokenize, _text_defaults())
     verify = commands.add_parser("verify", help="audit a packed output against its manifest and its inputs")
     verify.add_argument("output", metavar="OUT", help="packed output directory")
@@ -199,14 +201,32 @@ def _run_tokenize(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Bad input: one line, exit 2. A Ray worker that failed otherwise: one line, exit 1. Ctrl-C: one
+    line with the ``--resume`` command, exit 130. A closed stdout (``| head``): quiet, exit 141."""
+    from raypack.errors import WorkerError
+    from raypack.terminal import RAY_VERBOSE, interrupted_line, silence_stdout
+
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    RAY_VERBOSE.set(bool(vars(args).pop("verbose", False)))
     try:
         runners = {"pack": _run_pack, "verify": _run_verify, "stats": _run_stats, "tokenize": _run_tokenize}
-        return runners[args.command](args)
+        code = runners[args.command](args)
+        sys.stdout.flush()  # a closed pipe shows here, not in Python's flush at exit
+        return code
     except InputError as e:
         print(f"raypack: error: {e}", file=sys.stderr)
         return 2
+    except WorkerError as e:
+        print(f"raypack: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as e:
+        print(interrupted_line(argv, getattr(e, "kept", None)), file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        silence_stdout()
+        return 141
 
 
 def _run_verify(args: argparse.Namespace) -> int:

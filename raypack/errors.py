@@ -9,3 +9,18 @@ from __future__ import annotations
 
 class InputError(ValueError):
     """Bad input: a path, a shard, a token, a config value. The message names it."""
+
+
+class WorkerError(RuntimeError):
+    """A Ray worker failed for a reason other than bad input (it died, ran out of memory, ...).
+
+    The message says what failed and where Ray's logs are; the CLI prints it as one line, exit code 1.
+    """
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a run; ``kept`` is where the finished work waits for ``--resume`` (None: nothing kept)."""
+
+    def __init__(self, kept: str | None) -> None:
+        super().__init__(kept)
+        self.kept = kept

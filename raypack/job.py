@@ -12,9 +12,10 @@ from dataclasses import dataclass, replace
 
 from raypack.assemble import check_coverage, count_stats, stitch_boundaries, write_boundaries
 from raypack.config import PackConfig
-from raypack.errors import InputError
+from raypack.errors import InputError, Interrupted, WorkerError
 from raypack.manifest import build_manifest, write_manifest
 from raypack.plan import Plan, check_output_outside_inputs, make_plan, place_chunks, settings_for
+from raypack.progress import Progress
 from raypack.publish import LocalOutput, ObjectStoreOutput, output_target
 from raypack.resume import load_verified_result
 from raypack.shard_pack import count_shard_chunks, current_rss_bytes, pack_shard
@@ -59,17 +60,22 @@ class Summary:
         ]
 
 
-def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False, text=None) -> Summary:
+def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False, text=None,
+             verbose: bool | None = None) -> Summary:
     """Pack ``config.inputs`` into ``config.output``. ``engine``: "ray" or "local" (one process).
 
     ``text`` (a :class:`raypack.tokenize_job.TextOptions`): the inputs are text, tokenized first
-    into the work directory (:func:`raypack.tokenize_job.tokenize_for_pack`).
+    into the work directory (:func:`raypack.tokenize_job.tokenize_for_pack`). On Ray, connects
+    first (before any lock or staging directory); ``verbose`` shows Ray's own logs too.
+    Ctrl-C raises :class:`Interrupted` naming the kept work directory.
     """
     start = time.perf_counter()
     if engine not in ("ray", "local"):
         raise ValueError(f"engine={engine!r} must be 'ray' or 'local'")
     if not config.output:
         raise InputError("no output given: pass --output DIR")
+    if engine == "ray":
+        connect_ray(config.address, verbose=verbose)
     target = output_target(config.output)
     target.acquire()
     try:
@@ -86,6 +92,8 @@ def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False, t
                 plan = tokenize_for_pack(target.work_dir, config, text, engine, resume)
             manifest, results = _pack_into(target, config, plan, engine, resume)
             target.publish()
+        except KeyboardInterrupt:
+            raise Interrupted(target.work_dir) from None
         except BaseException as e:
             target.after_failure(e)
             raise
@@ -132,37 +140,58 @@ def _count_chunks(plan: Plan, settings: PackSettings, config: PackConfig, engine
     if engine == "local" or not plan.tasks:
         return [count_shard_chunks(t, settings) for t in plan.tasks]
     return _on_ray(config, lambda pipeline: pipeline.count_chunks(
-        plan.tasks, settings, num_workers=config.num_workers, worker_num_cpus=config.worker_num_cpus))
+        plan.tasks, settings, num_workers=config.num_workers, worker_num_cpus=config.worker_num_cpus),
+        "a chunk counter (best_fit's first pass)")
 
 
 def _pack_locally(tasks, settings: PackSettings) -> list[ShardResult]:
     """One process, shard after shard, with a progress line at most once a second."""
-    results, last_report = [], time.monotonic()
-    for done, task in enumerate(tasks, start=1):
+    results, progress = [], Progress("packed", len(tasks), "shards")
+    for task in tasks:
         base = current_rss_bytes()  # this process also holds whatever its caller holds
         result = pack_shard(task, settings)
         results.append(replace(result, peak_rss_bytes=max(0, result.peak_rss_bytes - base)))
-        if time.monotonic() - last_report >= 1.0 or done == len(tasks):
-            tokens = sum(r.num_tokens for r in results)
-            log.info("packed %d/%d shards (%s tokens)", done, len(tasks), f"{tokens:,}")
-            last_report = time.monotonic()
+        progress.add(result.num_tokens)
     return results
 
 
 def _pack_with_ray(tasks, settings: PackSettings, config: PackConfig) -> list[ShardResult]:
+    progress = Progress("packed", len(tasks), "shards")
     return _on_ray(config, lambda pipeline: pipeline.pack_shards(
-        tasks, settings, num_workers=config.num_workers, worker_num_cpus=config.worker_num_cpus))
+        tasks, settings, num_workers=config.num_workers, worker_num_cpus=config.worker_num_cpus,
+        on_result=lambda r: progress.add(r.num_tokens)), "a packer")
 
 
-def _on_ray(config: PackConfig, run):
-    """``run(pipeline)`` on Ray; the user's InputError/OSError comes out unwrapped."""
+def connect_ray(address: str | None, *, verbose: bool | None = None) -> None:
+    """Start or join Ray now, so that a cluster that cannot be reached fails before anything is written."""
+    from raypack import pipeline
+
+    pipeline.init_ray(address, verbose=verbose)
+
+
+def _on_ray(config: PackConfig, run, what: str):
+    """``run(pipeline)`` on Ray. Bad input and OSError come out unwrapped; any other failure of
+    ``what`` (a worker that died, ...) as one :class:`WorkerError` line naming Ray's log directory."""
     from raypack import pipeline
 
     pipeline.init_ray(config.address)
+    return on_ray(run, what)
+
+
+def on_ray(run, what: str):
+    from raypack import pipeline
+
     try:
         return run(pipeline)
     except Exception as e:
         cause = pipeline.original_error(e)
         if isinstance(cause, (InputError, OSError)):
             raise cause from e
-        raise
+        raise WorkerError(worker_failure(cause, what, pipeline.logs_dir())) from e
+
+
+def worker_failure(cause: BaseException, what: str, logs: str) -> str:
+    """One line: what failed, Ray's own first line about it, and where Ray's logs are."""
+    text = str(cause).strip()
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return f"{what} on Ray failed: {type(cause).__name__}: {first[:300]}; Ray's logs are in {logs}"

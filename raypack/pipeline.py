@@ -11,36 +11,150 @@ Each actor holds its next shard queued (two calls in flight; it runs them one af
 other), so it starts that shard as soon as it ends one instead of waiting for the driver's
 scheduling loop to notice and dispatch.
 
+Terminal: quiet unless ``-v`` (:func:`init_ray`). Bad input met by an actor comes back as an
+error row (``task_index``, ``error``), not as an exception through Ray, and the driver raises it
+as one InputError once the pipeline has ended. Without ``-v`` the workers' own output, including
+the packers' watchdog warnings (raypack.watchdog), lands only in Ray's worker logs
+(:func:`logs_dir`, files ``worker-*.err``); the driver prints that directory once.
+
 It also holds the Ray side of reading packed output back: :func:`packed_to_ray_dataset`
 (``PackedDataset.to_ray_dataset``), one read task per chunk file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import operator
 import os
+import sys
 from dataclasses import asdict
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 import ray
 
 from raypack.core import Chunks
+from raypack.errors import InputError
 from raypack.packed import PackedDataset, chunks_table, iter_file_tables
 from raypack.shard_pack import count_shard_chunks, pack_shard
 from raypack.tasks import PackSettings, ShardResult, ShardTask, result_to_table, table_to_results
+from raypack.terminal import RAY_VERBOSE
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 15.0
+"""How long connecting to a cluster may take before the run stops with one line."""
 
 
-def init_ray(address: str | None = None) -> None:
-    """Connect to ``address`` (or RAY_ADDRESS), else start an embedded local Ray."""
+def init_ray(address: str | None = None, *, verbose: bool | None = None) -> None:
+    """Connect to ``address`` (or RAY_ADDRESS), else start an embedded local Ray.
+
+    Quiet unless ``verbose``: Ray's own log lines, the workers' output and Ray Data's progress
+    go to Ray's log files only (:func:`logs_dir`). A cluster that cannot be reached or refuses
+    the client's token raises :class:`InputError` naming the fix, within CONNECT_TIMEOUT_S.
+    ``verbose`` None: the CLI's ``-v`` (:data:`raypack.terminal.RAY_VERBOSE`).
+    """
     if ray.is_initialized():
         return
+    if verbose is None:
+        verbose = RAY_VERBOSE.get()
+    quiet = {"log_to_driver": verbose, "logging_level": logging.INFO if verbose else logging.ERROR}
     address = address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, log_to_driver=True)
-    else:
-        ray.init(address="local", include_dashboard=False, log_to_driver=True)
+    if address and address not in ("auto", "local"):
+        _check_reachable(address)
+    if not verbose:
+        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")  # the driver's C++ core worker (E ... lines)
+    try:
+        with _stderr_off(not verbose):  # the core worker announces that level on fd 2 as it starts
+            if address:
+                ray.init(address=address, **quiet)
+            else:
+                ray.init(address="local", include_dashboard=False, **quiet)
+    except ConnectionError as e:
+        raise InputError(_connect_hint(address, e)) from None
+    context = ray.data.DataContext.get_current()  # first use of ray.data configures its loggers
+    if not verbose:
+        _quiet_console("ray.data")
+        log.info("Ray's logs are in %s (-v shows them here)", logs_dir())
+    context.enable_progress_bars = verbose
+    context.print_on_execution_start = verbose
+
+
+@contextlib.contextmanager
+def _stderr_off(off: bool) -> Iterator[None]:
+    """File descriptor 2 points at /dev/null inside (C++ lines too); Python's own exceptions still propagate."""
+    if not off:
+        yield
+        return
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _quiet_console(name: str) -> None:
+    """Raise the terminal handlers of logger ``name`` to ERROR; its file handlers keep everything."""
+    for handler in logging.getLogger(name).handlers:
+        if not isinstance(handler, logging.FileHandler) and "File" not in type(handler).__name__:
+            handler.setLevel(logging.ERROR)
+
+
+def _check_reachable(address: str) -> None:
+    """Fail fast (one line) when nothing listens at ``host:port`` (``ray://`` and others: Ray decides)."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    if "://" in address or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise InputError(f"no Ray cluster at --address {address} ({e.strerror or e}); start one with "
+                         f"`ray start --head`, check the address, or use --address auto on the head node") from None
+
+
+def _connect_hint(address: str | None, error: BaseException) -> str:
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return (f"could not connect to the Ray cluster at {address or 'a new local instance'} ({first[:200]}); "
+            "if the cluster uses token authentication, set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN "
+            "(or RAY_AUTH_TOKEN_PATH) to the cluster's token, or run on the head node with --address auto")
+
+
+def logs_dir() -> str:
+    """Where this Ray session keeps its logs (on the head node), for messages to the user."""
+    node = getattr(ray._private.worker, "_global_node", None)
+    try:
+        return node.get_logs_dir_path()
+    except AttributeError:
+        return "/tmp/ray/session_latest/logs"
+
+
+def _error_table(index: int, error: InputError) -> pa.Table:
+    """The row an actor returns instead of raising bad input through Ray (tracebacks on the terminal)."""
+    return pa.table({"task_index": pa.array([index], pa.int64()), "error": [str(error)]})
+
+
+def _raise_first_error(errors: dict[int, str]) -> None:
+    """After the pipeline: bad input as one InputError, the lowest task's (what ``--local`` meets first)."""
+    if errors:
+        raise InputError(errors[min(errors)])
+
+
+def _blocks(blocks: Iterator[pa.Table], errors: dict[int, str]) -> Iterator[pa.Table]:
+    """The result blocks; error rows are taken out into ``errors`` (task index -> message)."""
+    for block in blocks:
+        if "error" in block.column_names:
+            errors.update(zip(block.column("task_index").to_pylist(), block.column("error").to_pylist()))
+        else:
+            yield block
 
 
 class ShardPackerActor:
@@ -52,8 +166,12 @@ class ShardPackerActor:
 
     def __call__(self, batch: pa.Table) -> Iterator[pa.Table]:
         for row in batch.to_pylist():
-            result = pack_shard(ShardTask(**row), self.settings)
-            yield result_to_table(result, self.token_type)
+            try:
+                result = pack_shard(ShardTask(**row), self.settings)
+            except InputError as e:
+                yield _error_table(row["shard_index"], e)
+            else:
+                yield result_to_table(result, self.token_type)
 
 
 class ShardCounterActor:
@@ -65,15 +183,30 @@ class ShardCounterActor:
     def __call__(self, batch: pa.Table) -> Iterator[pa.Table]:
         for row in batch.to_pylist():
             task = ShardTask(**row)
-            yield pa.table({"shard_index": [task.shard_index], "num_chunks": [count_shard_chunks(task, self.settings)]})
+            try:
+                num_chunks = count_shard_chunks(task, self.settings)
+            except InputError as e:
+                yield _error_table(task.shard_index, e)
+            else:
+                yield pa.table({"shard_index": [task.shard_index], "num_chunks": [num_chunks]})
 
 
 def pack_shards(
-    tasks: Sequence[ShardTask], settings: PackSettings, *, num_workers: int, worker_num_cpus: float
+    tasks: Sequence[ShardTask], settings: PackSettings, *, num_workers: int, worker_num_cpus: float,
+    on_result: Callable[[ShardResult], None] | None = None,
 ) -> list[ShardResult]:
-    """Pack every shard on a pool of actors; results in shard order."""
-    blocks = _map_shards(ShardPackerActor, tasks, settings, num_workers, worker_num_cpus)
-    results = [r for block in blocks for r in table_to_results(block)]
+    """Pack every shard on a pool of actors; results in shard order. ``on_result`` sees each as it arrives.
+
+    Bad input in any shard raises InputError once the pipeline has ended (the lowest shard's).
+    """
+    errors: dict[int, str] = {}
+    results = []
+    for block in _blocks(_map_shards(ShardPackerActor, tasks, settings, num_workers, worker_num_cpus), errors):
+        for result in table_to_results(block):
+            results.append(result)
+            if on_result is not None:
+                on_result(result)
+    _raise_first_error(errors)
     return sorted(results, key=lambda r: r.shard_index)
 
 
@@ -81,9 +214,10 @@ def count_chunks(
     tasks: Sequence[ShardTask], settings: PackSettings, *, num_workers: int, worker_num_cpus: float
 ) -> list[int]:
     """best_fit: every shard's chunk count, in shard order."""
-    counts = {}
-    for block in _map_shards(ShardCounterActor, tasks, settings, num_workers, worker_num_cpus):
+    counts, errors = {}, {}
+    for block in _blocks(_map_shards(ShardCounterActor, tasks, settings, num_workers, worker_num_cpus), errors):
         counts.update(zip(block.column("shard_index").to_pylist(), block.column("num_chunks").to_pylist()))
+    _raise_first_error(errors)
     return [counts[t.shard_index] for t in tasks]
 
 
@@ -174,10 +308,16 @@ class TextTokenizerActor:
         from raypack.tokenize_tasks import TextTask, tokenize_task
 
         for row in batch.to_pylist():
-            yield pa.Table.from_pylist([asdict(tokenize_task(TextTask(**row), self.settings, self.tokenizer))])
+            try:
+                result = tokenize_task(TextTask(**row), self.settings, self.tokenizer)
+            except InputError as e:
+                yield _error_table(row["task_index"], e)
+            else:
+                yield pa.Table.from_pylist([asdict(result)])
 
 
-def tokenize_texts(tasks: Sequence, settings, *, num_workers: int, worker_num_cpus: float) -> list:
+def tokenize_texts(tasks: Sequence, settings, *, num_workers: int, worker_num_cpus: float,
+                   on_result: Callable | None = None) -> list:
     """Run every text task (raypack.tokenize_tasks) on a pool of tokenizer actors; results in task order.
 
     Each actor's tokenizer gets ``cluster CPUs // actors`` threads (rayon_threads says why).
@@ -189,6 +329,12 @@ def tokenize_texts(tasks: Sequence, settings, *, num_workers: int, worker_num_cp
     num_actors = max(1, min(num_workers, len(tasks)))
     cpus = ray.cluster_resources().get("CPU", os.cpu_count() or 1)
     settings = replace(settings, num_threads=rayon_threads(cpus, num_actors))
-    blocks = _map_shards(TextTokenizerActor, tasks, settings, num_workers, worker_num_cpus)
-    results = [TextResult(**row) for block in blocks for row in block.to_pylist()]
+    errors: dict[int, str] = {}
+    results = []
+    for block in _blocks(_map_shards(TextTokenizerActor, tasks, settings, num_workers, worker_num_cpus), errors):
+        for row in block.to_pylist():
+            results.append(TextResult(**row))
+            if on_result is not None:
+                on_result(results[-1])
+    _raise_first_error(errors)
     return sorted(results, key=lambda r: r.task_index)

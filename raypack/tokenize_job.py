@@ -27,9 +27,10 @@ from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any
 
-from raypack.errors import InputError
+from raypack.errors import InputError, Interrupted
 from raypack.formats import shard_format
 from raypack.plan import Plan, check_output_outside_inputs, make_plan
+from raypack.progress import Progress
 from raypack.publish import output_target
 from raypack.shards import discover_shards
 from raypack.text_readers import jsonl_byte_range_tasks, parquet_row_group_tasks
@@ -115,11 +116,19 @@ def parse_token(value: str | int | None) -> str | int | None:
     return value
 
 
-def run_tokenize(config: TokenizeConfig, *, engine: str = "ray", resume: bool = False) -> TokenizeSummary:
-    """Tokenize ``config.inputs`` into ``config.output``, published atomically like ``run_pack``."""
+def run_tokenize(config: TokenizeConfig, *, engine: str = "ray", resume: bool = False,
+                 verbose: bool | None = None) -> TokenizeSummary:
+    """Tokenize ``config.inputs`` into ``config.output``, published atomically like ``run_pack``.
+
+    On Ray, connects before taking the lock (``verbose``: Ray's own logs too); Ctrl-C raises
+    :class:`Interrupted` naming the kept work directory."""
     start = time.perf_counter()
     if not config.output:
         raise InputError("no output given: pass --output DIR")
+    if engine == "ray":
+        from raypack.job import connect_ray
+
+        connect_ray(config.address, verbose=verbose)
     target = output_target(config.output)
     target.acquire()
     try:
@@ -133,6 +142,8 @@ def run_tokenize(config: TokenizeConfig, *, engine: str = "ray", resume: bool = 
             target.sweep(keep={s["path"] for s in manifest["shards"]})
             save_tokenized_manifest(target.work_dir, manifest)
             target.publish()
+        except KeyboardInterrupt:
+            raise Interrupted(target.work_dir) from None
         except BaseException as e:
             target.after_failure(e)
             raise
@@ -218,24 +229,19 @@ def _run_tasks(tasks: list[TextTask], settings: TokenizeSettings, config: Tokeni
 
 def _tokenize_locally(tasks: list[TextTask], settings: TokenizeSettings, tokenizer) -> list[TextResult]:
     """One process, task after task; the tokenizer's own threads use every core."""
-    results, last_report = [], time.monotonic()
-    for done, task in enumerate(tasks, start=1):
+    results, progress = [], Progress("tokenized", len(tasks), "tasks")
+    for task in tasks:
         results.append(tokenize_task(task, settings, tokenizer))
-        if time.monotonic() - last_report >= 1.0 or done == len(tasks):
-            log.info("tokenized %d/%d tasks (%s tokens)", done, len(tasks), f"{sum(r.num_tokens for r in results):,}")
-            last_report = time.monotonic()
+        progress.add(results[-1].num_tokens)
     return results
 
 
 def _tokenize_with_ray(tasks: list[TextTask], settings: TokenizeSettings, config: TokenizeConfig) -> list[TextResult]:
-    from raypack import pipeline
+    from raypack.job import on_ray
+    from raypack.pipeline import init_ray
 
-    pipeline.init_ray(config.address)
-    try:
-        return pipeline.tokenize_texts(tasks, settings, num_workers=config.num_workers,
-                                       worker_num_cpus=config.worker_num_cpus)
-    except Exception as e:
-        cause = pipeline.original_error(e)
-        if isinstance(cause, (InputError, OSError)):
-            raise cause from e
-        raise
+    init_ray(config.address)
+    progress = Progress("tokenized", len(tasks), "tasks")
+    return on_ray(lambda pipeline: pipeline.tokenize_texts(
+        tasks, settings, num_workers=config.num_workers, worker_num_cpus=config.worker_num_cpus,
+        on_result=lambda r: progress.add(r.num_tokens)), "a tokenizer")

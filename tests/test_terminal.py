@@ -1,0 +1,197 @@
+"""What a user sees on the terminal (issue 15): one line for bad input found inside Ray workers,
+for a worker that failed, for Ctrl-C and for an unreachable cluster; quiet closed pipes;
+raypack's own progress line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from raypack.cli import main
+from raypack.errors import InputError, WorkerError
+from raypack.progress import Progress
+from raypack.terminal import interrupted_line
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def write_parquet(path, docs, type=pa.list_(pa.int32())):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    pq.write_table(pa.table({"input_ids": pa.array(docs, type)}), path)
+
+
+def corpus(tmp_path, bad_docs):
+    """in/a.parquet good, in/b.parquet with ``bad_docs`` (found only when a packer reads it)."""
+    write_parquet(tmp_path / "in" / "a.parquet", [[1, 2, 3], [4]])
+    write_parquet(tmp_path / "in" / "b.parquet", bad_docs)
+    return str(tmp_path / "in")
+
+
+BAD_DOCS = {
+    "null document": ([[5, 6], None], [], "b.parquet row 1: the document is null"),
+    "token too large for uint16": ([[5, 70000]], ["--token-dtype", "uint16"], "b.parquet row 0: token 70000"),
+    "null token": ([[5, None, 7]], [], "b.parquet row 0: token 1 of the document is null"),
+}
+
+
+def assert_one_error_line(err: str, message: str, tmp_path) -> None:
+    lines = [line for line in err.splitlines() if not line.startswith("packed ")]  # raypack's progress
+    assert len(lines) == 1 and lines[0].startswith("raypack: error: ") and message in lines[0], err
+    assert "Traceback" not in err and "RayTaskError" not in err, err
+    assert sorted(os.listdir(tmp_path)) == ["in"], "no output, no staging, no lock"
+
+
+@pytest.mark.parametrize("strategy", ["concat", "best_fit"])
+@pytest.mark.parametrize("case", sorted(BAD_DOCS))
+def test_bad_input_inside_a_ray_packer_is_one_line(ray_session, tmp_path, capsys, case, strategy):
+    docs, extra, message = BAD_DOCS[case]
+    root = corpus(tmp_path, docs)
+    code = main(["pack", "--input", root, "--output", str(tmp_path / "out"), "--context-length", "4",
+                 "--pad-token", "0", "--strategy", strategy, *extra])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert_one_error_line(err, message, tmp_path)
+
+
+def test_bad_text_inside_a_ray_tokenizer_is_one_line(ray_session, tmp_path, capsys):
+    from tests.helpers import train_byte_level_bpe
+
+    tok = tmp_path / "tok.json"
+    train_byte_level_bpe(["hello world"] * 20, 300).save(str(tok))
+    os.makedirs(tmp_path / "in")
+    pq.write_table(pa.table({"text": ["hello", None]}), tmp_path / "in" / "t.parquet")
+    code = main(["tokenize", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
+                 "--tokenizer", str(tok)])
+    err = capsys.readouterr().err
+    os.remove(tok)
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if not line.startswith("tokenized ")]
+    assert len(lines) == 1 and "t.parquet row 1: 'text' is null" in lines[0], err
+    assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
+def test_a_worker_failure_that_is_not_bad_input_is_one_line_naming_rays_logs():
+    from raypack.job import on_ray
+
+    def crash(pipeline):
+        raise RuntimeError("The actor died unexpectedly before finishing this task.\n  more detail")
+
+    with pytest.raises(WorkerError) as info:
+        on_ray(crash, "a packer")
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("a packer on Ray failed: RuntimeError: The actor died unexpectedly") and "logs" in message
+    with pytest.raises(InputError, match="bad shard"):
+        on_ray(lambda pipeline: (_ for _ in ()).throw(InputError("bad shard")), "a packer")
+
+
+def run_cli(*args, timeout=120, **kwargs):
+    env = {**os.environ, "PYTHONPATH": REPO}
+    kwargs.setdefault("stdout", subprocess.PIPE)
+    return subprocess.run([sys.executable, "-m", "raypack.cli", *args], stderr=subprocess.PIPE, text=True,
+                          timeout=timeout, env=env, cwd=REPO, **kwargs)
+
+
+def test_unreachable_address_fails_fast_with_one_line_and_no_staging(tmp_path):
+    root = corpus(tmp_path, [[5, 6]])
+    start = time.monotonic()
+    proc = run_cli("pack", "--input", root, "--output", str(tmp_path / "out"), "--context-length", "4",
+                   "--pad-token", "0", "--address", "127.0.0.1:1", timeout=60)
+    assert time.monotonic() - start < 30
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "127.0.0.1:1" in lines[0] and "--address auto" in lines[0], proc.stderr
+    assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
+def test_connect_hint_names_the_token_variables():
+    from raypack.pipeline import _connect_hint
+
+    hint = _connect_hint("10.0.0.1:6379", ConnectionError("InvalidAuthToken: no token\nretrying"))
+    assert "\n" not in hint and "RAY_AUTH_MODE=token" in hint and "RAY_AUTH_TOKEN_PATH" in hint
+    assert "--address auto" in hint and "InvalidAuthToken" in hint
+
+
+@pytest.mark.slow
+def test_ctrl_c_is_one_line_with_the_resume_command(tmp_path):
+    """On Ray, SIGINT once a few shards are packed: one line, exit 130, the work kept."""
+    rng = np.random.default_rng(0)
+    os.makedirs(tmp_path / "in")
+    for k in range(150):
+        offsets = np.concatenate([[0], np.cumsum(rng.integers(1, 2000, 400))]).astype(np.int32)
+        docs = pa.ListArray.from_arrays(offsets, pa.array(rng.integers(0, 1000, offsets[-1]).astype(np.int32)))
+        pq.write_table(pa.table({"input_ids": docs}), tmp_path / "in" / f"{k:03d}.parquet")
+    env = {**os.environ, "PYTHONPATH": REPO}
+    args = ["pack", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
+            "--context-length", "64", "--pad-token", "0", "--workers", "1"]
+    proc = subprocess.Popen([sys.executable, "-m", "raypack.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # not ignored
+    records = tmp_path / ".out.raypack-staging-partial" / "_results"
+    deadline = time.monotonic() + 240
+    while not (records.is_dir() and len(os.listdir(records)) >= 2) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    lines = [line for line in err.splitlines() if not line.startswith(("packed ", "Ray's logs are in "))]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("raypack: interrupted; the finished work is kept in ") and "staging" in lines[0]
+    assert lines[0].endswith("finish with: raypack " + " ".join(args) + " --resume"), err
+    assert records.is_dir(), "the work is kept for --resume"
+
+
+def test_interrupted_line():
+    assert interrupted_line(["pack", "--output", "o o"], "/x/s") == (
+        "raypack: interrupted; the finished work is kept in /x/s; finish with: raypack pack --output 'o o' --resume")
+    assert interrupted_line(["pack", "--resume"], "/x/s").endswith("raypack pack --resume")
+    assert interrupted_line(["pack"], None) == "raypack: interrupted; nothing was written"
+
+
+@pytest.mark.parametrize("command", ["verify", "stats"])
+def test_a_closed_pipe_ends_quietly(tmp_path, command):
+    root = corpus(tmp_path, [[5, 6], [7]])
+    out = str(tmp_path / "out")
+    assert main(["pack", "--local", "--input", root, "--output", out, "--context-length", "4", "--pad-token", "0"]) == 0
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # like `| head` that has already exited
+    try:
+        proc = run_cli(command, out, stdout=write_end)
+    finally:
+        os.close(write_end)
+    assert proc.returncode in (0, 141), proc.stderr
+    assert proc.stderr == "", proc.stderr
+
+
+def test_progress_is_at_most_one_line_a_second(caplog):
+    now = [0.0]
+    progress = Progress("packed", 16, "shards", clock=lambda: now[0])
+    with caplog.at_level("INFO", logger="raypack.progress"):
+        for k in range(16):
+            now[0] = 0.4 * (k + 1)
+            progress.add(600_000)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 6, lines  # at 1.2, 2.4, 3.6, 4.8, 6.0 s and the last shard
+    assert lines[0] == "packed 3/16 shards, 1.5M tokens/s, ETA 5s"
+    assert lines[-1] == "packed 16/16 shards, 1.5M tokens/s"
+
+
+@pytest.mark.slow
+def test_a_fresh_ray_run_shows_only_raypacks_lines(tmp_path):
+    """A new process with its own Ray: no Ray INFO/WARNING/C++ lines, no tracebacks; the one error line."""
+    root = corpus(tmp_path, [[5, 6], None])
+    proc = run_cli("pack", "--input", root, "--output", str(tmp_path / "out"), "--context-length", "4",
+                   "--pad-token", "0", "--workers", "1", timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith("packed ")]
+    assert lines[0].startswith("Ray's logs are in ") and lines[0].endswith("(-v shows them here)"), proc.stderr
+    assert len(lines) == 2 and lines[1].startswith("raypack: error: ") and "b.parquet row 1" in lines[1], proc.stderr
+    assert sorted(os.listdir(tmp_path)) == ["in"]
