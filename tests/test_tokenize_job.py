@@ -349,6 +349,19 @@ def test_bad_input_exits_2_with_one_line_and_publishes_nothing(tmp_path, tok, ca
     assert sorted(os.listdir(tmp_path)) == ["text"]  # no output, no staging, no lock left behind
 
 
+def test_toml_text_keys_equal_the_flags(tmp_path, text_dir, tok):
+    toml = tmp_path / "pack.toml"
+    toml.write_text(f'tokenizer = "{tok[1]}"\ntext_column = "text"\nbos = "<bos>"\neos = 1\ncontext_length = 64\n')
+    assert main(["pack", "--config", str(toml), "--input", text_dir, "--output", str(tmp_path / "t"), "--local"]) == 0
+    assert main(["pack", "--input", text_dir, "--tokenizer", tok[1], "--bos", "<bos>", "--eos", "1", "--output",
+                 str(tmp_path / "f"), "--local", "--context-length", "64"]) == 0
+    by_toml, by_flags = manifest_of(tmp_path / "t"), manifest_of(tmp_path / "f")
+    assert by_toml["content_sha256"] == by_flags["content_sha256"]
+    assert by_toml["tokenizer"]["options"]["bos"] == "<bos>" and by_toml["tokenizer"]["options"]["eos_id"] == 1
+    toml.write_text('eos = "<eos>"\ncontext_length = 64\n')  # a text key without a tokenizer
+    assert main(["pack", "--config", str(toml), "--input", text_dir, "--output", str(tmp_path / "n"), "--local"]) == 2
+
+
 def test_cli_tokenize_then_pack(tmp_path, text_dir, tok, capsys):
     assert main(["tokenize", "--input", text_dir, "--output", str(tmp_path / "t"), "--tokenizer", tok[1],
                  "--eos", "<eos>", "--local"]) == 0
