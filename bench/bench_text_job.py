@@ -1,11 +1,14 @@
 """Tokens/s of ``raypack pack --tokenizer`` against one process encoding the same texts in memory,
 and a tokenize worker's peak memory when its shard grows 10x.
 
-    PYTHONPATH=. .venv/bin/python bench/bench_text_job.py [--mb 20] [--shards 16] [--vocab 16000] [--workers 2]
+    PYTHONPATH=. .venv/bin/python bench/bench_text_job.py [--mb 20] [--copies 1] [--shards 16] [--vocab 16000]
+        [--workers 2] [--repeats 1] [--hf] [--no-stage] [--no-peak]
 
 Text: the Python standard library's .py files (bench_tokenize.stdlib_texts, one document each)
-up to ``--mb`` MB, written as ``--shards`` Parquet shards (column ``text``). Tokenizer: a
-byte-level BPE of ``--vocab`` ids trained on (at most 8 MB of) that text in this run.
+up to ``--mb`` MB, the whole list repeated ``--copies`` times (the stdlib is ~31 MB, ~8.4M
+tokens: 6 copies give ~50M), written as ``--shards`` Parquet shards (column ``text``).
+Tokenizer: a byte-level BPE of ``--vocab`` ids trained on (at most 8 MB of) that text in this run.
+Steps 1, 2 and 5 run ``--repeats`` times each, in turn.
 
   1. floor: ``Tokenizer.encode_batch_fast(texts, add_special_tokens=False)`` in this process over
      all texts (in memory, all cores, batches of 1024 documents);
@@ -16,6 +19,13 @@ byte-level BPE of ``--vocab`` ids trained on (at most 8 MB of) that text in this
      row groups of the same size) as one task, each in a fresh process; VmHWM minus the RSS
      once the tokenizer is loaded.
 
+  5. ``--hf``: the Hugging Face recipe, end to end from the same Parquet shards to a saved packed
+     dataset, in a fresh process (imports before the clock): ``load_dataset("parquet")``,
+     ``map(tokenize, batched=True, num_proc=workers)`` with the same tokenizer.json through the
+     tokenizers library (``encode_batch_fast``, one Rayon thread per process), then
+     ``map(group_texts, batched=True, num_proc=workers)`` (run_clm.py's recipe, blocks of 2048,
+     the tail of each 1,000-document batch dropped) and ``save_to_disk``. Caches in a temp dir.
+
 Tokens are the tokenizer's own count (the manifest's). Prints the machine's load average.
 """
 
@@ -24,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,6 +64,51 @@ result = tokenize_task(TextTask(0, sys.argv[2], "parquet", 0, n), settings, toke
 hwm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM"))
 print(json.dumps({"tokens": result.num_tokens, "peak_added": hwm - base}))
 """
+
+
+_HF_SCRIPT = r"""
+import json, os, sys, time
+from itertools import chain
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+import datasets, tokenizers
+text_dir, tokenizer_path, out, cache, num_proc = sys.argv[1:6]
+num_proc, block = int(num_proc), 2048
+datasets.disable_progress_bars()
+_tok = []
+
+def tokenize(examples):
+    if not _tok:
+        _tok.append(tokenizers.Tokenizer.from_file(tokenizer_path))
+    return {"input_ids": [e.ids for e in _tok[0].encode_batch_fast(examples["text"], add_special_tokens=False)]}
+
+def group_texts(examples):
+    concatenated = {k: list(chain(*examples[k])) for k in examples.keys()}
+    total_length = (len(concatenated["input_ids"]) // block) * block
+    return {k: [t[i: i + block] for i in range(0, total_length, block)] for k, t in concatenated.items()}
+
+start = time.perf_counter()
+files = sorted(os.path.join(text_dir, f) for f in os.listdir(text_dir))
+ds = datasets.load_dataset("parquet", data_files=files, split="train", cache_dir=cache)
+ds = ds.map(tokenize, batched=True, num_proc=num_proc, remove_columns=["text"])
+
+packed = ds.map(group_texts, batched=True, num_proc=num_proc)
+packed.save_to_disk(out, num_proc=num_proc)
+seconds = time.perf_counter() - start
+import pyarrow.compute as pc
+num_tokens = pc.sum(pc.list_value_length(ds.data.column("input_ids"))).as_py()
+print(json.dumps({"tokens": num_tokens, "seconds": seconds, "windows": len(packed)}))
+"""
+
+
+def hf_tokens_per_s(text_dir: Path, tokenizer_path: Path, root: Path, workers: int) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    args = [str(text_dir), str(tokenizer_path), str(root / "hf-out"), str(root / "hf-cache"), str(workers)]
+    done = subprocess.run([sys.executable, "-c", _HF_SCRIPT, *args], capture_output=True, text=True, env=env)
+    if done.returncode:
+        raise RuntimeError(done.stderr[-3000:])
+    shutil.rmtree(root / "hf-out", ignore_errors=True)
+    shutil.rmtree(root / "hf-cache", ignore_errors=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def write_shards(texts: list[str], root: Path, num_shards: int) -> list[Path]:
@@ -102,12 +158,21 @@ def worker_peak(shard: Path, repeat: int, root: Path, tokenizer_path: Path) -> d
     return {**json.loads(done.stdout.strip().splitlines()[-1]), "bytes": sum(len(t.encode()) for t in base_texts) * repeat}
 
 
+def rate(num_tokens: int, seconds: float) -> str:
+    return f"{num_tokens:>12,} tokens {seconds:7.2f}s {num_tokens / seconds / 1e6:6.2f}M tokens/s"
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=float, default=20)
+    parser.add_argument("--copies", type=int, default=1, help="repeat the whole text list this many times")
     parser.add_argument("--shards", type=int, default=16)
     parser.add_argument("--vocab", type=int, default=16000)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--hf", action="store_true", help="also run datasets.map + group_texts (num_proc=workers)")
+    parser.add_argument("--no-stage", action="store_true", help="skip the tokenize stage alone")
+    parser.add_argument("--no-peak", action="store_true", help="skip the worker peak memory")
     args = parser.parse_args()
     print(f"load average before: {os.getloadavg()}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -115,25 +180,36 @@ def main() -> None:
         texts = stdlib_texts(int(args.mb * 1e6))
         start = time.perf_counter()
         train_bpe(stdlib_texts(int(min(args.mb, 8) * 1e6)), args.vocab, root / "tokenizer.json")
-        print(f"{len(texts)} docs, {sum(len(t.encode()) for t in texts) / 1e6:.1f} MB; "
+        texts = texts * args.copies
+        print(f"{len(texts)} docs, {sum(len(t.encode()) for t in texts) / 1e6:.1f} MB ({args.copies} copies); "
               f"BPE {args.vocab} trained in {time.perf_counter() - start:.1f}s")
         shards = write_shards(texts, root / "text", args.shards)
-        num_tokens, seconds = floor_tokens_per_s(texts, root / "tokenizer.json")
-        print(f"floor  encode_batch_fast, one process:   {num_tokens:>12,} tokens {seconds:7.2f}s "
-              f"{num_tokens / seconds / 1e6:6.2f}M tokens/s")
-        job_tokens, job_seconds = job_tokens_per_s(root / "text", root / "tokenizer.json", root / "packed", args.workers)
-        print(f"job    pack --tokenizer, {args.workers} workers (Ray up): {job_tokens:>12,} tokens {job_seconds:7.2f}s "
-              f"{job_tokens / job_seconds / 1e6:6.2f}M tokens/s = {job_tokens / job_seconds / (num_tokens / seconds):.2f}x floor")
-        from raypack.tokenize_job import TokenizeConfig, run_tokenize
+        tokenizer_path = root / "tokenizer.json"
+        for repeat in range(args.repeats):
+            print(f"-- repeat {repeat + 1}/{args.repeats}, load average {os.getloadavg()}")
+            num_tokens, seconds = floor_tokens_per_s(texts, tokenizer_path)
+            floor = num_tokens / seconds
+            print(f"floor  encode_batch_fast, one process:   {rate(num_tokens, seconds)}  load {os.getloadavg()[0]:.2f}")
+            job_tokens, job_seconds = job_tokens_per_s(root / "text", tokenizer_path, root / "packed", args.workers)
+            print(f"job    pack --tokenizer, {args.workers} workers (Ray up): {rate(job_tokens, job_seconds)} = "
+                  f"{job_tokens / job_seconds / floor:.2f}x floor  load {os.getloadavg()[0]:.2f}")
+            if args.hf:
+                hf = hf_tokens_per_s(root / "text", tokenizer_path, root, args.workers)
+                print(f"hf     datasets.map num_proc={args.workers} + group_texts + save: {rate(hf['tokens'], hf['seconds'])} = "
+                      f"{hf['tokens'] / hf['seconds'] / floor:.2f}x floor, {hf['windows']:,} windows  "
+                      f"load {os.getloadavg()[0]:.2f}")
+        if not args.no_stage:
+            from raypack.tokenize_job import TokenizeConfig, run_tokenize
 
-        summary = run_tokenize(TokenizeConfig(inputs=(str(root / "text"),), output=str(root / "tok"), num_workers=args.workers,
-                                              text=TextOptions(tokenizer=str(root / "tokenizer.json"))))
-        print(f"stage  tokenize alone, {args.workers} workers (Ray up):   {job_tokens:>12,} tokens {summary.seconds:7.2f}s "
-              f"{job_tokens / summary.seconds / 1e6:6.2f}M tokens/s = {job_tokens / summary.seconds / (num_tokens / seconds):.2f}x floor")
-        for repeat in (1, 10):
-            peak = worker_peak(shards[0], repeat, root, root / "tokenizer.json")
-            print(f"worker shard x{repeat:<2}: {peak['bytes'] / 1e6:7.1f} MB text, {peak['tokens']:>11,} tokens, "
-                  f"peak RSS added {peak['peak_added'] / 2**20:7.1f} MiB")
+            summary = run_tokenize(TokenizeConfig(inputs=(str(root / "text"),), output=str(root / "tok"),
+                                                  num_workers=args.workers, text=TextOptions(tokenizer=str(tokenizer_path))))
+            print(f"stage  tokenize alone, {args.workers} workers (Ray up):   {rate(job_tokens, summary.seconds)} = "
+                  f"{job_tokens / summary.seconds / floor:.2f}x floor")
+        if not args.no_peak:
+            for grow in (1, 10):
+                peak = worker_peak(shards[0], grow, root, tokenizer_path)
+                print(f"worker shard x{grow:<2}: {peak['bytes'] / 1e6:7.1f} MB text, {peak['tokens']:>11,} tokens, "
+                      f"peak RSS added {peak['peak_added'] / 2**20:7.1f} MiB")
     print(f"load average after: {os.getloadavg()}")
 
 

@@ -259,17 +259,26 @@ def _run_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pack_text_options(config, args: argparse.Namespace):
+    from raypack.tokenize_job import TextOptions
+
+    given = {k: getattr(args, k) for k in ("task_rows", "task_bytes") if getattr(args, k) is not None}
+    return TextOptions(tokenizer=config.tokenizer, text_column=config.text_column, bos=config.bos, eos=config.eos,
+                       **given)
+
+
 def _run_pack(args: argparse.Namespace) -> int:
     from raypack.job import run_pack
 
     _refuse_contradictions(args, _PACK_RULES)
     if args.sample_docs is not None and not args.dry_run:
         raise InputError("--sample-docs applies only with --dry-run; add --dry-run or drop --sample-docs")
-    skip = ("command", "config", "local", "resume", "dry_run", "sample_docs", "tokenizer", *_TEXT_ARGUMENTS)
+    skip = ("command", "config", "local", "resume", "dry_run", "sample_docs", "task_rows", "task_bytes")
     overrides = {k: v for k, v in vars(args).items() if k not in skip}
-    config = load_config(args.config, required=("context_length",), **overrides)
-    text = _text_options(args) if args.tokenizer else None
-    if text is None and any(getattr(args, k) is not None for k in _TEXT_ARGUMENTS):
+    config = load_config(args.config, required=("context_length",), **overrides)  # tokenizer etc.: flags or TOML
+    text = _pack_text_options(config, args) if config.tokenizer else None
+    if text is None and (any(getattr(args, k) is not None for k in _TEXT_ARGUMENTS)
+                         or (config.text_column, config.bos, config.eos) != ("text", None, None)):
         raise InputError("--text-column, --bos, --eos, --task-rows and --task-bytes need --tokenizer")
     if args.dry_run:
         from raypack.dry_run import dry_run

@@ -83,6 +83,15 @@ class PackConfig:
     and packs its shard again; the local engine only reports."""
     address: str | None = None
     """Ray cluster address; None uses RAY_ADDRESS or starts an embedded local Ray."""
+    tokenizer: str = ""
+    """The inputs are text: tokenize them first with this tokenizer.json (or its directory, or
+    tiktoken:NAME); "" means the inputs are token ids. Recorded in the manifest's "tokenizer"."""
+    text_column: str = "text"
+    """Text inputs: the Parquet column or JSON Lines key holding the text."""
+    bos: str | int | None = None
+    """Text inputs: a token (or, if digits, an id) put before every document."""
+    eos: str | int | None = None
+    """Text inputs: a token (or, if digits, an id) put after every document."""
 
     def __post_init__(self) -> None:
         validate_context_length(self.context_length)

@@ -444,6 +444,7 @@ def build_manifest(config: PackConfig, plan: Plan, files: list[WrittenFile], cou
         "shards": [_shard_row(s, t, plan.packing) for s, t in zip(plan.shards, plan.tasks)],
         "content_sha256": content_sha256(file_rows),
         "config": config.output_dict(),
+        **({"tokenizer": plan.tokenizer} if plan.tokenizer is not None else {}),
     })
 
 

@@ -24,7 +24,7 @@ from raypack.fs import is_uri
 from raypack.shards import common_token_type, discover_shards, plan_offsets
 from raypack.strategies import PackingStrategy, default_strategy
 from raypack.tasks import PackSettings, ShardTask
-from raypack.tokenized import tokenized_inputs
+from raypack.tokenized import tokenized_inputs, tokenizer_record
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,8 @@ class Plan:
     num_tokens: int
     context_length: int
     packing: PackingStrategy = field(default_factory=default_strategy)
+    tokenizer: dict | None = None
+    """Tokenized-corpus inputs: their tokenizer identity and text options (the packed manifest's "tokenizer")."""
 
     @property
     def num_chunks(self) -> int:
@@ -71,7 +73,8 @@ def make_plan(config: PackConfig, *, max_threads: int = 8) -> Plan:
         for k, info in enumerate(infos)
     )
     return Plan(tuple(infos), tasks, token_dtype, int(offsets.doc_offsets[-1]),
-                int(offsets.token_offsets[-1]), config.context_length, config.packing)
+                int(offsets.token_offsets[-1]), config.context_length, config.packing,
+                tokenizer_record(config.inputs))
 
 
 def _resolve_token_dtype(config: PackConfig, infos: list[ShardInfo]) -> str:

@@ -111,6 +111,21 @@ def tokenized_inputs(inputs: Sequence[str], token_column: str) -> list[ShardInfo
     return infos
 
 
+def tokenizer_record(inputs: Sequence[str]) -> dict[str, Any] | None:
+    """``{"identity": ..., "options": ...}`` of the tokenized corpora in ``inputs`` (what the packed
+    manifest records under "tokenizer"), or None when the inputs are not tokenized corpora.
+    Cost: one manifest read per input. Raises InputError when two corpora differ in either."""
+    manifests = [load_tokenized_manifest(item) for item in inputs]
+    if not manifests or any(m is None for m in manifests):
+        return None
+    records = [{"identity": m.get("tokenizer"), "options": m.get("options")} for m in manifests]
+    for item, record in zip(inputs, records):
+        if record != records[0]:
+            raise InputError(f"{item} was tokenized with another tokenizer or options than {inputs[0]}; "
+                             f"pack corpora tokenized the same way, or tokenize them again together")
+    return records[0]
+
+
 def _manifest_shard_infos(directory: str, manifest: dict[str, Any], token_column: str) -> list[ShardInfo]:
     where = f"{directory}/{MANIFEST_NAME}"
     if manifest.get("token_column") != token_column:

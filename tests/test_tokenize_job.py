@@ -152,6 +152,39 @@ def test_pack_with_tokenizer_equals_tokenize_then_pack(tmp_path, text_dir, tok, 
     assert sorted(os.listdir(tmp_path / "one")) == sorted(["manifest.json", *digests(tmp_path / "one", "*.arrow")])
     assert not glob.glob(str(tmp_path / ".one.*"))  # staging (and its _tokenized/) gone
     assert main(["verify", str(tmp_path / "two")]) == 0
+    assert main(["verify", str(tmp_path / "one")]) == 0
+
+
+def test_both_routes_record_the_tokenizer_in_the_packed_manifest(tmp_path, text_dir, tok):
+    tokenized = tokenize(tmp_path, text_dir, tok, bos="<bos>", eos="<eos>")
+    common = dict(context_length=32, pad_token=0)
+    two = run_pack(make_config(dict(inputs=[tokenized], output=str(tmp_path / "two"), **common)), engine="local")
+    one = run_pack(make_config(dict(inputs=[text_dir], output=str(tmp_path / "one"), **common)), engine="local",
+                   text=options(tok, bos="<bos>", eos="<eos>"))
+    corpus = manifest_of(tokenized)
+    expected = {"identity": corpus["tokenizer"], "options": corpus["options"]}
+    assert expected["identity"]["sha256"] == hashlib.sha256(open(tok[1], "rb").read()).hexdigest()
+    assert expected["options"]["bos"] == "<bos>" and expected["options"]["text_column"] == "text"
+    assert manifest_of(tmp_path / "one")["tokenizer"] == manifest_of(tmp_path / "two")["tokenizer"] == expected
+    differ = {k for k in one.manifest if one.manifest[k] != two.manifest[k]}
+    assert differ == {"config", "shards"}  # only paths: config inputs and each shard's path
+    strip = [[{k: v for k, v in row.items() if k != "path"} for row in m.manifest["shards"]] for m in (one, two)]
+    assert strip[0] == strip[1]
+    assert [os.path.basename(r["path"]) for r in one.manifest["shards"]] == \
+        [os.path.basename(r["path"]) for r in two.manifest["shards"]]
+    cfg_one, cfg_two = one.manifest["config"], two.manifest["config"]
+    assert {k for k in cfg_one if cfg_one[k] != cfg_two[k]} == {"inputs"}
+    plain = run_pack(make_config(dict(inputs=[os.path.join(tokenized, "*.parquet")], output=str(tmp_path / "p"),
+                                      **common)), engine="local")
+    assert "tokenizer" not in plain.manifest  # token inputs: no key, manifest bytes as before
+
+
+def test_pack_refuses_corpora_tokenized_differently(tmp_path, text_dir, tok, capsys):
+    first = tokenize(tmp_path, text_dir, tok, name="a", eos="<eos>")
+    second = tokenize(tmp_path, text_dir, tok, name="b")
+    code = main(["pack", "--input", first, "--input", second, "--output", str(tmp_path / "o"), "--context-length", "32"])
+    assert code == 2 and "tokenized with another tokenizer or options" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "o")
 
 
 def test_pack_takes_counts_from_the_tokenized_manifest(tmp_path, text_dir, tok):
@@ -315,6 +348,19 @@ def test_bad_input_exits_2_with_one_line_and_publishes_nothing(tmp_path, tok, ca
     assert code == 2, err
     assert err.count("\n") == 0 and message in err, err
     assert sorted(os.listdir(tmp_path)) == ["text"]  # no output, no staging, no lock left behind
+
+
+def test_toml_text_keys_equal_the_flags(tmp_path, text_dir, tok):
+    toml = tmp_path / "pack.toml"
+    toml.write_text(f'tokenizer = "{tok[1]}"\ntext_column = "text"\nbos = "<bos>"\neos = 1\ncontext_length = 64\n')
+    assert main(["pack", "--config", str(toml), "--input", text_dir, "--output", str(tmp_path / "t"), "--local"]) == 0
+    assert main(["pack", "--input", text_dir, "--tokenizer", tok[1], "--bos", "<bos>", "--eos", "1", "--output",
+                 str(tmp_path / "f"), "--local", "--context-length", "64"]) == 0
+    by_toml, by_flags = manifest_of(tmp_path / "t"), manifest_of(tmp_path / "f")
+    assert by_toml["content_sha256"] == by_flags["content_sha256"]
+    assert by_toml["tokenizer"]["options"]["bos"] == "<bos>" and by_toml["tokenizer"]["options"]["eos_id"] == 1
+    toml.write_text('eos = "<eos>"\ncontext_length = 64\n')  # a text key without a tokenizer
+    assert main(["pack", "--config", str(toml), "--input", text_dir, "--output", str(tmp_path / "n"), "--local"]) == 2
 
 
 def test_cli_tokenize_then_pack(tmp_path, text_dir, tok, capsys):
