@@ -12,11 +12,11 @@ from dataclasses import dataclass, replace
 
 from raypack.assemble import check_coverage, count_stats, stitch_boundaries, write_boundaries
 from raypack.config import PackConfig
-from raypack.errors import InputError, Interrupted, WorkerError
+from raypack.errors import InputError, WorkerError
 from raypack.manifest import build_manifest, write_manifest
 from raypack.plan import Plan, check_output_outside_inputs, make_plan, place_chunks, settings_for
 from raypack.progress import Progress
-from raypack.publish import LocalOutput, ObjectStoreOutput, output_target
+from raypack.publish import LocalOutput, ObjectStoreOutput, run_published
 from raypack.resume import load_verified_result
 from raypack.shard_pack import count_shard_chunks, current_rss_bytes, pack_shard
 from raypack.strategies import strategy_of_manifest
@@ -67,7 +67,7 @@ def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False, t
     ``text`` (a :class:`raypack.tokenize_job.TextOptions`): the inputs are text, tokenized first
     into the work directory (:func:`raypack.tokenize_job.tokenize_for_pack`). On Ray, connects
     first (before any lock or staging directory); ``verbose`` shows Ray's own logs too.
-    Ctrl-C raises :class:`Interrupted` naming the kept work directory.
+    Ctrl-C raises :class:`raypack.errors.Interrupted` naming the kept work directory.
     """
     start = time.perf_counter()
     if engine not in ("ray", "local"):
@@ -76,29 +76,23 @@ def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False, t
         raise InputError("no output given: pass --output DIR")
     if engine == "ray":
         connect_ray(config.address, verbose=verbose)
-    target = output_target(config.output)
-    target.acquire()
-    try:
-        target.recover()
-        target.check_free(overwrite=config.overwrite, resume=resume)
-        if text is None:
-            plan = make_plan(config)
-            check_output_outside_inputs(config.output, plan)
-        target.prepare(fresh=config.overwrite and not resume)
-        try:
-            if text is not None:
-                from raypack.tokenize_job import tokenize_for_pack
 
-                plan = tokenize_for_pack(target.work_dir, config, text, engine, resume)
-            manifest, results = _pack_into(target, config, plan, engine, resume)
-            target.publish()
-        except KeyboardInterrupt:
-            raise Interrupted(target.work_dir) from None
-        except BaseException as e:
-            target.after_failure(e)
-            raise
-    finally:
-        target.lock.release()
+    def plan() -> Plan | None:
+        if text is not None:
+            return None  # counts come from the tokenize stage, inside the work directory
+        planned = make_plan(config)
+        check_output_outside_inputs(config.output, planned)
+        return planned
+
+    def write(target, planned: Plan | None):
+        if planned is None:
+            from raypack.tokenize_job import tokenize_for_pack
+
+            planned = tokenize_for_pack(target.work_dir, config, text, engine, resume)
+        return _pack_into(target, config, planned, engine, resume)
+
+    manifest, results = run_published(config.output, overwrite=config.overwrite, resume=resume, plan=plan,
+                                      write=write)
     return Summary(config.output, manifest, time.perf_counter() - start,
                    max((r.peak_rss_bytes for r in results), default=0), _pack_seconds(results), engine)
 

@@ -41,10 +41,11 @@ import logging
 import os
 import posixpath
 import shutil
+from typing import Callable, TypeVar
 
 import pyarrow.fs as pafs
 
-from raypack.errors import InputError
+from raypack.errors import InputError, Interrupted
 from raypack.fs import bucket_of, check_bucket, is_uri, resolve_filesystem
 from raypack.lock import LocalLock, ObjectStoreLock
 from raypack.output import CHUNK_FILE_RE, MANIFEST_NAME, TMP_PREFIX
@@ -52,6 +53,40 @@ from raypack.resume import RESULTS_DIR
 from raypack.tokenized import PART_FILE_RE, TOKENIZED_SUBDIR
 
 log = logging.getLogger(__name__)
+P = TypeVar("P")
+R = TypeVar("R")
+
+
+def run_published(output: str, *, overwrite: bool, resume: bool, plan: Callable[[], P],
+                  write: Callable[[LocalOutput | ObjectStoreOutput, P], R]) -> R:
+    """The life of every run that publishes an output (pack, tokenize), in one place:
+
+    1. take the output's lock (held to the end), finish a publish a dead run left half done,
+       refuse an output that is not free for this run;
+    2. ``plan()`` (bad input raises before anything is made);
+    3. make the work directory, ``write(target, planned)`` into ``target.work_dir``, publish;
+       bad input or a full disk leaves nothing (``after_failure``), anything else keeps the
+       work for ``--resume``; Ctrl-C raises :class:`~raypack.errors.Interrupted` naming it.
+    Returns what ``write`` returned.
+    """
+    target = output_target(output)
+    target.acquire()
+    try:
+        target.recover()
+        target.check_free(overwrite=overwrite, resume=resume)
+        planned = plan()
+        target.prepare(fresh=overwrite and not resume)
+        try:
+            result = write(target, planned)
+            target.publish()
+        except KeyboardInterrupt:
+            raise Interrupted(target.work_dir) from None
+        except BaseException as e:
+            target.after_failure(e)
+            raise
+    finally:
+        target.lock.release()
+    return result
 
 
 def staging_dir(output: str) -> str:

@@ -27,11 +27,11 @@ from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any
 
-from raypack.errors import InputError, Interrupted
+from raypack.errors import InputError
 from raypack.formats import shard_format
 from raypack.plan import Plan, check_output_outside_inputs, make_plan
 from raypack.progress import Progress
-from raypack.publish import output_target
+from raypack.publish import run_published
 from raypack.shards import discover_shards
 from raypack.text_readers import jsonl_byte_range_tasks, parquet_row_group_tasks
 from raypack.text_tokenizers import load_tokenizer, token_dtype_for
@@ -121,7 +121,7 @@ def run_tokenize(config: TokenizeConfig, *, engine: str = "ray", resume: bool = 
     """Tokenize ``config.inputs`` into ``config.output``, published atomically like ``run_pack``.
 
     On Ray, connects before taking the lock (``verbose``: Ray's own logs too); Ctrl-C raises
-    :class:`Interrupted` naming the kept work directory."""
+    :class:`raypack.errors.Interrupted` naming the kept work directory."""
     start = time.perf_counter()
     if not config.output:
         raise InputError("no output given: pass --output DIR")
@@ -129,26 +129,19 @@ def run_tokenize(config: TokenizeConfig, *, engine: str = "ray", resume: bool = 
         from raypack.job import connect_ray
 
         connect_ray(config.address, verbose=verbose)
-    target = output_target(config.output)
-    target.acquire()
-    try:
-        target.recover()
-        target.check_free(overwrite=config.overwrite, resume=resume)
+
+    def plan() -> list[TextTask]:
         tasks = plan_text_tasks(config.inputs, config.text)
         _check_outside(config.output, tasks)
-        target.prepare(fresh=config.overwrite and not resume)
-        try:
-            manifest = tokenize_into(target.work_dir, config, tasks, engine, resume)
-            target.sweep(keep={s["path"] for s in manifest["shards"]})
-            save_tokenized_manifest(target.work_dir, manifest)
-            target.publish()
-        except KeyboardInterrupt:
-            raise Interrupted(target.work_dir) from None
-        except BaseException as e:
-            target.after_failure(e)
-            raise
-    finally:
-        target.lock.release()
+        return tasks
+
+    def write(target, tasks: list[TextTask]) -> dict:
+        manifest = tokenize_into(target.work_dir, config, tasks, engine, resume)
+        target.sweep(keep={s["path"] for s in manifest["shards"]})
+        save_tokenized_manifest(target.work_dir, manifest)
+        return manifest
+
+    manifest = run_published(config.output, overwrite=config.overwrite, resume=resume, plan=plan, write=write)
     return TokenizeSummary(config.output, manifest, time.perf_counter() - start)
 
 
