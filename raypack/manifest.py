@@ -49,6 +49,7 @@ import pyarrow.fs as pafs
 from raypack.core import MAX_CONTEXT_LENGTH
 from raypack.errors import InputError
 from raypack.fs import check_bucket, resolve_filesystem
+from raypack.content_digest import CONTENT_GROUP_CHUNKS
 from raypack.output import CHUNK_FILE_RE, FORMAT_VERSION, MANIFEST_NAME, WrittenFile, content_sha256, write_whole
 
 if TYPE_CHECKING:
@@ -74,6 +75,8 @@ SHARD_KEYS = ("num_docs", "num_tokens", "doc_offset", "token_offset")
 DEFAULT_STRATEGY = "concat"
 """The strategy of a manifest without ``strategy``, and of a config without one (raypack.strategies)."""
 TOKEN_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+READABLE_FORMAT_VERSIONS = (2, FORMAT_VERSION)
+"""Versions this reader reads: 2 differs from 3 only in what ``content_sha256`` hashes."""
 DAMAGED = "the output was replaced or damaged"
 _HEX = frozenset("0123456789abcdef")
 
@@ -159,6 +162,10 @@ class Manifest(Mapping[str, Any]):
         return self._data["counts"]["chunks"]
 
     @property
+    def format_version(self) -> int:
+        return self._data["format_version"]
+
+    @property
     def content_sha256(self) -> str:
         return self._data["content_sha256"]
 
@@ -207,9 +214,10 @@ def check_manifest(manifest: Any, where: str) -> None:
     if not isinstance(manifest, dict):
         raise InputError(f"{where}: expected a JSON object, found {type(manifest).__name__}")
     version = manifest.get("format_version")
-    if isinstance(version, bool) or version != FORMAT_VERSION:
-        raise InputError(f"{where}: format_version={_show(version)} is not supported (this reader reads version "
-                         f"{FORMAT_VERSION}); read it with the raypack version that wrote it")
+    if isinstance(version, bool) or not isinstance(version, int) or version not in READABLE_FORMAT_VERSIONS:
+        raise InputError(f"{where}: format_version={_show(version)} is not supported (this reader reads versions "
+                         f"{', '.join(map(str, READABLE_FORMAT_VERSIONS))}); read it with the raypack version that "
+                         "wrote it")
     context_length = _int_field(manifest, "context_length", where, 1, MAX_CONTEXT_LENGTH)
     dtype = _token_dtype(manifest, where)
     _int_field(manifest, "pad_token", where, int(np.iinfo(dtype).min), int(np.iinfo(dtype).max))
@@ -217,6 +225,8 @@ def check_manifest(manifest: Any, where: str) -> None:
     if not _is_hex(manifest.get("content_sha256"), 64):
         raise InputError(f"{where}: content_sha256={_show(manifest.get('content_sha256'))}, expected 64 lowercase "
                          f"hex digits; {DAMAGED}")
+    if version >= 3:
+        _int_field(manifest, "content_group_chunks", where, 1)
     _check_files(manifest.get("files"), context_length * dtype.itemsize, counts["chunks"], where)
     _check_shards(manifest, counts, where)
     _check_strategy(manifest, where)
@@ -431,7 +441,7 @@ def _shard_row(shard, task, packing: PackingStrategy) -> dict[str, Any]:
 
 def build_manifest(config: PackConfig, plan: Plan, files: list[WrittenFile], counts: dict[str, int]) -> Manifest:
     """The manifest of a finished run (docs/FORMAT.md)."""
-    file_rows = [f._asdict() for f in files]
+    file_rows = [{key: getattr(f, key) for key in FILE_KEYS} for f in files]
     return Manifest({
         "format_version": FORMAT_VERSION,
         "created_by": f"raypack {_version()}",
@@ -442,7 +452,8 @@ def build_manifest(config: PackConfig, plan: Plan, files: list[WrittenFile], cou
         "counts": counts,
         "files": file_rows,
         "shards": [_shard_row(s, t, plan.packing) for s, t in zip(plan.shards, plan.tasks)],
-        "content_sha256": content_sha256(file_rows),
+        "content_sha256": content_sha256(files, plan.token_dtype, config.context_length, counts["chunks"]),
+        "content_group_chunks": CONTENT_GROUP_CHUNKS,
         "config": config.output_dict(),
         **({"tokenizer": plan.tokenizer} if plan.tokenizer is not None else {}),
     })

@@ -25,12 +25,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from raypack.content_digest import ContentHasher, RangeDigester
 from raypack.core import Chunks, concat_chunks
 from raypack.fs import resolve_filesystem
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+"""The manifest's ``format_version``. 3: ``content_sha256`` is the content digest of the chunks
+(raypack.content_digest); 2: it hashed the files' sha256 digests (:func:`files_sha256`)."""
+CHUNK_FILE_VERSION = 2
+"""A chunk file's schema metadata ``raypack.format_version``: its layout, unchanged since format
+version 2 (version 3 changed only the manifest), so version 2 and 3 outputs hold the same bytes."""
 MANIFEST_NAME = "manifest.json"
 TMP_PREFIX = ".tmp-"
 WRITEBACK_BYTES = 8 << 20
@@ -62,7 +68,7 @@ def chunk_schema(context_length: int, token_type: pa.DataType, pad_token: int) -
             pa.field("segment_lengths", pa.list_(pa.int32())),
         ],
         metadata={
-            "raypack.format_version": str(FORMAT_VERSION),
+            "raypack.format_version": str(CHUNK_FILE_VERSION),
             "raypack.context_length": str(context_length),
             "raypack.pad_token": str(pad_token),
         },
@@ -268,6 +274,9 @@ class WrittenFile(NamedTuple):
     num_chunks: int
     num_bytes: int
     sha256: str
+    digests: str = ""
+    """The range digests of the file's chunks (raypack.content_digest), 64 hex digits each; for
+    the driver's ``content_sha256`` and resume records, never the manifest's ``files``."""
 
 
 class ChunkFileWriter:
@@ -288,6 +297,7 @@ class ChunkFileWriter:
         self._writer = pa.ipc.new_file(pa.PythonFile(self._sink, mode="w"), schema)
         self._pending: list[Chunks] = []
         self._pending_rows = 0
+        self._digester = RangeDigester(first_chunk)
 
     @property
     def num_chunks(self) -> int:
@@ -312,6 +322,7 @@ class ChunkFileWriter:
         context_length = self.schema.field("input_ids").type.list_size
         merged = concat_chunks(self._pending, context_length, self._pending[0].input_ids.dtype)
         self._writer.write_batch(chunks_to_record_batch(merged, self.next_chunk, self.schema))
+        self._digester.add(*merged)
         self.next_chunk += self._pending_rows
         self._pending, self._pending_rows = [], 0
 
@@ -323,7 +334,8 @@ class ChunkFileWriter:
         sha256 = self._sink.sha256.hexdigest()
         name = chunk_file_name(self.first_chunk, sha256)
         self._file.commit(name)
-        return WrittenFile(name, self.first_chunk, self.next_chunk - self.first_chunk, self._sink.num_bytes, sha256)
+        return WrittenFile(name, self.first_chunk, self.next_chunk - self.first_chunk, self._sink.num_bytes, sha256,
+                           self._digester.hex())
 
     def abort(self) -> None:
         """Drop what was written (on error)."""
@@ -346,9 +358,19 @@ def write_chunks_file(out_dir: str, first_chunk: int, chunks: Chunks, schema: pa
         raise
 
 
-def content_sha256(files: list[dict[str, Any]]) -> str:
-    """The output's hash: sha256 of the files' sha256 hex digests, one per line, in file order."""
+def files_sha256(files: list[dict[str, Any]]) -> str:
+    """sha256 of the files' sha256 hex digests, one per line, in file order: a tokenized corpus's
+    ``content_sha256``, and a packed output's in format version 2."""
     return hashlib.sha256("".join(f["sha256"] + "\n" for f in files).encode()).hexdigest()
+
+
+def content_sha256(files: list[WrittenFile], token_dtype: str, context_length: int, num_chunks: int) -> str:
+    """A packed output's ``content_sha256`` (format version 3) from its files' range digests;
+    ``files`` tile ``[0, num_chunks)`` in order. Cost: O(files * G + num_chunks / G) hashing."""
+    hasher = ContentHasher(token_dtype, context_length, num_chunks)
+    for f in files:
+        hasher.add_range(f.first_chunk, f.num_chunks, f.digests)
+    return hasher.hexdigest()
 
 
 def write_whole(out_dir: str, name: str, data: bytes, *, make_dirs: bool = False) -> str:

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from raypack.content_digest import CONTENT_GROUP_CHUNKS, is_range_digests, range_layout
 from raypack.core import Fragment
 from raypack.fs import resolve_filesystem
 from raypack.output import CHUNK_FILE_RE, WrittenFile, write_whole
@@ -49,8 +50,9 @@ from raypack.tasks import PackSettings, ShardResult, ShardTask, asdict_file
 log = logging.getLogger(__name__)
 
 RESULTS_DIR = "_results"
-RECORD_VERSION = 2
-"""1: the Arrow records (``shard-NNNNNN.arrow``) of earlier versions, never reused."""
+RECORD_VERSION = 3
+"""1: the Arrow records (``shard-NNNNNN.arrow``) of earlier versions, never reused; 2: records
+without the chunk file's range digests (raypack.content_digest), never reused either."""
 EDGE_BYTES = 1 << 20
 """Bytes hashed at each end of an input file for its identity."""
 READ_BYTES = 1 << 22
@@ -173,6 +175,9 @@ def _check_record(data: bytes, task: ShardTask, settings: PackSettings, fs, base
     _check_input(recorded_input, task, settings)
     if result.file is not None and not CHUNK_FILE_RE.match(result.file.path):
         raise _Rejected(f"names {result.file.path!r}, which is not a chunk file name")
+    if result.file is not None and not _digests_fit(result.file):
+        raise _Rejected(f"holds range digests that do not fit chunks {result.file.first_chunk}.."
+                        f"{result.file.first_chunk + result.file.num_chunks - 1}")
     if result.file is not None and not _file_intact(fs, posixpath.join(base, result.file.path), result.file.sha256):
         raise _Rejected(f"names chunk file {result.file.path}, which is missing or no longer hashes to its sha256")
     return result
@@ -243,6 +248,15 @@ def _fragment_from_dict(d: dict[str, Any] | None, token_dtype: str) -> Fragment 
     return Fragment(int(d["start"]), np.asarray(d["input_ids"], dtype=token_dtype),
                     np.asarray(d["segment_doc_ids"], dtype=np.int64),
                     np.asarray(d["segment_lengths"], dtype=np.int32))
+
+
+def _digests_fit(file: WrittenFile) -> bool:
+    """Whether the file's range digests have the shape its chunk range asks for (their values are
+    vouched for by the record's checksum, like the rest of it)."""
+    first, count = file.first_chunk, file.num_chunks
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (first, count)):
+        return False
+    return is_range_digests(file.digests, range_layout(first, first + count, CONTENT_GROUP_CHUNKS))
 
 
 def _file_intact(fs, path: str, sha256: str) -> bool:

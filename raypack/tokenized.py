@@ -27,7 +27,7 @@ from raypack.errors import InputError
 from raypack.formats import ShardInfo
 from raypack.fs import resolve_filesystem
 from raypack.manifest import write_manifest
-from raypack.output import MANIFEST_NAME, content_sha256
+from raypack.output import MANIFEST_NAME, files_sha256
 
 TOKENIZED_KIND = "tokenized"
 TOKENIZED_VERSION = 1
@@ -60,7 +60,7 @@ def build_tokenized_manifest(shards: list[dict[str, Any]], token_dtype: str, tok
         "options": options,
         "counts": {"documents": doc_offset, "tokens": sum(s["num_tokens"] for s in shards), "shards": len(shards)},
         "shards": rows,
-        "content_sha256": content_sha256(rows),
+        "content_sha256": files_sha256(rows),
     }
 
 

@@ -20,7 +20,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from raypack.output import FORMAT_VERSION
+from raypack.output import CHUNK_FILE_VERSION
 from raypack.verify.files import open_file
 from raypack.verify.report import VerifyError
 
@@ -100,10 +100,12 @@ def _check_schema(schema: pa.Schema, path: str, manifest: dict[str, Any]) -> Non
         if not _same_type(found, typ):
             raise VerifyError(f"{path}: column {name} has type {found}, expected {typ}")
     metadata = {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
-    for key, value in (("format_version", FORMAT_VERSION), ("context_length", c), ("pad_token", manifest["pad_token"])):
+    expected_metadata = (("format_version", CHUNK_FILE_VERSION, "chunk files have"), ("context_length", c, "the manifest says"),
+                         ("pad_token", manifest["pad_token"], "the manifest says"))
+    for key, value, source in expected_metadata:
         if metadata.get(f"raypack.{key}") != str(value):
             raise VerifyError(f"{path}: schema metadata raypack.{key}={metadata.get(f'raypack.{key}')!r}, "
-                              f"the manifest says {value}")
+                              f"{source} {value}")
 
 
 def _same_type(found: pa.DataType, expected: pa.DataType) -> bool:

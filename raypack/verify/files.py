@@ -1,4 +1,5 @@
-"""Check 1, the files: listed ones present, none unlisted, sizes and sha256 as the manifest records.
+"""Check 1, the files: listed ones present, none unlisted, sizes and sha256 as the manifest records
+(and, for a format version 2 manifest, its ``content_sha256`` from those sha256 digests).
 
 Every file is opened only through :func:`raypack.manifest.open_chunk_file` (a plain file directly
 inside the output directory: no symlink, even one whose target hashes right, no FIFO) and hashed
@@ -17,7 +18,7 @@ import pyarrow.fs as pafs
 
 from raypack.errors import InputError
 from raypack.manifest import open_chunk_file
-from raypack.output import CHUNK_FILE_RE, MANIFEST_NAME, content_sha256
+from raypack.output import CHUNK_FILE_RE, MANIFEST_NAME, files_sha256
 from raypack.verify.report import VerifyError
 
 __all__ = ["HASH_BLOCK_BYTES", "check_files", "open_file"]
@@ -51,11 +52,17 @@ def check_files(fs: pafs.FileSystem, base: str, manifest: dict[str, Any]) -> int
                           f"({len(unlisted)} unlisted in all); it is not part of this output")
     for entry in files:
         _check_file_bytes(fs, base, entry)
-    expected = content_sha256(files)
+    if manifest["format_version"] == 2:  # version 3's content digest is checked as the chunks are decoded
+        _check_files_sha256(base, manifest)
+    return sum(entry["num_bytes"] for entry in files)
+
+
+def _check_files_sha256(base: str, manifest: dict[str, Any]) -> None:
+    """Format version 2's ``content_sha256``: the sha256 of the files' sha256 digests, one per line."""
+    expected = files_sha256(manifest["files"])
     if manifest["content_sha256"] != expected:
         raise VerifyError(f"{posixpath.join(base, MANIFEST_NAME)}: content_sha256={manifest['content_sha256']}, "
-                          f"expected {expected} (sha256 of the files' sha256 digests, one per line)")
-    return sum(entry["num_bytes"] for entry in files)
+                          f"expected {expected} (format version 2: sha256 of the files' sha256 digests, one per line)")
 
 
 def _looks_like_chunk_file(name: str) -> bool:

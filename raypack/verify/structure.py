@@ -28,6 +28,7 @@ import pyarrow.fs as pafs
 
 from raypack.output import MANIFEST_NAME
 from raypack.verify.blocks import Block, Piece, iter_blocks, row_of_segment
+from raypack.verify.content import ContentCheck
 from raypack.verify.report import VerifyError
 
 __all__ = ["Structure", "output_pieces"]
@@ -95,9 +96,16 @@ class Structure:
 
 def output_pieces(fs: pafs.FileSystem, base: str, manifest: dict[str, Any], structure: Structure,
                   batch_chunks: int) -> Iterator[Piece]:
-    """The output's non-padding stream, checked block by block; the counts are checked at its end."""
+    """The output's non-padding stream, checked block by block; the counts and (format version 3)
+    the content digest are checked at its end."""
+    content = ContentCheck(manifest) if manifest["format_version"] >= 3 else None
     for entry in manifest["files"]:
         for block in iter_blocks(fs, base, entry, manifest, batch_chunks):
             yield from structure.pieces(block)
+            if content is not None:
+                content.add(block)
     yield from structure.flush()
-    structure.finish(manifest, posixpath.join(base, MANIFEST_NAME))
+    where = posixpath.join(base, MANIFEST_NAME)
+    structure.finish(manifest, where)
+    if content is not None:
+        content.finish(where)
