@@ -19,7 +19,9 @@ import pytest
 
 from raypack.config import make_config
 from raypack.job import run_pack
-from raypack.output import chunk_file_name, content_sha256
+from raypack.output import chunk_file_name
+
+from reference import naive_content_sha256
 from raypack.verify import VerifyError, VerifyReport, verify_output
 
 C = 8
@@ -101,7 +103,8 @@ def refresh_hashes(out: str) -> None:
         name = chunk_file_name(entry["first_chunk"], entry["sha256"])
         os.replace(os.path.join(out, entry["path"]), os.path.join(out, name))
         entry["path"] = name
-    manifest["content_sha256"] = content_sha256(manifest["files"])
+    save_manifest(out, manifest)
+    manifest["content_sha256"] = naive_content_sha256(out)
     save_manifest(out, manifest)
 
 
@@ -261,8 +264,31 @@ def test_wrong_content_sha256(tmp_path):
     manifest = load_manifest(out)
     manifest["content_sha256"] = "0" * 64
     save_manifest(out, manifest)
-    with pytest.raises(VerifyError, match=r"content_sha256=0{64}, expected [0-9a-f]{64}"):
+    with pytest.raises(VerifyError, match=r"manifest.json: content_sha256=0{64}, but the chunks hash to [0-9a-f]{64}"):
         verify_output(out)
+
+
+@pytest.mark.parametrize("inputs", [None, []])
+def test_edited_chunk_fails_content_sha256(tmp_path, inputs):
+    """A token changed and the file's sha256 vouched for again, content_sha256 left: verify fails on
+    the content digest (without inputs nothing else can see it; with them the round trip sees it first)."""
+    out, _, _ = pack(tmp_path)
+    manifest = load_manifest(out)
+    edit_chunk(out, 5, "input_ids", lambda ids: replace_at(ids, 2, ids[2] + 1))
+    edited = load_manifest(out)
+    assert edited["files"] != manifest["files"] and edited["content_sha256"] != manifest["content_sha256"]
+    edited["content_sha256"] = manifest["content_sha256"]
+    save_manifest(out, edited)
+    expected = "content_sha256=.*but the chunks hash to" if inputs == [] else r"chunk 5.*found doc id \d+ token"
+    with pytest.raises(VerifyError, match=expected):
+        verify_output(out, inputs)
+
+
+def test_content_sha256_is_the_format_definition(tmp_path):
+    """The manifest's content_sha256 equals the naive reference of docs/FORMAT.md, and verify passes."""
+    out, _, _ = pack(tmp_path)
+    assert load_manifest(out)["content_sha256"] == naive_content_sha256(out)
+    verify_output(out)
 
 
 def test_file_list_must_tile_the_chunks(tmp_path):
