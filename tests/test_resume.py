@@ -235,6 +235,39 @@ def test_record_of_another_version_is_repacked_even_with_a_valid_checksum(tmp_pa
     assert [r.message for r in caplog.records if "shard 1" in r.message and "has version" in r.message]
 
 
+def flip_digest(record: dict) -> None:
+    digests = record["result"]["file"]["digests"]
+    assert len(digests) >= 64  # not vacuous: the shard wrote chunks, so its record holds their digests
+    record["result"]["file"]["digests"] = ("0" if digests[0] != "0" else "1") + digests[1:]
+
+
+def test_record_with_a_flipped_chunk_digest_is_repacked(tmp_path, corpus, clean_run, monkeypatch, caplog):
+    """The range digests are in the checksummed record: one flipped digit and the shard is packed
+    again, so the manifest's content_sha256 stays the clean run's."""
+    staging = crash_at(monkeypatch, 5, config(tmp_path, corpus))
+    edit_record(record_of(staging, 2), flip_digest)
+    with caplog.at_level(logging.INFO, logger="raypack.resume"):
+        assert resume(monkeypatch, config(tmp_path, corpus)) == [2, 5]
+    assert tree_digest(tmp_path / "out") == clean_run
+    assert [r.message for r in caplog.records if "shard 2" in r.message and "checksum" in r.message]
+
+
+def test_record_with_misshapen_digests_is_repacked_even_with_a_valid_checksum(tmp_path, corpus, clean_run,
+                                                                              monkeypatch, caplog):
+    staging = crash_at(monkeypatch, 5, config(tmp_path, corpus))
+    path = record_of(staging, 1)
+    record = json.load(open(path))
+    record.pop("record_sha256")
+    record["result"]["file"]["digests"] = record["result"]["file"]["digests"][64:]
+    canonical = json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
+    record["record_sha256"] = hashlib.sha256(canonical).hexdigest()  # as the packer computes it
+    json.dump(record, open(path, "w"))
+    with caplog.at_level(logging.INFO, logger="raypack.resume"):
+        assert resume(monkeypatch, config(tmp_path, corpus)) == [1, 5]
+    assert tree_digest(tmp_path / "out") == clean_run
+    assert [r.message for r in caplog.records if "shard 1" in r.message and "range digests" in r.message]
+
+
 # A corpus of JSONL shards larger than 2 MiB, so that the middle is read by neither end's MiB.
 BIG = 1 << 21
 
