@@ -15,10 +15,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from raypack.content_digest import CONTENT_GROUP_CHUNKS
 from raypack.core import pack_sequences
 from raypack.errors import InputError
-from raypack.output import FORMAT_VERSION, chunk_file_name, content_sha256
+from raypack.output import CHUNK_FILE_VERSION, FORMAT_VERSION, chunk_file_name
 from raypack.packed import load_manifest, read_packed
+
+from reference import naive_content_sha256
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -40,7 +43,7 @@ def write_packed(out, input_ids, doc_ids, *, file_sizes, batch_sizes=(2, 1, 3), 
     schema = pa.schema(
         [("chunk_index", pa.int64()), ("input_ids", pa.list_(token_type, c)),
          ("segment_doc_ids", pa.list_(pa.int64())), ("segment_lengths", pa.list_(pa.int32()))],
-        metadata={"raypack.format_version": str(FORMAT_VERSION), "raypack.context_length": str(c),
+        metadata={"raypack.format_version": str(CHUNK_FILE_VERSION), "raypack.context_length": str(c),
                   "raypack.pad_token": str(pad_token)},
     )
     files, first = [], 0
@@ -62,10 +65,16 @@ def write_packed(out, input_ids, doc_ids, *, file_sizes, batch_sizes=(2, 1, 3), 
                       "sha256": sha256})
         first += size
     manifest = {"format_version": FORMAT_VERSION, "context_length": c, "pad_token": pad_token,
-                "token_dtype": input_ids.dtype.name, "counts": count_stats(doc_ids), "files": files,
-                "content_sha256": content_sha256(files)}
-    write_manifest(out, manifest)
+                "token_dtype": input_ids.dtype.name, "counts": count_stats(doc_ids), "files": files}
+    write_vouched_manifest(out, manifest)
     return str(out)
+
+
+def write_vouched_manifest(out, manifest: dict) -> None:
+    """Write ``manifest`` with the content_sha256 of the chunk files it lists (docs/FORMAT.md)."""
+    write_manifest(out, {**manifest, "content_sha256": "0" * 64, "content_group_chunks": CONTENT_GROUP_CHUNKS})
+    write_manifest(out, {**manifest, "content_sha256": naive_content_sha256(str(out)),
+                         "content_group_chunks": CONTENT_GROUP_CHUNKS})
 
 
 def count_stats(doc_ids: np.ndarray) -> dict[str, int]:
@@ -256,9 +265,8 @@ def test_property_reads_back_pack_sequences(lengths, context_length, file_patter
 def test_empty_output(tmp_path):
     out = tmp_path / "out"
     os.makedirs(out)
-    write_manifest(out, {"format_version": FORMAT_VERSION, "context_length": 4, "pad_token": 0, "token_dtype": "int32",
-                         "counts": count_stats(np.zeros((0, 4), np.int64)), "files": [],
-                         "content_sha256": content_sha256([])})
+    write_vouched_manifest(out, {"format_version": FORMAT_VERSION, "context_length": 4, "pad_token": 0,
+                                 "token_dtype": "int32", "counts": count_stats(np.zeros((0, 4), np.int64)), "files": []})
     ds = read_packed(str(out))
     assert len(ds) == 0
     assert list(ds.iter_batches(3)) == []
