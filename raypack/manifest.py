@@ -10,9 +10,11 @@ lives in this one module.
 
 :func:`check_manifest` checks, before any chunk file is opened, and raises one-line
 InputErrors naming the manifest, the entry and the value:
-  1. types and ranges of every field: ints are ints (never bools or floats), counts are in
-     ``[0, MAX_COUNT]``, ``context_length`` in ``[1, MAX_CONTEXT_LENGTH]``, ``token_dtype`` a
-     plain integer dtype name and ``pad_token`` inside its range;
+  1. types and ranges of every field: ``format_version`` one of READABLE_FORMAT_VERSIONS, ints
+     are ints (never bools or floats), counts are in ``[0, MAX_COUNT]``, ``context_length`` in
+     ``[1, MAX_CONTEXT_LENGTH]``, ``token_dtype`` a plain integer dtype name and ``pad_token``
+     inside its range, ``content_sha256`` 64 hex digits and (version 3) ``content_group_chunks``
+     in ``[1, MAX_COUNT]``;
   2. every ``files[].path`` matches :data:`raypack.output.CHUNK_FILE_RE` exactly (so it holds
      no ``/``, no ``..`` and is not absolute), its 12-digit number equals ``first_chunk`` and
      its 16 hex digits start ``sha256``;
@@ -27,7 +29,7 @@ InputErrors naming the manifest, the entry and the value:
 Cost: O(files + shards) Python work, which stops at the first bad entry; the manifest itself
 is read whole but never more than ``MAX_MANIFEST_BYTES``.
 
-What is NOT checked here: the chunk files' bytes. :func:`open_chunk_file` compares a file's
+What is NOT checked here: the chunk files' bytes, nor ``content_sha256`` against them. :func:`open_chunk_file` compares a file's
 size with ``num_bytes`` (one stat); only ``raypack verify`` hashes every byte.
 """
 
@@ -46,10 +48,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from raypack.content_digest import CONTENT_GROUP_CHUNKS
 from raypack.core import MAX_CONTEXT_LENGTH
 from raypack.errors import InputError
 from raypack.fs import check_bucket, resolve_filesystem
-from raypack.content_digest import CONTENT_GROUP_CHUNKS
 from raypack.output import CHUNK_FILE_RE, FORMAT_VERSION, MANIFEST_NAME, WrittenFile, content_sha256, write_whole
 
 if TYPE_CHECKING:

@@ -7,14 +7,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raypack.content_digest import (CONTENT_GROUP_CHUNKS, ContentHasher, RangeDigester, RangeLayout, chunk_digests,
-                                    content_header, range_layout)
+from raypack.content_digest import (
+    CONTENT_GROUP_CHUNKS,
+    ContentHasher,
+    RangeDigester,
+    RangeLayout,
+    chunk_digests,
+    content_header,
+    range_layout,
+)
 from raypack.errors import InputError
 from raypack.manifest import load_manifest
 from raypack.output import FORMAT_VERSION, files_sha256
@@ -56,7 +64,8 @@ def naive_digest(input_ids, offsets, doc_ids, lengths, group: int) -> str:
                               + doc_ids[offsets[i]:offsets[i + 1]].astype("<i8").tobytes()
                               + lengths[offsets[i]:offsets[i + 1]].astype("<i4").tobytes()).digest() for i in range(n)]
     groups = b"".join(hashlib.sha256(b"".join(digests[k:k + group])).digest() for k in range(0, n, group))
-    header = f"raypack-content-v3\ntoken_dtype={input_ids.dtype.name}\ncontext_length={c}\nchunks={n}\ngroup_chunks={group}\n"
+    header = (f"raypack-content-v3\ntoken_dtype={input_ids.dtype.name}\ncontext_length={c}\nchunks={n}\n"
+              f"group_chunks={group}\n")
     return hashlib.sha256(header.encode() + groups).hexdigest()
 
 
@@ -202,3 +211,15 @@ def test_version_3_needs_its_group_size(tmp_path, docs, edit):
     json.dump(manifest, open(path, "w"))
     with pytest.raises(InputError, match="content_group_chunks=.*expected an integer"):
         read_packed(out)
+
+
+def test_format_md_recipe_recomputes_the_manifest(tmp_path, docs, monkeypatch):
+    """The snippet in docs/FORMAT.md, run as printed, agrees with the manifest (it asserts so)."""
+    text = open(os.path.join(os.path.dirname(__file__), "..", "docs", "FORMAT.md")).read()
+    code = re.search(r"## `content_sha256`.*?```python\n(.*?)```", text, re.S).group(1)
+    shard_dir = write_shards(tmp_path, docs[:200], [60])
+    pack(tmp_path, shard_dir)
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(code, scope)  # noqa: S102 - our own documentation
+    assert len(scope["d"]) == json.load(open(tmp_path / "out" / "manifest.json"))["counts"]["chunks"] > 0

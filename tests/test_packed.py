@@ -266,7 +266,8 @@ def test_empty_output(tmp_path):
     out = tmp_path / "out"
     os.makedirs(out)
     write_vouched_manifest(out, {"format_version": FORMAT_VERSION, "context_length": 4, "pad_token": 0,
-                                 "token_dtype": "int32", "counts": count_stats(np.zeros((0, 4), np.int64)), "files": []})
+                                 "token_dtype": "int32", "counts": count_stats(np.zeros((0, 4), np.int64)),
+                                 "files": []})
     ds = read_packed(str(out))
     assert len(ds) == 0
     assert list(ds.iter_batches(3)) == []

@@ -20,9 +20,9 @@ import pytest
 from raypack.config import make_config
 from raypack.job import run_pack
 from raypack.output import chunk_file_name
+from raypack.verify import VerifyError, VerifyReport, verify_output
 
 from reference import naive_content_sha256
-from raypack.verify import VerifyError, VerifyReport, verify_output
 
 C = 8
 

@@ -5,16 +5,18 @@ discrepancy, raising :class:`VerifyError` with a message naming it (file, chunk,
 doc id, expected vs found). numpy and pyarrow only, no Ray; the output is read with plain
 pyarrow, independently of ``raypack.packed``. Checks, in this order, one module each:
 
-  0. Manifest: it passes :func:`raypack.manifest.load_manifest` (format version 2, every field
+  0. Manifest: it passes :func:`raypack.manifest.load_manifest` (format version 2 or 3, every field
      typed and in range, file names after their first chunk and hash, files tiling chunks
      ``0..n-1``; for best_fit also ``best_fit_window`` and the shards' chunk ranges).
   1. Files (:mod:`.files`): every listed file exists, no unlisted ``chunks-*.arrow`` does, each
      opened only as a plain file directly inside the directory, its size and sha256 (hashed
-     streaming) as recorded; ``content_sha256`` is the sha256 of the digests, one per line.
+     streaming) as recorded; in format version 2, ``content_sha256`` is the sha256 of those digests,
+     one per line.
   2. Structure, one block of ``batch_chunks`` chunks at a time, in global order (:mod:`.blocks`
      decodes; :mod:`.structure` holds what every strategy checks: schema, row counts, no nulls,
      ``chunk_index`` ``0..n-1``, segment lengths > 0 summing to C, and the manifest's counts at
-     the end). The strategy's own rules: :mod:`.concat` (doc ids along the output, padding only
+     the end; in format version 3, ``content_sha256`` recomputed from the decoded chunks,
+     :mod:`.content`). The strategy's own rules: :mod:`.concat` (doc ids along the output, padding only
      at the very end) or :mod:`.best_fit` (per chunk and per window; the layout best-fit
      decreasing must produce comes from :mod:`.best_fit_layout`). :data:`STRUCTURES` maps a
      manifest's strategy to its check class.
@@ -24,7 +26,8 @@ pyarrow, independently of ``raypack.packed``. Checks, in this order, one module 
 Memory: ``batch_chunks * C`` output positions (tokens plus int64 doc ids), one input read batch
 of ``INPUT_BATCH_DOCS`` documents and, for best_fit, one window held back. Cost: every file is
 read twice (hash, then decode; the second read is usually served by the page cache), the inputs
-once, and O(tokens) numpy work; no Python loop runs per token, document or segment.
+once, and O(tokens) numpy work plus three hashlib calls per chunk (the content digest); no Python
+loop runs per token, document or segment.
 """
 
 from __future__ import annotations

@@ -100,7 +100,8 @@ def _check_schema(schema: pa.Schema, path: str, manifest: dict[str, Any]) -> Non
         if not _same_type(found, typ):
             raise VerifyError(f"{path}: column {name} has type {found}, expected {typ}")
     metadata = {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
-    expected_metadata = (("format_version", CHUNK_FILE_VERSION, "chunk files have"), ("context_length", c, "the manifest says"),
+    expected_metadata = (("format_version", CHUNK_FILE_VERSION, "chunk files have"),
+                         ("context_length", c, "the manifest says"),
                          ("pad_token", manifest["pad_token"], "the manifest says"))
     for key, value, source in expected_metadata:
         if metadata.get(f"raypack.{key}") != str(value):
