@@ -29,8 +29,9 @@ InputErrors naming the manifest, the entry and the value:
 Cost: O(files + shards) Python work, which stops at the first bad entry; the manifest itself
 is read whole but never more than ``MAX_MANIFEST_BYTES``.
 
-What is NOT checked here: the chunk files' bytes, nor ``content_sha256`` against them. :func:`open_chunk_file` compares a file's
-size with ``num_bytes`` (one stat); only ``raypack verify`` hashes every byte.
+What is NOT checked here: the chunk files' bytes, nor ``content_sha256`` against them.
+:func:`open_chunk_file` compares a file's size with ``num_bytes`` (one stat); only
+``raypack verify`` hashes every byte.
 """
 
 from __future__ import annotations
