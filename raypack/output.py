@@ -283,7 +283,9 @@ class ChunkFileWriter:
     """Writes one chunk file: appends chunks in order, then publishes it whole (:class:`AtomicFile`).
 
     Rows are buffered until a record batch boundary (a global multiple of
-    ``chunks_per_record_batch``), so the bytes do not depend on how chunks arrive.
+    ``chunks_per_record_batch``), so the bytes do not depend on how chunks arrive. The chunks'
+    range digests (raypack.content_digest) are computed as each batch is written and returned
+    in :attr:`WrittenFile.digests`.
     """
 
     def __init__(self, out_dir: str, first_chunk: int, schema: pa.Schema, chunks_per_record_batch: int) -> None:
@@ -322,7 +324,7 @@ class ChunkFileWriter:
         context_length = self.schema.field("input_ids").type.list_size
         merged = concat_chunks(self._pending, context_length, self._pending[0].input_ids.dtype)
         self._writer.write_batch(chunks_to_record_batch(merged, self.next_chunk, self.schema))
-        self._digester.add(*merged)
+        self._digester.add(merged.input_ids, merged.segment_offsets, merged.segment_doc_ids, merged.segment_lengths)
         self.next_chunk += self._pending_rows
         self._pending, self._pending_rows = [], 0
 
