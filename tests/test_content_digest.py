@@ -11,7 +11,7 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from raypack.content_digest import (
@@ -29,7 +29,7 @@ from raypack.output import FORMAT_VERSION, files_sha256
 from raypack.packed import read_packed
 from raypack.verify import VerifyError, verify_output
 
-from helpers import file_digests, pack, random_corpus, read_output, write_shards
+from helpers import file_digests, pack, random_corpus, read_output, sharded_corpora, write_shards
 from reference import naive_content_sha256
 
 G = CONTENT_GROUP_CHUNKS
@@ -152,6 +152,19 @@ def test_same_documents_in_1_3_8_shards_give_one_content_sha256(tmp_path, docs):
     file_lists = [tuple(f["path"] for f in m["files"]) for _, _, _, m in runs.values()]
     assert len(set(file_lists)) == 3  # the files differ, the digest does not
     verify_output(runs[8][0], [])
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(corpus=sharded_corpora(), context_length=st.sampled_from([1, 3, 8]), batch=st.integers(1, 7))
+def test_any_shard_split_gives_the_one_shard_digest(tmp_path_factory, corpus, context_length, batch):
+    docs, cuts = corpus
+    digests = set()
+    for name, shard_cuts in (("one", []), ("cut", cuts)):
+        root = tmp_path_factory.mktemp(name)
+        summary = pack(root, write_shards(root, docs, shard_cuts), context_length=context_length, read_batch_size=batch)
+        assert summary.manifest["content_sha256"] == naive_content_sha256(summary.output)
+        digests.add(summary.manifest["content_sha256"])
+    assert len(digests) == 1
 
 
 def test_best_fit_content_sha256_is_the_definition(tmp_path, docs):
