@@ -254,6 +254,18 @@ def test_byte_pieces_literal():
     assert list(_byte_pieces(pa.array([], pa.string()), 4)) == []
 
 
+def test_dispatch_order_is_largest_first_and_leaves_the_plan_alone(tmp_path):
+    texts = ["a" * 10] * 3 + ["b" * 5000] * 3 + ["c" * 100] * 3
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"text": texts}), path, row_group_size=3)  # 3 row groups: small, large, middle
+    tasks = tokenize_job.plan_text_tasks((str(path),), TextOptions(tokenizer="unused", task_rows=1))
+    assert [(t.start, t.end) for t in tasks] == [(0, 1), (1, 2), (2, 3)]
+    assert tasks[1].text_bytes > tasks[2].text_bytes > tasks[0].text_bytes > 0
+    assert [t.task_index for t in tokenize_job.dispatch_order(tasks)] == [1, 2, 0]
+    same = [tokenize_job.TextTask(k, "p", "jsonl", 0, 1, 7) for k in range(3)]
+    assert [t.task_index for t in tokenize_job.dispatch_order(same)] == [0, 1, 2]
+
+
 def test_rayon_threads_share_the_cpus():
     assert [rayon_threads(2, n) for n in (1, 2, 3)] == [2, 1, 1]
     assert rayon_threads(16.0, 4) == 4
