@@ -161,7 +161,7 @@ def tokenize_for_pack(work_dir: str, pack_config, text: TextOptions, engine: str
         os.makedirs(directory, exist_ok=True)
     manifest = tokenize_into(directory, config, tasks, engine, resume)
     save_tokenized_manifest(directory, manifest)
-    return make_plan(replace(pack_config, inputs=(directory,)))
+    return replace(make_plan(replace(pack_config, inputs=(directory,))), text_inputs=True)
 
 
 def plan_text_tasks(inputs: tuple[str, ...], text: TextOptions) -> list[TextTask]:
