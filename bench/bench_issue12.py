@@ -40,7 +40,7 @@ def job(args) -> None:
             if p.returncode:
                 raise SystemExit(p.stderr)
             times[name].append(s)
-            line = [l for l in p.stdout.splitlines() if l.strip().startswith("packing")]
+            line = [ln for ln in p.stdout.splitlines() if ln.strip().startswith("packing")]
             print(f"rep {rep} {name}: {s:.2f}s wall; {line[0].strip() if line else ''}; load {os.getloadavg()[0]:.2f}",
                   flush=True)
     print(f"load average after: {os.getloadavg()}")

@@ -10,14 +10,16 @@ tokens: 6 copies give ~50M), written as ``--shards`` Parquet shards (column ``te
 Tokenizer: a byte-level BPE of ``--vocab`` ids trained on (at most 8 MB of) that text in this run.
 Steps 1, 2 and 5 run ``--repeats`` times each, in turn.
 
-  1. floor: ``Tokenizer.encode_batch_fast(texts, add_special_tokens=False)`` in this process over
-     all texts (in memory, all cores, batches of 1024 documents);
+  1. floors: ``Tokenizer.encode_batch(texts, add_special_tokens=False)`` (the issue's floor) and
+     ``encode_batch_fast`` (the same ids without character offsets, what raypack calls: the
+     stricter floor), in this process over all texts (in memory, all cores, batches of 1024
+     documents);
   2. ``run_pack(..., text=TextOptions(...))`` on Ray with ``--workers`` actors, timed after Ray has
      started (init_ray before the clock): read, tokenize, write, plan, pack, publish;
   3. ``run_tokenize`` alone on the same Ray (the tokenize stage, its own publish included);
-  4. worker peak RSS: ``tokenize_task`` on shard 0 as one task, then on shard 0 repeated 10x (10
-     row groups of the same size) as one task, each in a fresh process; VmHWM minus the RSS
-     once the tokenizer is loaded.
+  4. worker peak RSS: ``tokenize_task`` on shard 0 repeated ``--peak-grow`` times (e.g. 1 and
+     10: row groups of the same size) as one task, each in a fresh process with the tokenizer
+     threads a job worker gets (CPUs // workers); VmHWM minus the RSS once the tokenizer is loaded.
 
   5. ``--hf``: the Hugging Face recipe, end to end from the same Parquet shards to a saved packed
      dataset, in a fresh process (imports before the clock): ``load_dataset("parquet")``,
@@ -55,7 +57,9 @@ _PEAK_SCRIPT = r"""
 import json, sys
 from raypack.shard_pack import current_rss_bytes
 from raypack.tokenize_tasks import TextTask, TokenizeSettings, load_worker_tokenizer, tokenize_task
+from raypack.tokenize_tasks import set_thread_env
 settings = TokenizeSettings(**json.loads(sys.argv[1]))
+set_thread_env(settings.num_threads)  # as the job's actor does, before the first encode
 tokenizer = load_worker_tokenizer(settings)
 base = current_rss_bytes()
 open("/proc/self/clear_refs", "w").write("5")  # reset VmHWM
@@ -122,14 +126,19 @@ def write_shards(texts: list[str], root: Path, num_shards: int) -> list[Path]:
     return paths
 
 
-def floor_tokens_per_s(texts: list[str], tokenizer_path: Path) -> tuple[int, float]:
+def floor_tokens_per_s(texts: list[str], tokenizer_path: Path, method: str = "encode_batch") -> tuple[int, float]:
+    """One process, ``Tokenizer.<method>`` (all cores) over ``texts`` in memory, batches of 1,024.
+
+    ``encode_batch`` is the issue's floor; ``encode_batch_fast`` (what raypack calls: the same
+    ids without the character offsets) is the stricter one."""
     import tokenizers
 
     tok = tokenizers.Tokenizer.from_file(str(tokenizer_path))
+    encode = getattr(tok, method)
     start = time.perf_counter()
     num_tokens = 0
     for k in range(0, len(texts), 1024):
-        num_tokens += sum(len(e.ids) for e in tok.encode_batch_fast(texts[k:k + 1024], add_special_tokens=False))
+        num_tokens += sum(len(e.ids) for e in encode(texts[k:k + 1024], add_special_tokens=False))
     return num_tokens, time.perf_counter() - start
 
 
@@ -143,7 +152,7 @@ def job_tokens_per_s(text_dir: Path, tokenizer_path: Path, out: Path, workers: i
     return summary.manifest["counts"]["tokens"], summary.seconds
 
 
-def worker_peak(shard: Path, repeat: int, root: Path, tokenizer_path: Path) -> dict:
+def worker_peak(shard: Path, repeat: int, root: Path, tokenizer_path: Path, num_threads: int) -> dict:
     base_texts = pq.read_table(shard).column("text").to_pylist()
     path = root / f"grown-{repeat}.parquet"
     pq.write_table(pa.table({"text": base_texts * repeat}), path, row_group_size=len(base_texts))  # one task
@@ -151,7 +160,8 @@ def worker_peak(shard: Path, repeat: int, root: Path, tokenizer_path: Path) -> d
 
     identity = load_tokenizer(str(tokenizer_path)).identity()
     settings = {"out_dir": str(root / f"peak-{repeat}"), "tokenizer": str(tokenizer_path),
-                "tokenizer_sha256": identity["sha256"], "text_column": "text", "token_dtype": "uint16"}
+                "tokenizer_sha256": identity["sha256"], "text_column": "text", "token_dtype": "uint16",
+                "num_threads": num_threads}
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     done = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, json.dumps(settings), str(path)],
                           capture_output=True, text=True, env=env, check=True)
@@ -173,6 +183,7 @@ def main() -> None:
     parser.add_argument("--hf", action="store_true", help="also run datasets.map + group_texts (num_proc=workers)")
     parser.add_argument("--no-stage", action="store_true", help="skip the tokenize stage alone")
     parser.add_argument("--no-peak", action="store_true", help="skip the worker peak memory")
+    parser.add_argument("--peak-grow", default="1,10", help="shard 0 repeated this many times (one task each)")
     args = parser.parse_args()
     print(f"load average before: {os.getloadavg()}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -187,12 +198,16 @@ def main() -> None:
         tokenizer_path = root / "tokenizer.json"
         for repeat in range(args.repeats):
             print(f"-- repeat {repeat + 1}/{args.repeats}, load average {os.getloadavg()}")
-            num_tokens, seconds = floor_tokens_per_s(texts, tokenizer_path)
+            num_tokens, seconds = floor_tokens_per_s(texts, tokenizer_path, "encode_batch")
             floor = num_tokens / seconds
-            print(f"floor  encode_batch_fast, one process:   {rate(num_tokens, seconds)}  load {os.getloadavg()[0]:.2f}")
+            print(f"floor  encode_batch, one process:        {rate(num_tokens, seconds)}  load {os.getloadavg()[0]:.2f}")
+            fast_tokens, fast_seconds = floor_tokens_per_s(texts, tokenizer_path, "encode_batch_fast")
+            fast = fast_tokens / fast_seconds
+            print(f"floor  encode_batch_fast, one process:   {rate(fast_tokens, fast_seconds)}  load {os.getloadavg()[0]:.2f}")
             job_tokens, job_seconds = job_tokens_per_s(root / "text", tokenizer_path, root / "packed", args.workers)
             print(f"job    pack --tokenizer, {args.workers} workers (Ray up): {rate(job_tokens, job_seconds)} = "
-                  f"{job_tokens / job_seconds / floor:.2f}x floor  load {os.getloadavg()[0]:.2f}")
+                  f"{job_tokens / job_seconds / floor:.2f}x encode_batch, {job_tokens / job_seconds / fast:.2f}x "
+                  f"encode_batch_fast  load {os.getloadavg()[0]:.2f}")
             if args.hf:
                 hf = hf_tokens_per_s(root / "text", tokenizer_path, root, args.workers)
                 print(f"hf     datasets.map num_proc={args.workers} + group_texts + save: {rate(hf['tokens'], hf['seconds'])} = "
@@ -206,8 +221,11 @@ def main() -> None:
             print(f"stage  tokenize alone, {args.workers} workers (Ray up):   {rate(job_tokens, summary.seconds)} = "
                   f"{job_tokens / summary.seconds / floor:.2f}x floor")
         if not args.no_peak:
-            for grow in (1, 10):
-                peak = worker_peak(shards[0], grow, root, tokenizer_path)
+            from raypack.tokenize_tasks import rayon_threads
+
+            threads = rayon_threads(os.cpu_count() or 1, args.workers)  # what each of the job's workers gets
+            for grow in map(int, args.peak_grow.split(",")):
+                peak = worker_peak(shards[0], grow, root, tokenizer_path, threads)
                 print(f"worker shard x{grow:<2}: {peak['bytes'] / 1e6:7.1f} MB text, {peak['tokens']:>11,} tokens, "
                       f"peak RSS added {peak['peak_added'] / 2**20:7.1f} MiB")
     print(f"load average after: {os.getloadavg()}")

@@ -132,6 +132,8 @@ class ShardInfo:
     """Arrow value type of the token lists, e.g. "int32", "int64", "uint16"."""
     count_method: str
     """"parquet-footer", "scan" or "ipc-offsets"."""
+    source: dict | None = None
+    """A tokenized corpus's part: the text it came from ({"path", "format", "start", "end"})."""
 
 
 def inspect_shard(

@@ -437,8 +437,17 @@ def _open_remote(filesystem: pafs.FileSystem, path: str) -> tuple[pa.NativeFile,
 # ----------------------------------------------------------------------------- building and saving
 
 
-def _shard_row(shard, task, packing: PackingStrategy) -> dict[str, Any]:
-    return {"path": shard.path, "format": shard.format, "num_docs": shard.num_docs, "num_tokens": shard.num_tokens,
+def _shard_row(shard, task, packing: PackingStrategy, text_inputs: bool) -> dict[str, Any]:
+    """One input shard. A tokenized corpus's part also names its text source; with
+    ``text_inputs`` (``pack --tokenizer``, whose parts are not kept) the text source is the
+    shard: format "text" and the text's own format and range under "text"."""
+    source = getattr(shard, "source", None)
+    if text_inputs and source is not None:
+        where = {"path": source["path"], "format": "text",
+                 "text": {k: source[k] for k in ("format", "start", "end")}}
+    else:
+        where = {"path": shard.path, "format": shard.format, **({"source": source} if source else {})}
+    return {**where, "num_docs": shard.num_docs, "num_tokens": shard.num_tokens,
             "doc_offset": task.doc_offset, "token_offset": task.token_offset, **packing.shard_row_extras(task)}
 
 
@@ -454,7 +463,7 @@ def build_manifest(config: PackConfig, plan: Plan, files: list[WrittenFile], cou
         **plan.packing.manifest_fields(),
         "counts": counts,
         "files": file_rows,
-        "shards": [_shard_row(s, t, plan.packing) for s, t in zip(plan.shards, plan.tasks)],
+        "shards": [_shard_row(s, t, plan.packing, plan.text_inputs) for s, t in zip(plan.shards, plan.tasks)],
         "content_sha256": content_sha256(files, plan.token_dtype, config.context_length, counts["chunks"]),
         "content_group_chunks": CONTENT_GROUP_CHUNKS,
         "config": config.output_dict(),

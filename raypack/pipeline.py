@@ -222,8 +222,10 @@ def count_chunks(
 
 
 def _map_shards(actor_class: type, tasks: Sequence[ShardTask], settings: PackSettings, num_workers: int,
-                worker_num_cpus: float) -> Iterator[pa.Table]:
-    """Run ``actor_class`` over the shards, one shard per call, on a pool of stateful actors."""
+                worker_num_cpus: float, in_flight: int = 2) -> Iterator[pa.Table]:
+    """Run ``actor_class`` over the tasks, one per call, on a pool of stateful actors, handed
+    out in the order given. ``in_flight``: calls queued per actor (1 hands each task to the
+    first actor that is free: best for long tasks of uneven size)."""
     if not tasks:
         return iter(())
     dataset = ray.data.from_items([asdict(t) for t in tasks], override_num_blocks=len(tasks))
@@ -233,7 +235,7 @@ def _map_shards(actor_class: type, tasks: Sequence[ShardTask], settings: PackSet
         batch_size=1,
         batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=max(1, min(num_workers, len(tasks))),
-                                           max_tasks_in_flight_per_actor=2),
+                                           max_tasks_in_flight_per_actor=in_flight),
         num_cpus=worker_num_cpus,
     )
     return mapped.iter_batches(batch_size=None, batch_format="pyarrow")
@@ -318,7 +320,8 @@ class TextTokenizerActor:
 
 def tokenize_texts(tasks: Sequence, settings, *, num_workers: int, worker_num_cpus: float,
                    on_result: Callable | None = None) -> list:
-    """Run every text task (raypack.tokenize_tasks) on a pool of tokenizer actors; results in task order.
+    """Run every text task (raypack.tokenize_tasks) on a pool of tokenizer actors, handed out in
+    the order given, one at a time to whichever actor is free; results in task order.
 
     Each actor's tokenizer gets ``cluster CPUs // actors`` threads (rayon_threads says why).
     """
@@ -331,7 +334,8 @@ def tokenize_texts(tasks: Sequence, settings, *, num_workers: int, worker_num_cp
     settings = replace(settings, num_threads=rayon_threads(cpus, num_actors))
     errors: dict[int, str] = {}
     results = []
-    for block in _blocks(_map_shards(TextTokenizerActor, tasks, settings, num_workers, worker_num_cpus), errors):
+    for block in _blocks(_map_shards(TextTokenizerActor, tasks, settings, num_workers, worker_num_cpus, in_flight=1),
+                         errors):
         for row in block.to_pylist():
             results.append(TextResult(**row))
             if on_result is not None:

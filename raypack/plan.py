@@ -38,6 +38,9 @@ class Plan:
     packing: PackingStrategy = field(default_factory=default_strategy)
     tokenizer: dict | None = None
     """Tokenized-corpus inputs: their tokenizer identity and text options (the packed manifest's "tokenizer")."""
+    text_inputs: bool = False
+    """``pack --tokenizer``: the shards are this run's own tokenized parts, gone once it publishes;
+    the manifest names the text each came from instead."""
 
     @property
     def num_chunks(self) -> int:

@@ -61,11 +61,13 @@ def _check_batch_rows(batch_rows: int) -> None:
 
 
 class ParquetTextTask(NamedTuple):
-    """Row groups [row_group_start, row_group_end) of one file, holding num_rows rows."""
+    """Row groups [row_group_start, row_group_end) of one file, holding num_rows rows in
+    num_bytes bytes (the footer's uncompressed size of those row groups: a task's cost)."""
 
     row_group_start: int
     row_group_end: int
     num_rows: int
+    num_bytes: int
 
 
 def parquet_row_group_tasks(path: str, *, target_rows: int | None = None) -> list[ParquetTextTask]:
@@ -77,12 +79,13 @@ def parquet_row_group_tasks(path: str, *, target_rows: int | None = None) -> lis
     with open_input_file(fs, fs_path, path) as source:
         metadata = open_parquet(source, path).metadata
     tasks: list[ParquetTextTask] = []
-    start, num_rows = 0, 0
+    start, num_rows, num_bytes = 0, 0, 0
     for group in range(metadata.num_row_groups):
         num_rows += metadata.row_group(group).num_rows
+        num_bytes += metadata.row_group(group).total_byte_size
         if target_rows is None or num_rows >= target_rows or group == metadata.num_row_groups - 1:
-            tasks.append(ParquetTextTask(start, group + 1, num_rows))
-            start, num_rows = group + 1, 0
+            tasks.append(ParquetTextTask(start, group + 1, num_rows, num_bytes))
+            start, num_rows, num_bytes = group + 1, 0, 0
     return tasks
 
 

@@ -161,7 +161,7 @@ def tokenize_for_pack(work_dir: str, pack_config, text: TextOptions, engine: str
         os.makedirs(directory, exist_ok=True)
     manifest = tokenize_into(directory, config, tasks, engine, resume)
     save_tokenized_manifest(directory, manifest)
-    return make_plan(replace(pack_config, inputs=(directory,)))
+    return replace(make_plan(replace(pack_config, inputs=(directory,))), text_inputs=True)
 
 
 def plan_text_tasks(inputs: tuple[str, ...], text: TextOptions) -> list[TextTask]:
@@ -173,13 +173,13 @@ def plan_text_tasks(inputs: tuple[str, ...], text: TextOptions) -> list[TextTask
         fmt = shard_format(path)
         if fmt == "parquet":
             groups = parquet_row_group_tasks(path, target_rows=text.task_rows)
-            ranges = [(g.row_group_start, g.row_group_end) for g in groups]
+            ranges = [(g.row_group_start, g.row_group_end, g.num_bytes) for g in groups]
         elif fmt == "jsonl":
-            ranges = jsonl_byte_range_tasks(path, text.task_bytes)
+            ranges = [(start, end, end - start) for start, end in jsonl_byte_range_tasks(path, text.task_bytes)]
         else:
             raise InputError(f"text input {path} is {fmt}; give text as Parquet (a string column) or JSON Lines")
         first = len(tasks)
-        tasks.extend(TextTask(first + k, path, fmt, start, end) for k, (start, end) in enumerate(ranges))
+        tasks.extend(TextTask(first + k, path, fmt, start, end, size) for k, (start, end, size) in enumerate(ranges))
     return tasks
 
 
@@ -229,12 +229,21 @@ def _tokenize_locally(tasks: list[TextTask], settings: TokenizeSettings, tokeniz
     return results
 
 
+def dispatch_order(tasks: list[TextTask]) -> list[TextTask]:
+    """The largest tasks first (ties in input order), so the tasks still running when the
+    others have finished are short ones and no worker idles long at the end (longest
+    processing time first). The output does not depend on the order: each task writes its own
+    part file, and results are put back in task order."""
+    return sorted(tasks, key=lambda t: (-t.text_bytes, t.task_index))
+
+
 def _tokenize_with_ray(tasks: list[TextTask], settings: TokenizeSettings, config: TokenizeConfig) -> list[TextResult]:
     from raypack.job import on_ray
     from raypack.pipeline import init_ray
 
     init_ray(config.address)
     progress = Progress("tokenized", len(tasks), "tasks")
+    largest_first = dispatch_order(tasks)
     return on_ray(lambda pipeline: pipeline.tokenize_texts(
-        tasks, settings, num_workers=config.num_workers, worker_num_cpus=config.worker_num_cpus,
+        largest_first, settings, num_workers=config.num_workers, worker_num_cpus=config.worker_num_cpus,
         on_result=lambda r: progress.add(r.num_tokens)), "a tokenizer")

@@ -64,6 +64,8 @@ class TextTask:
     format: str
     start: int
     end: int
+    text_bytes: int = 0
+    """Planning's estimate of the task's text (footer or byte range): its cost, for scheduling."""
 
 
 @dataclass(frozen=True)

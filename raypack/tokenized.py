@@ -126,6 +126,16 @@ def tokenizer_record(inputs: Sequence[str]) -> dict[str, Any] | None:
     return records[0]
 
 
+def _source(source: Any) -> dict | None:
+    """A part's text source as the manifest gives it, if well formed (only copied into the packed
+    manifest, never opened)."""
+    keys = {"path": str, "format": str, "start": int, "end": int}
+    if isinstance(source, dict) and set(source) == set(keys) and all(
+            isinstance(source[k], t) and not isinstance(source[k], bool) for k, t in keys.items()):
+        return dict(source)
+    return None
+
+
 def _manifest_shard_infos(directory: str, manifest: dict[str, Any], token_column: str) -> list[ShardInfo]:
     where = f"{directory}/{MANIFEST_NAME}"
     if manifest.get("token_column") != token_column:
@@ -144,7 +154,8 @@ def _manifest_shard_infos(directory: str, manifest: dict[str, Any], token_column
                 raise InputError(f"{where}: {name} is {found}, the manifest says {shard['num_bytes']} bytes; "
                                  f"the corpus changed since it was written: re-run raypack tokenize")
             infos.append(ShardInfo(f"{directory.rstrip('/')}/{name}", "parquet", int(shard["num_docs"]),
-                                   int(shard["num_tokens"]), str(manifest["token_dtype"]), "manifest"))
+                                   int(shard["num_tokens"]), str(manifest["token_dtype"]), "manifest",
+                                   _source(shard.get("source"))))
     except (KeyError, TypeError, ValueError) as e:
         if isinstance(e, InputError):
             raise

@@ -155,6 +155,25 @@ def test_pack_with_tokenizer_equals_tokenize_then_pack(tmp_path, text_dir, tok, 
     assert main(["verify", str(tmp_path / "one")]) == 0
 
 
+def test_manifests_name_the_text_each_shard_came_from(tmp_path, text_dir, tok, caplog):
+    tokenized = tokenize(tmp_path, text_dir, tok)
+    common = dict(context_length=32, pad_token=0)
+    two = run_pack(make_config(dict(inputs=[tokenized], output=str(tmp_path / "two"), **common)), engine="local")
+    one = run_pack(make_config(dict(inputs=[text_dir], output=str(tmp_path / "one"), **common)), engine="local",
+                   text=options(tok))
+    sources = [s["source"] for s in json.load(open(os.path.join(tokenized, "manifest.json")))["shards"]]
+    assert [s["source"] for s in two.manifest["shards"]] == sources  # the parts are kept: path is the part
+    assert all(s["path"].startswith(tokenized) and s["format"] == "parquet" for s in two.manifest["shards"])
+    rows = one.manifest["shards"]  # the parts are gone: the shard is its text range
+    assert [(r["path"], r["format"], r["text"]) for r in rows] == [
+        (s["path"], "text", {k: s[k] for k in ("format", "start", "end")}) for s in sources]
+    assert all(os.path.exists(r["path"]) for r in rows)
+    assert [r["num_tokens"] for r in rows] == [r["num_tokens"] for r in two.manifest["shards"]]
+    with caplog.at_level("INFO"):
+        assert main(["verify", str(tmp_path / "one")]) == 0
+    assert "inputs were text" in caplog.text and "gone" not in caplog.text
+
+
 def test_both_routes_record_the_tokenizer_in_the_packed_manifest(tmp_path, text_dir, tok):
     tokenized = tokenize(tmp_path, text_dir, tok, bos="<bos>", eos="<eos>")
     common = dict(context_length=32, pad_token=0)
@@ -167,11 +186,10 @@ def test_both_routes_record_the_tokenizer_in_the_packed_manifest(tmp_path, text_
     assert expected["options"]["bos"] == "<bos>" and expected["options"]["text_column"] == "text"
     assert manifest_of(tmp_path / "one")["tokenizer"] == manifest_of(tmp_path / "two")["tokenizer"] == expected
     differ = {k for k in one.manifest if one.manifest[k] != two.manifest[k]}
-    assert differ == {"config", "shards"}  # only paths: config inputs and each shard's path
-    strip = [[{k: v for k, v in row.items() if k != "path"} for row in m.manifest["shards"]] for m in (one, two)]
+    assert differ == {"config", "shards"}  # only where: config inputs and each shard's path/source
+    where = ("path", "format", "source", "text")
+    strip = [[{k: v for k, v in row.items() if k not in where} for row in m.manifest["shards"]] for m in (one, two)]
     assert strip[0] == strip[1]
-    assert [os.path.basename(r["path"]) for r in one.manifest["shards"]] == \
-        [os.path.basename(r["path"]) for r in two.manifest["shards"]]
     cfg_one, cfg_two = one.manifest["config"], two.manifest["config"]
     assert {k for k in cfg_one if cfg_one[k] != cfg_two[k]} == {"inputs"}
     plain = run_pack(make_config(dict(inputs=[os.path.join(tokenized, "*.parquet")], output=str(tmp_path / "p"),
@@ -252,6 +270,18 @@ def test_byte_pieces_literal():
     assert [p.to_pylist() for p in _byte_pieces(texts, 4)] == [["cde", "", "f"], ["ghijkl"], ["m"]]
     assert [p.to_pylist() for p in _byte_pieces(texts, 100)] == [texts.to_pylist()]
     assert list(_byte_pieces(pa.array([], pa.string()), 4)) == []
+
+
+def test_dispatch_order_is_largest_first_and_leaves_the_plan_alone(tmp_path):
+    texts = ["a" * 10] * 3 + ["b" * 5000] * 3 + ["c" * 100] * 3
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"text": texts}), path, row_group_size=3)  # 3 row groups: small, large, middle
+    tasks = tokenize_job.plan_text_tasks((str(path),), TextOptions(tokenizer="unused", task_rows=1))
+    assert [(t.start, t.end) for t in tasks] == [(0, 1), (1, 2), (2, 3)]
+    assert tasks[1].text_bytes > tasks[2].text_bytes > tasks[0].text_bytes > 0
+    assert [t.task_index for t in tokenize_job.dispatch_order(tasks)] == [1, 2, 0]
+    same = [tokenize_job.TextTask(k, "p", "jsonl", 0, 1, 7) for k in range(3)]
+    assert [t.task_index for t in tokenize_job.dispatch_order(same)] == [0, 1, 2]
 
 
 def test_rayon_threads_share_the_cpus():

@@ -57,6 +57,10 @@ def resolve_inputs(manifest: dict[str, Any], inputs: Sequence[str] | None, where
         if not recorded:
             log.info("verify: the manifest lists no shards; inputs not compared")
             return None
+        if any(isinstance(e, dict) and e.get("format") == "text" for e in recorded):
+            log.info("verify: the inputs were text, tokenized inside the run; inputs not compared "
+                     "(to compare, raypack tokenize them and pass the tokenized corpus with --input)")
+            return None
         for k, entry in enumerate(recorded):
             _check_default_input(entry, k, where)
         missing = [e["path"] for e in recorded if not _exists(e["path"])]
