@@ -118,19 +118,25 @@ def _pack_into(target: LocalOutput | ObjectStoreOutput, config: PackConfig, plan
 
 
 def _pack_shards(plan: Plan, settings: PackSettings, config: PackConfig, engine: str, resume: bool) -> list[ShardResult]:
-    kept = {t.shard_index: r for t in plan.tasks if resume and (r := load_verified_result(t, settings))}
-    todo = [t for t in plan.tasks if t.shard_index not in kept]
+    kept = {t.task_index: r for t in plan.tasks if resume and (r := load_verified_result(t, settings))}
+    todo = [t for t in plan.tasks if t.task_index not in kept]
     if kept:
-        log.info("resume: %d of %d shards kept (verified), %d to pack", len(kept), len(plan.tasks), len(todo))
+        log.info("resume: %d of %d %s kept (verified), %d to pack", len(kept), len(plan.tasks),
+                 _unit(plan), len(todo))
     if engine == "local" or not todo:
-        packed = _pack_locally(todo, settings)
+        packed = _pack_locally(todo, settings, _unit(plan))
     else:
-        packed = _pack_with_ray(todo, settings, config)
-    return sorted([*kept.values(), *packed], key=lambda r: r.shard_index)
+        packed = _pack_with_ray(todo, settings, config, _unit(plan))
+    return sorted([*kept.values(), *packed], key=lambda r: r.task_index)
+
+
+def _unit(plan: Plan) -> str:
+    """What the progress lines count: shards, or tasks when a shard was split into several."""
+    return "shards" if len(plan.tasks) == len(plan.shards) else f"tasks ({len(plan.shards)} shards)"
 
 
 def _count_chunks(plan: Plan, settings: PackSettings, config: PackConfig, engine: str) -> list[int]:
-    """The strategy's first pass: each shard's chunk count, from document lengths alone."""
+    """The strategy's first pass: each task's chunk count, from document lengths alone."""
     if engine == "local" or not plan.tasks:
         return [count_shard_chunks(t, settings) for t in plan.tasks]
     return _on_ray(config, lambda pipeline: pipeline.count_chunks(
@@ -138,9 +144,9 @@ def _count_chunks(plan: Plan, settings: PackSettings, config: PackConfig, engine
         "a chunk counter (best_fit's first pass)")
 
 
-def _pack_locally(tasks, settings: PackSettings) -> list[ShardResult]:
-    """One process, shard after shard, with a progress line at most once a second."""
-    results, progress = [], Progress("packed", len(tasks), "shards")
+def _pack_locally(tasks, settings: PackSettings, unit: str = "shards") -> list[ShardResult]:
+    """One process, task after task, with a progress line at most once a second."""
+    results, progress = [], Progress("packed", len(tasks), unit)
     for task in tasks:
         base = current_rss_bytes()  # this process also holds whatever its caller holds
         result = pack_shard(task, settings)
@@ -149,8 +155,8 @@ def _pack_locally(tasks, settings: PackSettings) -> list[ShardResult]:
     return results
 
 
-def _pack_with_ray(tasks, settings: PackSettings, config: PackConfig) -> list[ShardResult]:
-    progress = Progress("packed", len(tasks), "shards")
+def _pack_with_ray(tasks, settings: PackSettings, config: PackConfig, unit: str = "shards") -> list[ShardResult]:
+    progress = Progress("packed", len(tasks), unit)
     return _on_ray(config, lambda pipeline: pipeline.pack_shards(
         tasks, settings, num_workers=config.num_workers, worker_num_cpus=config.worker_num_cpus,
         on_result=lambda r: progress.add(r.num_tokens)), "a packer")

@@ -441,7 +441,7 @@ def build_manifest(config: PackConfig, plan: Plan, files: list[WrittenFile], cou
         **plan.packing.manifest_fields(),
         "counts": counts,
         "files": file_rows,
-        "shards": [_shard_row(s, t, plan.packing) for s, t in zip(plan.shards, plan.tasks)],
+        "shards": [_shard_row(s, t, plan.packing) for s, t in zip(plan.shards, plan.whole_shard_tasks())],
         "content_sha256": content_sha256(file_rows),
         "config": config.output_dict(),
         **({"tokenizer": plan.tokenizer} if plan.tokenizer is not None else {}),

@@ -96,6 +96,9 @@ class PackingStrategy:
     """One sentence for ``--help`` and the config docs."""
     needs_counting_pass: ClassVar[bool] = False
     """True when a shard's first chunk is known only after counting every earlier shard's chunks."""
+    splits_shards: ClassVar[bool] = True
+    """True when a range of a shard's row groups packs exactly like a shard whose documents start
+    there, so the plan may split a large shard into tasks (raypack.plan.shard_tasks)."""
     verify_structure_name: ClassVar[str | Callable[[], type]]
     """``"module:attribute"`` (imported only when asked) or a callable returning the verify
     structure class that checks this strategy's layout chunk by chunk."""
