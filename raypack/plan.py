@@ -7,8 +7,8 @@ about the result depends on which worker runs what, or when.
 
 Tasks. A shard larger than ``task_tokens`` is packed as several tasks, each a range of whole
 row groups (Parquet) or record batches (Arrow IPC file), so that one large file keeps every
-worker busy (:func:`split_units`; the strategy decides whether its shards may be split,
-:meth:`raypack.strategies.base.PackingStrategy.splits_shards`). The split is a function of the
+worker busy (:func:`split_units`; the strategy says at which units a task may start,
+:meth:`raypack.strategies.base.PackingStrategy.task_starts`). The split is a function of the
 footers' per-unit counts and ``task_tokens`` alone, never of the workers, so a rerun gives the
 same tasks and the same files. A task packs exactly like a shard whose documents start at its
 offsets: chunks do not depend on the split, only the files holding them do.
@@ -92,7 +92,7 @@ def make_plan(config: PackConfig, *, max_threads: int = 8) -> Plan:
     for k, info in enumerate(infos):
         whole = ShardTask(k, info.path, info.format, int(offsets.doc_offsets[k]), int(offsets.token_offsets[k]),
                           info.num_docs, info.num_tokens)
-        tasks += shard_tasks(info, whole, config.task_tokens if config.packing.splits_shards else 0, len(tasks))
+        tasks += shard_tasks(info, whole, config.task_tokens, len(tasks), config.packing)
     tasks = tuple(tasks)
     return Plan(tuple(infos), tasks, token_dtype, int(offsets.doc_offsets[-1]),
                 int(offsets.token_offsets[-1]), config.context_length, config.packing,
@@ -113,8 +113,7 @@ def split_units(unit_tokens: Sequence[int], target_tokens: int) -> npt.NDArray[n
     tokens (at least one unit), the next task starts after it; the last task takes what is left.
     Cost: one searchsorted per task.
     """
-    cum = np.zeros(len(unit_tokens) + 1, dtype=np.int64)
-    np.cumsum(np.asarray(unit_tokens, dtype=np.int64), out=cum[1:])
+    cum = _exclusive_cumsum(unit_tokens)
     n, bounds = len(unit_tokens), [0]
     while bounds[-1] < n:
         start = bounds[-1]
@@ -123,17 +122,22 @@ def split_units(unit_tokens: Sequence[int], target_tokens: int) -> npt.NDArray[n
     return np.asarray(bounds, dtype=np.int64)
 
 
-def shard_tasks(info: ShardInfo, whole: ShardTask, target_tokens: int, first_task: int) -> list[ShardTask]:
-    """``whole`` (the shard as one task) split by :func:`split_units`, task indices from
-    ``first_task``; ``[whole]`` when ``target_tokens`` is 0, the shard holds at most that many
-    tokens, or has no per-unit counts (JSONL, an IPC stream)."""
+def shard_tasks(info: ShardInfo, whole: ShardTask, target_tokens: int, first_task: int,
+                packing: PackingStrategy) -> list[ShardTask]:
+    """``whole`` (the shard as one task) split by :func:`split_units` over the units where
+    ``packing`` lets a task start (:meth:`PackingStrategy.task_starts`; the units between two
+    such starts count as one), task indices from ``first_task``. ``[whole]`` when
+    ``target_tokens`` is 0, the shard holds at most that many tokens, it has no per-unit counts
+    (JSONL, an IPC stream) or the split gives one task."""
     if not target_tokens or whole.num_tokens <= target_tokens or len(info.unit_tokens) < 2:
         return [replace(whole, task_index=first_task)]
-    bounds = split_units(info.unit_tokens, target_tokens)
+    unit_rows = _exclusive_cumsum(info.unit_docs)
+    unit_positions = _exclusive_cumsum(info.unit_tokens)
+    starts = np.flatnonzero(packing.task_starts(unit_rows[:-1]) | (np.arange(len(info.unit_docs)) == 0))
+    groups = np.append(starts, len(info.unit_docs))  # units [groups[i], groups[i+1]) move together
+    bounds = groups[split_units(np.diff(unit_positions[groups]), target_tokens)]
     if len(bounds) <= 2:
         return [replace(whole, task_index=first_task)]
-    unit_rows = np.concatenate([[0], np.cumsum(np.asarray(info.unit_docs, dtype=np.int64))])
-    unit_positions = np.concatenate([[0], np.cumsum(np.asarray(info.unit_tokens, dtype=np.int64))])
     return [replace(whole, task_index=first_task + j, row_start=int(unit_rows[start]),
                     doc_offset=whole.doc_offset + int(unit_rows[start]),
                     token_offset=whole.token_offset + int(unit_positions[start]),
@@ -141,6 +145,13 @@ def shard_tasks(info: ShardInfo, whole: ShardTask, target_tokens: int, first_tas
                     num_tokens=int(unit_positions[end] - unit_positions[start]),
                     unit_start=int(start), unit_end=int(end), unit_first_row=int(unit_rows[start]))
             for j, (start, end) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist()))]
+
+
+def _exclusive_cumsum(counts: Sequence[int]) -> npt.NDArray[np.int64]:
+    """(n + 1,) int64: 0, then the running sums of ``counts``."""
+    out = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(counts, dtype=np.int64), out=out[1:])
+    return out
 
 
 def _resolve_token_dtype(config: PackConfig, infos: list[ShardInfo]) -> str:

@@ -113,6 +113,8 @@ def test_tasks_of_a_footer_layout(tmp_path):
     assert len(make_plan(config([path], tmp_path / "out", task_tokens=50)).tasks) == 1  # holds 50: not more
     assert len(make_plan(config([path], tmp_path / "out", task_tokens=1)).tasks) == 4
     assert len(make_plan(config([path], tmp_path / "out", task_tokens=10, strategy="best_fit")).tasks) == 1
+    assert len(make_plan(config([path], tmp_path / "out", task_tokens=10, strategy="best_fit",
+                                best_fit_window=4)).tasks) == 3  # rows 0, 4 and 8 start windows (not 3)
 
 
 def test_jsonl_and_ipc_stream_shards_stay_whole(tmp_path):
@@ -160,9 +162,10 @@ def test_cli_local_splits_and_equals_the_unsplit_run(tmp_path, capsys):
     assert main([*args, "--output", str(tmp_path / "split"), "--task-tokens", "500"]) == 0
     assert main([*args, "--output", str(tmp_path / "whole"), "--task-tokens", "0"]) == 0
     assert main([*args, "--output", str(tmp_path / "split-bf"), "--task-tokens", "500", "--strategy", "best_fit",
-                 "--best-fit-window", "7"]) == 0
+                 "--best-fit-window", "20"]) == 0
     assert main([*args, "--output", str(tmp_path / "whole-bf"), "--task-tokens", "0", "--strategy", "best_fit",
-                 "--best-fit-window", "7"]) == 0
+                 "--best-fit-window", "20"]) == 0
+    assert len(glob.glob(str(tmp_path / "split-bf" / "chunks-*"))) > 1  # not vacuous: best_fit split too
     for name in ("split", "split-bf"):
         whole = chunks_of(tmp_path / name.replace("split", "whole"))
         np.testing.assert_array_equal(chunks_of(tmp_path / name)[0], whole[0])
@@ -170,6 +173,26 @@ def test_cli_local_splits_and_equals_the_unsplit_run(tmp_path, capsys):
     _, _, manifest = read_output(str(tmp_path / "split"))
     assert manifest["config"]["task_tokens"] == 500
     assert manifest["shards"] == read_output(str(tmp_path / "whole"))[2]["shards"]  # one row per shard, as before
+
+
+def test_best_fit_tasks_start_only_on_window_boundaries(tmp_path):
+    """Window 20, row groups of 20, 20, 13, 7, 20, 40 documents: tasks may start at rows 0, 20, 40,
+    60, 80 (never 53); the chunks are those of the unsplit run."""
+    docs = random_docs(8, 120, max_len=12)
+    path = write_parquet(tmp_path / "in" / "one.parquet", docs, [20, 20, 13, 7, 20, 40])
+    runs = {}
+    for name, task_tokens, window in (("split", 1, 20), ("whole", 0, 20), ("split-0", 1, 0)):
+        cfg = config([path], tmp_path / name, task_tokens=task_tokens, strategy="best_fit", best_fit_window=window)
+        runs[name] = [t.row_start for t in make_plan(cfg).tasks]
+        run_pack(cfg, engine="local")
+    assert runs == {"split": [0, 20, 40, 60, 80], "whole": [0], "split-0": [0]}
+    whole, split = chunks_of(tmp_path / "whole"), chunks_of(tmp_path / "split")
+    assert (whole[1] == -1).sum() > 8  # not vacuous: best_fit padded inside the stream
+    np.testing.assert_array_equal(split[0], whole[0])
+    np.testing.assert_array_equal(split[1], whole[1])
+    _, _, manifest = read_output(str(tmp_path / "split"))
+    assert manifest["shards"] == read_output(str(tmp_path / "whole"))[2]["shards"]  # first_chunk, num_chunks too
+    assert len(manifest["files"]) == 5
 
 
 def test_ray_splits_and_equals_the_local_unsplit_run(tmp_path, ray_session):
@@ -185,6 +208,13 @@ def test_ray_splits_and_equals_the_local_unsplit_run(tmp_path, ray_session):
     np.testing.assert_array_equal(parts[0], whole[0])
     np.testing.assert_array_equal(parts[1], whole[1])
     assert file_digests(str(tmp_path / "split")) == file_digests(str(tmp_path / "split-local"))
+    best_fit = dict(strategy="best_fit", best_fit_window=30)  # row groups of 30 and 25: windows at 0, 30, ...
+    run_pack(config([path, ipc], tmp_path / "bf-split", task_tokens=600, **best_fit), engine="ray")
+    run_pack(config([path, ipc], tmp_path / "bf-whole", task_tokens=0, **best_fit), engine="local")
+    assert len(glob.glob(str(tmp_path / "bf-split" / "chunks-*"))) > 3
+    whole, parts = chunks_of(tmp_path / "bf-whole"), chunks_of(tmp_path / "bf-split")
+    np.testing.assert_array_equal(parts[0], whole[0])
+    np.testing.assert_array_equal(parts[1], whole[1])
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -96,9 +96,7 @@ class PackingStrategy:
     """One sentence for ``--help`` and the config docs."""
     needs_counting_pass: ClassVar[bool] = False
     """True when a shard's first chunk is known only after counting every earlier shard's chunks."""
-    splits_shards: ClassVar[bool] = True
-    """True when a range of a shard's row groups packs exactly like a shard whose documents start
-    there, so the plan may split a large shard into tasks (raypack.plan.shard_tasks)."""
+
     verify_structure_name: ClassVar[str | Callable[[], type]]
     """``"module:attribute"`` (imported only when asked) or a callable returning the verify
     structure class that checks this strategy's layout chunk by chunk."""
@@ -169,6 +167,13 @@ class PackingStrategy:
 
     def make_shard_packer(self, task: ShardTask, settings: PackSettings) -> ShardPacker:
         raise NotImplementedError
+
+    def task_starts(self, unit_first_rows: np.ndarray) -> np.ndarray:
+        """Which units (row groups, record batches) a task may start at, given each unit's first
+        row in its shard ((n,) int64 -> (n,) bool; unit 0 is always allowed). A task starting
+        there must pack exactly like a shard whose documents start there (raypack.plan.shard_tasks).
+        Default: every unit (a strategy whose chunks follow token offsets alone)."""
+        return np.ones(unit_first_rows.shape, dtype=bool)
 
     def count_shard_chunks(self, task: ShardTask, settings: PackSettings) -> int:
         """The chunks ``task``'s shard packs into (only when :attr:`needs_counting_pass`)."""
