@@ -23,7 +23,6 @@ import tempfile
 import time
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raypack.config import make_config

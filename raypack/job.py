@@ -35,7 +35,7 @@ class Summary:
     """The largest peak resident memory of a packer actor while packing a shard; with the local
     engine, the most packing added to this process's resident memory."""
     pack_seconds: float = 0.0
-    """From the first shard's start to the last shard's end (excludes engine start-up)."""
+    """From the first task's start to the last task's end (excludes engine start-up)."""
     engine: str = "ray"
 
     def lines(self) -> list[str]:
@@ -54,7 +54,7 @@ class Summary:
             f"  split documents  {c['split_documents']:>14,}  ({split_pct:.2f}% of documents)",
             f"  files            {len(self.manifest['files']):>14,}",
             f"  time             {self.seconds:>14.2f}s  ({rate / 1e6:,.1f}M tokens/s, start-up included)",
-            f"  packing          {self.pack_seconds:>14.2f}s  (first shard start to last shard end)",
+            f"  packing          {self.pack_seconds:>14.2f}s  (first task start to last task end)",
             f"  peak packer RSS  {self.peak_worker_rss_bytes / 2**20:>14,.0f} MiB"
             + ("  (added to this process)" if self.engine == "local" else ""),
         ]

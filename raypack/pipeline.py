@@ -3,8 +3,9 @@
 One task (a shard, or a range of a large shard's row groups or record batches: raypack.plan) is
 one row of a dataset built with ``from_items`` (one block per task), mapped by a pool of
 stateful packer actors with ``batch_size=1``: each call streams one whole task in order, so the
-carry between record batches never leaves the actor, and Ray's block shaping, scheduling order and retries cannot change what is packed. Actors write their own chunk files
-(kept out of the object store) and return one small Arrow row: counts, the file written and
+carry between record batches never leaves the actor, and Ray's block shaping, scheduling order
+and retries cannot change what is packed. Actors write their own chunk files (kept out of the
+object store) and return one small Arrow row: counts, the file written and
 the edge fragments. Actors reserve a fraction of a CPU so that Ray Data's read and output
 tasks can always be scheduled beside them (whole-CPU actors deadlock a 2-CPU machine).
 Each actor holds its next task queued (two calls in flight; it runs them one after the

@@ -170,6 +170,7 @@ def test_cli_local_splits_and_equals_the_unsplit_run(tmp_path, capsys):
         whole = chunks_of(tmp_path / name.replace("split", "whole"))
         np.testing.assert_array_equal(chunks_of(tmp_path / name)[0], whole[0])
         np.testing.assert_array_equal(chunks_of(tmp_path / name)[1], whole[1])
+    assert main(["verify", str(tmp_path / "split")]) == 0 and main(["verify", str(tmp_path / "split-bf")]) == 0
     _, _, manifest = read_output(str(tmp_path / "split"))
     assert manifest["config"]["task_tokens"] == 500
     assert manifest["shards"] == read_output(str(tmp_path / "whole"))[2]["shards"]  # one row per shard, as before
