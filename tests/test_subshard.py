@@ -235,6 +235,25 @@ def test_any_row_groups_and_target_match_the_naive_reference(tmp_path_factory, d
     np.testing.assert_array_equal(doc_ids, expected_doc_ids.reshape(-1, c))
 
 
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_best_fit_split_equals_whole_for_any_row_groups_and_window(tmp_path_factory, data):
+    group_rows = data.draw(st.lists(st.sampled_from([1, 2, 3, 4, 6, 8]), min_size=2, max_size=8), label="group_rows")
+    docs = random_docs(data.draw(st.integers(0, 1000), label="seed"), sum(group_rows), max_len=15)
+    window = data.draw(st.integers(0, 8), label="window")
+    target = data.draw(st.integers(1, 60), label="task_tokens")
+    root = tmp_path_factory.mktemp("hyp-bf")
+    path = write_parquet(root / "in" / "one.parquet", docs, group_rows)
+    out = {}
+    for name, task_tokens in (("split", target), ("whole", 0)):
+        cfg = config([path], root / name, task_tokens=task_tokens, strategy="best_fit", best_fit_window=window,
+                     context_length=10)
+        run_pack(cfg, engine="local")
+        out[name] = chunks_of(root / name)
+    np.testing.assert_array_equal(out["split"][0], out["whole"][0])
+    np.testing.assert_array_equal(out["split"][1], out["whole"][1])
+
+
 # ----------------------------------------------------------------------------- resume and changes
 
 
