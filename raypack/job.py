@@ -132,7 +132,8 @@ def _pack_shards(plan: Plan, settings: PackSettings, config: PackConfig, engine:
 
 def _unit(plan: Plan) -> str:
     """What the progress lines count: shards, or tasks when a shard was split into several."""
-    return "shards" if len(plan.tasks) == len(plan.shards) else f"tasks ({len(plan.shards)} shards)"
+    n = len(plan.shards)
+    return "shards" if len(plan.tasks) == n else f"tasks ({n} shard{'' if n == 1 else 's'})"
 
 
 def _count_chunks(plan: Plan, settings: PackSettings, config: PackConfig, engine: str) -> list[int]:

@@ -328,3 +328,16 @@ def test_a_file_that_loses_row_groups_during_the_run_is_one_line(tmp_path, monke
     monkeypatch.setattr(job, "make_plan", lambda config: plan)
     with pytest.raises(InputError, match=r"one.parquet.*the file changed during the run"):
         run_pack(cfg, engine="local")
+
+
+def test_progress_counts_tasks_when_a_shard_is_split(tmp_path, caplog):
+    docs = random_docs(9, 120)
+    path = write_parquet(tmp_path / "in" / "one.parquet", docs, [30] * 4)
+    num_tasks = len(make_plan(config([path], tmp_path / "out", task_tokens=300)).tasks)
+    assert num_tasks > 1
+    with caplog.at_level("INFO", logger="raypack.progress"):
+        run_pack(config([path], tmp_path / "out", task_tokens=300), engine="local")
+        run_pack(config([path], tmp_path / "whole", task_tokens=0), engine="local")
+    lines = [r.getMessage() for r in caplog.records if r.name == "raypack.progress"]
+    assert lines[-2].startswith(f"packed {num_tasks}/{num_tasks} tasks (1 shard), ")
+    assert lines[-1].startswith("packed 1/1 shards, ")
