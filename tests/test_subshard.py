@@ -324,9 +324,9 @@ def test_a_file_that_loses_row_groups_during_the_run_is_one_line(tmp_path, monke
     cfg = config([path], tmp_path / "out", task_tokens=300)
     plan = make_plan(cfg)
     assert plan.tasks[-1].unit_end == 4
-    write_parquet(path, docs, [60, 60])
+    write_parquet(path, docs, [30, 30, 60])  # the same rows for the first three tasks
     monkeypatch.setattr(job, "make_plan", lambda config: plan)
-    with pytest.raises(InputError, match=r"one.parquet.*the file changed during the run"):
+    with pytest.raises(InputError, match=r"one.parquet has 3 row groups, the plan reads 3\.\.3; the file changed"):
         run_pack(cfg, engine="local")
 
 
