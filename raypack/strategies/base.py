@@ -9,7 +9,8 @@ What the rest of raypack asks of a strategy, and who asks:
   - the shard packer (:meth:`make_shard_packer`; raypack.shard_pack) and, when
     :attr:`needs_counting_pass`, the first pass that counts a shard's chunks from its document
     lengths (:meth:`count_shard_chunks`; raypack.job and raypack.pipeline);
-  - how many chunks a plan makes (:meth:`num_chunks`; raypack.plan);
+  - how many chunks a plan makes (:meth:`num_chunks`; raypack.plan) and where a large shard may
+    be split into tasks (:meth:`task_starts`; raypack.plan);
   - its manifest fields, written once at top level (:meth:`manifest_fields`), read back
     validated (:meth:`from_manifest`, :meth:`check_manifest`; raypack.manifest), and its extras in
     each ``shards[k]`` row (:meth:`shard_row_extras`; raypack.assemble);
@@ -96,7 +97,6 @@ class PackingStrategy:
     """One sentence for ``--help`` and the config docs."""
     needs_counting_pass: ClassVar[bool] = False
     """True when a shard's first chunk is known only after counting every earlier shard's chunks."""
-
     verify_structure_name: ClassVar[str | Callable[[], type]]
     """``"module:attribute"`` (imported only when asked) or a callable returning the verify
     structure class that checks this strategy's layout chunk by chunk."""
