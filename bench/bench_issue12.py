@@ -89,7 +89,7 @@ def direct(args) -> None:
     for task, settings, result, identity in saved:
         settings = dataclasses.replace(settings, out_dir=out)
         real_save(task, settings, result, identity)
-        sizes.append(os.path.getsize(os.path.join(out, resume.record_name(task.shard_index))))
+        sizes.append(os.path.getsize(os.path.join(out, resume.record_name(task.task_index))))
         t = time.perf_counter()
         assert resume.load_verified_result(task, settings) is not None
         load_s.append(time.perf_counter() - t)

@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="tokens a packer takes at once (memory): per read batch with read batch size 0, "
                            "and at most per slice of a long document")
     pack.add_argument("--chunks-per-record-batch", type=int, metavar="N", help="chunks per Arrow record batch written")
+    pack.add_argument("--task-tokens", type=int, metavar="TOKENS",
+                      help="split a larger Parquet / Arrow IPC shard into tasks of whole row groups / record "
+                           "batches of at least this many tokens (0: one task per shard)")
     pack.add_argument("--worker-num-cpus", type=float, metavar="CPUS", help="CPUs each packer actor reserves")
     _add_strategy_arguments(pack)
     pack.add_argument("--dry-run", action="store_true",

@@ -31,7 +31,7 @@ from raypack.strategies import (
     strategy_names,
 )
 
-OUTPUT_KEYS = ("inputs", "token_column", "token_dtype", "chunks_per_record_batch")
+OUTPUT_KEYS = ("inputs", "token_column", "token_dtype", "chunks_per_record_batch", "task_tokens")
 """Keys that decide the output's bytes, saved as the manifest's ``config``, that the manifest does
 not already hold: ``context_length``, ``pad_token``, the strategy and its options decide them too
 but are stored once, at the manifest's top level (``token_dtype`` there is the resolved dtype; here,
@@ -67,6 +67,11 @@ class PackConfig:
     strategy's default."""
     chunks_per_record_batch: int = 512
     """Chunks per Arrow record batch written; batches start at multiples of it globally."""
+    task_tokens: int = 1 << 25
+    """A shard holding more tokens is packed as several tasks of whole row groups (Parquet) or
+    record batches (Arrow IPC file), each of at least this many tokens (the last one: what is
+    left), so that one large file keeps every worker busy; 0: one task per shard. Decides which
+    files hold the chunks, never the chunks (raypack.plan.split_units)."""
     num_workers: int = 2
     """Packer actors."""
     worker_num_cpus: float = 0.5
@@ -106,9 +111,9 @@ class PackConfig:
         if unknown:
             raise ValueError(f"unknown strategy option(s) {', '.join(unknown)}; valid are {', '.join(option_fields())}")
         self.strategies()  # every registered strategy's options are checked, the chosen one's or not
-        for name in ("read_batch_size", "read_batch_tokens", "chunks_per_record_batch", "num_workers"):
+        for name in ("read_batch_size", "read_batch_tokens", "chunks_per_record_batch", "num_workers", "task_tokens"):
             value = getattr(self, name)
-            least = 0 if name == "read_batch_size" else 1
+            least = 0 if name in ("read_batch_size", "task_tokens") else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name}={value!r} must be an integer >= {least}")
         for name in ("verify_inputs", "restart_stalled"):

@@ -53,7 +53,7 @@ class DryRunReport:
 def dry_run(config: PackConfig, *, sample_docs: int = 100_000) -> DryRunReport:
     """Plan the run, read the sample's document lengths, and ask every strategy for its figures."""
     plan = make_plan(config)
-    per_shard = _sample_lengths(plan.tasks, settings_for(config, plan, ""), sample_docs)
+    per_shard = _sample_lengths(plan.whole_shard_tasks(), settings_for(config, plan, ""), sample_docs)
     lengths = np.concatenate(per_shard) if per_shard else np.zeros(0, np.int64)
     c = config.context_length
     figures = tuple(strategy.dry_run_figures(per_shard, c) for strategy in config.strategies())

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 import numpy as np
@@ -132,6 +132,11 @@ class ShardInfo:
     """Arrow value type of the token lists, e.g. "int32", "int64", "uint16"."""
     count_method: str
     """"parquet-footer", "scan" or "ipc-offsets"."""
+    unit_docs: tuple[int, ...] = field(default=(), compare=False)
+    """Documents per row group (Parquet) or record batch (Arrow IPC file), in file order; empty
+    when the shard can only be read whole (JSONL, an IPC stream, a tokenized corpus's part file)."""
+    unit_tokens: tuple[int, ...] = field(default=(), compare=False)
+    """Tokens per row group or record batch, as ``unit_docs``."""
     source: dict | None = None
     """A tokenized corpus's part: the text it came from ({"path", "format", "start", "end"})."""
 
@@ -196,15 +201,17 @@ def _inspect_parquet(fs: pafs.FileSystem, fs_path: str, path: str, column: str) 
         metadata = parquet_file.metadata
         leaf = _token_leaf_index(parquet_file.schema, column)
         trusted = leaf is not None and _footer_null_counts_exact(metadata.created_by)
-        num_tokens, method = 0, "parquet-footer"
+        unit_tokens, method = [], "parquet-footer"
         for group in range(metadata.num_row_groups):
             count = _footer_token_count(metadata.row_group(group), leaf) if trusted else None
             if count is None:
                 count, method = _scan_row_group_tokens(parquet_file, group, column, path), "scan"
-            num_tokens += count
+            unit_tokens.append(count)
+        unit_docs = tuple(metadata.row_group(group).num_rows for group in range(metadata.num_row_groups))
     if method == "scan":
         log.info("shard %s: no usable Parquet token statistics; counted by scanning", path)
-    return ShardInfo(path, "parquet", metadata.num_rows, num_tokens, str(value_type), method)
+    return ShardInfo(path, "parquet", metadata.num_rows, sum(unit_tokens), str(value_type), method,
+                     unit_docs, tuple(unit_tokens))
 
 
 def _token_leaf_index(schema: pq.ParquetSchema, column: str) -> int | None:
@@ -258,7 +265,7 @@ def _sum_list_lengths(lists: pa.Array | pa.ChunkedArray) -> int:
 
 
 def _inspect_ipc(fs: pafs.FileSystem, fs_path: str, path: str, column: str) -> ShardInfo:
-    num_docs = num_tokens = 0
+    unit_docs, unit_tokens = [], []
     value_type = None
     for schema, batch in iter_ipc_batches(fs, fs_path, path):
         if value_type is None:
@@ -266,21 +273,30 @@ def _inspect_ipc(fs: pafs.FileSystem, fs_path: str, path: str, column: str) -> S
         if batch is None:
             continue
         lists = batch.column(schema.get_field_index(column))
-        num_docs += len(lists)
-        if len(lists):
-            offsets = lists.offsets
-            num_tokens += offsets[len(offsets) - 1].as_py() - offsets[0].as_py()
-    return ShardInfo(path, "arrow", num_docs, num_tokens, str(value_type), "ipc-offsets")
+        unit_docs.append(len(lists))
+        offsets = lists.offsets
+        unit_tokens.append(offsets[len(offsets) - 1].as_py() - offsets[0].as_py() if len(lists) else 0)
+    info = ShardInfo(path, "arrow", sum(unit_docs), sum(unit_tokens), str(value_type), "ipc-offsets")
+    if not _is_ipc_file(fs, fs_path):
+        return info  # a stream has no record batch index: read whole
+    return replace(info, unit_docs=tuple(unit_docs), unit_tokens=tuple(unit_tokens))
+
+
+def _is_ipc_file(fs: pafs.FileSystem, fs_path: str) -> bool:
+    """True for the Arrow IPC file format (random access by record batch), False for a stream."""
+    with fs.open_input_file(fs_path) as f:
+        return f.read(6) == b"ARROW1"
 
 
 def iter_ipc_batches(
-    fs: pafs.FileSystem, fs_path: str, path: str
+    fs: pafs.FileSystem, fs_path: str, path: str, units: tuple[int, int] | None = None
 ) -> Iterator[tuple[pa.Schema, pa.RecordBatch | None]]:
     """``(schema, None)``, then ``(schema, batch)`` per record batch of an Arrow IPC file, in order.
 
     The leading item lets callers check the schema before any batch is read. The IPC stream
-    format is accepted too (read sequentially). Local files are memory-mapped, so a batch
-    costs only the pages that are touched.
+    format is accepted too (read sequentially, whole). Local files are memory-mapped, so a batch
+    costs only the pages that are touched. ``units``: only record batches ``[start, end)`` of
+    an IPC file.
     """
     if isinstance(fs, pafs.LocalFileSystem):
         fs = pafs.LocalFileSystem(use_mmap=True)
@@ -288,14 +304,21 @@ def iter_ipc_batches(
         try:
             reader = paipc.open_file(source)
         except pa.ArrowInvalid as file_error:
+            if units is not None:
+                raise InputError(f"shard {path} is no longer an Arrow IPC file ({error_text(file_error)}); "
+                                 "the file changed during the run (rerun on a stable copy)") from file_error
             yield from _iter_ipc_stream(fs, fs_path, path, file_error)
             return
-        yield from _ipc_file_batches(reader, path)
+        yield from _ipc_file_batches(reader, path, units)
 
 
-def _ipc_file_batches(reader: paipc.RecordBatchFileReader, path: str):
+def _ipc_file_batches(reader: paipc.RecordBatchFileReader, path: str, units: tuple[int, int] | None):
     yield reader.schema, None
-    for i in range(reader.num_record_batches):
+    start, end = units if units is not None else (0, reader.num_record_batches)
+    if end > reader.num_record_batches:
+        raise InputError(f"shard {path} has {reader.num_record_batches} record batches, the plan reads "
+                         f"{start}..{end - 1}; the file changed during the run (rerun on a stable copy)")
+    for i in range(start, end):
         try:
             batch = reader.get_batch(i)
         except (pa.ArrowException, OSError) as e:
@@ -408,6 +431,9 @@ def iter_token_batches(
     column: str = "input_ids",
     batch_size: int = 8192,
     *,
+    units: tuple[int, int] | None = None,
+    first_row: int = 0,
+    rows: tuple[int, int] | None = None,
     json_block_size: int = JSON_BLOCK_SIZE,
     validate: bool = True,
 ) -> Iterator[tuple[int, pa.ListArray | pa.LargeListArray]]:
@@ -416,49 +442,80 @@ def iter_token_batches(
     tokens: list<int*> or large_list<int*> array of 1..batch_size documents (zero-copy slices
     of what the format reader produced; JSONL gives list<int64>). Consecutive batches are
     contiguous: ``first_row`` of the next batch is this one's ``first_row + len(tokens)``.
-    Memory: one Parquet batch, one JSON block or one IPC record batch at a time.
-    ``validate=False`` skips the token checks (for a pass that reads only document lengths).
+    Memory: one Parquet batch (one row group per ``iter_batches`` call: pyarrow reads ahead
+    across the row groups of one call), one JSON block or one IPC record batch at a time.
+    ``units``: read only row groups (Parquet) or record batches (Arrow IPC file) ``[start,
+    end)``, whose first row is the shard's row ``first_row`` (rows are always shard-local);
+    ``rows``: yield only the shard-local rows ``[start, end)`` of what is read (documents
+    outside are decoded and dropped). ``validate=False`` skips the token checks (for a pass
+    that reads only document lengths).
     """
     if fmt not in FORMATS:
         raise ValueError(f"fmt={fmt!r} must be one of {', '.join(FORMATS)}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
+    if units is not None and fmt == "jsonl":
+        raise ValueError("units: a JSON Lines shard is read whole")
     fs, fs_path = resolve_filesystem(path)
     if fmt == "parquet":
-        lists_iter = _parquet_lists(fs, fs_path, path, column, batch_size)
+        lists_iter = _parquet_lists(fs, fs_path, path, column, batch_size, units)
     elif fmt == "arrow":
-        lists_iter = _ipc_lists(fs, fs_path, path, column)
+        lists_iter = _ipc_lists(fs, fs_path, path, column, units)
     else:
         lists_iter = iter_jsonl_lists(fs, fs_path, path, column, block_size=json_block_size)
-    first_row = 0
-    for lists in lists_iter:
-        for start in range(0, len(lists), batch_size):
-            tokens = lists.slice(start, batch_size)
+    for start, lists in _clip_rows(lists_iter, first_row, rows):
+        for offset in range(0, len(lists), batch_size):
+            tokens = lists.slice(offset, batch_size)
             if validate:
-                validate_token_batch(tokens, path=path, first_row=first_row)
-            yield first_row, tokens
-            first_row += len(tokens)
+                validate_token_batch(tokens, path=path, first_row=start + offset)
+            yield start + offset, tokens
 
 
-def _parquet_lists(fs, fs_path: str, path: str, column: str, batch_size: int):
+def _clip_rows(lists_iter: Iterator[pa.Array], first_row: int,
+               rows: tuple[int, int] | None) -> Iterator[tuple[int, pa.Array]]:
+    """``(shard-local first row, lists)`` of each array, cut to ``rows`` (all when None)."""
+    start = first_row
+    for lists in lists_iter:
+        end = start + len(lists)
+        if rows is None:
+            yield start, lists
+        else:
+            low, high = max(start, rows[0]), min(end, rows[1])
+            if low < high:
+                yield low, lists.slice(low - start, high - low)
+            if end >= rows[1]:
+                return
+        start = end
+
+
+def _parquet_lists(fs, fs_path: str, path: str, column: str, batch_size: int, units: tuple[int, int] | None):
     with open_input_file(fs, fs_path, path) as source:
         parquet_file = open_parquet(source, path)
         token_value_type(parquet_file.schema_arrow, column, path)
-        batches = parquet_file.iter_batches(batch_size=batch_size, columns=[column])
-        while True:
-            try:
-                batch = next(batches, None)
-            except (pa.ArrowException, OSError) as e:
-                raise InputError(
-                    f"shard {path}: cannot read Parquet data ({error_text(e)}); re-write the file"
-                ) from e
-            if batch is None:
-                return
-            yield batch.column(0)
+        start, end = units if units is not None else (0, parquet_file.num_row_groups)
+        if end > parquet_file.num_row_groups:
+            raise InputError(f"shard {path} has {parquet_file.num_row_groups} row groups, the plan reads "
+                             f"{start}..{end - 1}; the file changed during the run (rerun on a stable copy)")
+        for group in range(start, end):
+            yield from _parquet_group_lists(parquet_file, group, path, column, batch_size)
 
 
-def _ipc_lists(fs, fs_path: str, path: str, column: str):
-    for schema, batch in iter_ipc_batches(fs, fs_path, path):
+def _parquet_group_lists(parquet_file: pq.ParquetFile, group: int, path: str, column: str, batch_size: int):
+    batches = parquet_file.iter_batches(batch_size=batch_size, row_groups=[group], columns=[column])
+    while True:
+        try:
+            batch = next(batches, None)
+        except (pa.ArrowException, OSError) as e:
+            raise InputError(
+                f"shard {path}: cannot read Parquet data ({error_text(e)}); re-write the file"
+            ) from e
+        if batch is None:
+            return
+        yield batch.column(0)
+
+
+def _ipc_lists(fs, fs_path: str, path: str, column: str, units: tuple[int, int] | None):
+    for schema, batch in iter_ipc_batches(fs, fs_path, path, units):
         if batch is None:
             token_value_type(schema, column, path)
             continue

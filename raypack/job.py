@@ -35,7 +35,7 @@ class Summary:
     """The largest peak resident memory of a packer actor while packing a shard; with the local
     engine, the most packing added to this process's resident memory."""
     pack_seconds: float = 0.0
-    """From the first shard's start to the last shard's end (excludes engine start-up)."""
+    """From the first task's start to the last task's end (excludes engine start-up)."""
     engine: str = "ray"
 
     def lines(self) -> list[str]:
@@ -54,7 +54,7 @@ class Summary:
             f"  split documents  {c['split_documents']:>14,}  ({split_pct:.2f}% of documents)",
             f"  files            {len(self.manifest['files']):>14,}",
             f"  time             {self.seconds:>14.2f}s  ({rate / 1e6:,.1f}M tokens/s, start-up included)",
-            f"  packing          {self.pack_seconds:>14.2f}s  (first shard start to last shard end)",
+            f"  packing          {self.pack_seconds:>14.2f}s  (first task start to last task end)",
             f"  peak packer RSS  {self.peak_worker_rss_bytes / 2**20:>14,.0f} MiB"
             + ("  (added to this process)" if self.engine == "local" else ""),
         ]
@@ -118,19 +118,26 @@ def _pack_into(target: LocalOutput | ObjectStoreOutput, config: PackConfig, plan
 
 
 def _pack_shards(plan: Plan, settings: PackSettings, config: PackConfig, engine: str, resume: bool) -> list[ShardResult]:
-    kept = {t.shard_index: r for t in plan.tasks if resume and (r := load_verified_result(t, settings))}
-    todo = [t for t in plan.tasks if t.shard_index not in kept]
+    kept = {t.task_index: r for t in plan.tasks if resume and (r := load_verified_result(t, settings))}
+    todo = [t for t in plan.tasks if t.task_index not in kept]
     if kept:
-        log.info("resume: %d of %d shards kept (verified), %d to pack", len(kept), len(plan.tasks), len(todo))
+        log.info("resume: %d of %d %s kept (verified), %d to pack", len(kept), len(plan.tasks),
+                 _unit(plan), len(todo))
     if engine == "local" or not todo:
-        packed = _pack_locally(todo, settings)
+        packed = _pack_locally(todo, settings, _unit(plan))
     else:
-        packed = _pack_with_ray(todo, settings, config)
-    return sorted([*kept.values(), *packed], key=lambda r: r.shard_index)
+        packed = _pack_with_ray(todo, settings, config, _unit(plan))
+    return sorted([*kept.values(), *packed], key=lambda r: r.task_index)
+
+
+def _unit(plan: Plan) -> str:
+    """What the progress lines count: shards, or tasks when a shard was split into several."""
+    n = len(plan.shards)
+    return "shards" if len(plan.tasks) == n else f"tasks ({n} shard{'' if n == 1 else 's'})"
 
 
 def _count_chunks(plan: Plan, settings: PackSettings, config: PackConfig, engine: str) -> list[int]:
-    """The strategy's first pass: each shard's chunk count, from document lengths alone."""
+    """The strategy's first pass: each task's chunk count, from document lengths alone."""
     if engine == "local" or not plan.tasks:
         return [count_shard_chunks(t, settings) for t in plan.tasks]
     return _on_ray(config, lambda pipeline: pipeline.count_chunks(
@@ -138,9 +145,9 @@ def _count_chunks(plan: Plan, settings: PackSettings, config: PackConfig, engine
         "a chunk counter (best_fit's first pass)")
 
 
-def _pack_locally(tasks, settings: PackSettings) -> list[ShardResult]:
-    """One process, shard after shard, with a progress line at most once a second."""
-    results, progress = [], Progress("packed", len(tasks), "shards")
+def _pack_locally(tasks, settings: PackSettings, unit: str = "shards") -> list[ShardResult]:
+    """One process, task after task, with a progress line at most once a second."""
+    results, progress = [], Progress("packed", len(tasks), unit)
     for task in tasks:
         base = current_rss_bytes()  # this process also holds whatever its caller holds
         result = pack_shard(task, settings)
@@ -149,8 +156,8 @@ def _pack_locally(tasks, settings: PackSettings) -> list[ShardResult]:
     return results
 
 
-def _pack_with_ray(tasks, settings: PackSettings, config: PackConfig) -> list[ShardResult]:
-    progress = Progress("packed", len(tasks), "shards")
+def _pack_with_ray(tasks, settings: PackSettings, config: PackConfig, unit: str = "shards") -> list[ShardResult]:
+    progress = Progress("packed", len(tasks), unit)
     return _on_ray(config, lambda pipeline: pipeline.pack_shards(
         tasks, settings, num_workers=config.num_workers, worker_num_cpus=config.worker_num_cpus,
         on_result=lambda r: progress.add(r.num_tokens)), "a packer")

@@ -463,7 +463,8 @@ def build_manifest(config: PackConfig, plan: Plan, files: list[WrittenFile], cou
         **plan.packing.manifest_fields(),
         "counts": counts,
         "files": file_rows,
-        "shards": [_shard_row(s, t, plan.packing, plan.text_inputs) for s, t in zip(plan.shards, plan.tasks)],
+        "shards": [_shard_row(s, t, plan.packing, plan.text_inputs)
+                   for s, t in zip(plan.shards, plan.whole_shard_tasks())],
         "content_sha256": content_sha256(files, plan.token_dtype, config.context_length, counts["chunks"]),
         "content_group_chunks": CONTENT_GROUP_CHUNKS,
         "config": config.output_dict(),

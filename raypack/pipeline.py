@@ -1,14 +1,15 @@
 """The Ray Data engine: the only module that imports Ray.
 
-One shard is one row of a dataset built with ``from_items`` (one block per shard), mapped by
-a pool of stateful packer actors with ``batch_size=1``: each call streams one whole shard in
-order, so the carry between record batches never leaves the actor, and Ray's block shaping,
-scheduling order and retries cannot change what is packed. Actors write their own chunk files
-(kept out of the object store) and return one small Arrow row: counts, the file written and
+One task (a shard, or a range of a large shard's row groups or record batches: raypack.plan) is
+one row of a dataset built with ``from_items`` (one block per task), mapped by a pool of
+stateful packer actors with ``batch_size=1``: each call streams one whole task in order, so the
+carry between record batches never leaves the actor, and Ray's block shaping, scheduling order
+and retries cannot change what is packed. Actors write their own chunk files (kept out of the
+object store) and return one small Arrow row: counts, the file written and
 the edge fragments. Actors reserve a fraction of a CPU so that Ray Data's read and output
 tasks can always be scheduled beside them (whole-CPU actors deadlock a 2-CPU machine).
-Each actor holds its next shard queued (two calls in flight; it runs them one after the
-other), so it starts that shard as soon as it ends one instead of waiting for the driver's
+Each actor holds its next task queued (two calls in flight; it runs them one after the
+other), so it starts that task as soon as it ends one instead of waiting for the driver's
 scheduling loop to notice and dispatch.
 
 Terminal: quiet unless ``-v`` (:func:`init_ray`). Bad input met by an actor comes back as an
@@ -158,7 +159,7 @@ def _blocks(blocks: Iterator[pa.Table], errors: dict[int, str]) -> Iterator[pa.T
 
 
 class ShardPackerActor:
-    """Packs whole shards, one per call, in the order its rows list them."""
+    """Packs whole tasks, one per call, in the order its rows list them."""
 
     def __init__(self, settings: dict) -> None:
         self.settings = PackSettings(**settings)
@@ -169,7 +170,7 @@ class ShardPackerActor:
             try:
                 result = pack_shard(ShardTask(**row), self.settings)
             except InputError as e:
-                yield _error_table(row["shard_index"], e)
+                yield _error_table(row["task_index"], e)
             else:
                 yield result_to_table(result, self.token_type)
 
@@ -186,9 +187,9 @@ class ShardCounterActor:
             try:
                 num_chunks = count_shard_chunks(task, self.settings)
             except InputError as e:
-                yield _error_table(task.shard_index, e)
+                yield _error_table(task.task_index, e)
             else:
-                yield pa.table({"shard_index": [task.shard_index], "num_chunks": [num_chunks]})
+                yield pa.table({"task_index": [task.task_index], "num_chunks": [num_chunks]})
 
 
 def pack_shards(
@@ -207,7 +208,7 @@ def pack_shards(
             if on_result is not None:
                 on_result(result)
     _raise_first_error(errors)
-    return sorted(results, key=lambda r: r.shard_index)
+    return sorted(results, key=lambda r: r.task_index)
 
 
 def count_chunks(
@@ -216,9 +217,9 @@ def count_chunks(
     """best_fit: every shard's chunk count, in shard order."""
     counts, errors = {}, {}
     for block in _blocks(_map_shards(ShardCounterActor, tasks, settings, num_workers, worker_num_cpus), errors):
-        counts.update(zip(block.column("shard_index").to_pylist(), block.column("num_chunks").to_pylist()))
+        counts.update(zip(block.column("task_index").to_pylist(), block.column("num_chunks").to_pylist()))
     _raise_first_error(errors)
-    return [counts[t.shard_index] for t in tasks]
+    return [counts[t.task_index] for t in tasks]
 
 
 def _map_shards(actor_class: type, tasks: Sequence[ShardTask], settings: PackSettings, num_workers: int,

@@ -1,9 +1,17 @@
-"""Decide ownership before distributing: list shards, count them, assign offsets.
+"""Decide ownership before distributing: list shards, count them, split them, assign offsets.
 
 The driver lists the shards in a fixed order, reads their document and token counts (Parquet
 footers, Arrow IPC offsets; JSONL needs a scan), and turns the counts into global doc-id and
 token offsets with a cumulative sum. Every packer then receives its offsets as data: nothing
 about the result depends on which worker runs what, or when.
+
+Tasks. A shard larger than ``task_tokens`` is packed as several tasks, each a range of whole
+row groups (Parquet) or record batches (Arrow IPC file), so that one large file keeps every
+worker busy (:func:`split_units`; the strategy says at which units a task may start,
+:meth:`raypack.strategies.base.PackingStrategy.task_starts`). The split is a function of the
+footers' per-unit counts and ``task_tokens`` alone, never of the workers, so a rerun gives the
+same tasks and the same files. A task packs exactly like a shard whose documents start at its
+offsets: chunks do not depend on the split, only the files holding them do.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from raypack.config import PackConfig
 from raypack.core import validate_pad_token
@@ -42,6 +51,18 @@ class Plan:
     """``pack --tokenizer``: the shards are this run's own tokenized parts, gone once it publishes;
     the manifest names the text each came from instead."""
 
+    def tasks_by_shard(self) -> list[list[ShardTask]]:
+        """The tasks of each shard, in shard order (every shard has at least one)."""
+        grouped: list[list[ShardTask]] = [[] for _ in self.shards]
+        for task in self.tasks:
+            grouped[task.shard_index].append(task)
+        return grouped
+
+    def whole_shard_tasks(self) -> list[ShardTask]:
+        """Each shard as one task (what the manifest's ``shards`` rows describe): its first
+        task's offsets, the sums of its tasks' counts (chunks too, once placed)."""
+        return [_merged(tasks) for tasks in self.tasks_by_shard()]
+
     @property
     def num_chunks(self) -> int:
         """Chunks of the whole output, as the strategy counts them (after :func:`place_chunks` if it counts)."""
@@ -49,10 +70,10 @@ class Plan:
 
 
 def place_chunks(plan: Plan, chunk_counts: Sequence[int]) -> Plan:
-    """A strategy with a counting pass: give each shard its chunk range from every shard's
+    """A strategy with a counting pass: give each task its chunk range from every task's
     counted chunks (a cumsum)."""
     if len(chunk_counts) != len(plan.tasks):
-        raise RuntimeError(f"internal error: {len(chunk_counts)} chunk counts for {len(plan.tasks)} shards")
+        raise RuntimeError(f"internal error: {len(chunk_counts)} chunk counts for {len(plan.tasks)} tasks")
     firsts = np.concatenate([[0], np.cumsum(np.asarray(chunk_counts, dtype=np.int64))[:-1]])
     tasks = tuple(replace(t, first_chunk=int(first), num_chunks=int(n))
                   for t, first, n in zip(plan.tasks, firsts, chunk_counts))
@@ -70,14 +91,70 @@ def make_plan(config: PackConfig, *, max_threads: int = 8) -> Plan:
             infos = list(pool.map(lambda p: inspect_shard(p, config.token_column), paths))
     token_dtype = _resolve_token_dtype(config, infos)
     offsets = plan_offsets(infos)
-    tasks = tuple(
-        ShardTask(k, info.path, info.format, int(offsets.doc_offsets[k]), int(offsets.token_offsets[k]),
-                  info.num_docs, info.num_tokens)
-        for k, info in enumerate(infos)
-    )
+    tasks: list[ShardTask] = []
+    for k, info in enumerate(infos):
+        whole = ShardTask(k, info.path, info.format, int(offsets.doc_offsets[k]), int(offsets.token_offsets[k]),
+                          info.num_docs, info.num_tokens)
+        tasks += shard_tasks(info, whole, config.task_tokens, len(tasks), config.packing)
+    tasks = tuple(tasks)
     return Plan(tuple(infos), tasks, token_dtype, int(offsets.doc_offsets[-1]),
                 int(offsets.token_offsets[-1]), config.context_length, config.packing,
                 tokenizer_record(config.inputs))
+
+
+def _merged(tasks: list[ShardTask]) -> ShardTask:
+    num_chunks = sum(t.num_chunks for t in tasks) if all(t.num_chunks >= 0 for t in tasks) else -1
+    return replace(tasks[0], num_docs=sum(t.num_docs for t in tasks), num_tokens=sum(t.num_tokens for t in tasks),
+                   num_chunks=num_chunks, task_index=-1, row_start=0, unit_start=0, unit_end=-1, unit_first_row=0)
+
+
+def split_units(unit_tokens: Sequence[int], target_tokens: int) -> npt.NDArray[np.int64]:
+    """Boundaries of a shard's tasks over its units (row groups or record batches).
+
+    Returns (k + 1,) int64 from 0 to ``len(unit_tokens)``: task j reads units ``[b[j], b[j+1])``.
+    The rule: from the first unit, a task takes units until it holds at least ``target_tokens``
+    tokens (at least one unit), the next task starts after it; the last task takes what is left.
+    Cost: one searchsorted per task.
+    """
+    cum = _exclusive_cumsum(unit_tokens)
+    n, bounds = len(unit_tokens), [0]
+    while bounds[-1] < n:
+        start = bounds[-1]
+        end = int(np.searchsorted(cum, cum[start] + target_tokens, side="left"))
+        bounds.append(min(max(end, start + 1), n))
+    return np.asarray(bounds, dtype=np.int64)
+
+
+def shard_tasks(info: ShardInfo, whole: ShardTask, target_tokens: int, first_task: int,
+                packing: PackingStrategy) -> list[ShardTask]:
+    """``whole`` (the shard as one task) split by :func:`split_units` over the units where
+    ``packing`` lets a task start (:meth:`PackingStrategy.task_starts`; the units between two
+    such starts count as one), task indices from ``first_task``. ``[whole]`` when
+    ``target_tokens`` is 0, the shard holds at most that many tokens, it has no per-unit counts
+    (JSONL, an IPC stream) or the split gives one task."""
+    if not target_tokens or whole.num_tokens <= target_tokens or len(info.unit_tokens) < 2:
+        return [replace(whole, task_index=first_task)]
+    unit_rows = _exclusive_cumsum(info.unit_docs)
+    unit_positions = _exclusive_cumsum(info.unit_tokens)
+    starts = np.flatnonzero(packing.task_starts(unit_rows[:-1]) | (np.arange(len(info.unit_docs)) == 0))
+    groups = np.append(starts, len(info.unit_docs))  # units [groups[i], groups[i+1]) move together
+    bounds = groups[split_units(np.diff(unit_positions[groups]), target_tokens)]
+    if len(bounds) <= 2:
+        return [replace(whole, task_index=first_task)]
+    return [replace(whole, task_index=first_task + j, row_start=int(unit_rows[start]),
+                    doc_offset=whole.doc_offset + int(unit_rows[start]),
+                    token_offset=whole.token_offset + int(unit_positions[start]),
+                    num_docs=int(unit_rows[end] - unit_rows[start]),
+                    num_tokens=int(unit_positions[end] - unit_positions[start]),
+                    unit_start=int(start), unit_end=int(end), unit_first_row=int(unit_rows[start]))
+            for j, (start, end) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist()))]
+
+
+def _exclusive_cumsum(counts: Sequence[int]) -> npt.NDArray[np.int64]:
+    """(n + 1,) int64: 0, then the running sums of ``counts``."""
+    out = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(counts, dtype=np.int64), out=out[1:])
+    return out
 
 
 def _resolve_token_dtype(config: PackConfig, infos: list[ShardInfo]) -> str:

@@ -1,7 +1,8 @@
-"""Durable per-shard results, so an interrupted run can be finished instead of restarted.
+"""Durable per-task results, so an interrupted run can be finished instead of restarted.
 
-After a packer publishes a shard's chunk file it records the shard's result in
-``_results/shard-NNNNNN.json`` in the directory it writes to (the staging directory; on an
+After a packer publishes a task's chunk file (a task is a shard, or a range of a shard's row
+groups or record batches: raypack.plan) it records the task's result in
+``_results/task-NNNNNN.json`` in the directory it writes to (the staging directory; on an
 object store the output prefix itself). A record is one JSON object: a format version, the
 task, the settings that decide the output, the input file's identity (taken *before* the
 shard is packed), the counts, the chunk file's name and sha256 and the edge fragments (each
@@ -50,9 +51,10 @@ from raypack.tasks import PackSettings, ShardResult, ShardTask, asdict_file
 log = logging.getLogger(__name__)
 
 RESULTS_DIR = "_results"
-RECORD_VERSION = 3
-"""1: the Arrow records (``shard-NNNNNN.arrow``) of earlier versions, never reused; 2: records
-without the chunk file's range digests (raypack.content_digest), never reused either."""
+RECORD_VERSION = 4
+"""1: the Arrow records (``shard-NNNNNN.arrow``) of earlier versions; 2: ``shard-NNNNNN.json``,
+one per shard; 3: either per-shard records with the chunk file's range digests
+(raypack.content_digest) or per-task records without them. None is reused (the sweep removes them)."""
 EDGE_BYTES = 1 << 20
 """Bytes hashed at each end of an input file for its identity."""
 READ_BYTES = 1 << 22
@@ -64,9 +66,10 @@ class _Rejected(Exception):
     """A record that exists but must not be reused; the message says why."""
 
 
-def record_name(shard_index: int) -> str:
-    """The record's path relative to the directory the run writes to."""
-    return f"{RESULTS_DIR}/shard-{shard_index:06d}.json"
+def record_name(task_index: int) -> str:
+    """The record's path relative to the directory the run writes to (one per task: a shard, or a
+    range of one; the task in the record says which)."""
+    return f"{RESULTS_DIR}/task-{task_index:06d}.json"
 
 
 def identify_input(task: ShardTask, settings: PackSettings) -> dict[str, Any]:
@@ -131,7 +134,7 @@ def save_result(task: ShardTask, settings: PackSettings, result: ShardResult, id
     body = {"version": RECORD_VERSION, "task": asdict(task), "settings": _output_settings(settings),
             "input": identity, "result": _result_to_dict(result)}
     record = {**body, "record_sha256": hashlib.sha256(_canonical(body)).hexdigest()}
-    write_whole(settings.out_dir, record_name(task.shard_index), _canonical(record), make_dirs=True)
+    write_whole(settings.out_dir, record_name(task.task_index), _canonical(record), make_dirs=True)
 
 
 def load_verified_result(task: ShardTask, settings: PackSettings) -> ShardResult | None:
@@ -142,11 +145,10 @@ def load_verified_result(task: ShardTask, settings: PackSettings) -> ShardResult
     """
     fs, base = resolve_filesystem(settings.out_dir)
     try:
-        data = _read_record(fs, posixpath.join(base, record_name(task.shard_index)))
+        data = _read_record(fs, posixpath.join(base, record_name(task.task_index)))
         result = None if data is None else _check_record(data, task, settings, fs, base)
     except _Rejected as e:
-        log.info("resume: shard %d (%s) is packed again: its record %s %s", task.shard_index, task.path,
-                 record_name(task.shard_index), e)
+        log.info("resume: %s is packed again: its record %s %s", task.describe(), record_name(task.task_index), e)
         return None
     return None if result is None else replace(result, started_at=0.0, finished_at=0.0)  # not packed by this run
 
@@ -220,7 +222,7 @@ def _canonical(value: dict[str, Any]) -> bytes:
 
 
 def _result_to_dict(result: ShardResult) -> dict[str, Any]:
-    return {"shard_index": result.shard_index, "file": asdict_file(result.file),
+    return {"shard_index": result.shard_index, "task_index": result.task_index, "file": asdict_file(result.file),
             "head": _fragment_to_dict(result.head), "tail": _fragment_to_dict(result.tail),
             "num_docs": result.num_docs, "num_nonempty_docs": result.num_nonempty_docs,
             "num_tokens": result.num_tokens, "num_split_docs": result.num_split_docs,
@@ -232,7 +234,7 @@ def _result_from_dict(d: dict[str, Any], token_dtype: str) -> ShardResult:
     return ShardResult(int(d["shard_index"]), None if file is None else WrittenFile(**file),
                        _fragment_from_dict(d["head"], token_dtype), _fragment_from_dict(d["tail"], token_dtype),
                        int(d["num_docs"]), int(d["num_nonempty_docs"]), int(d["num_tokens"]),
-                       int(d["num_split_docs"]), int(d["peak_rss_bytes"]))
+                       int(d["num_split_docs"]), int(d["peak_rss_bytes"]), task_index=int(d["task_index"]))
 
 
 def _fragment_to_dict(frag: Fragment | None) -> dict[str, Any] | None:

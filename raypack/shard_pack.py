@@ -1,5 +1,6 @@
-"""Pack one shard: stream its documents in order, write the complete chunks it owns to one
-file, and hand back the fragments at its edges for the driver to stitch. No Ray here.
+"""Pack one task (a shard, or a range of its row groups / record batches): stream its documents
+in order, write the complete chunks it owns to one file, and hand back the fragments at its edges
+for the driver to stitch. No Ray here.
 
 Which chunks a shard owns, and how its documents become chunks, is its strategy's
 (``settings.packing``, raypack.strategies): ``concat`` owns the chunks inside its slice of the
@@ -38,7 +39,7 @@ def pack_shard(task: ShardTask, settings: PackSettings) -> ShardResult:
     packer = settings.packing.make_shard_packer(task, settings)
     schema = chunk_schema(settings.context_length, pa.from_numpy_dtype(dtype), settings.pad_token)
     writer = ChunkFileWriter(settings.out_dir, packer.first_chunk, schema, settings.chunks_per_record_batch)
-    watchdog = ProgressWatchdog(f"shard {task.path} (shard {task.shard_index})", settings.progress_timeout_s,
+    watchdog = ProgressWatchdog(task.describe(), settings.progress_timeout_s,
                                 restart=settings.restart_stalled)
     try:
         with watchdog:
@@ -56,7 +57,7 @@ def pack_shard(task: ShardTask, settings: PackSettings) -> ShardResult:
         raise
     result = ShardResult(task.shard_index, written, packer.head, packer.tail, counts["docs"],
                          counts["nonempty"], counts["tokens"], counts["split"], peak_rss_bytes(),
-                         started_at, time.time())
+                         started_at, time.time(), task.task_index)
     save_result(task, settings, result, identity)
     return result
 
@@ -70,7 +71,8 @@ def _stream_shard(task: ShardTask, settings: PackSettings, packer: ShardPacker,
                   writer: ChunkFileWriter, beat) -> dict[str, int]:
     """Read, count and pack the shard's documents in order; ``beat()`` after each slice packed."""
     counts = {"docs": 0, "nonempty": 0, "tokens": 0, "split": 0}
-    batches = iter_token_batches(task.path, task.format, settings.token_column, read_batch_rows(task, settings))
+    batches = iter_token_batches(task.path, task.format, settings.token_column, read_batch_rows(task, settings),
+                                 **task.read_range())
     for first_row, docs in batches:
         beat()
         lengths = np.diff(docs.offsets.to_numpy())
@@ -81,7 +83,8 @@ def _stream_shard(task: ShardTask, settings: PackSettings, packer: ShardPacker,
         _check_not_past_plan(task, counts)
         tokens, lengths = flatten_documents(docs)
         try:
-            _push_sliced(packer, writer, tokens, lengths, task.doc_offset + first_row, settings.read_batch_tokens, beat)
+            _push_sliced(packer, writer, tokens, lengths, task.doc_offset + first_row - task.row_start,
+                         settings.read_batch_tokens, beat)
         except ValueError as e:  # a token that does not fit the output dtype: name its row
             check_tokens_fit(tokens, lengths, settings.token_dtype, path=task.path, first_row=first_row)
             raise InputError(f"shard {task.path} rows {first_row}..{first_row + len(docs) - 1}: {e}") from e
@@ -141,8 +144,9 @@ def _check_counts(task: ShardTask, counts: dict[str, int]) -> None:
 
 
 def _raise_changed(task: ShardTask, counts: dict[str, int]) -> None:
+    where = "" if task.is_whole_shard else f" rows {task.row_start}..{task.row_start + task.num_docs - 1}"
     raise InputError(
-        f"shard {task.path}: planned {task.num_docs} documents / {task.num_tokens} tokens but read "
+        f"shard {task.path}{where}: planned {task.num_docs} documents / {task.num_tokens} tokens but read "
         f"{counts['docs']} / {counts['tokens']} so far; the file changed during the run or its "
         f"metadata is wrong (rewrite it, or report the writer)"
     )

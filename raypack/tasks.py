@@ -19,7 +19,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ShardTask:
-    """What a packer needs to pack one shard; decided by the driver before any packing."""
+    """What a packer needs to pack one shard, or one range of a shard's row groups (Parquet) or
+    record batches (Arrow IPC file); decided by the driver before any packing (raypack.plan).
+
+    The counts and offsets are the task's: its documents are the shard's rows ``[row_start,
+    row_start + num_docs)``, global doc ids from ``doc_offset``, tokens at global stream
+    positions from ``token_offset``.
+    """
 
     shard_index: int
     path: str
@@ -29,9 +35,41 @@ class ShardTask:
     num_docs: int
     num_tokens: int
     first_chunk: int = -1
-    """Strategies with a counting pass only: the global index of the shard's first chunk."""
+    """Strategies with a counting pass only: the global index of the task's first chunk."""
     num_chunks: int = -1
-    """Strategies with a counting pass only: the chunks the shard packs into."""
+    """Strategies with a counting pass only: the chunks the task packs into."""
+    task_index: int = -1
+    """Position in the plan's task list (names the resume record); -1 means ``shard_index``."""
+    row_start: int = 0
+    """The shard-local row of the task's first document."""
+    unit_start: int = 0
+    """First row group or record batch read."""
+    unit_end: int = -1
+    """End (exclusive) of the row groups or record batches read; -1: the whole file is read."""
+    unit_first_row: int = 0
+    """The shard-local row of ``unit_start``'s first row."""
+
+    def __post_init__(self) -> None:
+        if self.task_index < 0:
+            object.__setattr__(self, "task_index", self.shard_index)
+
+    @property
+    def is_whole_shard(self) -> bool:
+        return self.unit_end < 0
+
+    def read_range(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`raypack.formats.iter_token_batches` that read this task's rows."""
+        if self.is_whole_shard:
+            return {}
+        return {"units": (self.unit_start, self.unit_end), "first_row": self.unit_first_row,
+                "rows": (self.row_start, self.row_start + self.num_docs)}
+
+    def describe(self) -> str:
+        """``shard PATH (shard k)`` or, for part of a shard, ``shard PATH rows a..b (shard k, task t)``."""
+        if self.is_whole_shard:
+            return f"shard {self.path} (shard {self.shard_index})"
+        return (f"shard {self.path} rows {self.row_start}..{self.row_start + self.num_docs - 1} "
+                f"(shard {self.shard_index}, task {self.task_index})")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +114,8 @@ def read_batch_rows(task: ShardTask, settings: PackSettings) -> int:
 
 @dataclass(frozen=True)
 class ShardResult:
+    """What packing one task gave (one shard, or a range of one)."""
+
     shard_index: int
     file: WrittenFile | None
     head: Fragment | None
@@ -90,6 +130,12 @@ class ShardResult:
     """Wall-clock start and end of packing this shard (for the summary, not the output)."""
     finished_at: float = 0.0
     """The packing process's peak resident memory after this shard (for benchmarks)."""
+    task_index: int = -1
+    """The task's position in the plan (-1 means ``shard_index``)."""
+
+    def __post_init__(self) -> None:
+        if self.task_index < 0:
+            object.__setattr__(self, "task_index", self.shard_index)
 
 
 # ----------------------------------------------------------------------------- transport
@@ -101,6 +147,7 @@ _FRAGMENT_FIELDS = ("start", "input_ids", "segment_doc_ids", "segment_lengths")
 def result_to_table(result: ShardResult, token_type: pa.DataType) -> pa.Table:
     row: dict[str, Any] = {
         "shard_index": [result.shard_index],
+        "task_index": [result.task_index],
         "num_docs": [result.num_docs],
         "num_nonempty_docs": [result.num_nonempty_docs],
         "num_tokens": [result.num_tokens],
@@ -145,6 +192,7 @@ def table_to_results(table: pa.Table) -> Iterator[ShardResult]:
             peak_rss_bytes=get("peak_rss_bytes").as_py(),
             started_at=get("started_at").as_py(),
             finished_at=get("finished_at").as_py(),
+            task_index=get("task_index").as_py(),
         )
 
 

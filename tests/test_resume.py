@@ -166,7 +166,7 @@ def resume(monkeypatch, cfg) -> list[int]:
 
 
 def record_of(staging: str, shard: int) -> str:
-    (path,) = glob.glob(os.path.join(staging, "_results", f"shard-{shard:06d}.*"))
+    (path,) = glob.glob(os.path.join(staging, "_results", f"task-{shard:06d}.*"))
     return path
 
 

@@ -9,7 +9,8 @@ What the rest of raypack asks of a strategy, and who asks:
   - the shard packer (:meth:`make_shard_packer`; raypack.shard_pack) and, when
     :attr:`needs_counting_pass`, the first pass that counts a shard's chunks from its document
     lengths (:meth:`count_shard_chunks`; raypack.job and raypack.pipeline);
-  - how many chunks a plan makes (:meth:`num_chunks`; raypack.plan);
+  - how many chunks a plan makes (:meth:`num_chunks`; raypack.plan) and where a large shard may
+    be split into tasks (:meth:`task_starts`; raypack.plan);
   - its manifest fields, written once at top level (:meth:`manifest_fields`), read back
     validated (:meth:`from_manifest`, :meth:`check_manifest`; raypack.manifest), and its extras in
     each ``shards[k]`` row (:meth:`shard_row_extras`; raypack.assemble);
@@ -166,6 +167,13 @@ class PackingStrategy:
 
     def make_shard_packer(self, task: ShardTask, settings: PackSettings) -> ShardPacker:
         raise NotImplementedError
+
+    def task_starts(self, unit_first_rows: np.ndarray) -> np.ndarray:
+        """Which units (row groups, record batches) a task may start at, given each unit's first
+        row in its shard ((n,) int64 -> (n,) bool; unit 0 is always allowed). A task starting
+        there must pack exactly like a shard whose documents start there (raypack.plan.shard_tasks).
+        Default: every unit (a strategy whose chunks follow token offsets alone)."""
+        return np.ones(unit_first_rows.shape, dtype=bool)
 
     def count_shard_chunks(self, task: ShardTask, settings: PackSettings) -> int:
         """The chunks ``task``'s shard packs into (only when :attr:`needs_counting_pass`)."""

@@ -49,11 +49,24 @@ class BestFit(PackingStrategy):
     def make_shard_packer(self, task: ShardTask, settings: PackSettings) -> BestFitShardPacker:
         return BestFitShardPacker(task, settings, self.window)
 
+    def task_starts(self, unit_first_rows: np.ndarray) -> np.ndarray:
+        """Units whose first row starts a window (a multiple of ``window`` from the shard's first
+        document): a task starting there packs exactly as the whole shard would, since windows
+        never span a window boundary. A window of 0 (the whole shard) allows none but unit 0.
+
+        Tasks start only at row-group / record-batch boundaries: a task starting inside a unit
+        would have no footer token count for its offsets and would decode that unit twice. So a
+        shard splits only where its units end on window boundaries (row groups of a multiple of
+        ``window`` documents, e.g. pyarrow's default of 1Mi rows for windows of 8192)."""
+        if not self.window:
+            return np.arange(unit_first_rows.size) == 0
+        return unit_first_rows % self.window == 0
+
     def count_shard_chunks(self, task: ShardTask, settings: PackSettings) -> int:
-        """The chunks ``task``'s shard packs into, from its document lengths alone."""
+        """The chunks ``task`` packs into, from its document lengths alone."""
         counter = BestFitChunkCounter(settings.context_length, window=self.window)
         batches = iter_token_batches(task.path, task.format, settings.token_column, read_batch_rows(task, settings),
-                                     validate=False)
+                                     validate=False, **task.read_range())
         for _, docs in batches:
             counter.push(np.diff(docs.offsets.to_numpy()))
         return counter.finish()
