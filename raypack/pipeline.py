@@ -123,6 +123,7 @@ def _check_reachable(address: str) -> None:
 
 def _connect_hint(address: str | None, error: BaseException) -> str:
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    first = first.split(". ")[0]  # Ray's first sentence; the fix follows in ours
     return (f"could not connect to the Ray cluster at {address or 'a new local instance'} ({first[:200]}); "
             "check the address; if the cluster uses token authentication, set RAY_AUTH_MODE=token and "
             "RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token (`ray get-auth-token` on the head "
