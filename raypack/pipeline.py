@@ -73,7 +73,7 @@ def init_ray(address: str | None = None, *, verbose: bool | None = None) -> None
                 ray.init(address=address, **quiet)
             else:
                 ray.init(address="local", include_dashboard=False, **quiet)
-    except ConnectionError as e:
+    except (ConnectionError, ray.exceptions.AuthenticationError) as e:  # the latter: token mode, no token
         raise InputError(_connect_hint(address, e)) from None
     context = ray.data.DataContext.get_current()  # first use of ray.data configures its loggers
     if not verbose:
@@ -124,9 +124,11 @@ def _check_reachable(address: str) -> None:
 
 def _connect_hint(address: str | None, error: BaseException) -> str:
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    first = first.split(". ")[0]  # Ray's first sentence; the fix follows in ours
     return (f"could not connect to the Ray cluster at {address or 'a new local instance'} ({first[:200]}); "
-            "if the cluster uses token authentication, set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN "
-            "(or RAY_AUTH_TOKEN_PATH) to the cluster's token, or run on the head node with --address auto")
+            "check the address; if the cluster uses token authentication, set RAY_AUTH_MODE=token and "
+            "RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token (`ray get-auth-token` on the head "
+            "prints it), or run on the head node with --address auto")
 
 
 def logs_dir() -> str:

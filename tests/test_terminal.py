@@ -112,12 +112,34 @@ def test_unreachable_address_fails_fast_with_one_line_and_no_staging(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["in"]
 
 
+def test_token_mode_without_a_token_is_one_line_and_no_staging(tmp_path):
+    """RAY_AUTH_MODE=token, no token anywhere (a HOME without ~/.ray/auth_token): Ray's
+    AuthenticationError becomes one line naming the variables, exit 2, before any staging dir."""
+    import socket
+
+    root = corpus(tmp_path, [[5, 6]])
+    listener = socket.create_server(("127.0.0.1", 0))  # something listens: the reachability check passes
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(HOME=str(tmp_path / "home"), RAY_AUTH_MODE="token", PYTHONPATH=REPO)
+    with listener:
+        proc = subprocess.run([sys.executable, "-m", "raypack.cli", "pack", "--input", root, "--output",
+                               str(tmp_path / "out"), "--context-length", "4", "--pad-token", "0",
+                               "--address", address], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, timeout=60, env=env, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("raypack: error: could not connect"), proc.stderr
+    assert address in lines[0] and "no authentication token" in lines[0] and "RAY_AUTH_TOKEN" in lines[0]
+    assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
 def test_connect_hint_names_the_token_variables():
     from raypack.pipeline import _connect_hint
 
     hint = _connect_hint("10.0.0.1:6379", ConnectionError("InvalidAuthToken: no token\nretrying"))
     assert "\n" not in hint and "RAY_AUTH_MODE=token" in hint and "RAY_AUTH_TOKEN_PATH" in hint
-    assert "--address auto" in hint and "InvalidAuthToken" in hint
+    assert "--address auto" in hint and "InvalidAuthToken" in hint and "check the address" in hint
 
 
 @pytest.mark.slow
