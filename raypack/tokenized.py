@@ -155,7 +155,7 @@ def _manifest_shard_infos(directory: str, manifest: dict[str, Any], token_column
                                  f"the corpus changed since it was written: re-run raypack tokenize")
             infos.append(ShardInfo(f"{directory.rstrip('/')}/{name}", "parquet", int(shard["num_docs"]),
                                    int(shard["num_tokens"]), str(manifest["token_dtype"]), "manifest",
-                                   _source(shard.get("source"))))
+                                   source=_source(shard.get("source"))))
     except (KeyError, TypeError, ValueError) as e:
         if isinstance(e, InputError):
             raise
