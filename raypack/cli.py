@@ -1,4 +1,4 @@
-"""Command line: ``raypack pack``, ``tokenize``, ``verify``, ``stats``, ``export``. Bad input: one line on stderr, exit 2."""
+"""Command line: ``raypack pack``, ``tokenize``, ``verify``, ``stats``, ``export``. Bad input: one line, exit 2."""
 
 from __future__ import annotations
 
