@@ -47,7 +47,7 @@ import pyarrow.fs as pafs
 from raypack.errors import InputError
 from raypack.export.base import Exporter, ExportMismatch, cast_tokens
 from raypack.export.sources import DocumentBatch, Part, Source
-from raypack.fs import resolve_filesystem
+from raypack.fs import is_uri, resolve_filesystem
 from raypack.output import TMP_PREFIX, AtomicFile, write_whole
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
@@ -98,6 +98,8 @@ class MegatronExporter(Exporter):
         self._fs, self._prefix = resolve_filesystem(output)
         self._local = isinstance(self._fs, pafs.LocalFileSystem)
         self._dir, self._base = posixpath.split(self._prefix)
+        self._dir_uri = _parent(output)
+        """The directory holding the output, as given (a URI keeps its scheme), for AtomicFile."""
         self._staged = posixpath.join(self._dir, f"{TMP_PREFIX}{uuid.uuid4().hex}-{self._base}")
         """Local: the staged .bin (``+ ".bin"``); object store: the prefix of the part objects."""
 
@@ -124,7 +126,7 @@ class MegatronExporter(Exporter):
                 return self._write_part(part, batches, lambda data, at: _pwrite_all(fd, data, at))
             finally:
                 os.close(fd)
-        file = AtomicFile(self._dir, f"{posixpath.basename(self._staged)}-part-{part.index:06d}.bin")
+        file = AtomicFile(self._dir_uri, f"{posixpath.basename(self._staged)}-part-{part.index:06d}.bin")
         try:
             doc_lens = self._write_part(part, batches, lambda data, at: file.write(data))
             file.commit()
@@ -161,10 +163,10 @@ class MegatronExporter(Exporter):
             os.replace(self._staged + ".bin", self._prefix + ".bin")
         else:
             self._concatenate_parts(len(results))
-        write_whole(self._dir, self._base + ".idx", index_bytes(self.token_dtype, doc_lens))
+        write_whole(self._dir_uri, self._base + ".idx", index_bytes(self.token_dtype, doc_lens))
 
     def _concatenate_parts(self, num_parts: int) -> None:
-        file = AtomicFile(self._dir, self._base + ".bin")
+        file = AtomicFile(self._dir_uri, self._base + ".bin")
         try:
             for k in range(num_parts):
                 with self._fs.open_input_stream(self._part_path(k)) as f:
@@ -246,6 +248,14 @@ class MegatronExporter(Exporter):
                 raise ExportMismatch(f"{self.output}.bin: token {first} is {int(data[first - start // itemsize])}, "
                                      f"the source has another")
             doc += batch.doc_lens.size
+
+
+def _parent(output: str) -> str:
+    """The directory of ``output``: a URI stays a URI (its query kept), a local path becomes absolute."""
+    if not is_uri(output):
+        return os.path.dirname(os.path.abspath(output))
+    path, sep, query = output.partition("?")
+    return posixpath.dirname(path) + sep + query
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
