@@ -109,6 +109,35 @@ def test_the_index_bytes_are_megatrons_own(tmp_path):
     assert index_bytes(np.dtype("uint16"), np.array([len(d) for d in DOCS])) == (tmp_path / "ref.idx").read_bytes()
 
 
+def test_megatrons_gpt_dataset_samples_an_export_with_empty_documents(tmp_path):
+    """Zero-length entries (documents without tokens) are accepted by Megatron's training-time
+    GPTDataset too: it builds its sample index and returns full sequences of the exported tokens."""
+    _megatron()
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
+    class Tokenizer:  # what GPTDataset asks of a tokenizer
+        eod, pad, vocab_size, unique_identifiers = 0, 0, 100, {"class": "Tokenizer"}
+
+    docs = DOCS * 5
+    src = write_tokenized(tmp_path, docs, cuts=[10])
+    run_export(src, "megatron", str(tmp_path / "ds"))
+    config = GPTDatasetConfig(random_seed=1, sequence_length=8, blend=([str(tmp_path / "ds")], None), split="100,0,0",
+                              tokenizer=Tokenizer(), reset_position_ids=False, reset_attention_mask=False,
+                              eod_mask_loss=False, path_to_cache=str(tmp_path / "cache"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        train, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, [20, None, None], lambda: True, config).build()
+    assert len(train) >= 20
+    # documents come shuffled, each whole and in order: every step inside a sample is within a document
+    # or from a document's last token to a document's first
+    inside = {(a, b) for d in docs for a, b in zip(d, d[1:])}
+    across = {(d[-1], e[0]) for d in docs if d for e in docs if e}
+    for i in range(len(train)):
+        tokens = train[i]["tokens"].tolist()
+        assert len(tokens) == 8 and all(step in inside | across for step in zip(tokens, tokens[1:]))
+
+
 def test_packed_concat_output_gives_back_its_documents(tmp_path):
     """Documents cut across chunks, record batches and files; an empty document; a padded last chunk."""
     shard_dir = write_shards(tmp_path, DOCS, cuts=[2, 5])
