@@ -184,6 +184,25 @@ def test_a_failed_overwrite_keeps_the_old_export(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["ds.bin", "ds.idx", "tokens"]
 
 
+def test_overwrite_never_pairs_the_old_index_with_new_data(tmp_path, monkeypatch):
+    """The old .idx goes before the new .bin takes its name: a crash between them leaves no readable
+    pair (Megatron's IndexedDataset.exists needs both), never old lengths over new tokens."""
+    import raypack.export.megatron as megatron
+
+    src = write_tokenized(tmp_path, DOCS, cuts=[3])
+    run_export(src, "megatron", str(tmp_path / "ds"))
+    other = write_tokenized(tmp_path / "other", [[9] * 30], cuts=[])
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(megatron, "write_whole", crash)
+    with pytest.raises(KeyboardInterrupt):
+        run_export(other, "megatron", str(tmp_path / "ds"), overwrite=True)
+    assert not (tmp_path / "ds.idx").exists()
+    assert not _megatron().IndexedDataset.exists(str(tmp_path / "ds"))
+
+
 def _fetch(uri: str, local: str) -> None:
     fs, path = resolve_filesystem(uri)
     with fs.open_input_stream(path) as f, open(local, "wb") as out:
