@@ -298,6 +298,18 @@ def test_existing_output_needs_overwrite(tmp_path, capsys):
     assert_entries(str(tmp_path / "ds"), DOCS, "int32")
 
 
+@pytest.mark.parametrize("extra, message", [
+    (["--verify-only", "--overwrite"], "--verify-only and --overwrite cannot be used together"),
+    (["--workers", "0"], "--workers=0 must be >= 1"),
+    (["--token-dtype", "uint64"], "--token-dtype uint64 cannot be held by the megatron format"),
+])
+def test_bad_flags(tmp_path, capsys, extra, message):
+    src = write_tokenized(tmp_path, DOCS, cuts=[])
+    assert message in _cli_error(capsys, ["export", src, "--format", "megatron", "--output", str(tmp_path / "d"),
+                                          *extra])
+    assert sorted(os.listdir(tmp_path)) == ["tokens"]
+
+
 def test_best_fit_output_is_refused_with_the_way_out(tmp_path, capsys):
     shard_dir = write_shards(tmp_path, DOCS, cuts=[3])
     pack(tmp_path, shard_dir, strategy="best_fit")
