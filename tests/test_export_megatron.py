@@ -83,7 +83,7 @@ DOCS = [[1, 2, 3], [], [4, 5, 6, 7, 8, 9, 10, 11, 12, 13], [14], [15, 16], [], [
 # ----------------------------------------------------------------------------- literal cases
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.slow)])  # 2: spawned processes
 def test_tokenized_corpus_reads_back_document_for_document(tmp_path, workers):
     src = write_tokenized(tmp_path, DOCS, cuts=[2, 5])
     summary = run_export(src, "megatron", str(tmp_path / "out" / "ds"), workers=workers)
@@ -147,6 +147,7 @@ def test_packed_concat_output_gives_back_its_documents(tmp_path):
     assert_entries(str(tmp_path / "ds"), DOCS, "int32")
 
 
+@pytest.mark.slow  # spawned processes
 def test_same_bytes_for_any_number_of_workers(tmp_path):
     docs = [list(range(k, k + k % 7)) for k in range(40)]
     src = write_tokenized(tmp_path, docs, cuts=[5, 6, 20, 33])
@@ -165,7 +166,7 @@ def test_uint32_is_refused_with_the_fix_and_int32_exports_it(tmp_path):
     assert_entries(str(tmp_path / "ds"), docs, "int32")
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.slow)])  # 2: spawned processes
 def test_a_token_that_does_not_fit_the_asked_dtype_is_named(tmp_path, workers):
     """Found in the last part, after the first was written: nothing is left behind."""
     src = write_tokenized(tmp_path, [[1, 2], [3], [4, 300]], cuts=[1, 2], dtype="uint16")
