@@ -263,6 +263,10 @@ def test_any_concat_pack_exports_its_documents(tmp_path_factory, docs, data, con
     run_export(str(root / "out"), "megatron", str(root / "ds"), workers=1)
     assert_entries(str(root / "ds"), docs, "uint16")
     assert verify_export(str(root / "out"), "megatron", str(root / "ds"))
+    tokens = write_tokenized(root, docs, cuts=[c for c in cuts if c < len(docs)])  # the other source, same bytes
+    run_export(tokens, "megatron", str(root / "from-tokens"))
+    for ext in (".bin", ".idx"):
+        assert (root / f"from-tokens{ext}").read_bytes() == (root / f"ds{ext}").read_bytes()
 
 
 # ----------------------------------------------------------------------------- bad input, one line, exit 2
