@@ -1,4 +1,4 @@
-"""Command line: ``raypack pack ...``, ``raypack tokenize ...``. Bad input: one line on stderr, exit code 2."""
+"""Command line: ``raypack pack``, ``tokenize``, ``verify``, ``stats``, ``export``. Bad input: one line, exit 2."""
 
 from __future__ import annotations
 
@@ -96,7 +96,24 @@ def build_parser() -> argparse.ArgumentParser:
     stats = commands.add_parser("stats", help="how well an output packed: padding, split documents, fragments")
     stats.add_argument("output", metavar="OUT", help="packed output directory")
     stats.add_argument("--plot", metavar="PNG", help=f"also write a plot (needs {PLOT_EXTRA})")
+    _add_export_parser(commands)
     return parser
+
+
+def _add_export_parser(commands) -> None:
+    from raypack.export import EXPORTERS
+
+    export = commands.add_parser("export", help="write a tokenized corpus or a packed output in another format")
+    export.add_argument("source", metavar="SRC", help="a tokenized corpus (raypack tokenize) or a packed output")
+    export.add_argument("--format", required=True,
+                        help="; ".join(f"{name}: {cls.summary}" for name, cls in EXPORTERS.items()))
+    export.add_argument("--output", required=True, help="where to write (the format says what: a prefix, a directory)")
+    export.add_argument("--token-dtype", metavar="DTYPE", help="the exported token type (default: the source's)")
+    export.add_argument("--workers", type=int, default=1, help="local processes writing parts (default: 1)")
+    export.add_argument("--overwrite", action="store_true", help="replace an existing export")
+    export.add_argument("--verify", action="store_true", help="after writing, compare the export with its source")
+    export.add_argument("--verify-only", action="store_true",
+                        help="write nothing: compare an existing export with its source")
 
 
 PLOT_EXTRA = 'pip install "raypack[plot]"'
@@ -214,7 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     RAY_VERBOSE.set(bool(vars(args).pop("verbose", False)))
     try:
-        runners = {"pack": _run_pack, "verify": _run_verify, "stats": _run_stats, "tokenize": _run_tokenize}
+        runners = {"pack": _run_pack, "verify": _run_verify, "stats": _run_stats, "tokenize": _run_tokenize,
+                   "export": _run_export}
         code = runners[args.command](args)
         sys.stdout.flush()  # a closed pipe shows here, not in Python's flush at exit
         return code
@@ -246,6 +264,27 @@ def _run_verify(args: argparse.Namespace) -> int:
         print(f"raypack: verify failed: {e}", file=sys.stderr)
         return 1
     print("\n".join(report.lines()))
+    return 0
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    from raypack.export import ExportMismatch
+    from raypack.export.job import run_export, verify_export
+
+    _refuse_contradictions(args, (
+        ("verify_only", "overwrite", "--verify-only writes nothing; drop --overwrite"),
+        ("verify_only", "verify", "--verify-only already verifies; drop --verify"),
+    ))
+    try:
+        if args.verify_only:
+            lines = verify_export(args.source, args.format, args.output, token_dtype=args.token_dtype)
+        else:
+            lines = run_export(args.source, args.format, args.output, token_dtype=args.token_dtype,
+                               workers=args.workers, overwrite=args.overwrite, verify=args.verify).lines()
+    except ExportMismatch as e:
+        print(f"raypack: verify failed: {e}", file=sys.stderr)
+        return 1
+    print("\n".join(lines))
     return 0
 
 

@@ -338,3 +338,22 @@ def test_s3_lock_object_refuses_a_live_owner_and_takes_over_a_dead_one(s3):
     objects = s3.objects("locked")
     assert ObjectStoreLock.NAME not in objects and "manifest.json" in objects
     assert not [n for n in objects if n.startswith(".tmp-")]
+
+
+# ----------------------------------------------------------------------------- raypack export on a store
+
+
+def test_export_megatron_s3_to_s3_equals_the_local_export(s3, local_run, tmp_path):
+    """A packed output on S3 exported to an S3 prefix: exactly PREFIX.bin and PREFIX.idx appear (the
+    part objects are gone), byte-identical to the local export of the local run; --verify passes."""
+    from raypack.export.job import run_export
+
+    run_pack(s3_config(s3, "exp-src"), engine="local")
+    run_export(local_run[0], "megatron", str(tmp_path / "ds"))
+    run_export(f"s3://{BUCKET}/exp-src", "megatron", f"s3://{BUCKET}/exp/ds", verify=True)
+    objects = s3.objects("exp")
+    assert sorted(objects) == ["ds.bin", "ds.idx"]
+    assert objects["ds.bin"] == (tmp_path / "ds.bin").read_bytes()
+    assert objects["ds.idx"] == (tmp_path / "ds.idx").read_bytes()
+    with pytest.raises(InputError, match="ds.bin exists; pass --overwrite"):
+        run_export(f"s3://{BUCKET}/exp-src", "megatron", f"s3://{BUCKET}/exp/ds")

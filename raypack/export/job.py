@@ -1,0 +1,140 @@
+"""One export run: check, lock, write the parts (here or in a local process pool), publish, verify.
+
+Parallelism: one part per source shard; ``workers > 1`` writes parts in a local
+``ProcessPoolExecutor`` (spawned processes; the exporter and the source are pickled to them),
+``workers == 1`` in this process. No Ray: exporting is reading and writing bytes, which a few
+local processes saturate on one machine; a Ray version would put the pool in raypack/pipeline.py
+and keep this lifecycle. There is no ``--resume``: a failed export leaves nothing and is rerun.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import posixpath
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from raypack.errors import InputError
+from raypack.export import exporter_class
+from raypack.export.base import Exporter, resolve_token_dtype
+from raypack.export.sources import Part, Source, open_source
+from raypack.fs import resolve_filesystem
+from raypack.lock import LocalLock
+from raypack.progress import Progress
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExportSummary:
+    description: str
+    format: str
+    source: Source
+    num_parts: int
+    seconds: float
+    verify_lines: tuple[str, ...] = ()
+
+    def lines(self) -> list[str]:
+        rate = self.source.num_tokens / self.seconds if self.seconds > 0 else 0.0
+        return [f"exported {self.source.path} -> {self.description} ({self.format})",
+                f"  documents {self.source.num_docs:>14,}",
+                f"  tokens    {self.source.num_tokens:>14,}",
+                f"  parts     {self.num_parts:>14,}",
+                f"  time      {self.seconds:>14.2f}s  ({rate / 1e6:,.1f}M tokens/s)",
+                *self.verify_lines]
+
+
+def run_export(source_path: str, format: str, output: str, *, token_dtype: str | None = None, workers: int = 1,
+               overwrite: bool = False, verify: bool = False) -> ExportSummary:
+    """Export ``source_path`` (tokenized corpus or concat packed output) to ``output`` in ``format``."""
+    start = time.perf_counter()
+    if workers < 1:
+        raise InputError(f"--workers={workers} must be >= 1")
+    exporter, source = _open(source_path, format, output, token_dtype)
+    lock = _lock(output)
+    try:
+        _check_free(exporter, overwrite)
+        _write(exporter, source, workers)
+    finally:
+        if lock is not None:
+            lock.release()
+    lines = tuple(exporter.verify(source)) if verify else ()
+    return ExportSummary(exporter.describe(), format, source, len(source.parts), time.perf_counter() - start, lines)
+
+
+def verify_export(source_path: str, format: str, output: str, *, token_dtype: str | None = None) -> list[str]:
+    """Compare an existing export with its source (raises ExportMismatch at the first difference)."""
+    exporter, source = _open(source_path, format, output, token_dtype)
+    return exporter.verify(source)
+
+
+def _open(source_path: str, format: str, output: str, token_dtype: str | None) -> tuple[Exporter, Source]:
+    cls = exporter_class(format)
+    if not output:
+        raise InputError("no output given: pass --output PREFIX")
+    source = open_source(source_path)
+    if source.kind not in cls.source_kinds:
+        raise InputError(f"{source_path} is a {source.kind} output; the {format} format exports "
+                         f"{' or '.join(sorted(cls.source_kinds))} sources")
+    return cls(output, resolve_token_dtype(cls, source, token_dtype)), source
+
+
+def _lock(output: str) -> LocalLock | None:
+    """The local lock beside the output (``.<name>.raypack-lock``); none on an object store."""
+    fs, path = resolve_filesystem(output)
+    if not isinstance(fs, pafs.LocalFileSystem):
+        return None
+    parent, name = posixpath.split(path.rstrip("/"))
+    lock = LocalLock(posixpath.join(parent, f".{name}.raypack-lock"), what=f"output {output}")
+    lock.acquire()
+    return lock
+
+
+def _check_free(exporter: Exporter, overwrite: bool) -> None:
+    for path in exporter.output_paths():
+        fs, fs_path = resolve_filesystem(path)
+        if fs.get_file_info(fs_path).type != pafs.FileType.NotFound and not overwrite:
+            raise InputError(f"{path} exists; pass --overwrite to replace it (the old output stays readable "
+                             "until the new one is complete)")
+
+
+def _write(exporter: Exporter, source: Source, workers: int) -> None:
+    progress = Progress("exported", len(source.parts), "parts")
+    exporter.prepare(source)
+    try:
+        results = _run_parts(exporter, source, workers, progress)
+        exporter.finalize(source, results)
+    except BaseException:
+        exporter.abort()
+        raise
+
+
+def _run_parts(exporter: Exporter, source: Source, workers: int, progress: Progress) -> list[Any]:
+    parts = source.parts
+    if workers == 1 or len(parts) <= 1:
+        results = []
+        for part in parts:
+            results.append(write_part(exporter, source, part))
+            progress.add(part.num_tokens)
+        return results
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(workers, len(parts)), mp_context=context) as pool:
+        futures = [pool.submit(write_part, exporter, source, part) for part in parts]
+        try:
+            for part, future in zip(parts, futures):
+                future.result()
+                progress.add(part.num_tokens)
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        return [f.result() for f in futures]
+
+
+def write_part(exporter: Exporter, source: Source, part: Part) -> Any:
+    """One part (runs in a pool process or here)."""
+    return exporter.write_part(part, source.batches(part))

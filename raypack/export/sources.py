@@ -1,0 +1,223 @@
+"""What an export reads: the documents of a tokenized corpus or of a concat packed output, in
+global doc-id order, as parts (one per source shard) of whole documents. Pure numpy/pyarrow.
+
+A source is opened once in the driver (:func:`open_source`: its manifest read and checked) and
+then pickled to the processes that write the parts; :meth:`Source.batches` streams one part.
+
+- Tokenized corpus (``raypack tokenize``'s output): part k is ``part-k.parquet``; each row of
+  its ``input_ids`` column is one document.
+- Packed output, strategy ``concat``: part k is the packed manifest's shard k, whose documents
+  ``[doc_offset, doc_offset + num_docs)`` hold the global tokens ``[token_offset, token_offset +
+  num_tokens)``. Document lengths come from the chunks' segments (a first pass over the small
+  segment columns); a doc id that never appears is a document of zero tokens, kept as an
+  empty document so that entry i of an export is document i. Padding (-1) lies after the last
+  token and is never read.
+- Packed output, strategy ``best_fit``: refused (documents are reordered across chunks); export
+  the tokenized corpus or the pack's inputs instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from raypack.errors import InputError
+from raypack.fs import error_text, resolve_filesystem
+from raypack.manifest import load_manifest, strategy_of
+from raypack.output import MANIFEST_NAME
+from raypack.tokenized import TOKEN_COLUMN, load_tokenized_manifest, tokenized_inputs
+
+BATCH_TOKENS = 4 << 20
+"""About this many tokens per :class:`DocumentBatch` (memory); a longer document is one batch."""
+
+
+class DocumentBatch(NamedTuple):
+    """Whole consecutive documents.
+
+    tokens:   (T,) the source's token dtype, the documents end to end (may be a read-only view).
+    doc_lens: (D,) int64, each document's length; sums to T. Zero-length documents included.
+    """
+
+    tokens: npt.NDArray[np.integer]
+    doc_lens: npt.NDArray[np.int64]
+
+
+class Part(NamedTuple):
+    """One unit of parallel work: source shard ``index``, documents ``[doc_start, doc_end)``,
+    global tokens ``[token_start, token_end)``."""
+
+    index: int
+    doc_start: int
+    doc_end: int
+    token_start: int
+    token_end: int
+
+    @property
+    def num_docs(self) -> int:
+        return self.doc_end - self.doc_start
+
+    @property
+    def num_tokens(self) -> int:
+        return self.token_end - self.token_start
+
+
+class Source:
+    """A checked source: ``kind`` ("tokenized" or "packed"), its token dtype and its parts.
+
+    Picklable (paths and numbers only); nothing is opened until :meth:`batches`."""
+
+    def __init__(self, path: str, kind: str, token_dtype: np.dtype, parts: list[Part], files: list[str]) -> None:
+        self.path, self.kind, self.token_dtype, self.parts, self.files = path, kind, token_dtype, parts, files
+
+    @property
+    def num_docs(self) -> int:
+        return self.parts[-1].doc_end if self.parts else 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.parts[-1].token_end if self.parts else 0
+
+    def batches(self, part: Part) -> Iterator[DocumentBatch]:
+        """Part ``part``'s documents in order, as batches of about BATCH_TOKENS tokens."""
+        if self.kind == "tokenized":
+            return _parquet_batches(self.files[part.index], part)
+        return _packed_batches(self.path, part)
+
+
+def open_source(path: str) -> Source:
+    """The source at ``path`` (a tokenized corpus or a packed output directory, local or URI).
+
+    Reads the manifest only. Raises InputError for a path without a manifest, a best_fit output,
+    or a manifest that fails its checks."""
+    fs, base = resolve_filesystem(path)
+    if fs.get_file_info(f"{base.rstrip('/')}/{MANIFEST_NAME}").type != pafs.FileType.File:
+        raise InputError(f"{path} holds no {MANIFEST_NAME}: give a tokenized corpus (raypack tokenize) or a packed "
+                         "output (raypack pack), finished")
+    manifest = load_tokenized_manifest(path)
+    if manifest is not None:
+        return _tokenized_source(path, manifest)
+    return _packed_source(path)
+
+
+def _tokenized_source(path: str, manifest: dict[str, Any]) -> Source:
+    infos = tokenized_inputs([path], TOKEN_COLUMN)
+    parts = _parts([(i.num_docs, i.num_tokens) for i in infos])
+    dtype = manifest.get("token_dtype")
+    if dtype not in ("uint8", "uint16", "uint32", "int32", "int64"):
+        raise InputError(f"{path}/{MANIFEST_NAME}: token_dtype {dtype!r} is not a token type; re-run raypack tokenize")
+    return Source(path, "tokenized", np.dtype(dtype), parts, [i.path for i in infos])
+
+
+def _packed_source(path: str) -> Source:
+    manifest = load_manifest(path)
+    strategy = strategy_of(manifest)
+    if strategy != "concat":
+        shards = manifest["shards"]
+        inputs = ", ".join(s["path"] for s in shards[:2]) + (", ..." if len(shards) > 2 else "")
+        raise InputError(f"{path} was packed with strategy {strategy}, which reorders documents across chunks; "
+                         f"export the tokenized corpus or the pack's inputs instead ({inputs})")
+    parts = _parts([(s["num_docs"], s["num_tokens"]) for s in manifest["shards"]])
+    return Source(path, "packed", np.dtype(manifest["token_dtype"]), parts, [])
+
+
+def _parts(counts: list[tuple[int, int]]) -> list[Part]:
+    """One part per shard from (num_docs, num_tokens) in order, with running offsets."""
+    parts, docs, tokens = [], 0, 0
+    for k, (num_docs, num_tokens) in enumerate(counts):
+        parts.append(Part(k, docs, docs + num_docs, tokens, tokens + num_tokens))
+        docs, tokens = docs + num_docs, tokens + num_tokens
+    return parts
+
+
+# ----------------------------------------------------------------------------- tokenized corpus
+
+
+def _parquet_batches(path: str, part: Part) -> Iterator[DocumentBatch]:
+    """Rows of the part file's ``input_ids``, about BATCH_TOKENS tokens per batch (from its mean)."""
+    fs, fs_path = resolve_filesystem(path)
+    rows = max(1, BATCH_TOKENS * max(part.num_docs, 1) // max(part.num_tokens, 1))
+    num_docs = 0
+    try:
+        with fs.open_input_file(fs_path) as f:
+            for batch in pq.ParquetFile(f).iter_batches(batch_size=rows, columns=[TOKEN_COLUMN]):
+                yield _list_batch(batch.column(0), path)
+                num_docs += batch.num_rows
+    except (pa.ArrowException, OSError) as e:
+        raise InputError(f"{path}: unreadable ({error_text(e, 300)}); re-run raypack tokenize") from e
+    if num_docs != part.num_docs:
+        raise InputError(f"{path} holds {num_docs} documents, its manifest says {part.num_docs}; "
+                         "re-run raypack tokenize")
+
+
+def _list_batch(column: pa.ListArray, path: str) -> DocumentBatch:
+    if column.null_count or column.values.null_count:
+        raise InputError(f"{path}: {TOKEN_COLUMN} holds nulls; re-run raypack tokenize")
+    offsets = column.offsets.to_numpy().astype(np.int64)
+    tokens = column.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_numpy(zero_copy_only=True)
+    return DocumentBatch(tokens, np.diff(offsets))
+
+
+# ----------------------------------------------------------------------------- packed concat output
+
+
+def _packed_batches(path: str, part: Part) -> Iterator[DocumentBatch]:
+    """The part's documents read from the chunks: lengths from the segments, then the tokens in
+    batches cut at document ends. Cost: one pass over the part's segments, one over its tokens."""
+    from raypack.packed import read_packed
+
+    with read_packed(path) as ds:
+        doc_lens = _packed_doc_lens(ds, part)
+        doc_ends = np.cumsum(doc_lens)
+        start_doc = 0
+        while start_doc < doc_lens.size:
+            start_token = int(doc_ends[start_doc - 1]) if start_doc else 0
+            end_doc = max(start_doc + 1, int(np.searchsorted(doc_ends, start_token + BATCH_TOKENS, side="right")))
+            tokens = _packed_tokens(ds, part.token_start + start_token, part.token_start + int(doc_ends[end_doc - 1]))
+            yield DocumentBatch(tokens, doc_lens[start_doc:end_doc])
+            start_doc = end_doc
+
+
+def _chunk_range(ds: Any, token_start: int, token_end: int) -> tuple[int, int]:
+    c = ds.context_length
+    return token_start // c, -(-token_end // c)
+
+
+def _packed_doc_lens(ds: Any, part: Part) -> npt.NDArray[np.int64]:
+    """(num_docs,) int64: tokens of each of the part's documents, counted from the segments."""
+    doc_lens = np.zeros(part.num_docs, dtype=np.int64)
+    if not part.num_tokens:
+        return doc_lens
+    chunk_start, chunk_end = _chunk_range(ds, part.token_start, part.token_end)
+    position = chunk_start * ds.context_length
+    for piece in ds.pieces(chunk_start, chunk_end):
+        ids, lens = piece.segment_doc_ids, piece.segment_lengths.astype(np.int64)
+        ends = position + np.cumsum(lens)
+        kept = np.clip(np.minimum(ends, part.token_end) - np.maximum(ends - lens, part.token_start), 0, None)
+        inside = (kept > 0) & (ids >= 0)
+        rel = ids[inside] - part.doc_start
+        if rel.size and (rel.min() < 0 or rel.max() >= part.num_docs):
+            raise InputError(f"{ds.path}: tokens [{part.token_start}, {part.token_end}) hold doc ids outside "
+                             f"[{part.doc_start}, {part.doc_end}) (shard {part.index}); the output is damaged: rerun "
+                             "the pack")
+        doc_lens += np.bincount(rel, weights=kept[inside], minlength=part.num_docs).astype(np.int64)
+        position += piece.num_chunks * ds.context_length
+    if int(doc_lens.sum()) != part.num_tokens:
+        raise InputError(f"{ds.path}: shard {part.index}'s segments hold {int(doc_lens.sum())} tokens, the manifest "
+                         f"says {part.num_tokens}; the output is damaged: rerun the pack")
+    return doc_lens
+
+
+def _packed_tokens(ds: Any, token_start: int, token_end: int) -> npt.NDArray[np.integer]:
+    """Global tokens ``[token_start, token_end)``: a view when they lie in one record batch, else a copy."""
+    if token_end == token_start:
+        return np.zeros(0, ds.token_dtype)
+    chunk_start, chunk_end = _chunk_range(ds, token_start, token_end)
+    flats = [piece.input_ids.reshape(-1) for piece in ds.pieces(chunk_start, chunk_end)]
+    flat = flats[0] if len(flats) == 1 else np.concatenate(flats)
+    offset = token_start - chunk_start * ds.context_length
+    return flat[offset: offset + token_end - token_start]
