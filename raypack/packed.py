@@ -339,6 +339,14 @@ class PackedDataset:
             self._files[self._open_files.popitem(last=False)[0]].close()
         return self._files[f]
 
+    def pieces(self, start: int, stop: int) -> Iterator[Chunks]:
+        """Global chunks ``[start, stop)`` as :class:`Chunks` views, one per (file, record batch)
+        touched, in order (tokens not copied; the doc ids stay as segments)."""
+        start, stop = operator.index(start), operator.index(stop)
+        if not 0 <= start <= stop <= len(self):
+            raise IndexError(f"pieces({start}, {stop}) is out of range; need 0 <= start <= stop <= {len(self)}")
+        return self._pieces(start, stop)
+
     def _pieces(self, start: int, stop: int) -> Iterator[Chunks]:
         """Global chunks ``[start, stop)`` as views, one per (file, record batch) touched."""
         f = int(np.searchsorted(self._first_chunks, start, side="right")) - 1
