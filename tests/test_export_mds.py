@@ -18,7 +18,6 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import pack, random_corpus, write_shards
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,6 +27,8 @@ from raypack.errors import InputError
 from raypack.export import mds
 from raypack.export.mds import decode_shard, export_mds, load_index, verify_mds, write_index, write_part
 from raypack.packed import read_packed
+
+from helpers import pack, random_corpus, write_shards
 
 READER_DIR = os.environ.get("RAYPACK_MDS_READER", os.path.join(sys.prefix, "mds-reader"))
 WORKER = os.path.join(os.path.dirname(__file__), "mds_real.py")

@@ -51,7 +51,7 @@ from numpy.lib.stride_tricks import as_strided
 from raypack.core import Chunks, concat_chunks
 from raypack.errors import InputError
 from raypack.fs import error_text, resolve_filesystem
-from raypack.output import AtomicFile, slice_chunks, write_whole
+from raypack.output import AtomicFile, write_whole
 from raypack.packed import PackedDataset, read_packed
 
 log = logging.getLogger(__name__)
