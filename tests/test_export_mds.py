@@ -223,24 +223,30 @@ def test_own_decoder_roundtrip(tmp_path_factory, seed, num_docs, size_limit, str
 # ----------------------------------------------------------------------------- failure, overwrite
 
 
-def test_failure_midway_leaves_nothing(tmp_path, real, monkeypatch):
+@pytest.mark.parametrize("fail_at", ["fourth shard", "last shard", "index"])
+def test_failure_midway_leaves_nothing(tmp_path, real, monkeypatch, fail_at):
+    """A commit that fails (on the committer thread, or the index's in this one) leaves an empty
+    directory, which the real library refuses to read."""
     src = packed(tmp_path)
+    num_shards = export_mds(src, str(tmp_path / "first"), size_limit=400).num_shards
+    fail = {"fourth shard": 4, "last shard": num_shards, "index": num_shards + 1}[fail_at]
     out = tmp_path / "mds"
     commits = []
     original = output.AtomicFile.commit
 
     def failing_commit(self, name=None):
         commits.append(self.path)
-        if len(commits) == 4:
+        if len(commits) == fail:
             raise OSError("disk full (injected)")
         return original(self, name)
 
     monkeypatch.setattr(output.AtomicFile, "commit", failing_commit)
     with pytest.raises(OSError, match="injected"):
         export_mds(src, str(out), size_limit=400)
-    assert len(commits) == 4 and os.listdir(out) == []  # 3 shards were published, then removed; no temp file
+    # the shards published were removed, no temporary file is left, and it stopped soon after
+    assert os.listdir(out) == [] and fail <= len(commits) < fail + 10
     reply = real.call(op="read", dir=str(out), out=str(tmp_path / "x.npz"))
-    assert not reply["ok"]
+    assert not reply["ok"] and "index.json" in reply["error"]
 
 
 def test_failure_writing_the_index_leaves_nothing(tmp_path, monkeypatch):

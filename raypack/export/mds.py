@@ -41,6 +41,7 @@ import json
 import logging
 import posixpath
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterable, Iterator, NamedTuple
 
 import numpy as np
@@ -213,18 +214,70 @@ def shard_head(sample_sizes: npt.NDArray[np.int64], config: bytes) -> bytes:
 # ----------------------------------------------------------------------------- writing
 
 
+class Committer:
+    """Publishes :class:`AtomicFile` s in order on one background thread (fsync and rename release
+    the GIL), so that a shard's fsync overlaps writing the next one. :meth:`wait` blocks until
+    every file submitted is published and raises the first error; a file whose commit fails is
+    aborted. Use as a context manager (the thread ends on exit)."""
+
+    MAX_PENDING = 2
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raypack-mds-commit")
+        self._futures: list[Future] = []
+
+    def submit(self, file: AtomicFile) -> None:
+        """Queue ``file``'s commit once fewer than MAX_PENDING are queued (each holds an open file);
+        raise the error of an earlier commit first, so a full disk stops the export within
+        MAX_PENDING shards, not at its end."""
+        while len(self._futures) >= self.MAX_PENDING:
+            self._futures[0].exception()  # waits for it
+            self._futures = [f for f in self._futures if not f.done() or f.exception() is not None]
+            failed = next((f.exception() for f in self._futures if f.done()), None)
+            if failed is not None:
+                file.abort()
+                raise failed
+        self._futures.append(self._pool.submit(_commit_or_abort, file))
+
+    def wait(self) -> None:
+        """Wait for every commit submitted; raise the first error (after all have ended)."""
+        futures, self._futures = self._futures, []
+        errors = [f.exception() for f in futures]
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise first
+
+    def __enter__(self) -> Committer:
+        return self
+
+    def __exit__(self, exc_type: type | None, *exc_info: object) -> None:
+        self._pool.shutdown(wait=True)  # every commit has ended: published, or failed and aborted
+        if exc_type is None:
+            self.wait()
+
+
+def _commit_or_abort(file: AtomicFile) -> None:
+    try:
+        file.commit()
+    except BaseException:
+        file.abort()
+        raise
+
+
 class PartWriter:
     """Writes part ``part`` of an MDS export into ``out_dir``: :meth:`write` chunks in order, then
     :meth:`close` returns the index entries of its shards ``shard.{part}.{k}.mds``.
 
     A shard is held as views (tokens are not copied) until it is full, then written whole through
     :class:`AtomicFile` (appears complete or not at all), assembled WRITE_BLOCK_BYTES at a time in
-    one reused buffer. Memory: one shard's segment bytes plus the source batches it views.
-    :meth:`abort` removes the shards this writer published.
+    one reused buffer, and published (fsync, rename) here or, given a ``committer``, on its
+    thread: then :meth:`close` returns before the last shards are published, and the caller
+    waits with ``committer.wait()`` before writing the index. Memory: one shard's segment bytes
+    plus the source batches it views. :meth:`abort` removes the shards this writer published.
     """
 
     def __init__(self, out_dir: str, part: int, *, context_length: int, token_dtype: npt.DTypeLike,
-                 size_limit: int | None = DEFAULT_SIZE_LIMIT) -> None:
+                 size_limit: int | None = DEFAULT_SIZE_LIMIT, committer: Committer | None = None) -> None:
         if size_limit is not None and not 0 < size_limit < 1 << 32:
             raise ValueError(f"size_limit={size_limit} must be in [1, 2**32) bytes (MDS offsets are u32), or None")
         self.out_dir, self.part = out_dir, part
@@ -238,6 +291,7 @@ class PartWriter:
         self._pending_bytes = self._empty_bytes = 8 + len(self._config_bytes)
         self._entries: list[dict[str, Any]] = []
         self._buffer: np.ndarray | None = None
+        self._committer = committer
 
     def write(self, chunks: Chunks) -> None:
         """Append ``chunks`` (input_ids (n, C) of the token dtype) as the next samples."""
@@ -277,10 +331,13 @@ class PartWriter:
             for encoded in self._pending:
                 for block in self._blocks(encoded):
                     file.write(memoryview(block))
-            file.commit()
         except BaseException:
             file.abort()
             raise
+        if self._committer is None:
+            _commit_or_abort(file)
+        else:
+            self._committer.submit(file)
         num_bytes = int(4 + 4 * (sizes.size + 1) + len(self._config_bytes) + sizes.sum())
         self._entries.append({"samples": int(sizes.size), "raw_data": {"basename": name, "bytes": num_bytes,
                                                                       "hashes": {}},
@@ -306,10 +363,15 @@ class PartWriter:
         self._buffer = None
         return self._entries
 
+    @property
+    def shard_names(self) -> list[str]:
+        """The shards written so far (published, or being published by the committer)."""
+        return [e["raw_data"]["basename"] for e in self._entries]
+
     def abort(self) -> None:
-        """Remove every shard this writer published (on error)."""
+        """Remove every shard this writer published (on error; with a committer, after it drained)."""
         self._pending = []
-        remove_shards(self.out_dir, [e["raw_data"]["basename"] for e in self._entries])
+        remove_shards(self.out_dir, self.shard_names)
         self._entries = []
 
 
@@ -544,7 +606,8 @@ def export_mds(src_dir: str, out_dir: str, *, size_limit: int | None = DEFAULT_S
                token_dtype: npt.DTypeLike | None = None, overwrite: bool = False) -> MdsExport:
     """Export the packed output ``src_dir`` (any strategy) as an MDS dataset in ``out_dir``
     (local path or URI): sample i is chunk i. One part per chunk file of the output, written in
-    order in this process, then ``index.json``; on any error the shards written are removed and
+    order in this process (each shard's fsync on a :class:`Committer` thread, overlapping the
+    next), then ``index.json``; on any error the shards written are removed and
     no index is written. ``token_dtype``: the tokens' dtype in the export (default: the
     output's; each id is checked to fit). Cost: one pass over the tokens, no copy but the write.
     """
@@ -555,13 +618,19 @@ def export_mds(src_dir: str, out_dir: str, *, size_limit: int | None = DEFAULT_S
         raise InputError(f"{out_dir} is the packed output itself; give another directory for the export")
     _clear_previous(out_dir, overwrite)
     entries: list[dict[str, Any]] = []
+    writer: PartWriter | None = None
     try:
-        for part, item in enumerate(ds.file_items()):
-            entries += write_part(out_dir, part, _part_chunks(ds, item, dtype), context_length=ds.context_length,
-                                  token_dtype=dtype, size_limit=size_limit)
+        with Committer() as committer:
+            for part, item in enumerate(ds.file_items()):
+                writer = PartWriter(out_dir, part, context_length=ds.context_length, token_dtype=dtype,
+                                    size_limit=size_limit, committer=committer)
+                for chunks in _part_chunks(ds, item, dtype):
+                    writer.write(chunks)
+                entries += writer.close()
+                writer = None
         write_index(out_dir, entries)
-    except BaseException:
-        remove_shards(out_dir, [e["raw_data"]["basename"] for e in entries])
+    except BaseException:  # the committer has drained: nothing is being published any more
+        remove_shards(out_dir, [e["raw_data"]["basename"] for e in entries] + (writer.shard_names if writer else []))
         raise
     finally:
         ds.close()
