@@ -176,28 +176,37 @@ def test_one_shard_per_part_without_size_limit(tmp_path, real):
 
 def test_bytes_equal_streamings_own_writer(tmp_path, real):
     """All chunks as one part against MDSWriter with the same size limit: the shard files are
-    byte-identical and the index entries equal but for the shard names."""
+    byte-identical and the index entries equal but for the shard names, at size limits around
+    where the per-sample and per-shard byte counts decide a boundary."""
     docs = random_corpus(seed=5, num_docs=120, max_len=40) + [[9]] * 700  # one-token documents: > 255 segments
     src = packed(tmp_path, docs=docs, cuts=(), token_dtype="uint16", context_length=300)
-    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
     chunks = source_chunks(src)
     assert np.diff(chunks.segment_offsets).max() > 255
-    write_index(str(ours), write_part(str(ours), 0, [chunks], context_length=300, token_dtype="uint16",
-                                      size_limit=2000))
     sample_npz = str(tmp_path / "src.npz")
     np.savez(sample_npz, tokens=chunks.input_ids, segment_doc_ids=chunks.segment_doc_ids,
              segment_lengths=chunks.segment_lengths, segment_counts=np.diff(chunks.segment_offsets))
-    encodings = dict(zip(*[mds.shard_config(300, "uint16", None)[k] for k in ("column_names", "column_encodings")]))
-    reply = real.call(op="write", src=sample_npz, dir=str(theirs), size_limit=2000, encodings=encodings)
-    assert reply["ok"], reply.get("traceback")
-    our_index = json.loads((ours / "index.json").read_text())
-    their_index = json.loads((theirs / "index.json").read_text())
-    assert len(our_index["shards"]) == len(their_index["shards"]) > 2
-    for a, b in zip(our_index["shards"], their_index["shards"]):
-        assert (ours / a["raw_data"]["basename"]).read_bytes() == (theirs / b["raw_data"]["basename"]).read_bytes()
-        a["raw_data"].pop("basename"), b["raw_data"].pop("basename")
-        assert a == b
-    assert our_index["version"] == their_index["version"] == 2
+    config = mds.shard_config(300, "uint16", None)
+    encodings = dict(zip(config["column_names"], config["column_encodings"]))
+    sample_sizes = mds.encode_chunks(chunks).sizes()
+    head = 8 + len(json.dumps(mds.shard_config(300, "uint16", 1000), sort_keys=True))  # a 4-digit size_limit
+    exact = int(head + sample_sizes[:3].sum() + 3 * 4)  # three samples fill a shard exactly
+    assert 1000 < exact < 9999
+    for size_limit in (exact - 1, exact, exact + 1, 2000, 10**6):
+        ours, theirs = tmp_path / f"ours-{size_limit}", tmp_path / f"theirs-{size_limit}"
+        write_index(str(ours), write_part(str(ours), 0, [chunks], context_length=300, token_dtype="uint16",
+                                          size_limit=size_limit))
+        reply = real.call(op="write", src=sample_npz, dir=str(theirs), size_limit=size_limit, encodings=encodings)
+        assert reply["ok"], reply.get("traceback")
+        our_index = json.loads((ours / "index.json").read_text())
+        their_index = json.loads((theirs / "index.json").read_text())
+        assert len(our_index["shards"]) == len(their_index["shards"]) > (size_limit < 10**6)
+        for a, b in zip(our_index["shards"], their_index["shards"]):
+            assert (ours / a["raw_data"]["basename"]).read_bytes() == (theirs / b["raw_data"]["basename"]).read_bytes()
+            a["raw_data"].pop("basename"), b["raw_data"].pop("basename")
+            assert a == b
+        assert our_index["version"] == their_index["version"] == 2
+    assert json.loads((tmp_path / f"ours-{exact}" / "index.json").read_text())["shards"][0]["samples"] == 3
+    assert json.loads((tmp_path / f"ours-{exact - 1}" / "index.json").read_text())["shards"][0]["samples"] == 2
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
