@@ -314,10 +314,9 @@ class PartWriter:
 
     def _room(self, costs: np.ndarray) -> int:
         """How many of the next samples (``costs``: bytes + 4 each) fit the open shard; an empty
-        shard takes at least one."""
-        if self.size_limit is None:
-            return costs.size
-        fit = int(np.searchsorted(np.cumsum(costs) + self._pending_bytes, self.size_limit, side="right"))
+        shard takes at least one. Without a size limit a shard still stops below 4 GiB (u32 offsets)."""
+        limit = self.size_limit if self.size_limit is not None else (1 << 32) - 1
+        fit = int(np.searchsorted(np.cumsum(costs) + self._pending_bytes, limit, side="right"))
         return max(fit, 1) if not self._pending else fit
 
     def _flush(self) -> None:
