@@ -65,6 +65,7 @@ __all__ = [
     "decode_shard",
     "encode_chunks",
     "export_mds",
+    "export_part",
     "load_index",
     "read_shard",
     "remove_shards",
@@ -246,6 +247,12 @@ class Committer:
         first = next((e for e in errors if e is not None), None)
         if first is not None:
             raise first
+
+    def drain(self) -> None:
+        """Wait for every commit submitted, ignoring their errors (before cleaning up after one)."""
+        futures, self._futures = self._futures, []
+        for future in futures:
+            future.exception()
 
     def __enter__(self) -> Committer:
         return self
@@ -617,23 +624,40 @@ def export_mds(src_dir: str, out_dir: str, *, size_limit: int | None = DEFAULT_S
         raise InputError(f"{out_dir} is the packed output itself; give another directory for the export")
     _clear_previous(out_dir, overwrite)
     entries: list[dict[str, Any]] = []
-    writer: PartWriter | None = None
     try:
         with Committer() as committer:
-            for part, item in enumerate(ds.file_items()):
-                writer = PartWriter(out_dir, part, context_length=ds.context_length, token_dtype=dtype,
-                                    size_limit=size_limit, committer=committer)
-                for chunks in _part_chunks(ds, item, dtype):
-                    writer.write(chunks)
-                entries += writer.close()
-                writer = None
+            for part in range(len(ds.file_items())):
+                entries += export_part(ds, out_dir, part, token_dtype=dtype, size_limit=size_limit,
+                                       committer=committer)
         write_index(out_dir, entries)
     except BaseException:  # the committer has drained: nothing is being published any more
-        remove_shards(out_dir, [e["raw_data"]["basename"] for e in entries] + (writer.shard_names if writer else []))
+        remove_shards(out_dir, [e["raw_data"]["basename"] for e in entries])
         raise
     finally:
         ds.close()
     return _summary(out_dir, entries, ds.context_length, dtype)
+
+
+def export_part(ds: PackedDataset, out_dir: str, part: int, *, token_dtype: npt.DTypeLike | None = None,
+                size_limit: int | None = DEFAULT_SIZE_LIMIT,
+                committer: Committer | None = None) -> list[dict[str, Any]]:
+    """Write part ``part`` of the export of ``ds`` (its chunk file ``ds.file_items()[part]``) into
+    ``out_dir``; its index entries, for :func:`write_index` in part order. Parts are independent:
+    a task elsewhere opens ``read_packed(src)`` and writes its parts. On error the part's
+    published shards are removed (after ``committer`` has drained). With a committer, the last
+    shards may still be being published on return: ``committer.wait()`` before the index."""
+    dtype = np.dtype(token_dtype) if token_dtype is not None else ds.token_dtype
+    writer = PartWriter(out_dir, part, context_length=ds.context_length, token_dtype=dtype,
+                        size_limit=size_limit, committer=committer)
+    try:
+        for chunks in _part_chunks(ds, ds.file_items()[part], dtype):
+            writer.write(chunks)
+        return writer.close()
+    except BaseException:
+        if committer is not None:
+            committer.drain()
+        writer.abort()
+        raise
 
 
 def verify_mds(out_dir: str, src_dir: str) -> MdsExport:
