@@ -10,6 +10,13 @@ TORCH_PIN ?= torch==2.13.0
 # (used for the torch install alone; everything else still comes from the configured index).
 TORCH_INDEX ?=
 TORCH_FROM  := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX) )
+# The real MDS reader that tests/test_export_mds.py reads every export with (mosaicml-streaming,
+# in a child process), installed beside the venv, never into it: --no-deps, since its declared
+# requirements (transformers<5, numpy<2.2, torchvision, cloud SDKs) would pull the venv back; the
+# modules its reading path imports are these plus numpy, torch, xxhash and tqdm from the venv.
+MDS_READER      := $(VENV)/mds-reader
+MDS_READER_PKGS := mosaicml-streaming==0.13.0 catalogue==2.0.10 Brotli==1.2.1 python-snappy==0.7.3 \
+                   cramjam==2.14.0 zstd==1.5.7.2
 
 .PHONY: demo lint test test-fast bench clean
 
@@ -18,6 +25,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH_FROM)"$(TORCH_PIN)"   # the CPU build first; the [torch] range keeps it
 	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet --no-deps --upgrade --target $(MDS_READER) $(MDS_READER_PKGS)
 	touch $(STAMP)
 
 ## Generate a small sharded sample corpus and pack it with an embedded local Ray.

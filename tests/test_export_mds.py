@@ -1,0 +1,407 @@
+"""MDS export (raypack.export.mds): every export is read back by the real library
+(mosaicml-streaming's StreamingDataset, in a child process: tests/mds_real.py) and checked
+sample by sample against the packed chunks; its bytes equal what streaming's own MDSWriter
+writes for the same samples; verify catches any changed byte; a failed export leaves nothing.
+
+The library lives in ``RAYPACK_MDS_READER`` (default ``<venv>/mds-reader``, installed by the
+Makefile with --no-deps beside the venv, never into it).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from raypack import output
+from raypack.core import Chunks, concat_chunks
+from raypack.errors import InputError
+from raypack.export import mds
+from raypack.export.mds import decode_shard, export_mds, load_index, verify_mds, write_index, write_part
+from raypack.packed import read_packed
+
+from helpers import pack, random_corpus, write_shards
+
+READER_DIR = os.environ.get("RAYPACK_MDS_READER", os.path.join(sys.prefix, "mds-reader"))
+WORKER = os.path.join(os.path.dirname(__file__), "mds_real.py")
+
+
+# ----------------------------------------------------------------------------- the real library
+
+
+class RealMds:
+    """One child process running tests/mds_real.py (its torch import is paid once)."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, WORKER, READER_DIR], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ""})
+
+    def call(self, **request) -> dict:
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"tests/mds_real.py exited with {self.proc.wait()}")
+        return json.loads(line)
+
+    def read(self, out_dir, tmp_path) -> dict[str, np.ndarray]:
+        npz = str(tmp_path / f"read-{os.path.basename(out_dir)}.npz")
+        reply = self.call(op="read", dir=str(out_dir), out=npz)
+        assert reply["ok"], reply.get("traceback")
+        return dict(np.load(npz))
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def real():
+    if not os.path.isdir(os.path.join(READER_DIR, "streaming")):
+        pytest.fail(f"mosaicml-streaming is not in {READER_DIR}: run `make` (it installs it there), or set "
+                    "RAYPACK_MDS_READER to a directory made by `pip install --no-deps --target DIR` of the "
+                    "packages the Makefile lists")
+    worker = RealMds()
+    yield worker
+    worker.close()
+
+
+# ----------------------------------------------------------------------------- builders
+
+
+def packed(tmp_path, name="packed", docs=None, cuts=(40, 90), **overrides) -> str:
+    """A packed output of a small corpus (C = 8 unless overridden); its path."""
+    docs = random_corpus(seed=3, num_docs=150, max_len=30) if docs is None else docs
+    shard_dir = write_shards(tmp_path / f"{name}-in", docs, list(cuts))
+    values = dict(chunks_per_record_batch=4)
+    values.update(overrides)
+    pack(tmp_path, shard_dir, name=name, **values)
+    return str(tmp_path / name)
+
+
+def source_chunks(src: str) -> Chunks:
+    ds = read_packed(src)
+    return concat_chunks(list(ds.pieces(0, len(ds))), ds.context_length, ds.token_dtype)
+
+
+def assert_matches_source(found: dict[str, np.ndarray], src: str) -> None:
+    """The real reader's samples equal the packed chunks: tokens, segments, dense doc ids."""
+    ds = read_packed(src)
+    expected = source_chunks(src)
+    assert found["tokens"].shape == expected.input_ids.shape == (len(ds), ds.context_length)
+    assert found["tokens"].dtype == ds.token_dtype
+    np.testing.assert_array_equal(found["tokens"], expected.input_ids)
+    np.testing.assert_array_equal(found["llmfoundry_tokens"], expected.input_ids.astype(np.int64))
+    np.testing.assert_array_equal(found["segment_counts"], np.diff(expected.segment_offsets))
+    np.testing.assert_array_equal(found["segment_doc_ids"], expected.segment_doc_ids)
+    np.testing.assert_array_equal(found["segment_lengths"], expected.segment_lengths)
+    dense = np.repeat(found["segment_doc_ids"], found["segment_lengths"]).reshape(len(ds), -1)
+    np.testing.assert_array_equal(dense, np.stack([ds[i]["doc_ids"] for i in range(len(ds))]))
+
+
+# ----------------------------------------------------------------------------- literal bytes
+
+
+def literal_chunks() -> Chunks:
+    # pack_sequences([[1, 2, 3], [4, 5], [6]], context_length=4): doc ids [[0,0,0,1], [1,2,-1,-1]]
+    return Chunks(np.array([[1, 2, 3, 4], [5, 6, 0, 0]], np.uint16), np.array([0, 2, 5]),
+                  np.array([0, 1, 1, 2, -1]), np.array([3, 1, 1, 1, 2], np.int32))
+
+
+def test_literal_shard_bytes(tmp_path):
+    (entry,) = write_part(str(tmp_path), 0, [literal_chunks()], context_length=4, token_dtype="uint16",
+                          size_limit=None)
+    config = json.dumps(mds.shard_config(4, "uint16", None), sort_keys=True).encode()
+    sample0 = (struct.pack("<II", 1 + 1 + 16, 1 + 1 + 8) + bytes([4, 2]) + struct.pack("<2q", 0, 1)
+               + bytes([4, 2]) + struct.pack("<2i", 3, 1) + struct.pack("<4H", 1, 2, 3, 4))
+    sample1 = (struct.pack("<II", 1 + 1 + 24, 1 + 1 + 12) + bytes([4, 3]) + struct.pack("<3q", 1, 2, -1)
+               + bytes([4, 3]) + struct.pack("<3i", 1, 1, 2) + struct.pack("<4H", 5, 6, 0, 0))
+    head = 4 + 4 * 3 + len(config)
+    expected = (struct.pack("<I", 2) + struct.pack("<3I", head, head + len(sample0), head + len(sample0) + len(sample1))
+                + config + sample0 + sample1)
+    assert entry["raw_data"] == {"basename": "shard.00000.00000.mds", "bytes": len(expected), "hashes": {}}
+    assert (tmp_path / "shard.00000.00000.mds").read_bytes() == expected
+    assert entry["samples"] == 2 and entry["column_names"] == ["segment_doc_ids", "segment_lengths", "tokens"]
+    assert entry["column_encodings"] == ["ndarray:int64", "ndarray:int32", "ndarray:uint16:4"]
+
+
+def test_segment_shape_widths_cross_256(tmp_path):
+    """300 one-token documents in a chunk: the segment arrays' shape takes a u16."""
+    c = 300
+    lens = np.ones(c, np.int32)
+    chunks = Chunks(np.arange(2 * c, dtype=np.int32).reshape(2, c), np.array([0, 1, 1 + c]),
+                    np.r_[7, np.arange(c)].astype(np.int64), np.r_[c, lens].astype(np.int32))
+    (entry,) = write_part(str(tmp_path), 3, [chunks], context_length=c, token_dtype="int32", size_limit=None)
+    decoded = decode_shard((tmp_path / "shard.00003.00000.mds").read_bytes(), entry, "x")
+    for a, b in zip(decoded, chunks):
+        np.testing.assert_array_equal(a, b)
+    data = (tmp_path / "shard.00003.00000.mds").read_bytes()
+    assert bytes([4, 1]) + struct.pack("<H", c) in data  # ndim 1, u16 shape, 300
+
+
+# ----------------------------------------------------------------------------- the real reader
+
+
+@pytest.mark.parametrize("strategy", ["concat", "best_fit"])
+@pytest.mark.parametrize("token_dtype", ["uint16", "int32", "uint32"])
+def test_real_reader_sample_i_is_chunk_i(tmp_path, real, strategy, token_dtype):
+    src = packed(tmp_path, strategy=strategy, token_dtype=token_dtype)
+    ds = read_packed(src)
+    assert len(ds.file_items()) >= 3, "several parts (chunk files)"
+    chunks = source_chunks(src)
+    assert (chunks.segment_doc_ids == -1).any() and np.diff(chunks.segment_offsets).max() > 1  # not vacuous
+    out = tmp_path / "mds"
+    summary = export_mds(src, str(out), size_limit=400)
+    assert summary.num_samples == len(ds) and summary.num_shards > len(ds.file_items())
+    assert sorted(os.listdir(out)) == sorted(["index.json"] + [e["raw_data"]["basename"] for e in load_index(str(out))])
+    assert_matches_source(real.read(out, tmp_path), src)
+    assert verify_mds(str(out), src) == summary
+
+
+def test_one_shard_per_part_without_size_limit(tmp_path, real):
+    src = packed(tmp_path)
+    out = tmp_path / "mds"
+    summary = export_mds(src, str(out), size_limit=None)
+    assert summary.num_shards == len(read_packed(src).file_items()) > 1
+    assert_matches_source(real.read(out, tmp_path), src)
+
+
+def test_bytes_equal_streamings_own_writer(tmp_path, real):
+    """All chunks as one part against MDSWriter with the same size limit: the shard files are
+    byte-identical and the index entries equal but for the shard names, at size limits around
+    where the per-sample and per-shard byte counts decide a boundary."""
+    docs = random_corpus(seed=5, num_docs=120, max_len=40) + [[9]] * 700  # one-token documents: > 255 segments
+    src = packed(tmp_path, docs=docs, cuts=(), token_dtype="uint16", context_length=300)
+    chunks = source_chunks(src)
+    assert np.diff(chunks.segment_offsets).max() > 255
+    sample_npz = str(tmp_path / "src.npz")
+    np.savez(sample_npz, tokens=chunks.input_ids, segment_doc_ids=chunks.segment_doc_ids,
+             segment_lengths=chunks.segment_lengths, segment_counts=np.diff(chunks.segment_offsets))
+    config = mds.shard_config(300, "uint16", None)
+    encodings = dict(zip(config["column_names"], config["column_encodings"]))
+    sample_sizes = mds.encode_chunks(chunks).sizes()
+    head = 8 + len(json.dumps(mds.shard_config(300, "uint16", 1000), sort_keys=True))  # a 4-digit size_limit
+    exact = int(head + sample_sizes[:3].sum() + 3 * 4)  # three samples fill a shard exactly
+    assert 1000 < exact < 9999
+    for size_limit in (exact - 1, exact, exact + 1, 2000, 10**6):
+        ours, theirs = tmp_path / f"ours-{size_limit}", tmp_path / f"theirs-{size_limit}"
+        write_index(str(ours), write_part(str(ours), 0, [chunks], context_length=300, token_dtype="uint16",
+                                          size_limit=size_limit))
+        reply = real.call(op="write", src=sample_npz, dir=str(theirs), size_limit=size_limit, encodings=encodings)
+        assert reply["ok"], reply.get("traceback")
+        our_index = json.loads((ours / "index.json").read_text())
+        their_index = json.loads((theirs / "index.json").read_text())
+        assert len(our_index["shards"]) == len(their_index["shards"]) > (size_limit < 10**6)
+        for a, b in zip(our_index["shards"], their_index["shards"]):
+            assert (ours / a["raw_data"]["basename"]).read_bytes() == (theirs / b["raw_data"]["basename"]).read_bytes()
+            a["raw_data"].pop("basename"), b["raw_data"].pop("basename")
+            assert a == b
+        assert our_index["version"] == their_index["version"] == 2
+    assert json.loads((tmp_path / f"ours-{exact}" / "index.json").read_text())["shards"][0]["samples"] == 3
+    assert json.loads((tmp_path / f"ours-{exact - 1}" / "index.json").read_text())["shards"][0]["samples"] == 2
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**16), num_docs=st.integers(1, 60), size_limit=st.sampled_from([None, 300, 1000]),
+       strategy=st.sampled_from(["concat", "best_fit"]))
+def test_own_decoder_roundtrip(tmp_path_factory, seed, num_docs, size_limit, strategy):
+    tmp_path = tmp_path_factory.mktemp("rt")
+    docs = random_corpus(seed=seed, num_docs=num_docs, max_len=25)
+    src = packed(tmp_path, docs=docs, cuts=[num_docs // 2], strategy=strategy)
+    out = str(tmp_path / "mds")
+    if len(read_packed(src)) == 0:
+        assert export_mds(src, out).num_samples == 0
+        return
+    summary = export_mds(src, out, size_limit=size_limit)
+    expected = source_chunks(src)
+    decoded = [decode_shard(mds.read_shard(out, e), e, e["raw_data"]["basename"]) for e in load_index(out)]
+    found = concat_chunks(decoded, 8, expected.input_ids.dtype)
+    for a, b in zip(found, expected):
+        np.testing.assert_array_equal(a, b)
+    assert verify_mds(out, src) == summary
+
+
+# ----------------------------------------------------------------------------- failure, overwrite
+
+
+@pytest.mark.parametrize("fail_at", ["fourth shard", "last shard", "index"])
+def test_failure_midway_leaves_nothing(tmp_path, real, monkeypatch, fail_at):
+    """A commit that fails (on the committer thread, or the index's in this one) leaves an empty
+    directory, which the real library refuses to read."""
+    src = packed(tmp_path)
+    num_shards = export_mds(src, str(tmp_path / "first"), size_limit=400).num_shards
+    fail = {"fourth shard": 4, "last shard": num_shards, "index": num_shards + 1}[fail_at]
+    out = tmp_path / "mds"
+    commits = []
+    original = output.AtomicFile.commit
+
+    def failing_commit(self, name=None):
+        commits.append(self.path)
+        if len(commits) == fail:
+            raise OSError("disk full (injected)")
+        return original(self, name)
+
+    monkeypatch.setattr(output.AtomicFile, "commit", failing_commit)
+    with pytest.raises(OSError, match="injected"):
+        export_mds(src, str(out), size_limit=400)
+    # the shards published were removed, no temporary file is left, and it stopped soon after
+    assert os.listdir(out) == [] and fail <= len(commits) < fail + 10
+    reply = real.call(op="read", dir=str(out), out=str(tmp_path / "x.npz"))
+    assert not reply["ok"] and "index.json" in reply["error"]
+
+
+def test_failure_writing_the_index_leaves_nothing(tmp_path, monkeypatch):
+    src = packed(tmp_path)
+    out = tmp_path / "mds"
+
+    def failing_index(out_dir, entries):
+        raise OSError("index write failed (injected)")
+
+    monkeypatch.setattr(mds, "write_index", failing_index)
+    with pytest.raises(OSError, match="injected"):
+        export_mds(src, str(out), size_limit=400)
+    assert os.listdir(out) == []
+
+
+def test_refuses_existing_export_unless_overwrite(tmp_path, real):
+    src = packed(tmp_path)
+    out = tmp_path / "mds"
+    export_mds(src, str(out), size_limit=300)
+    old = set(os.listdir(out))
+    with pytest.raises(InputError, match="already holds an MDS export.*overwrite"):
+        export_mds(src, str(out))
+    summary = export_mds(src, str(out), overwrite=True)
+    assert summary.num_shards == len(read_packed(src).file_items()) and set(os.listdir(out)) != old
+    assert sorted(os.listdir(out)) == sorted(["index.json"] + [e["raw_data"]["basename"] for e in load_index(str(out))])
+    assert_matches_source(real.read(out, tmp_path), src)
+    with pytest.raises(InputError, match="is the packed output itself"):
+        export_mds(src, src + "/")
+
+
+def test_token_dtype_cast_and_its_check(tmp_path, real):
+    src = packed(tmp_path, token_dtype="int32")
+    out = tmp_path / "mds"
+    export_mds(src, str(out), token_dtype="uint16")
+    found = real.read(out, tmp_path)
+    assert found["tokens"].dtype == np.uint16
+    np.testing.assert_array_equal(found["tokens"], source_chunks(src).input_ids)
+    verify_mds(str(out), src)
+    with pytest.raises(InputError, match=r"token id \d+ does not fit int8"):
+        export_mds(src, str(tmp_path / "small"), token_dtype="int8")
+    assert not os.path.exists(tmp_path / "small" / "index.json")
+
+
+def test_export_to_a_uri(tmp_path):
+    """A non-local filesystem (fsspec's memory://): shards are uploads, the index last; verify reads them back."""
+    fsspec = pytest.importorskip("fsspec")
+    src = packed(tmp_path)
+    out = "memory://mds-export-test/out"
+    summary = export_mds(src, out, size_limit=400)
+    assert verify_mds(out, src) == summary
+    names = sorted(p.rsplit("/", 1)[1] for p in fsspec.filesystem("memory").ls("/mds-export-test/out", detail=False))
+    assert names == sorted(["index.json"] + [e["raw_data"]["basename"] for e in load_index(out)])
+
+
+@pytest.mark.slow
+def test_export_to_s3_read_by_the_real_library(tmp_path, real):
+    """A real S3 API (moto on 127.0.0.1): the packed output is uploaded and exported bucket to
+    bucket; verify reads the shards from the bucket; the objects, downloaded, are a dataset."""
+    pytest.importorskip("moto.server")
+    boto3 = pytest.importorskip("boto3")
+    from raypack.fs import clear_filesystem_cache
+
+    from s3_server import moto_server, s3_environment
+
+    src = packed(tmp_path)
+    with moto_server() as endpoint, s3_environment(endpoint):
+        clear_filesystem_cache()
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        client.create_bucket(Bucket="mds")
+        for name in os.listdir(src):
+            client.upload_file(os.path.join(src, name), "mds", f"packed/{name}")
+        summary = export_mds("s3://mds/packed", "s3://mds/export", size_limit=400)
+        assert verify_mds("s3://mds/export", "s3://mds/packed") == summary
+        keys = [o["Key"] for o in client.list_objects_v2(Bucket="mds", Prefix="export/")["Contents"]]
+        names = sorted(k.split("/", 1)[1] for k in keys if not k.endswith("/"))
+        assert names == sorted(["index.json"] + [e["raw_data"]["basename"] for e in load_index("s3://mds/export")])
+        local = tmp_path / "downloaded"
+        local.mkdir()
+        for name in names:
+            client.download_file("mds", f"export/{name}", str(local / name))
+        clear_filesystem_cache()
+    assert_matches_source(real.read(local, tmp_path), src)
+
+
+# ----------------------------------------------------------------------------- verify
+
+
+def test_verify_catches_every_changed_byte(tmp_path):
+    src = packed(tmp_path, docs=[[1, 2, 3], [4, 5], [6]] * 3, cuts=())
+    out = tmp_path / "mds"
+    export_mds(src, str(out), size_limit=None)
+    verify_mds(str(out), src)
+    shards = sorted(glob.glob(str(out / "shard.*.mds")))
+    missed, checked = [], 0
+    for shard in shards:
+        original = open(shard, "rb").read()
+        for i in range(len(original)):
+            damaged = bytearray(original)
+            damaged[i] ^= 0x01  # the lowest bit: the smallest change a byte can take
+            with open(shard, "wb") as f:
+                f.write(damaged)
+            checked += 1
+            try:
+                verify_mds(str(out), src)
+                missed.append((shard, i))
+            except InputError:
+                pass
+        with open(shard, "wb") as f:
+            f.write(original)
+    assert missed == [] and checked > 300
+    with open(shards[0], "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(InputError, match="bytes, index.json says"):
+        verify_mds(str(out), src)
+
+
+def test_verify_catches_a_wrong_index(tmp_path):
+    src = packed(tmp_path)
+    out = tmp_path / "mds"
+    export_mds(src, str(out), size_limit=400)
+    index = json.loads((out / "index.json").read_text())
+    cases = {
+        "drops the last shard": lambda ix: ix["shards"].pop(),
+        "reorders shards": lambda ix: ix["shards"].insert(0, ix["shards"].pop(1)),
+        "names a path": lambda ix: ix["shards"][0]["raw_data"].update(basename="../shard.00000.00000.mds"),
+        "claims a size limit": lambda ix: ix["shards"][0].update(size_limit=123),
+    }
+    for what, damage in cases.items():
+        bad = json.loads(json.dumps(index))
+        damage(bad)
+        (out / "index.json").write_text(json.dumps(bad))
+        with pytest.raises(InputError):
+            verify_mds(str(out), src)
+            pytest.fail(what)
+    (out / "index.json").unlink()
+    with pytest.raises(InputError, match="holds no index.json"):
+        verify_mds(str(out), src)
+
+
+def test_write_index_merges_parts_in_order(tmp_path, real):
+    """Parts written separately (as parallel tasks would), then one index: sample i is chunk i."""
+    src = packed(tmp_path)
+    ds = read_packed(src)
+    out = str(tmp_path / "mds")
+    parts = []
+    for part in reversed(range(len(ds.file_items()))):  # any order of completion
+        parts.append((part, mds.export_part(read_packed(src), out, part, size_limit=300)))
+    write_index(out, [e for _, entries in sorted(parts) for e in entries])
+    assert_matches_source(real.read(tmp_path / "mds", tmp_path), src)
