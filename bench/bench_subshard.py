@@ -85,8 +85,8 @@ def main() -> None:
               f"(written in {time.perf_counter() - t0:.0f}s); load average before: {os.getloadavg()}")
         cases = [("1 file, task_tokens=0", one, 0), ("1 file, default task_tokens", one, None),
                  ("8 files, default task_tokens", eight, None)]
-        print("| corpus | engine | tasks | packing s | run s | tokens/s (run) |")
-        print("|---|---|---:|---:|---:|---:|")
+        print("| corpus | engine | tasks | files | packing s | run s | tokens/s (run) | content_sha256 |")
+        print("|---|---|---:|---:|---:|---:|---:|---|")
         for engine in args.engines.split(","):
             if engine == "ray":  # start Ray and warm the actor pool's imports once
                 run(eight, os.path.join(root, "warm"), engine="ray", workers=args.workers,
@@ -98,7 +98,8 @@ def main() -> None:
                                          context_length=args.context_length, task_tokens=task_tokens)
                 tokens = summary.manifest["counts"]["tokens"]
                 print(f"| {label} | {engine}{f', {args.workers} workers' if engine == 'ray' else ''} | {num_tasks} "
-                      f"| {summary.pack_seconds:.2f} | {summary.seconds:.2f} | {tokens / summary.seconds / 1e6:.0f}M |",
+                      f"| {len(summary.manifest['files'])} | {summary.pack_seconds:.2f} | {summary.seconds:.2f} "
+                      f"| {tokens / summary.seconds / 1e6:.0f}M | {summary.manifest['content_sha256'][:16]}... |",
                       flush=True)
                 outs.append(out)
             print(f"same chunks ({engine}): {all(same_chunks(outs[0], o) for o in outs[1:])}", flush=True)
