@@ -41,6 +41,7 @@ import pyarrow.parquet as pq
 
 from raypack.errors import InputError
 from raypack.fs import error_text, open_input_file, resolve_filesystem
+from raypack.parquet_pages import TokenPiece, Unsupported, iter_row_group_pieces
 
 __all__ = [
     "FORMATS",
@@ -54,6 +55,7 @@ __all__ = [
     "iter_ipc_batches",
     "iter_jsonl_lists",
     "iter_token_batches",
+    "iter_token_pieces",
     "open_parquet",
     "shard_format",
     "token_value_type",
@@ -82,6 +84,9 @@ JSON_BLOCK_SIZE = 16 << 20
 MAX_JSON_BLOCK_SIZE = 1 << 30
 _FIRST_FOOTER_SAFE_ARROW_MAJOR = 6
 """Arrow >= 6 (PARQUET-2067) counts null and empty lists in a list leaf's null_count."""
+
+PAGE_READ_MEAN_DIVISOR = 16
+"""A row group with a mean document length above max_tokens / this is read page by page."""
 
 FORMATS: tuple[str, ...] = tuple(dict.fromkeys(SHARD_SUFFIXES.values()))
 """The shard formats: ("parquet", "jsonl", "arrow")."""
@@ -442,17 +447,93 @@ def _parquet_lists(fs, fs_path: str, path: str, column: str, batch_size: int):
     with open_input_file(fs, fs_path, path) as source:
         parquet_file = open_parquet(source, path)
         token_value_type(parquet_file.schema_arrow, column, path)
-        batches = parquet_file.iter_batches(batch_size=batch_size, columns=[column])
-        while True:
-            try:
-                batch = next(batches, None)
-            except (pa.ArrowException, OSError) as e:
-                raise InputError(
-                    f"shard {path}: cannot read Parquet data ({error_text(e)}); re-write the file"
-                ) from e
-            if batch is None:
-                return
-            yield batch.column(0)
+        yield from _parquet_batches(parquet_file, path, column, batch_size)
+
+
+def _parquet_batches(parquet_file: pq.ParquetFile, path: str, column: str, batch_size: int,
+                     row_groups: list[int] | None = None) -> Iterator[pa.Array]:
+    """pyarrow's reader: ``column`` of ``row_groups`` (all by default), ``batch_size`` rows at a time."""
+    batches = parquet_file.iter_batches(batch_size=batch_size, columns=[column], row_groups=row_groups)
+    while True:
+        try:
+            batch = next(batches, None)
+        except (pa.ArrowException, OSError) as e:
+            raise InputError(
+                f"shard {path}: cannot read Parquet data ({error_text(e)}); re-write the file"
+            ) from e
+        if batch is None:
+            return
+        yield batch.column(0)
+
+
+def iter_token_pieces(
+    path: str,
+    fmt: str,
+    column: str = "input_ids",
+    batch_size: int = 8192,
+    max_tokens: int = 1 << 20,
+    *,
+    json_block_size: int = JSON_BLOCK_SIZE,
+    validate: bool = True,
+) -> Iterator[TokenPiece]:
+    """Like :func:`iter_token_batches`, but a Parquet row group whose documents may be longer
+    than ``max_tokens`` is read page by page (raypack.parquet_pages): pieces of at most
+    ``max_tokens`` tokens, a longer document cut across consecutive pieces.
+
+    Each :class:`TokenPiece` carries the full lengths of the documents that start in it, so
+    counts need no reassembly. Other inputs, and row groups the page reader does not handle,
+    give whole documents (``continued`` False). Memory for a page-read row group: one page,
+    one piece and 8 bytes per row of the row group.
+    """
+    if fmt != "parquet":
+        for first_row, docs in iter_token_batches(path, fmt, column, batch_size, json_block_size=json_block_size,
+                                                  validate=validate):
+            yield TokenPiece(first_row, docs, False, np.diff(docs.offsets.to_numpy()).astype(np.int64))
+        return
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens={max_tokens} must be >= 1")
+    fs, fs_path = resolve_filesystem(path)
+    with open_input_file(fs, fs_path, path) as source:
+        parquet_file = open_parquet(source, path)
+        token_value_type(parquet_file.schema_arrow, column, path)
+        first_row = 0
+        for group in range(parquet_file.metadata.num_row_groups):
+            pieces = _row_group_pieces(source, parquet_file, group, column, first_row, batch_size, max_tokens, path)
+            for piece in pieces:
+                if validate:
+                    validate_token_batch(piece.docs, path=path, first_row=piece.first_row)
+                yield piece
+            first_row += parquet_file.metadata.row_group(group).num_rows
+
+
+def reads_by_pages(row_group: pq.RowGroupMetaData, leaf: int | None, max_tokens: int) -> bool:
+    """Whether :func:`iter_token_pieces` reads this row group page by page: its token leaf
+    holds more than ``max_tokens`` levels and a mean of more than max_tokens / PAGE_READ_MEAN_DIVISOR
+    per row (pyarrow decodes a row whole; the page reader is slower on short documents)."""
+    if leaf is None or row_group.num_rows == 0:
+        return False
+    num_levels = row_group.column(leaf).num_values
+    return num_levels > max_tokens and num_levels * PAGE_READ_MEAN_DIVISOR > max_tokens * row_group.num_rows
+
+
+def _row_group_pieces(source: pa.NativeFile, parquet_file: pq.ParquetFile, group: int, column: str,
+                      first_row: int, batch_size: int, max_tokens: int, path: str) -> Iterator[TokenPiece]:
+    leaf = _token_leaf_index(parquet_file.schema, column)
+    if reads_by_pages(parquet_file.metadata.row_group(group), leaf, max_tokens):
+        pieces = iter_row_group_pieces(source, parquet_file, group, column, first_row, max_tokens, path)
+        try:
+            first = next(pieces)
+        except Unsupported as e:
+            log.info("shard %s row group %d: read by pyarrow (page reader: %s)", path, group, e)
+        else:
+            yield first
+            yield from pieces
+            return
+    for lists in _parquet_batches(parquet_file, path, column, batch_size, row_groups=[group]):
+        for start in range(0, len(lists), batch_size):
+            docs = lists.slice(start, batch_size)
+            yield TokenPiece(first_row, docs, False, np.diff(docs.offsets.to_numpy()).astype(np.int64))
+            first_row += len(docs)
 
 
 def _ipc_lists(fs, fs_path: str, path: str, column: str):
