@@ -269,7 +269,7 @@ class _PageCursor:
                 raise _Truncated
             raw = np.frombuffer(self.values, chunk.physical, count, self.pos)
             self.pos += size
-            return raw.view(_signedness(chunk.physical, chunk.dtype)).astype(chunk.dtype, copy=False)
+            return raw.astype(chunk.dtype, copy=False)  # INT32/INT64 bits, cast modulo 2**n as pyarrow does
         if count == 0:
             return np.zeros(0, chunk.dtype)
         if chunk.dictionary is None:
@@ -281,7 +281,7 @@ class _PageCursor:
         indices = self.indices.read(count)
         if indices.size and int(indices.max()) >= chunk.dictionary.size:
             raise ValueError(f"dictionary index {int(indices.max())} >= dictionary size {chunk.dictionary.size}")
-        return chunk.dictionary.view(_signedness(chunk.physical, chunk.dtype))[indices].astype(chunk.dtype, copy=False)
+        return chunk.dictionary[indices].astype(chunk.dtype, copy=False)
 
 
 def _as_bytes(data) -> memoryview:
@@ -396,11 +396,6 @@ class _Chunk:
         return _as_bytes(self.codec.decompress(data, decompressed_size=size))
 
 
-def _signedness(physical: np.dtype, dtype: np.dtype) -> np.dtype:
-    """Physical INT32/INT64 reinterpreted as unsigned when the logical type is unsigned."""
-    return np.dtype(f"<{'u' if dtype.kind == 'u' else 'i'}{physical.itemsize}")
-
-
 def _field(struct: dict, field_id: int, kind: type = int):
     value = struct.get(field_id)
     if not isinstance(value, kind) or isinstance(value, bool) != (kind is bool):
@@ -443,7 +438,8 @@ def iter_row_group_pieces(source: pa.NativeFile, parquet_file: pq.ParquetFile, g
         tokens = values.take(end - start)
         offsets = np.concatenate([[start], np.clip(ends[lo:hi], start, end)]) - start
         tokens = np.zeros(0, chunk.dtype) if tokens is None else tokens
-        docs = list_class.from_arrays(pa.array(offsets.astype(offsets_type)), pa.array(tokens, field.type.value_type))
+        docs = list_class.from_arrays(pa.array(offsets.astype(offsets_type)), pa.array(tokens, field.type.value_type),
+                                      type=field.type)
         continued = bool(lo < hi and starts[lo] < start)
         yield TokenPiece(first_row + lo, docs, continued, doc_lens[lo + continued:hi])
 

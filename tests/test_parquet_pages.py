@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import raypack.formats as formats
+import raypack.parquet_pages as parquet_pages
 from raypack.errors import InputError
 from raypack.formats import iter_token_pieces
 from raypack.parquet_pages import Unsupported, iter_row_group_pieces
@@ -24,9 +25,12 @@ SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[Healt
 TYPES = {"int32": pa.int32(), "int64": pa.int64(), "uint16": pa.uint16(), "uint32": pa.uint32()}
 
 
-def write(path, docs, value_type=pa.int32(), large=False, **options) -> None:
-    list_type = pa.large_list(value_type) if large else pa.list_(value_type)
-    pq.write_table(pa.table({"input_ids": pa.array(docs, list_type)}), path, **options)
+def write(path, docs, value_type=pa.int32(), large=False, nullable=(True, True), **options) -> None:
+    """``nullable``: (the list, its elements); non-nullable ones change the definition levels."""
+    element = pa.field("element", value_type, nullable=nullable[1])
+    list_type = pa.large_list(element) if large else pa.list_(element)
+    schema = pa.schema([pa.field("input_ids", list_type, nullable=nullable[0])])
+    pq.write_table(pa.table({"input_ids": pa.array(docs, list_type)}, schema=schema), path, **options)
 
 
 def read_pieces(path, max_tokens: int, reader=None):
@@ -81,15 +85,20 @@ def writer_options(draw):
 @SETTINGS
 @given(lengths=st.lists(st.one_of(st.integers(0, 5), st.integers(0, 1500)), max_size=25),
        type_name=st.sampled_from(sorted(TYPES)), large=st.booleans(), options=writer_options(),
-       max_tokens=st.integers(1, 5000), seed=st.integers(0, 3))
-def test_pieces_equal_pyarrow(tmp_path_factory, lengths, type_name, large, options, max_tokens, seed):
+       nullable=st.tuples(st.booleans(), st.booleans()), max_tokens=st.integers(1, 5000),
+       window=st.sampled_from([1, 7, 64, 1 << 18]), seed=st.integers(0, 3))
+def test_pieces_equal_pyarrow(tmp_path_factory, lengths, type_name, large, options, nullable, max_tokens, window,
+                              seed):
+    """``window``: levels decoded at a time, so that runs are read in parts at any bit offset."""
     rng = np.random.default_rng(seed)
     high = 1 << 16 if type_name == "uint16" else 1 << 31 if type_name != "int64" else 1 << 40
     vocab = rng.integers(0, high, size=50 + seed * 100_000 % 300_000)  # small (dictionary) or large vocabularies
     docs = [rng.choice(vocab, n).tolist() for n in lengths]
     path = tmp_path_factory.mktemp("p") / "x.parquet"
-    write(path, docs, TYPES[type_name], large, **options)
-    check_pieces(path, docs, max_tokens)
+    write(path, docs, TYPES[type_name], large, nullable, **options)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(parquet_pages, "_WINDOW", window)
+        check_pieces(path, docs, max_tokens)
 
 
 @pytest.mark.parametrize("version", ["1.0", "2.0"])
