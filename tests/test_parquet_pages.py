@@ -117,6 +117,15 @@ def test_many_tiny_rows_and_empty_rows(tmp_path):
     assert len(pieces) > 20
 
 
+@pytest.mark.parametrize("nullable", [(True, True), (True, False), (False, True), (False, False)])
+@pytest.mark.parametrize("version", ["1.0", "2.0"])
+def test_every_schema_shape_with_empty_documents(tmp_path, nullable, version):
+    """Definition levels of 1..3 bits, mixed (bit-packed) by empty documents."""
+    docs = [[i] * (i % 3) for i in range(300)]
+    write(tmp_path / "x.parquet", docs, nullable=nullable, data_page_version=version)
+    check_pieces(tmp_path / "x.parquet", docs, 50)
+
+
 def test_literal_cuts(tmp_path):
     write(tmp_path / "x.parquet", [[1, 2, 3], [], [4, 5, 6, 7, 8], [9], []])
     pieces = read_pieces(tmp_path / "x.parquet", 4)
