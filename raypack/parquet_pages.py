@@ -1,28 +1,28 @@
 """Page-level streaming of a Parquet token column: a huge document in pieces of bounded size.
 
-pyarrow decodes a row whole, so one 50M-token document costs the reader ~10x its bytes. This
-module reads one row group's token column page by page (numpy/pyarrow only; Python per page
-and per level run, never per token) and yields it as :class:`TokenPiece` s of at most
-``max_tokens`` values each, cutting a longer document into consecutive pieces:
+pyarrow decodes a row whole (one 50M-token row: ~10x its bytes). This module reads one row
+group's token column page by page, numpy/pyarrow only (Python per page, window and level run,
+never per token), and yields :class:`TokenPiece` s of at most ``max_tokens`` tokens:
 
-  1. locate the column chunk from the footer and read each page (header + body) at its offset;
-  2. parse the page header (Thrift compact protocol, ``_read_struct``), decompress the body
-     with ``pyarrow.Codec``;
-  3. decode repetition/definition levels (RLE/bit-packed hybrid, ``_decode_hybrid``) and the
-     values (PLAIN, or dictionary indices into the PLAIN dictionary page);
-  4. pass 1 reads levels only: every document's full length (rows start at repetition level
-     0), nulls rejected; pass 2 reads values and cuts the row group's token stream every
-     ``max_tokens`` tokens (as :func:`raypack.core.iter_run_slices`).
+  1. find the column chunk in the footer; read each page (header, body) at its offset;
+  2. parse the page header (raypack.thrift_compact); decompress the body (``pyarrow.Codec``);
+  3. decode levels (RLE/bit-packed hybrid, ``_Hybrid``) and values (PLAIN, or dictionary
+     indices into the PLAIN dictionary page), ``_WINDOW`` levels at a time;
+  4. pass 1, levels only: each document's full length (a row starts at repetition level 0),
+     nulls rejected; pass 2, values: the row group's tokens cut every ``max_tokens`` (as
+     :func:`raypack.core.iter_run_slices` cuts a batch).
 
-Memory: one page, one piece (``max_tokens`` values) and 8 bytes per row of the row group.
-Cost: the levels are decoded twice (pass 1 and 2). Anything this reader does not handle
-(an encoding, a page type, a schema shape, a codec) raises :class:`Unsupported` before the
-first piece of the row group, so the caller reads that row group with pyarrow instead;
-a malformed page raises InputError.
+Memory: one page body (while it is decompressed, compressed and decompressed: a one-row page
+holds the whole document, ~2 bytes/token for 16-bit dictionary indices, 4 for PLAIN int32),
+a window of levels, one piece and 8 bytes per row. Cost: levels decoded twice; 5-10x slower
+than pyarrow on short documents (per-run Python). What this reader does not handle raises
+:class:`Unsupported` before the row group's first piece (the caller uses pyarrow); a malformed
+page raises InputError.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Iterator, NamedTuple
 
@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raypack.errors import InputError
+from raypack.thrift_compact import Truncated, need, read_struct, read_varint
 
 __all__ = ["TokenPiece", "Unsupported", "iter_row_group_pieces"]
 
@@ -40,10 +41,8 @@ _CODECS = {"UNCOMPRESSED": None, "SNAPPY": "snappy", "GZIP": "gzip", "ZSTD": "zs
 _PLAIN, _PLAIN_DICTIONARY, _RLE, _RLE_DICTIONARY = 0, 2, 3, 8
 _DATA_PAGE, _INDEX_PAGE, _DICTIONARY_PAGE, _DATA_PAGE_V2 = 0, 1, 2, 3
 _PHYSICAL = {"INT32": np.dtype("<i4"), "INT64": np.dtype("<i8")}
-_HEADER_READ = 1 << 12
-_WINDOW = 1 << 18
-"""Levels decoded at a time."""
-_MAX_HEADER = 1 << 24
+_HEADER_READ, _MAX_HEADER = 1 << 12, 1 << 24
+_WINDOW = 1 << 18  # levels decoded at a time
 
 
 class TokenPiece(NamedTuple):
@@ -63,114 +62,7 @@ class Unsupported(Exception):
     """This row group needs pyarrow's reader (raised before any piece of it is yielded)."""
 
 
-class _Page(NamedTuple):
-    reps: np.ndarray
-    defs: np.ndarray
-    values: np.ndarray | None
-
-
-# ---------------------------------------------------------------------------------------------
-# Thrift compact protocol (only what a PageHeader needs; unknown fields are skipped by type)
-
-
-class _Truncated(Exception):
-    pass
-
-
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise _Truncated
-        byte = buf[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint longer than 10 bytes")
-
-
-def _zigzag(buf: bytes, pos: int) -> tuple[int, int]:
-    n, pos = _varint(buf, pos)
-    return (n >> 1) ^ -(n & 1), pos
-
-
-def _read_value(buf: bytes, pos: int, ttype: int, depth: int):
-    if ttype in (1, 2):
-        return ttype == 1, pos
-    if ttype == 3:
-        if pos >= len(buf):
-            raise _Truncated
-        return buf[pos], pos + 1
-    if ttype in (4, 5, 6):
-        return _zigzag(buf, pos)
-    if ttype == 7:
-        if pos + 8 > len(buf):
-            raise _Truncated
-        return None, pos + 8
-    if ttype == 8:
-        size, pos = _varint(buf, pos)
-        if pos + size > len(buf):
-            raise _Truncated
-        return buf[pos:pos + size], pos + size
-    if ttype in (9, 10):
-        return _read_list(buf, pos, depth)
-    if ttype == 11:
-        return _read_map(buf, pos, depth)
-    if ttype == 12:
-        return _read_struct(buf, pos, depth + 1)
-    raise ValueError(f"unknown Thrift type {ttype}")
-
-
-def _read_list(buf: bytes, pos: int, depth: int):
-    if pos >= len(buf):
-        raise _Truncated
-    head, pos = buf[pos], pos + 1
-    size, etype = head >> 4, head & 0x0F
-    if size == 15:
-        size, pos = _varint(buf, pos)
-    items = []
-    for _ in range(size):
-        if etype in (1, 2):  # booleans in a list take one byte each
-            item, pos = _read_value(buf, pos, 3, depth)
-        else:
-            item, pos = _read_value(buf, pos, etype, depth)
-        items.append(item)
-    return items, pos
-
-
-def _read_map(buf: bytes, pos: int, depth: int):
-    size, pos = _varint(buf, pos)
-    if size == 0:
-        return {}, pos
-    if pos >= len(buf):
-        raise _Truncated
-    types, pos = buf[pos], pos + 1
-    for _ in range(2 * size):
-        _, pos = _read_value(buf, pos, (types >> 4) if _ % 2 == 0 else (types & 0x0F), depth)
-    return {}, pos
-
-
-def _read_struct(buf: bytes, pos: int, depth: int = 0) -> tuple[dict[int, object], int]:
-    """A compact-protocol struct at ``buf[pos:]`` as {field id: value}, and the position after it."""
-    if depth > 16:
-        raise ValueError("Thrift structs nested too deep")
-    fields: dict[int, object] = {}
-    field_id = 0
-    while True:
-        if pos >= len(buf):
-            raise _Truncated
-        head, pos = buf[pos], pos + 1
-        if head == 0:
-            return fields, pos
-        delta, ttype = head >> 4, head & 0x0F
-        if delta:
-            field_id += delta
-        else:
-            field_id, pos = _zigzag(buf, pos)
-        fields[field_id], pos = _read_value(buf, pos, ttype, depth)
+_Page = NamedTuple("_Page", [("reps", np.ndarray), ("defs", np.ndarray), ("values", "np.ndarray | None")])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -201,15 +93,14 @@ class _Hybrid:
         return np.concatenate(parts) if len(parts) != 1 else parts[0]
 
     def _next_run(self) -> None:
-        header, self.pos = _varint(self.data, self.pos)
+        header, self.pos = read_varint(self.data, self.pos)
         if header & 1:  # bit-packed: (header >> 1) groups of 8 values (the last may be cut short)
             nbytes = min((header >> 1) * self.width, len(self.data) - self.pos)
             self.packed_start, self.packed_done, self.run_left = self.pos, 0, nbytes * 8 // self.width
             self.pos += nbytes
         else:
             nbytes = (self.width + 7) // 8
-            if self.pos + nbytes > len(self.data):
-                raise _Truncated
+            need(self.data, self.pos + nbytes)
             self.run_value = int.from_bytes(self.data[self.pos:self.pos + nbytes], "little")
             self.packed_start, self.run_left = -1, header >> 1
             self.pos += nbytes
@@ -237,11 +128,9 @@ def _unpack(data: memoryview, start: int, first: int, m: int, width: int) -> np.
 
 
 def _v1_levels(body: memoryview, pos: int, bit_width: int) -> tuple[_Hybrid, int]:
-    if pos + 4 > len(body):
-        raise _Truncated
+    need(body, pos + 4)
     size = int.from_bytes(body[pos:pos + 4], "little")
-    if pos + 4 + size > len(body):
-        raise _Truncated
+    need(body, pos + 4 + size)
     return _Hybrid(body[pos + 4:pos + 4 + size], bit_width), pos + 4 + size
 
 
@@ -265,8 +154,7 @@ class _PageCursor:
             self.values = self.values()  # v2: decompress the values on first use
         if self.encoding == _PLAIN:
             size = count * chunk.physical.itemsize
-            if self.pos + size > len(self.values):
-                raise _Truncated
+            need(self.values, self.pos + size)
             raw = np.frombuffer(self.values, chunk.physical, count, self.pos)
             self.pos += size
             return raw.astype(chunk.dtype, copy=False)  # INT32/INT64 bits, cast modulo 2**n as pyarrow does
@@ -275,8 +163,7 @@ class _PageCursor:
         if chunk.dictionary is None:
             raise ValueError("dictionary-encoded page without a dictionary page")
         if self.indices is None:
-            if len(self.values) < 1:
-                raise _Truncated
+            need(self.values, 1)
             self.indices = _Hybrid(self.values[1:], self.values[0])
         indices = self.indices.read(count)
         if indices.size and int(indices.max()) >= chunk.dictionary.size:
@@ -286,12 +173,6 @@ class _PageCursor:
 
 def _as_bytes(data) -> memoryview:
     return memoryview(data).cast("B")
-
-
-def _plain(body: memoryview, dtype: np.dtype, count: int) -> np.ndarray:
-    if len(body) < count * dtype.itemsize:
-        raise _Truncated
-    return np.frombuffer(body, dtype, count)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -308,6 +189,8 @@ class _Chunk:
         if meta.compression not in _CODECS or physical not in _PHYSICAL:
             raise Unsupported(f"compression {meta.compression}, physical type {physical}")
         codec = _CODECS[meta.compression]
+        if codec and not pa.Codec.is_available(codec):
+            raise Unsupported(f"codec {codec} not in this pyarrow")
         self.codec = pa.Codec(codec) if codec else None
         self.source, self.max_def, self.num_levels = source, max_def, meta.num_values
         self.physical = _PHYSICAL[physical]
@@ -339,8 +222,7 @@ class _Chunk:
 
     def _read(self, pos: int, size: int) -> bytes:
         data = self.source.read_at(size, pos)
-        if len(data) < size:
-            raise _Truncated
+        need(data, size)
         return data
 
     def _header(self, pos: int) -> tuple[dict, int]:
@@ -348,9 +230,9 @@ class _Chunk:
         while True:
             buf = self.source.read_at(min(size, self.end - pos), pos)
             try:
-                header, used = _read_struct(buf, 0)
+                header, used = read_struct(buf, 0)
                 return header, pos + used
-            except _Truncated:
+            except Truncated:
                 if len(buf) < min(size, self.end - pos) or size >= min(_MAX_HEADER, self.end - pos):
                     raise
                 size *= 8
@@ -362,7 +244,8 @@ class _Chunk:
         if not with_values:
             return
         body = self._decompress(_as_bytes(self._read(pos, size)), _field(header, 2))
-        self.dictionary = _plain(body, self.physical, _field(head, 1)).copy()
+        need(body, _field(head, 1) * self.physical.itemsize)
+        self.dictionary = np.frombuffer(body, self.physical, _field(head, 1)).copy()
 
     def _data_page(self, header: dict, raw: bytes) -> _PageCursor:
         raw, uncompressed, def_width = _as_bytes(raw), _field(header, 2), self.max_def.bit_length()
@@ -378,8 +261,9 @@ class _Chunk:
         else:
             head = _field(header, 8, dict)
             encoding, count, def_size, rep_size = _field(head, 4), _field(head, 1), _field(head, 5), _field(head, 6)
-            if min(def_size, rep_size) < 0 or rep_size + def_size > len(raw):
-                raise _Truncated
+            if min(def_size, rep_size) < 0:
+                raise ValueError(f"level sizes {rep_size}, {def_size} < 0")
+            need(raw, rep_size + def_size)
             reps, defs = _Hybrid(raw[:rep_size], 1), _Hybrid(raw[rep_size:rep_size + def_size], def_width)
             values = raw[rep_size + def_size:]
             if _field(head, 7, bool) if 7 in head else True:
@@ -424,22 +308,20 @@ def iter_row_group_pieces(source: pa.NativeFile, parquet_file: pq.ParquetFile, g
         doc_lens = _row_lengths(chunk, field, path, first_row, parquet_file.metadata.row_group(group).num_rows)
     ends = np.cumsum(doc_lens)
     starts = ends - doc_lens
-    values = _value_stream(chunk, path, group)
     num_tokens = int(ends[-1]) if ends.size else 0
     num_slices = max(1, -(-num_tokens // max_tokens))
+    slice_lens = [min(max_tokens, num_tokens - k * max_tokens) for k in range(num_slices)]
+    slices = _token_slices(chunk, slice_lens, path, group)
     first_slice = np.minimum(starts // max_tokens, num_slices - 1)
     last_slice = np.minimum(np.maximum(starts, ends - 1) // max_tokens, num_slices - 1)
-    offsets_type = np.int64 if pa.types.is_large_list(field.type) else np.int32
-    list_class = pa.LargeListArray if pa.types.is_large_list(field.type) else pa.ListArray
+    large = pa.types.is_large_list(field.type)
     for k in range(num_slices):
         lo = int(np.searchsorted(last_slice, k, side="left"))
         hi = int(np.searchsorted(first_slice, k, side="right"))
         start, end = k * max_tokens, min((k + 1) * max_tokens, num_tokens)
-        tokens = values.take(end - start)
         offsets = np.concatenate([[start], np.clip(ends[lo:hi], start, end)]) - start
-        tokens = np.zeros(0, chunk.dtype) if tokens is None else tokens
-        docs = list_class.from_arrays(pa.array(offsets.astype(offsets_type)), pa.array(tokens, field.type.value_type),
-                                      type=field.type)
+        docs = (pa.LargeListArray if large else pa.ListArray).from_arrays(
+            pa.array(offsets.astype(np.int64 if large else np.int32)), pa.array(next(slices)), type=field.type)
         continued = bool(lo < hi and starts[lo] < start)
         yield TokenPiece(first_row + lo, docs, continued, doc_lens[lo + continued:hi])
 
@@ -491,48 +373,27 @@ def _check_nulls(page: _Page, empty_def: int, max_def: int, path: str, first_row
                      "non-null integers")
 
 
-class _ValueStream:
-    """Pass 2: the row group's token values in order, taken ``n`` at a time (copied out of pages)."""
-
-    def __init__(self, pages: Iterator[np.ndarray]) -> None:
-        self.pages, self.parts, self.num_buffered = pages, [], 0
-
-    def take(self, n: int) -> np.ndarray | None:
-        if n == 0:
-            return None
-        while self.num_buffered < n:
-            part = next(self.pages)
-            self.parts.append(part)
-            self.num_buffered += part.size
-        joined = np.concatenate(self.parts) if len(self.parts) != 1 else self.parts[0]
-        self.parts, self.num_buffered = ([joined[n:]] if joined.size > n else []), joined.size - n
-        return joined[:n]
+def _token_slices(chunk: _Chunk, slice_lens: list[int], path: str, group: int) -> Iterator[np.ndarray]:
+    """Pass 2: the row group's tokens as consecutive arrays of ``slice_lens`` values (copied out of pages)."""
+    parts, num_buffered, windows = [], 0, chunk.windows(with_values=True)
+    with _page_errors(path, group):
+        for n in slice_lens:
+            while num_buffered < n:
+                page = next(windows, None)
+                if page is None:
+                    raise ValueError("the pages hold fewer tokens than their levels")
+                parts.append(page.values)
+                num_buffered += page.values.size
+            joined = np.concatenate([np.zeros(0, chunk.dtype), *parts])
+            parts, num_buffered = [joined[n:]], joined.size - n
+            yield joined[:n]
 
 
-def _value_stream(chunk: _Chunk, path: str, group: int) -> _ValueStream:
-    def values() -> Iterator[np.ndarray]:
-        with _page_errors(path, group):
-            for page in chunk.windows(with_values=True):
-                yield page.values
-        raise InputError(f"shard {path} row group {group}: the pages hold fewer tokens than their levels; "
-                         "re-write the file")
-
-    return _ValueStream(values())
-
-
-class _page_errors:
+@contextlib.contextmanager
+def _page_errors(path: str, group: int) -> Iterator[None]:
     """Turn a malformed page (truncated, bad header, bad levels) into an InputError naming the file."""
-
-    def __init__(self, path: str, group: int) -> None:
-        self.path, self.group = path, group
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, error, traceback) -> bool:
-        if kind is None or kind in (InputError, Unsupported, GeneratorExit) or not issubclass(
-                kind, (_Truncated, ValueError, OSError, pa.ArrowException, IndexError)):
-            return False
-        reason = "truncated" if kind is _Truncated else str(error).splitlines()[0] if str(error) else kind.__name__
-        raise InputError(f"shard {self.path} row group {self.group}: malformed Parquet page ({reason}); "
-                         "re-write the file") from error
+    try:
+        yield
+    except (Truncated, ValueError, OSError, pa.ArrowException, IndexError) as e:
+        reason = "truncated" if isinstance(e, Truncated) else (str(e).splitlines() or [type(e).__name__])[0]
+        raise InputError(f"shard {path} row group {group}: malformed Parquet page ({reason}); re-write the file") from e

@@ -11,14 +11,13 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_long_documents import pack_one
 
 import raypack.formats as formats
 import raypack.parquet_pages as parquet_pages
 from raypack.errors import InputError
 from raypack.formats import iter_token_pieces
 from raypack.parquet_pages import Unsupported, iter_row_group_pieces
-
-from test_long_documents import pack_one
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                          HealthCheck.function_scoped_fixture])
