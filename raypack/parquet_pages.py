@@ -37,7 +37,7 @@ from raypack.thrift_compact import Truncated, need, read_struct, read_varint
 __all__ = ["TokenPiece", "Unsupported", "iter_row_group_pieces"]
 
 _CODECS = {"UNCOMPRESSED": None, "SNAPPY": "snappy", "GZIP": "gzip", "ZSTD": "zstd",
-           "LZ4_RAW": "lz4_raw", "BROTLI": "brotli"}
+           "LZ4": "lz4_raw", "BROTLI": "brotli"}  # pyarrow names LZ4_RAW "LZ4"
 _PLAIN, _PLAIN_DICTIONARY, _RLE, _RLE_DICTIONARY = 0, 2, 3, 8
 _DATA_PAGE, _INDEX_PAGE, _DICTIONARY_PAGE, _DATA_PAGE_V2 = 0, 1, 2, 3
 _PHYSICAL = {"INT32": np.dtype("<i4"), "INT64": np.dtype("<i8")}

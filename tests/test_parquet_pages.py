@@ -74,7 +74,7 @@ def check_pieces(path, docs, max_tokens: int) -> list:
 
 @st.composite
 def writer_options(draw):
-    return dict(compression=draw(st.sampled_from(["none", "snappy", "zstd", "gzip"])),
+    return dict(compression=draw(st.sampled_from(["none", "snappy", "zstd", "gzip", "lz4", "brotli"])),
                 use_dictionary=draw(st.booleans()),
                 data_page_version=draw(st.sampled_from(["1.0", "2.0"])),
                 data_page_size=draw(st.sampled_from([64, 1000, 1 << 20])),
