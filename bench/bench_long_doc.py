@@ -12,8 +12,9 @@ a child of its own before):
 
   * added: peak RSS while packing minus the RSS just before (VmHWM - VmRSS);
   * peak: the absolute peak RSS of packing (VmHWM after the reset);
-  * reader: added peak RSS of only reading the shard with the same read batches (no packing),
-    measured the same way in the same kind of child: what the format reader itself holds.
+  * reader: added peak RSS of only reading the shard with the same read batches (no packing,
+    ``iter_token_pieces`` as the packer reads), measured the same way in the same kind of
+    child: what the format reader itself holds.
 
 The table's ratio is long/normal of ``added``. Input token type = output token type (--dtypes).
 Arrow IPC inputs are memory-mapped: the pages of the file a child touches count in its RSS.
@@ -85,9 +86,10 @@ def write_shard(path: str, kind: str, fmt: str, dtype: str, num_tokens: int, mea
 
 
 def child(args: argparse.Namespace) -> dict:
-    from raypack.formats import inspect_shard, iter_token_batches
+    from raypack.formats import inspect_shard
     from raypack.shard_pack import count_shard_chunks, pack_shard, read_batch_rows
     from raypack.tasks import PackSettings, ShardTask
+    from raypack.token_pieces import iter_token_pieces
 
     info = inspect_shard(args.path, "input_ids")
     settings = PackSettings(out_dir=args.out, context_length=C, pad_token=0, token_dtype=args.dtype,
@@ -101,8 +103,9 @@ def child(args: argparse.Namespace) -> dict:
         task = ShardTask(0, args.path, info.format, 0, 0, info.num_docs, info.num_tokens, 0, args.num_chunks)
     before = reset_peak_rss()
     if args.read_only:
-        for _, docs in iter_token_batches(task.path, task.format, "input_ids", read_batch_rows(task, settings)):
-            del docs
+        for piece in iter_token_pieces(task.path, task.format, "input_ids", read_batch_rows(task, settings),
+                                       settings.read_batch_tokens):
+            del piece
     else:
         pack_shard(task, settings)
     peak = _status_bytes("VmHWM")

@@ -14,6 +14,9 @@ All that raypack knows of its input formats is here:
     yields ``(first_row, tokens)``: ``tokens`` is a list/large_list array of integer token ids
     holding at most ``batch_size`` documents, ``first_row`` the shard-local index of its first
     document;
+  * pieces (what the packer reads): ``iter_token_pieces`` is the same stream, except that a
+    Parquet row group of long documents is read page by page (raypack.parquet_pages) and a
+    document longer than ``max_tokens`` arrives in consecutive pieces (``TokenPiece``);
   * validation: every batch is checked before it is yielded (vectorised, O(tokens) at numpy
     speed): no null documents (an empty document is ``[]``, not null), no null tokens inside a
     document, no negative token ids. ``check_tokens_fit`` adds the one check that depends on
@@ -30,8 +33,6 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Iterator
 
-import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
@@ -41,6 +42,7 @@ import pyarrow.parquet as pq
 
 from raypack.errors import InputError
 from raypack.fs import error_text, open_input_file, resolve_filesystem
+from raypack.token_checks import check_tokens_fit, validate_token_batch
 
 __all__ = [
     "FORMATS",
@@ -497,11 +499,13 @@ def _parquet_lists(fs, fs_path: str, path: str, column: str, batch_size: int, un
             raise InputError(f"shard {path} has {parquet_file.num_row_groups} row groups, the plan reads "
                              f"{start}..{end - 1}; the file changed during the run (rerun on a stable copy)")
         for group in range(start, end):
-            yield from _parquet_group_lists(parquet_file, group, path, column, batch_size)
+            yield from _parquet_batches(parquet_file, path, column, batch_size, row_groups=[group])
 
 
-def _parquet_group_lists(parquet_file: pq.ParquetFile, group: int, path: str, column: str, batch_size: int):
-    batches = parquet_file.iter_batches(batch_size=batch_size, row_groups=[group], columns=[column])
+def _parquet_batches(parquet_file: pq.ParquetFile, path: str, column: str, batch_size: int,
+                     row_groups: list[int] | None = None) -> Iterator[pa.Array]:
+    """pyarrow's reader: ``column`` of ``row_groups`` (all by default), ``batch_size`` rows at a time."""
+    batches = parquet_file.iter_batches(batch_size=batch_size, columns=[column], row_groups=row_groups)
     while True:
         try:
             batch = next(batches, None)
@@ -520,90 +524,3 @@ def _ipc_lists(fs, fs_path: str, path: str, column: str, units: tuple[int, int] 
             token_value_type(schema, column, path)
             continue
         yield batch.column(schema.get_field_index(column))
-
-
-def validate_token_batch(tokens: pa.Array, *, path: str, first_row: int) -> None:
-    """Raise InputError unless ``tokens`` is a list array of non-null, non-negative integers.
-
-    tokens: list/large_list array (may be a slice); ``first_row`` is the shard-local row of
-    ``tokens[0]``, used only in messages. Reads values through ``flatten()``, never through
-    the raw ``.values`` child, so slices are checked exactly.
-    """
-    if not (pa.types.is_list(tokens.type) or pa.types.is_large_list(tokens.type)):
-        raise InputError(
-            f"shard {path}: token column has type {tokens.type}; it must be a list of integers"
-        )
-    if not pa.types.is_integer(tokens.type.value_type):
-        raise InputError(
-            f"shard {path}: token ids have type {tokens.type.value_type}; they must be integers"
-        )
-    if tokens.null_count:
-        row = int(np.flatnonzero(tokens.is_null().to_numpy(zero_copy_only=False))[0])
-        raise InputError(
-            f"shard {path} row {first_row + row}: the document is null; every document must be "
-            "a list of token ids (write [] for an empty document)"
-        )
-    values = tokens.flatten()
-    if values.null_count:
-        at = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
-        row = _row_of(tokens, at)
-        raise InputError(
-            f"shard {path} row {first_row + row}: token {at - _row_start(tokens, row)} of the "
-            "document is null; token ids must be non-null integers"
-        )
-    if pa.types.is_signed_integer(values.type) and len(values):
-        array = values.to_numpy()
-        if array.min() < 0:
-            at = int(np.argmax(array < 0))
-            raise InputError(
-                f"shard {path} row {first_row + _row_of(tokens, at)}: token {int(array[at])} is "
-                "negative; token ids must be >= 0"
-            )
-
-
-def check_tokens_fit(
-    tokens: npt.NDArray[np.integer],
-    lengths: npt.NDArray[np.integer],
-    dtype: npt.DTypeLike | pa.DataType,
-    *,
-    path: str,
-    first_row: int,
-) -> None:
-    """Raise InputError if a token id does not fit ``dtype`` (the output token dtype).
-
-    tokens: (T,) flat token ids of a batch; lengths: (n,) document lengths summing to T
-    (as from ``raypack.core.flatten_documents``); ``first_row`` is the shard-local row of
-    the batch's first document. Costs one min and one max unless a token is out of range.
-    """
-    target = np.dtype(dtype.to_pandas_dtype()) if isinstance(dtype, pa.DataType) else np.dtype(dtype)
-    if target.kind not in "iu":
-        raise ValueError(f"dtype={target} must be an integer dtype")
-    tokens = np.asarray(tokens)
-    if tokens.size == 0 or np.can_cast(tokens.dtype, target, casting="safe"):
-        return
-    info = np.iinfo(target)
-    too_low, too_high = int(tokens.min()) < info.min, int(tokens.max()) > info.max
-    if not (too_low or too_high):
-        return
-    bad = tokens < tokens.dtype.type(info.min) if too_low else tokens > tokens.dtype.type(info.max)
-    at = int(np.argmax(bad))
-    row = int(np.searchsorted(np.cumsum(lengths), at, side="right"))
-    raise InputError(
-        f"shard {path} row {first_row + row}: token {int(tokens[at])} does not fit the output "
-        f"token dtype {target} ({info.min}..{info.max}); set token_dtype to a wider type or 'auto'"
-    )
-
-
-def _row_of(tokens: pa.Array, flat_index: int) -> int:
-    """The row (within ``tokens``) holding flattened value ``flat_index``; no null rows."""
-    starts = _relative_offsets(tokens)
-    return int(np.searchsorted(starts, flat_index, side="right")) - 1
-
-
-def _row_start(tokens: pa.Array, row: int) -> int:
-    return int(_relative_offsets(tokens)[row])
-
-
-def _relative_offsets(tokens: pa.Array) -> np.ndarray:
-    offsets = tokens.offsets.to_numpy()
-    return offsets - offsets[0]

@@ -18,11 +18,12 @@ import pyarrow as pa
 
 from raypack.core import flatten_documents, iter_run_slices
 from raypack.errors import InputError
-from raypack.formats import check_tokens_fit, iter_token_batches
+from raypack.formats import check_tokens_fit
 from raypack.output import ChunkFileWriter, chunk_schema
 from raypack.resume import identify_input, save_result
 from raypack.strategies.base import ShardPacker
 from raypack.tasks import PackSettings, ShardResult, ShardTask, read_batch_rows
+from raypack.token_pieces import iter_token_pieces
 from raypack.watchdog import ProgressWatchdog
 
 
@@ -69,26 +70,43 @@ def count_shard_chunks(task: ShardTask, settings: PackSettings) -> int:
 
 def _stream_shard(task: ShardTask, settings: PackSettings, packer: ShardPacker,
                   writer: ChunkFileWriter, beat) -> dict[str, int]:
-    """Read, count and pack the shard's documents in order; ``beat()`` after each slice packed."""
+    """Read, count and pack the shard's documents in order; ``beat()`` after each slice packed.
+
+    A document may arrive in consecutive pieces (a long one in a Parquet row group read page
+    by page): its continuation is pushed first, then the documents starting in the piece are
+    counted from their full lengths (so ``count_split`` sees each document once, at its start).
+    """
     counts = {"docs": 0, "nonempty": 0, "tokens": 0, "split": 0}
-    batches = iter_token_batches(task.path, task.format, settings.token_column, read_batch_rows(task, settings),
-                                 **task.read_range())
-    for first_row, docs in batches:
+    pieces = iter_token_pieces(task.path, task.format, settings.token_column, read_batch_rows(task, settings),
+                               settings.read_batch_tokens, **task.read_range())
+    for piece in pieces:
         beat()
-        lengths = np.diff(docs.offsets.to_numpy())
-        counts["docs"] += len(docs)
-        counts["nonempty"] += int(np.count_nonzero(lengths))
-        counts["tokens"] += int(lengths.sum())
-        counts["split"] += packer.count_split(lengths)
+        tokens, lengths = flatten_documents(piece.docs)
+        first_row = piece.first_row
+        if piece.continued:
+            num_continued = int(lengths[0])
+            _push_checked(packer, writer, tokens[:num_continued], lengths[:1], task, settings, first_row, beat)
+            tokens, lengths, first_row = tokens[num_continued:], lengths[1:], first_row + 1
+        counts["docs"] += piece.doc_lens.size
+        counts["nonempty"] += int(np.count_nonzero(piece.doc_lens))
+        counts["tokens"] += int(piece.doc_lens.sum())
+        counts["split"] += packer.count_split(piece.doc_lens)
         _check_not_past_plan(task, counts)
-        tokens, lengths = flatten_documents(docs)
-        try:
-            _push_sliced(packer, writer, tokens, lengths, task.doc_offset + first_row - task.row_start,
-                         settings.read_batch_tokens, beat)
-        except ValueError as e:  # a token that does not fit the output dtype: name its row
-            check_tokens_fit(tokens, lengths, settings.token_dtype, path=task.path, first_row=first_row)
-            raise InputError(f"shard {task.path} rows {first_row}..{first_row + len(docs) - 1}: {e}") from e
+        if lengths.size:
+            _push_checked(packer, writer, tokens, lengths, task, settings, first_row, beat)
     return counts
+
+
+def _push_checked(packer: ShardPacker, writer: ChunkFileWriter, tokens: np.ndarray, lengths: np.ndarray,
+                  task: ShardTask, settings: PackSettings, first_row: int, beat) -> None:
+    """``_push_sliced`` the documents from shard row ``first_row``; a token that does not fit the
+    output dtype raises InputError naming its row."""
+    try:
+        _push_sliced(packer, writer, tokens, lengths, task.doc_offset + first_row - task.row_start,
+                     settings.read_batch_tokens, beat)
+    except ValueError as e:
+        check_tokens_fit(tokens, lengths, settings.token_dtype, path=task.path, first_row=first_row)
+        raise InputError(f"shard {task.path} rows {first_row}..{first_row + len(lengths) - 1}: {e}") from e
 
 
 def _push_sliced(packer: ShardPacker, writer: ChunkFileWriter, tokens: np.ndarray,

@@ -119,3 +119,23 @@ def train_byte_level_bpe(texts: list[str], vocab_size: int):
     return tok
 
 
+def pack_one(path, out, strategy: str, read_batch_tokens: int, read_batch_size: int = 0, doc_offset: int = 5,
+             token_offset: int = 0):
+    """Pack the one shard ``path`` into the new directory ``out`` with pack_shard (best_fit: its
+    count first, window 2); the ShardResult."""
+    from raypack.formats import inspect_shard
+    from raypack.shard_pack import count_shard_chunks, pack_shard
+    from raypack.tasks import PackSettings, ShardTask
+
+    info = inspect_shard(str(path))
+    settings = PackSettings(out_dir=str(out), context_length=2048, pad_token=0, token_dtype="int32",
+                            token_column="input_ids", read_batch_size=read_batch_size,
+                            read_batch_tokens=read_batch_tokens, chunks_per_record_batch=64, strategy=strategy,
+                            strategy_options={"best_fit_window": 2} if strategy == "best_fit" else {})
+    task = ShardTask(0, str(path), info.format, doc_offset, token_offset, info.num_docs, info.num_tokens)
+    if strategy == "best_fit":
+        num_chunks = count_shard_chunks(task, settings)
+        task = ShardTask(0, str(path), info.format, doc_offset, token_offset, info.num_docs, info.num_tokens, 0,
+                         num_chunks)
+    out.mkdir()
+    return pack_shard(task, settings)

@@ -15,10 +15,8 @@ from hypothesis import strategies as st
 
 from raypack.best_fit import BestFitPacker
 from raypack.core import StreamPacker, concat_chunks, iter_run_slices
-from raypack.formats import inspect_shard
-from raypack.shard_pack import count_shard_chunks, pack_shard
-from raypack.tasks import PackSettings, ShardTask
 
+from helpers import pack_one
 from reference import naive_best_fit, naive_pack
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -176,22 +174,6 @@ def write_shard(path, lengths: np.ndarray, fmt: str) -> np.ndarray:
         with paipc.new_file(path, table.schema) as writer:
             writer.write_table(table, max_chunksize=3)
     return tokens
-
-
-def pack_one(path, out, strategy: str, read_batch_tokens: int, read_batch_size: int = 0, doc_offset: int = 5,
-             token_offset: int = 0):
-    info = inspect_shard(str(path))
-    settings = PackSettings(out_dir=str(out), context_length=2048, pad_token=0, token_dtype="int32",
-                            token_column="input_ids", read_batch_size=read_batch_size,
-                            read_batch_tokens=read_batch_tokens, chunks_per_record_batch=64, strategy=strategy,
-                            strategy_options={"best_fit_window": 2} if strategy == "best_fit" else {})
-    task = ShardTask(0, str(path), info.format, doc_offset, token_offset, info.num_docs, info.num_tokens)
-    if strategy == "best_fit":
-        num_chunks = count_shard_chunks(task, settings)
-        task = ShardTask(0, str(path), info.format, doc_offset, token_offset, info.num_docs, info.num_tokens, 0,
-                         num_chunks)
-    out.mkdir()
-    return pack_shard(task, settings)
 
 
 def read_output(out, result):

@@ -18,10 +18,10 @@ import numpy as np
 from raypack.best_fit import BestFitChunkCounter, BestFitPacker
 from raypack.core import Chunks
 from raypack.errors import InputError
-from raypack.formats import iter_token_batches
 from raypack.manifest import _int_field, _show
 from raypack.strategies.base import PackingStrategy, StrategyFigures, percent
 from raypack.tasks import read_batch_rows
+from raypack.token_pieces import iter_token_pieces
 
 if TYPE_CHECKING:
     from raypack.plan import Plan
@@ -65,10 +65,10 @@ class BestFit(PackingStrategy):
     def count_shard_chunks(self, task: ShardTask, settings: PackSettings) -> int:
         """The chunks ``task`` packs into, from its document lengths alone."""
         counter = BestFitChunkCounter(settings.context_length, window=self.window)
-        batches = iter_token_batches(task.path, task.format, settings.token_column, read_batch_rows(task, settings),
-                                     validate=False, **task.read_range())
-        for _, docs in batches:
-            counter.push(np.diff(docs.offsets.to_numpy()))
+        pieces = iter_token_pieces(task.path, task.format, settings.token_column, read_batch_rows(task, settings),
+                                   settings.read_batch_tokens, validate=False, **task.read_range())
+        for piece in pieces:
+            counter.push(piece.doc_lens)
         return counter.finish()
 
     def num_chunks(self, plan: Plan) -> int:

@@ -1,0 +1,239 @@
+"""The page-level Parquet reader (raypack.parquet_pages) gives exactly pyarrow's rows, in pieces
+of at most ``max_tokens`` tokens, for files written with many writer options; it refuses
+malformed pages with one InputError line and hands unsupported encodings back to pyarrow; a
+shard whose long document is read in pieces packs to the same bytes as whole-document reading."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import raypack.parquet_pages as parquet_pages
+import raypack.token_pieces as token_pieces
+from raypack.errors import InputError
+from raypack.parquet_pages import Unsupported, iter_row_group_pieces
+from raypack.token_pieces import iter_token_pieces
+
+from helpers import pack_one
+
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                         HealthCheck.function_scoped_fixture])
+TYPES = {"int32": pa.int32(), "int64": pa.int64(), "uint16": pa.uint16(), "uint32": pa.uint32()}
+
+
+def write(path, docs, value_type=pa.int32(), large=False, nullable=(True, True), **options) -> None:
+    """``nullable``: (the list, its elements); non-nullable ones change the definition levels."""
+    element = pa.field("element", value_type, nullable=nullable[1])
+    list_type = pa.large_list(element) if large else pa.list_(element)
+    schema = pa.schema([pa.field("input_ids", list_type, nullable=nullable[0])])
+    pq.write_table(pa.table({"input_ids": pa.array(docs, list_type)}, schema=schema), path, **options)
+
+
+def read_pieces(path, max_tokens: int, reader=None):
+    """Every row group's pieces, in order (the page reader for all of them)."""
+    with pa.OSFile(str(path)) as source:
+        parquet_file = pq.ParquetFile(source)
+        first_row, pieces = 0, []
+        for group in range(parquet_file.metadata.num_row_groups):
+            pieces += iter_row_group_pieces(reader or source, parquet_file, group, "input_ids", first_row,
+                                            max_tokens, str(path))
+            first_row += parquet_file.metadata.row_group(group).num_rows
+    return pieces
+
+
+def joined(pieces) -> tuple[list[list[int]], list[int]]:
+    """The documents the pieces hold (continued pieces joined), and the doc_lens they announce."""
+    docs, lens = [], []
+    for piece in pieces:
+        rows = piece.docs.to_pylist()
+        if piece.continued:
+            assert docs and rows[0], "a continued piece continues a document with tokens"
+            docs[-1] += rows.pop(0)
+        assert piece.first_row == len(docs) - piece.continued
+        docs += rows
+        lens += piece.doc_lens.tolist()
+    return docs, lens
+
+
+def check_pieces(path, docs, max_tokens: int) -> list:
+    pieces = read_pieces(path, max_tokens)
+    assert all(len(p.docs.values) <= max_tokens for p in pieces)
+    got, lens = joined(pieces)
+    expected = pq.read_table(path).column("input_ids").to_pylist()
+    assert got == expected == docs
+    assert lens == [len(d) for d in docs]
+    assert all(p.docs.type == pq.read_schema(path).field("input_ids").type for p in pieces)
+    return pieces
+
+
+# ----------------------------------------------------------------------------- equal to pyarrow
+
+
+@st.composite
+def writer_options(draw):
+    return dict(compression=draw(st.sampled_from(["none", "snappy", "zstd", "gzip", "lz4", "brotli"])),
+                use_dictionary=draw(st.booleans()),
+                data_page_version=draw(st.sampled_from(["1.0", "2.0"])),
+                data_page_size=draw(st.sampled_from([64, 1000, 1 << 20])),
+                row_group_size=draw(st.integers(1, 40)))
+
+
+@SETTINGS
+@given(lengths=st.lists(st.one_of(st.integers(0, 5), st.integers(0, 1500)), max_size=25),
+       type_name=st.sampled_from(sorted(TYPES)), large=st.booleans(), options=writer_options(),
+       nullable=st.tuples(st.booleans(), st.booleans()), max_tokens=st.integers(1, 5000),
+       window=st.sampled_from([1, 7, 64, 1 << 18]), seed=st.integers(0, 3))
+def test_pieces_equal_pyarrow(tmp_path_factory, lengths, type_name, large, options, nullable, max_tokens, window,
+                              seed):
+    """``window``: levels decoded at a time, so that runs are read in parts at any bit offset."""
+    rng = np.random.default_rng(seed)
+    high = 1 << 16 if type_name == "uint16" else 1 << 31 if type_name != "int64" else 1 << 40
+    vocab = rng.integers(0, high, size=50 + seed * 100_000 % 300_000)  # small (dictionary) or large vocabularies
+    docs = [rng.choice(vocab, n).tolist() for n in lengths]
+    path = tmp_path_factory.mktemp("p") / "x.parquet"
+    write(path, docs, TYPES[type_name], large, nullable, **options)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(parquet_pages, "_WINDOW", window)
+        check_pieces(path, docs, max_tokens)
+
+
+@pytest.mark.parametrize("version", ["1.0", "2.0"])
+def test_single_huge_row_in_pieces(tmp_path, version):
+    docs = [np.random.default_rng(0).integers(0, 70_000, 200_003).tolist()]
+    write(tmp_path / "x.parquet", docs, data_page_version=version, data_page_size=4096)
+    pieces = check_pieces(tmp_path / "x.parquet", docs, 10_000)
+    assert len(pieces) == 21 and [p.continued for p in pieces] == [False] + [True] * 20
+    assert pieces[0].doc_lens.tolist() == [200_003] and all(p.doc_lens.size == 0 for p in pieces[1:])
+
+
+def test_many_tiny_rows_and_empty_rows(tmp_path):
+    docs = [[i % 7] * (i % 3) for i in range(20_000)]
+    write(tmp_path / "x.parquet", docs, data_page_size=512, row_group_size=7000)
+    pieces = check_pieces(tmp_path / "x.parquet", docs, 999)
+    assert len(pieces) > 20
+
+
+@pytest.mark.parametrize("nullable", [(True, True), (True, False), (False, True), (False, False)])
+@pytest.mark.parametrize("version", ["1.0", "2.0"])
+def test_every_schema_shape_with_empty_documents(tmp_path, nullable, version):
+    """Definition levels of 1..3 bits, mixed (bit-packed) by empty documents."""
+    docs = [[i] * (i % 3) for i in range(300)]
+    write(tmp_path / "x.parquet", docs, nullable=nullable, data_page_version=version)
+    check_pieces(tmp_path / "x.parquet", docs, 50)
+
+
+def test_literal_cuts(tmp_path):
+    write(tmp_path / "x.parquet", [[1, 2, 3], [], [4, 5, 6, 7, 8], [9], []])
+    pieces = read_pieces(tmp_path / "x.parquet", 4)
+    assert [(p.first_row, p.docs.to_pylist(), p.continued, p.doc_lens.tolist()) for p in pieces] == [
+        (0, [[1, 2, 3], [], [4]], False, [3, 0, 5]),
+        (2, [[5, 6, 7, 8]], True, []),
+        (3, [[9], []], False, [1, 0])]
+
+
+# ----------------------------------------------------------------------------- refusals and fallbacks
+
+
+def page_offset(path) -> int:
+    chunk = pq.ParquetFile(path).metadata.row_group(0).column(0)
+    return chunk.data_page_offset
+
+
+def test_garbage_header_is_an_input_error(tmp_path):
+    path = tmp_path / "x.parquet"
+    write(path, [[1, 2, 3]] * 100, use_dictionary=False)
+    data = bytearray(path.read_bytes())
+    at = page_offset(path)
+    data[at:at + 6] = b"\xff" * 6
+    path.write_bytes(bytes(data))
+    with pytest.raises(InputError, match=r"x.parquet row group 0: malformed Parquet page .*; re-write the file$"):
+        read_pieces(path, 50)
+
+
+def test_truncated_page_is_an_input_error(tmp_path):
+    path = tmp_path / "x.parquet"
+    write(path, [list(range(1000))] * 10, compression="none", use_dictionary=False)
+    data = path.read_bytes()
+    short = pa.BufferReader(data[:page_offset(path) + 500])  # the footer read from the whole file, pages cut
+    with pytest.raises(InputError, match=r"row group 0: malformed Parquet page \(truncated\)"):
+        read_pieces(path, 50, reader=short)
+
+
+def test_page_size_past_the_chunk_is_an_input_error(tmp_path):
+    path = tmp_path / "x.parquet"
+    write(path, [list(range(1000))] * 10, compression="none", use_dictionary=False)
+    data = bytearray(path.read_bytes())
+    at = page_offset(path)
+    # compact header: type (0x15 0x00), uncompressed size (0x15 varint), compressed size (0x15 varint)
+    assert data[at:at + 3] == b"\x15\x00\x15"
+    size_at = at + 3 + next(i for i, b in enumerate(data[at + 3:]) if b < 0x80) + 2
+    num_bytes = next(i for i, b in enumerate(data[size_at:]) if b < 0x80) + 1
+    data[size_at:size_at + num_bytes] = b"\xfe" + b"\xff" * (num_bytes - 2) + b"\x7f"  # larger than the chunk
+    path.write_bytes(bytes(data))
+    with pytest.raises(InputError, match=r"malformed Parquet page \(page of \d+ bytes runs past the column chunk\)"):
+        read_pieces(path, 50)
+
+
+@pytest.mark.parametrize("docs, message", [
+    ([[1], None, [2]], r"x.parquet row 1: the document is null; every document must be a list"),
+    ([[1], [], [2, None, 3]], r"x.parquet row 2: a token of the document is null; token ids must be non-null"),
+])
+def test_nulls_name_their_row(tmp_path, docs, message):
+    write(tmp_path / "x.parquet", docs)
+    with pytest.raises(InputError, match=message):
+        read_pieces(tmp_path / "x.parquet", 1)
+    with pytest.raises(InputError, match=r"x.parquet row \d: "):
+        list(iter_token_pieces(str(tmp_path / "x.parquet"), "parquet", max_tokens=1))
+
+
+def test_unsupported_encoding_falls_back_to_pyarrow(tmp_path):
+    path = tmp_path / "x.parquet"
+    docs = [list(range(n)) for n in (5, 0, 3000, 7)]
+    write(path, docs, use_dictionary=False, column_encoding={"input_ids.list.element": "DELTA_BINARY_PACKED"})
+    with pytest.raises(Unsupported, match="value encoding"):
+        read_pieces(path, 10)
+    pieces = list(iter_token_pieces(str(path), "parquet", batch_size=2, max_tokens=10))
+    assert joined(pieces) == (docs, [5, 0, 3000, 7]) and not any(p.continued for p in pieces)
+
+
+def test_iter_token_pieces_reads_long_row_groups_by_pages(tmp_path):
+    path = tmp_path / "x.parquet"
+    docs = [[1] * 5000, [2] * 3]
+    write(path, docs)
+    pieces = list(iter_token_pieces(str(path), "parquet", max_tokens=1000))
+    assert len(pieces) == 6 and joined(pieces) == (docs, [5000, 3])
+    whole = list(iter_token_pieces(str(path), "parquet", max_tokens=1 << 20))
+    assert len(whole) == 1 and joined(whole) == (docs, [5000, 3])
+
+
+# ----------------------------------------------------------------------------- packing
+
+
+@pytest.mark.parametrize("strategy", ["concat", "best_fit"])
+def test_packing_pieces_gives_the_same_chunks(tmp_path, strategy, monkeypatch):
+    rng = np.random.default_rng(2)
+    lengths = [3, 0, 100_001, 0, 2047, 2049, 60_000, 5]
+    docs = [rng.integers(0, 50_000, n).tolist() for n in lengths]
+    write(tmp_path / "x.parquet", docs, data_page_size=4096)
+    piece_sizes = []
+    original = token_pieces.iter_row_group_pieces
+
+    def spy(*args):
+        for piece in original(*args):
+            piece_sizes.append(len(piece.docs.values))
+            yield piece
+    monkeypatch.setattr(token_pieces, "iter_row_group_pieces", spy)
+    by_pages = pack_one(tmp_path / "x.parquet", tmp_path / "pages", strategy, 4093, token_offset=1000)
+    assert len(piece_sizes) > 40 and max(piece_sizes) <= 4093  # really read in pieces
+    monkeypatch.setattr(token_pieces, "PAGE_READ_MEAN_DIVISOR", 0)  # pyarrow, whole documents
+    by_pyarrow = pack_one(tmp_path / "x.parquet", tmp_path / "pyarrow", strategy, 4093, token_offset=1000)
+    assert by_pages.file.sha256 == by_pyarrow.file.sha256
+    for name in ("num_docs", "num_nonempty_docs", "num_tokens", "num_split_docs"):
+        assert getattr(by_pages, name) == getattr(by_pyarrow, name)
+    if strategy == "concat":
+        assert by_pages.head.input_ids.tolist() == by_pyarrow.head.input_ids.tolist()
+        assert by_pages.tail.input_ids.tolist() == by_pyarrow.tail.input_ids.tolist()
