@@ -1,4 +1,4 @@
-"""MDS export (raypack.export.mds): every export is read back by the real library
+"""MDS export (raypack.export.mds, mds_format, ``raypack export --format mds``): every export is read back by the real library
 (mosaicml-streaming's StreamingDataset, in a child process: tests/mds_real.py) and checked
 sample by sample against the packed chunks; its bytes equal what streaming's own MDSWriter
 writes for the same samples; verify catches any changed byte; a failed export leaves nothing.
@@ -24,8 +24,9 @@ from hypothesis import strategies as st
 from raypack import output
 from raypack.core import Chunks, concat_chunks
 from raypack.errors import InputError
-from raypack.export import mds
-from raypack.export.mds import decode_shard, export_mds, load_index, verify_mds, write_index, write_part
+from raypack.export import mds, mds_format
+from raypack.export.mds import export_mds, verify_mds, write_part
+from raypack.export.mds_format import decode_shard, load_index, write_index
 from raypack.packed import read_packed
 
 from helpers import pack, random_corpus, write_shards
@@ -119,7 +120,7 @@ def literal_chunks() -> Chunks:
 def test_literal_shard_bytes(tmp_path):
     (entry,) = write_part(str(tmp_path), 0, [literal_chunks()], context_length=4, token_dtype="uint16",
                           size_limit=None)
-    config = json.dumps(mds.shard_config(4, "uint16", None), sort_keys=True).encode()
+    config = json.dumps(mds_format.shard_config(4, "uint16", None), sort_keys=True).encode()
     sample0 = (struct.pack("<II", 1 + 1 + 16, 1 + 1 + 8) + bytes([4, 2]) + struct.pack("<2q", 0, 1)
                + bytes([4, 2]) + struct.pack("<2i", 3, 1) + struct.pack("<4H", 1, 2, 3, 4))
     sample1 = (struct.pack("<II", 1 + 1 + 24, 1 + 1 + 12) + bytes([4, 3]) + struct.pack("<3q", 1, 2, -1)
@@ -185,10 +186,10 @@ def test_bytes_equal_streamings_own_writer(tmp_path, real):
     sample_npz = str(tmp_path / "src.npz")
     np.savez(sample_npz, tokens=chunks.input_ids, segment_doc_ids=chunks.segment_doc_ids,
              segment_lengths=chunks.segment_lengths, segment_counts=np.diff(chunks.segment_offsets))
-    config = mds.shard_config(300, "uint16", None)
+    config = mds_format.shard_config(300, "uint16", None)
     encodings = dict(zip(config["column_names"], config["column_encodings"]))
-    sample_sizes = mds.encode_chunks(chunks).sizes()
-    head = 8 + len(json.dumps(mds.shard_config(300, "uint16", 1000), sort_keys=True))  # a 4-digit size_limit
+    sample_sizes = mds_format.encode_chunks(chunks).sizes()
+    head = 8 + len(json.dumps(mds_format.shard_config(300, "uint16", 1000), sort_keys=True))  # a 4-digit size_limit
     exact = int(head + sample_sizes[:3].sum() + 3 * 4)  # three samples fill a shard exactly
     assert 1000 < exact < 9999
     for size_limit in (exact - 1, exact, exact + 1, 2000, 10**6):
@@ -222,7 +223,7 @@ def test_own_decoder_roundtrip(tmp_path_factory, seed, num_docs, size_limit, str
         return
     summary = export_mds(src, out, size_limit=size_limit)
     expected = source_chunks(src)
-    decoded = [decode_shard(mds.read_shard(out, e), e, e["raw_data"]["basename"]) for e in load_index(out)]
+    decoded = [decode_shard(mds_format.read_shard(out, e), e, e["raw_data"]["basename"]) for e in load_index(out)]
     found = concat_chunks(decoded, 8, expected.input_ids.dtype)
     for a, b in zip(found, expected):
         np.testing.assert_array_equal(a, b)
