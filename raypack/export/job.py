@@ -1,10 +1,11 @@
 """One export run: check, lock, write the parts (here or in a local process pool), publish, verify.
 
-Parallelism: one part per source shard (per chunk file for a chunk exporter); ``workers > 1`` writes parts in a local
-``ProcessPoolExecutor`` (spawned processes; the exporter and the source are pickled to them),
-``workers == 1`` in this process. No Ray: exporting is reading and writing bytes, which a few
-local processes saturate on one machine; a Ray version would put the pool in raypack/pipeline.py
-and keep this lifecycle. There is no ``--resume``: a failed export leaves nothing and is rerun.
+Parallelism: one part per source shard (per chunk file for a chunk exporter); ``workers > 1``
+writes parts in a local ``ProcessPoolExecutor`` (spawned processes; the exporter and the source
+are pickled to them), ``workers == 1`` in this process. No Ray: exporting is reading and writing
+bytes, which a few local processes saturate on one machine; a Ray version would put the pool in
+raypack/pipeline.py and keep this lifecycle. There is no ``--resume``: a failed export leaves
+nothing and is rerun.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def _open(source_path: str, format: str, output: str, token_dtype: str | None) -
     return cls(output, resolve_token_dtype(cls, source, token_dtype)), source
 
 
-_KIND_FIXES = {"tokenized": "pack it first (raypack pack SRC --output PACKED), then export PACKED",
+_KIND_FIXES = {"tokenized": "pack it first (raypack pack --input SRC --output PACKED), then export PACKED",
                "packed": "export the tokenized corpus it was packed from"}
 
 
