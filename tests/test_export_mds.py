@@ -1,7 +1,8 @@
-"""MDS export (raypack.export.mds): every export is read back by the real library
-(mosaicml-streaming's StreamingDataset, in a child process: tests/mds_real.py) and checked
-sample by sample against the packed chunks; its bytes equal what streaming's own MDSWriter
-writes for the same samples; verify catches any changed byte; a failed export leaves nothing.
+"""MDS export (raypack.export.mds, mds_format; ``raypack export --format mds``): every export is
+read back by the real library (mosaicml-streaming's StreamingDataset, in a child process:
+tests/mds_real.py) and checked sample by sample against the packed chunks; its bytes equal what
+streaming's own MDSWriter writes for the same samples; verify catches any changed byte; a failed
+export leaves nothing.
 
 The library lives in ``RAYPACK_MDS_READER`` (default ``<venv>/mds-reader``, installed by the
 Makefile with --no-deps beside the venv, never into it).
@@ -10,23 +11,30 @@ Makefile with --no-deps beside the venv, never into it).
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from raypack import output
+from raypack.cli import main
 from raypack.core import Chunks, concat_chunks
 from raypack.errors import InputError
-from raypack.export import mds
-from raypack.export.mds import decode_shard, export_mds, load_index, verify_mds, write_index, write_part
+from raypack.export import mds, mds_format
+from raypack.export.mds import export_mds, verify_mds, write_part
+from raypack.export.mds_format import decode_shard, load_index, write_index
 from raypack.packed import read_packed
+from raypack.tokenized import build_tokenized_manifest, part_file_name, save_tokenized_manifest
 
 from helpers import pack, random_corpus, write_shards
 
@@ -119,7 +127,7 @@ def literal_chunks() -> Chunks:
 def test_literal_shard_bytes(tmp_path):
     (entry,) = write_part(str(tmp_path), 0, [literal_chunks()], context_length=4, token_dtype="uint16",
                           size_limit=None)
-    config = json.dumps(mds.shard_config(4, "uint16", None), sort_keys=True).encode()
+    config = json.dumps(mds_format.shard_config(4, "uint16", None), sort_keys=True).encode()
     sample0 = (struct.pack("<II", 1 + 1 + 16, 1 + 1 + 8) + bytes([4, 2]) + struct.pack("<2q", 0, 1)
                + bytes([4, 2]) + struct.pack("<2i", 3, 1) + struct.pack("<4H", 1, 2, 3, 4))
     sample1 = (struct.pack("<II", 1 + 1 + 24, 1 + 1 + 12) + bytes([4, 3]) + struct.pack("<3q", 1, 2, -1)
@@ -185,10 +193,10 @@ def test_bytes_equal_streamings_own_writer(tmp_path, real):
     sample_npz = str(tmp_path / "src.npz")
     np.savez(sample_npz, tokens=chunks.input_ids, segment_doc_ids=chunks.segment_doc_ids,
              segment_lengths=chunks.segment_lengths, segment_counts=np.diff(chunks.segment_offsets))
-    config = mds.shard_config(300, "uint16", None)
+    config = mds_format.shard_config(300, "uint16", None)
     encodings = dict(zip(config["column_names"], config["column_encodings"]))
-    sample_sizes = mds.encode_chunks(chunks).sizes()
-    head = 8 + len(json.dumps(mds.shard_config(300, "uint16", 1000), sort_keys=True))  # a 4-digit size_limit
+    sample_sizes = mds_format.encode_chunks(chunks).sizes()
+    head = 8 + len(json.dumps(mds_format.shard_config(300, "uint16", 1000), sort_keys=True))  # a 4-digit size_limit
     exact = int(head + sample_sizes[:3].sum() + 3 * 4)  # three samples fill a shard exactly
     assert 1000 < exact < 9999
     for size_limit in (exact - 1, exact, exact + 1, 2000, 10**6):
@@ -222,7 +230,7 @@ def test_own_decoder_roundtrip(tmp_path_factory, seed, num_docs, size_limit, str
         return
     summary = export_mds(src, out, size_limit=size_limit)
     expected = source_chunks(src)
-    decoded = [decode_shard(mds.read_shard(out, e), e, e["raw_data"]["basename"]) for e in load_index(out)]
+    decoded = [decode_shard(mds_format.read_shard(out, e), e, e["raw_data"]["basename"]) for e in load_index(out)]
     found = concat_chunks(decoded, 8, expected.input_ids.dtype)
     for a, b in zip(found, expected):
         np.testing.assert_array_equal(a, b)
@@ -405,3 +413,154 @@ def test_write_index_merges_parts_in_order(tmp_path, real):
         parts.append((part, mds.export_part(read_packed(src), out, part, size_limit=300)))
     write_index(out, [e for _, entries in sorted(parts) for e in entries])
     assert_matches_source(real.read(tmp_path / "mds", tmp_path), src)
+
+
+# ----------------------------------------------------------------------------- raypack export --format mds
+
+
+def cli_error(capsys, argv) -> str:
+    """``main(argv)`` exits 2 with one line on stderr; that line."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("raypack: error: ")
+    return err
+
+
+def shard_files(out) -> dict[str, bytes]:
+    return {name: (out / name).read_bytes() for name in sorted(os.listdir(out))}
+
+
+@pytest.mark.parametrize("strategy", ["concat", "best_fit"])
+def test_cli_export_is_read_back_by_the_real_library(tmp_path, real, capsys, strategy):
+    src = packed(tmp_path, strategy=strategy)
+    parts = len(read_packed(src).file_items())
+    assert parts >= 3
+    out = tmp_path / "mds"
+    assert main(["export", src, "--format", "mds", "--output", str(out), "--verify"]) == 0
+    printed = capsys.readouterr().out
+    assert f"parts     {parts:>14,}" in printed and f"verified {out} against {src}" in printed
+    assert_matches_source(real.read(out, tmp_path), src)
+    assert sorted(os.listdir(out)) == sorted(["index.json"] + [e["raw_data"]["basename"] for e in load_index(str(out))])
+    assert main(["export", src, "--format", "mds", "--output", str(out), "--verify-only"]) == 0
+
+
+def test_cli_export_equals_export_mds_for_any_number_of_workers(tmp_path, monkeypatch):
+    """Parts in one process or two (spawned): the same files, byte for byte, as export_mds writes,
+    with several shards per part (the size limit travels to the pool with the exporter)."""
+    src = packed(tmp_path)
+    monkeypatch.setattr(mds.MdsExporter, "size_limit", 400)
+    export_mds(src, str(tmp_path / "api"), size_limit=400)
+    expected = shard_files(tmp_path / "api")
+    assert len(expected) > len(read_packed(src).file_items()) + 1
+    for workers in ("1", "2"):
+        out = tmp_path / f"w{workers}"
+        assert main(["export", src, "--format", "mds", "--output", str(out), "--workers", workers]) == 0
+        assert shard_files(out) == expected
+
+
+def test_cli_token_dtype(tmp_path, real, capsys):
+    src = packed(tmp_path, token_dtype="int32")
+    out = tmp_path / "mds"
+    assert main(["export", src, "--format", "mds", "--output", str(out), "--token-dtype", "uint16", "--verify"]) == 0
+    found = real.read(out, tmp_path)
+    assert found["tokens"].dtype == np.uint16
+    np.testing.assert_array_equal(found["tokens"], source_chunks(src).input_ids)
+    capsys.readouterr()
+    assert main(["export", src, "--format", "mds", "--output", str(out), "--verify-only"]) == 1
+    assert "token dtype uint16, expected int32" in capsys.readouterr().err
+    err = cli_error(capsys, ["export", src, "--format", "mds", "--output", str(tmp_path / "small"),
+                             "--token-dtype", "int8"])
+    assert re.search(r"token id \d+ does not fit int8", err)
+    assert not os.path.exists(tmp_path / "small" / "index.json")
+
+
+def test_cli_verify_only_finds_a_flipped_byte(tmp_path, capsys):
+    src = packed(tmp_path)
+    out = tmp_path / "mds"
+    argv = ["export", src, "--format", "mds", "--output", str(out)]
+    assert main(argv) == 0
+    shard = out / load_index(str(out))[1]["raw_data"]["basename"]
+    data = bytearray(shard.read_bytes())
+    data[-3] ^= 1  # a token of the shard's last sample
+    shard.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main([*argv, "--verify-only"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("raypack: verify failed: ") and shard.name in err and "differs from chunk" in err
+    (out / "index.json").unlink()
+    assert "holds no index.json" in cli_error(capsys, [*argv, "--verify-only"])
+
+
+def write_tokenized_corpus(root) -> str:
+    """A one-part tokenized corpus (raypack tokenize's layout and manifest)."""
+    out = os.path.join(root, "tokens")
+    os.makedirs(out)
+    name = part_file_name(0)
+    pq.write_table(pa.table({"input_ids": pa.array([[1, 2, 3], [4]], pa.list_(pa.uint16()))}), os.path.join(out, name))
+    data = open(os.path.join(out, name), "rb").read()
+    shard = {"path": name, "num_docs": 2, "num_tokens": 4, "num_bytes": len(data),
+             "sha256": hashlib.sha256(data).hexdigest(), "source": {}}
+    save_tokenized_manifest(out, build_tokenized_manifest([shard], "uint16", {"kind": "test"}, {}))
+    return out
+
+
+def test_cli_refuses_a_tokenized_corpus_naming_the_fix(tmp_path, capsys):
+    src = write_tokenized_corpus(tmp_path)
+    err = cli_error(capsys, ["export", src, "--format", "mds", "--output", str(tmp_path / "mds")])
+    assert "is a tokenized output; the mds format exports packed sources: pack it first" in err
+    assert not os.path.exists(tmp_path / "mds")
+
+
+def test_cli_existing_export_needs_overwrite(tmp_path, real, capsys, monkeypatch):
+    src = packed(tmp_path)
+    out = tmp_path / "mds"
+    monkeypatch.setattr(mds.MdsExporter, "size_limit", 300)
+    argv = ["export", src, "--format", "mds", "--output", str(out)]
+    assert main(argv) == 0
+    before = shard_files(out)
+    assert f"{out}/index.json exists; pass --overwrite" in cli_error(capsys, argv)
+    assert shard_files(out) == before
+    monkeypatch.setattr(mds.MdsExporter, "size_limit", mds.DEFAULT_SIZE_LIMIT)  # fewer shards: the old ones go
+    assert main([*argv, "--overwrite", "--workers", "2"]) == 0
+    names = [e["raw_data"]["basename"] for e in load_index(str(out))]
+    assert len(names) == len(read_packed(src).file_items()) < len(before) - 1
+    assert sorted(os.listdir(out)) == sorted(["index.json", *names])
+    assert_matches_source(real.read(out, tmp_path), src)
+    assert "is the packed output itself" in cli_error(capsys, ["export", src, "--format", "mds", "--output", src,
+                                                               "--overwrite"])
+
+
+@pytest.mark.parametrize("fail_at", ["third part", "index"])
+def test_cli_failure_removes_every_part_written(tmp_path, capsys, monkeypatch, fail_at):
+    """A part that fails after earlier parts published their shards, or the index: nothing is left."""
+    src = packed(tmp_path)
+    out = tmp_path / "mds"
+    original = mds.PartWriter.write
+
+    def failing_write(self, chunks):
+        if self.part == 2:
+            raise OSError("injected")
+        return original(self, chunks)
+
+    def failing_index(out_dir, entries):
+        raise OSError("injected")
+
+    if fail_at == "index":
+        monkeypatch.setattr(mds, "write_index", failing_index)
+    else:
+        monkeypatch.setattr(mds.PartWriter, "write", failing_write)
+    with pytest.raises(OSError, match="injected"):
+        main(["export", src, "--format", "mds", "--output", str(out)])
+    assert os.listdir(out) == []
+
+
+def test_cli_export_to_a_uri(tmp_path, capsys):
+    fsspec = pytest.importorskip("fsspec")
+    src = packed(tmp_path)
+    out = "memory://mds-cli-test/out"
+    assert main(["export", src, "--format", "mds", "--output", out, "--verify"]) == 0
+    assert f"verified {out}" in capsys.readouterr().out
+    names = sorted(p.rsplit("/", 1)[1] for p in fsspec.filesystem("memory").ls("/mds-cli-test/out", detail=False))
+    assert names == sorted(["index.json"] + [e["raw_data"]["basename"] for e in load_index(out)])
+    assert "index.json exists; pass --overwrite" in cli_error(capsys, ["export", src, "--format", "mds",
+                                                                       "--output", out])

@@ -289,7 +289,7 @@ def test_source_without_a_manifest(tmp_path, capsys):
 def test_unknown_format(tmp_path, capsys):
     src = write_tokenized(tmp_path, DOCS, cuts=[])
     err = _cli_error(capsys, ["export", src, "--format", "tfrecord", "--output", str(tmp_path / "d")])
-    assert "unknown export format 'tfrecord'; known: megatron" in err
+    assert "unknown export format 'tfrecord'; known: megatron, mds" in err
 
 
 def test_existing_output_needs_overwrite(tmp_path, capsys):
@@ -346,5 +346,5 @@ def test_verify_finds_a_changed_token(tmp_path, capsys):
 
 
 def test_registry_is_the_cli_choice():
-    assert set(EXPORTERS) == {"megatron"}
+    assert set(EXPORTERS) == {"megatron", "mds"}
     assert all(cls.name == name for name, cls in EXPORTERS.items())

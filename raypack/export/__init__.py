@@ -7,10 +7,12 @@ subclass) plus one line here. The CLI, the checks and ``--verify`` ask the regis
 from __future__ import annotations
 
 from raypack.export.base import Exporter, ExportMismatch
+from raypack.export.mds import MdsExporter
 from raypack.export.megatron import MegatronExporter
 
 EXPORTERS: dict[str, type[Exporter]] = {
     "megatron": MegatronExporter,
+    "mds": MdsExporter,
 }
 
 __all__ = ["EXPORTERS", "ExportMismatch", "Exporter", "exporter_class"]

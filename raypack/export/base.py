@@ -6,8 +6,11 @@ A format is one module with one :class:`Exporter` subclass, registered by one li
   1. driver: ``cls(output, token_dtype)``; the run refuses outputs whose ``output_paths()`` exist
      (without ``--overwrite``), then calls ``prepare(source)``;
   2. parts, possibly in other processes (the exporter is pickled after ``prepare``):
-     ``write_part(part, batches)`` for each source part, ``batches`` the part's whole documents
-     in order; it returns a small picklable result;
+     ``write_part(part, batches)`` for each source part, by the exporter's ``unit``:
+     "documents": a :class:`Part` per source shard, ``batches`` its whole documents in order
+     (:class:`DocumentBatch`); "chunks" (packed sources only, any strategy): a :class:`ChunkPart`
+     per chunk file, ``batches`` its chunks in order (:class:`raypack.core.Chunks` views, the
+     source's dtype). It returns a small picklable result;
   3. driver: ``finalize(results)`` with the results in part order; it publishes the output so that
      nothing is readable until all of it is (the last file written is the commit); on any error
      ``abort()`` instead, which removes everything not yet published;
@@ -25,8 +28,9 @@ from typing import Any, ClassVar, Iterator
 import numpy as np
 import numpy.typing as npt
 
+from raypack.core import Chunks
 from raypack.errors import InputError
-from raypack.export.sources import DocumentBatch, Part, Source
+from raypack.export.sources import ChunkPart, DocumentBatch, Part, Source
 
 
 class ExportMismatch(Exception):
@@ -43,6 +47,10 @@ class Exporter(ABC):
     token_dtypes: ClassVar[tuple[str, ...]]
     """Token dtypes the format can hold (numpy names)."""
     source_kinds: ClassVar[frozenset[str]] = frozenset({"tokenized", "packed"})
+    unit: ClassVar[str] = "documents"
+    """What a part streams to :meth:`write_part`: "documents" or "chunks" (module docstring)."""
+    overwrite_note: ClassVar[str] = "the old output stays readable until the new one is complete"
+    """What ``--overwrite`` does to an existing output, for the refusal without it."""
 
     def __init__(self, output: str, token_dtype: np.dtype) -> None:
         self.output = output
@@ -56,8 +64,8 @@ class Exporter(ABC):
         """Driver, before any part: make what the parts write into."""
 
     @abstractmethod
-    def write_part(self, part: Part, batches: Iterator[DocumentBatch]) -> Any:
-        """Write one part's documents (cast with :func:`cast_tokens`); return a picklable result."""
+    def write_part(self, part: Part | ChunkPart, batches: Iterator[DocumentBatch] | Iterator[Chunks]) -> Any:
+        """Write one part's documents or chunks (cast with :func:`cast_tokens`); return a picklable result."""
 
     @abstractmethod
     def finalize(self, source: Source, results: list[Any]) -> None:

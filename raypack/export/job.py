@@ -1,10 +1,11 @@
 """One export run: check, lock, write the parts (here or in a local process pool), publish, verify.
 
-Parallelism: one part per source shard; ``workers > 1`` writes parts in a local
-``ProcessPoolExecutor`` (spawned processes; the exporter and the source are pickled to them),
-``workers == 1`` in this process. No Ray: exporting is reading and writing bytes, which a few
-local processes saturate on one machine; a Ray version would put the pool in raypack/pipeline.py
-and keep this lifecycle. There is no ``--resume``: a failed export leaves nothing and is rerun.
+Parallelism: one part per source shard (per chunk file for a chunk exporter); ``workers > 1``
+writes parts in a local ``ProcessPoolExecutor`` (spawned processes; the exporter and the source
+are pickled to them), ``workers == 1`` in this process. No Ray: exporting is reading and writing
+bytes, which a few local processes saturate on one machine; a Ray version would put the pool in
+raypack/pipeline.py and keep this lifecycle. There is no ``--resume``: a failed export leaves
+nothing and is rerun.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pyarrow.fs as pafs
 from raypack.errors import InputError
 from raypack.export import exporter_class
 from raypack.export.base import Exporter, resolve_token_dtype
-from raypack.export.sources import Part, Source, open_source
+from raypack.export.sources import ChunkPart, Part, Source, open_source
 from raypack.fs import resolve_filesystem
 from raypack.lock import LocalLock
 from raypack.progress import Progress
@@ -51,7 +52,7 @@ class ExportSummary:
 
 def run_export(source_path: str, format: str, output: str, *, token_dtype: str | None = None, workers: int = 1,
                overwrite: bool = False, verify: bool = False) -> ExportSummary:
-    """Export ``source_path`` (tokenized corpus or concat packed output) to ``output`` in ``format``."""
+    """Export ``source_path`` (tokenized corpus or packed output) to ``output`` in ``format``."""
     start = time.perf_counter()
     if workers < 1:
         raise InputError(f"--workers={workers} must be >= 1")
@@ -59,12 +60,12 @@ def run_export(source_path: str, format: str, output: str, *, token_dtype: str |
     lock = _lock(output)
     try:
         _check_free(exporter, overwrite)
-        _write(exporter, source, workers)
+        num_parts = _write(exporter, source, workers)
     finally:
         if lock is not None:
             lock.release()
     lines = tuple(exporter.verify(source)) if verify else ()
-    return ExportSummary(exporter.describe(), format, source, len(source.parts), time.perf_counter() - start, lines)
+    return ExportSummary(exporter.describe(), format, source, num_parts, time.perf_counter() - start, lines)
 
 
 def verify_export(source_path: str, format: str, output: str, *, token_dtype: str | None = None) -> list[str]:
@@ -77,11 +78,15 @@ def _open(source_path: str, format: str, output: str, token_dtype: str | None) -
     cls = exporter_class(format)
     if not output:
         raise InputError("no output given: pass --output PREFIX")
-    source = open_source(source_path)
+    source = open_source(source_path, cls.unit)
     if source.kind not in cls.source_kinds:
         raise InputError(f"{source_path} is a {source.kind} output; the {format} format exports "
-                         f"{' or '.join(sorted(cls.source_kinds))} sources")
+                         f"{' or '.join(sorted(cls.source_kinds))} sources: {_KIND_FIXES[source.kind]}")
     return cls(output, resolve_token_dtype(cls, source, token_dtype)), source
+
+
+_KIND_FIXES = {"tokenized": "pack it first (raypack pack --input SRC --output PACKED), then export PACKED",
+               "packed": "export the tokenized corpus it was packed from"}
 
 
 def _lock(output: str) -> LocalLock | None:
@@ -99,23 +104,25 @@ def _check_free(exporter: Exporter, overwrite: bool) -> None:
     for path in exporter.output_paths():
         fs, fs_path = resolve_filesystem(path)
         if fs.get_file_info(fs_path).type != pafs.FileType.NotFound and not overwrite:
-            raise InputError(f"{path} exists; pass --overwrite to replace it (the old output stays readable "
-                             "until the new one is complete)")
+            raise InputError(f"{path} exists; pass --overwrite to replace it ({exporter.overwrite_note})")
 
 
-def _write(exporter: Exporter, source: Source, workers: int) -> None:
-    progress = Progress("exported", len(source.parts), "parts")
+def _write(exporter: Exporter, source: Source, workers: int) -> int:
+    """Prepare, write every part, finalize (abort on any error); the number of parts."""
+    parts = source.chunk_parts() if exporter.unit == "chunks" else source.parts
+    progress = Progress("exported", len(parts), "parts")
     exporter.prepare(source)
     try:
-        results = _run_parts(exporter, source, workers, progress)
+        results = _run_parts(exporter, source, parts, workers, progress)
         exporter.finalize(source, results)
     except BaseException:
         exporter.abort()
         raise
+    return len(parts)
 
 
-def _run_parts(exporter: Exporter, source: Source, workers: int, progress: Progress) -> list[Any]:
-    parts = source.parts
+def _run_parts(exporter: Exporter, source: Source, parts: list[Part] | list[ChunkPart], workers: int,
+               progress: Progress) -> list[Any]:
     if workers == 1 or len(parts) <= 1:
         results = []
         for part in parts:
@@ -135,6 +142,6 @@ def _run_parts(exporter: Exporter, source: Source, workers: int, progress: Progr
         return [f.result() for f in futures]
 
 
-def write_part(exporter: Exporter, source: Source, part: Part) -> Any:
-    """One part (runs in a pool process or here)."""
-    return exporter.write_part(part, source.batches(part))
+def write_part(exporter: Exporter, source: Source, part: Part | ChunkPart) -> Any:
+    """One part (runs in a pool process or here): its documents or chunks, by the exporter's unit."""
+    return exporter.write_part(part, source.chunks(part) if exporter.unit == "chunks" else source.batches(part))

@@ -14,6 +14,10 @@ then pickled to the processes that write the parts; :meth:`Source.batches` strea
   token and is never read.
 - Packed output, strategy ``best_fit``: refused (documents are reordered across chunks); export
   the tokenized corpus or the pack's inputs instead.
+
+A chunk exporter (``Exporter.unit == "chunks"``, e.g. MDS: one sample per chunk) reads a packed
+output of any strategy as chunks instead: :meth:`Source.chunk_parts` (one :class:`ChunkPart` per
+chunk file) and :meth:`Source.chunks`; the document totals stay the manifest's.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from raypack.core import Chunks
 from raypack.errors import InputError
 from raypack.fs import error_text, resolve_filesystem
 from raypack.manifest import load_manifest, strategy_of
@@ -66,13 +71,36 @@ class Part(NamedTuple):
         return self.token_end - self.token_start
 
 
+class ChunkPart(NamedTuple):
+    """One unit of parallel work of a chunk exporter: chunk file ``path`` (``index``-th holding
+    chunks) of a packed output, global chunks ``[chunk_start, chunk_end)`` of ``context_length`` tokens."""
+
+    index: int
+    path: str
+    chunk_start: int
+    chunk_end: int
+    context_length: int
+
+    @property
+    def num_chunks(self) -> int:
+        return self.chunk_end - self.chunk_start
+
+    @property
+    def num_tokens(self) -> int:
+        """Token positions, padding included: chunks x C."""
+        return self.num_chunks * self.context_length
+
+
 class Source:
     """A checked source: ``kind`` ("tokenized" or "packed"), its token dtype and its parts.
 
-    Picklable (paths and numbers only); nothing is opened until :meth:`batches`."""
+    Picklable (paths and numbers only); nothing is opened until :meth:`batches`. ``in_doc_order``
+    is False for a packed output whose documents are reordered (best_fit): only its chunks are read."""
 
-    def __init__(self, path: str, kind: str, token_dtype: np.dtype, parts: list[Part], files: list[str]) -> None:
+    def __init__(self, path: str, kind: str, token_dtype: np.dtype, parts: list[Part], files: list[str], *,
+                 in_doc_order: bool = True) -> None:
         self.path, self.kind, self.token_dtype, self.parts, self.files = path, kind, token_dtype, parts, files
+        self.in_doc_order = in_doc_order
 
     @property
     def num_docs(self) -> int:
@@ -84,16 +112,36 @@ class Source:
 
     def batches(self, part: Part) -> Iterator[DocumentBatch]:
         """Part ``part``'s documents in order, as batches of about BATCH_TOKENS tokens."""
+        if not self.in_doc_order:
+            raise ValueError(f"{self.path}: its documents are reordered across chunks; read its chunks")
         if self.kind == "tokenized":
             return _parquet_batches(self.files[part.index], part)
         return _packed_batches(self.path, part)
 
+    def chunk_parts(self) -> list[ChunkPart]:
+        """A packed output's chunk files as parts, in order (reads the manifest, opens no chunk file)."""
+        from raypack.packed import read_packed
 
-def open_source(path: str) -> Source:
-    """The source at ``path`` (a tokenized corpus or a packed output directory, local or URI).
+        if self.kind != "packed":
+            raise ValueError(f"{self.path} is a {self.kind} source; only a packed output has chunks")
+        with read_packed(self.path) as ds:
+            return [ChunkPart(k, item["path"], item["first_chunk"], item["first_chunk"] + item["num_chunks"],
+                              ds.context_length) for k, item in enumerate(ds.file_items())]
 
-    Reads the manifest only. Raises InputError for a path without a manifest, a best_fit output,
-    or a manifest that fails its checks."""
+    def chunks(self, part: ChunkPart) -> Iterator[Chunks]:
+        """Part ``part``'s chunks in order, one :class:`Chunks` view per record batch (the source's dtype)."""
+        from raypack.packed import read_packed
+
+        with read_packed(self.path) as ds:
+            yield from ds.pieces(part.chunk_start, part.chunk_end)
+
+
+def open_source(path: str, unit: str = "documents") -> Source:
+    """The source at ``path`` (a tokenized corpus or a packed output directory, local or URI), for an
+    exporter reading ``unit`` ("documents" or "chunks").
+
+    Reads the manifest only. Raises InputError for a path without a manifest, a best_fit output
+    read as documents, or a manifest that fails its checks."""
     fs, base = resolve_filesystem(path)
     if fs.get_file_info(f"{base.rstrip('/')}/{MANIFEST_NAME}").type != pafs.FileType.File:
         raise InputError(f"{path} holds no {MANIFEST_NAME}: give a tokenized corpus (raypack tokenize) or a packed "
@@ -101,7 +149,7 @@ def open_source(path: str) -> Source:
     manifest = load_tokenized_manifest(path)
     if manifest is not None:
         return _tokenized_source(path, manifest)
-    return _packed_source(path)
+    return _packed_source(path, unit)
 
 
 def _tokenized_source(path: str, manifest: dict[str, Any]) -> Source:
@@ -113,16 +161,16 @@ def _tokenized_source(path: str, manifest: dict[str, Any]) -> Source:
     return Source(path, "tokenized", np.dtype(dtype), parts, [i.path for i in infos])
 
 
-def _packed_source(path: str) -> Source:
+def _packed_source(path: str, unit: str) -> Source:
     manifest = load_manifest(path)
     strategy = strategy_of(manifest)
-    if strategy != "concat":
+    if strategy != "concat" and unit == "documents":
         shards = manifest["shards"]
         inputs = ", ".join(s["path"] for s in shards[:2]) + (", ..." if len(shards) > 2 else "")
         raise InputError(f"{path} was packed with strategy {strategy}, which reorders documents across chunks; "
                          f"export the tokenized corpus or the pack's inputs instead ({inputs})")
     parts = _parts([(s["num_docs"], s["num_tokens"]) for s in manifest["shards"]])
-    return Source(path, "packed", np.dtype(manifest["token_dtype"]), parts, [])
+    return Source(path, "packed", np.dtype(manifest["token_dtype"]), parts, [], in_doc_order=strategy == "concat")
 
 
 def _parts(counts: list[tuple[int, int]]) -> list[Part]:
