@@ -33,8 +33,9 @@ import pyarrow.parquet as pq
 from raypack.core import Chunks
 from raypack.errors import InputError
 from raypack.fs import error_text, resolve_filesystem
-from raypack.manifest import load_manifest, strategy_of
+from raypack.manifest import load_manifest
 from raypack.output import MANIFEST_NAME
+from raypack.strategies import strategy_of_manifest
 from raypack.tokenized import TOKEN_COLUMN, load_tokenized_manifest, tokenized_inputs
 
 BATCH_TOKENS = 4 << 20
@@ -163,14 +164,15 @@ def _tokenized_source(path: str, manifest: dict[str, Any]) -> Source:
 
 def _packed_source(path: str, unit: str) -> Source:
     manifest = load_manifest(path)
-    strategy = strategy_of(manifest)
-    if strategy != "concat" and unit == "documents":
+    strategy = strategy_of_manifest(manifest, f"{path}/{MANIFEST_NAME}")
+    if not strategy.keeps_document_order and unit == "documents":
         shards = manifest["shards"]
         inputs = ", ".join(s["path"] for s in shards[:2]) + (", ..." if len(shards) > 2 else "")
-        raise InputError(f"{path} was packed with strategy {strategy}, which reorders documents across chunks; "
+        raise InputError(f"{path} was packed with strategy {strategy.name}, which reorders documents across chunks; "
                          f"export the tokenized corpus or the pack's inputs instead ({inputs})")
     parts = _parts([(s["num_docs"], s["num_tokens"]) for s in manifest["shards"]])
-    return Source(path, "packed", np.dtype(manifest["token_dtype"]), parts, [], in_doc_order=strategy == "concat")
+    return Source(path, "packed", np.dtype(manifest["token_dtype"]), parts, [],
+                  in_doc_order=strategy.keeps_document_order)
 
 
 def _parts(counts: list[tuple[int, int]]) -> list[Part]:

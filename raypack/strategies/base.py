@@ -97,6 +97,9 @@ class PackingStrategy:
     """One sentence for ``--help`` and the config docs."""
     needs_counting_pass: ClassVar[bool] = False
     """True when a shard's first chunk is known only after counting every earlier shard's chunks."""
+    keeps_document_order: ClassVar[bool] = False
+    """True when the chunk stream holds the documents in global doc-id order, each whole across
+    consecutive chunks (so its documents can be read back from the chunks, e.g. by an export)."""
     verify_structure_name: ClassVar[str | Callable[[], type]]
     """``"module:attribute"`` (imported only when asked) or a callable returning the verify
     structure class that checks this strategy's layout chunk by chunk."""

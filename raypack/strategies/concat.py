@@ -28,6 +28,7 @@ class Concat(PackingStrategy):
     name = "concat"
     summary = "the exact rules: concatenate, cut every C tokens, pad only the last chunk"
     verify_structure_name = "raypack.verify.concat:ConcatStructure"
+    keeps_document_order = True
 
     def make_shard_packer(self, task: ShardTask, settings: PackSettings) -> ConcatShardPacker:
         return ConcatShardPacker(task, settings)
