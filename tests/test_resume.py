@@ -222,17 +222,22 @@ def test_damaged_record_is_repacked(tmp_path, corpus, clean_run, monkeypatch, da
 def test_record_of_another_version_is_repacked_even_with_a_valid_checksum(tmp_path, corpus, clean_run, monkeypatch,
                                                                         caplog):
     staging = crash_at(monkeypatch, 5, config(tmp_path, corpus))
-    path = record_of(staging, 1)
-    record = json.load(open(path))
-    record.pop("record_sha256")
-    record["version"] += 1
-    canonical = json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
-    record["record_sha256"] = hashlib.sha256(canonical).hexdigest()  # as the packer computes it
-    json.dump(record, open(path, "w"))
+    resign_record(record_of(staging, 1), lambda record: record.update(version=record["version"] + 1))
     with caplog.at_level(logging.INFO, logger="raypack.resume"):
         assert resume(monkeypatch, config(tmp_path, corpus)) == [1, 5]
     assert tree_digest(tmp_path / "out") == clean_run
     assert [r.message for r in caplog.records if "shard 1" in r.message and "has version" in r.message]
+
+
+def resign_record(path, change) -> None:
+    """Apply ``change`` to the record at ``path`` and give it a valid checksum again (as the packer
+    computes it), so only the check that follows the checksum can refuse it."""
+    record = json.load(open(path))
+    record.pop("record_sha256")
+    change(record)
+    canonical = json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
+    record["record_sha256"] = hashlib.sha256(canonical).hexdigest()
+    json.dump(record, open(path, "w"))
 
 
 def flip_digest(record: dict) -> None:
@@ -255,13 +260,8 @@ def test_record_with_a_flipped_chunk_digest_is_repacked(tmp_path, corpus, clean_
 def test_record_with_misshapen_digests_is_repacked_even_with_a_valid_checksum(tmp_path, corpus, clean_run,
                                                                               monkeypatch, caplog):
     staging = crash_at(monkeypatch, 5, config(tmp_path, corpus))
-    path = record_of(staging, 1)
-    record = json.load(open(path))
-    record.pop("record_sha256")
-    record["result"]["file"]["digests"] = record["result"]["file"]["digests"][64:]
-    canonical = json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
-    record["record_sha256"] = hashlib.sha256(canonical).hexdigest()  # as the packer computes it
-    json.dump(record, open(path, "w"))
+    resign_record(record_of(staging, 1),
+                  lambda record: record["result"]["file"].update(digests=record["result"]["file"]["digests"][64:]))
     with caplog.at_level(logging.INFO, logger="raypack.resume"):
         assert resume(monkeypatch, config(tmp_path, corpus)) == [1, 5]
     assert tree_digest(tmp_path / "out") == clean_run
