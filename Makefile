@@ -13,10 +13,11 @@ TORCH_FROM  := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX) )
 # The real MDS reader that tests/test_export_mds.py reads every export with (mosaicml-streaming,
 # in a child process), installed beside the venv, never into it: --no-deps, since its declared
 # requirements (transformers<5, numpy<2.2, torchvision, cloud SDKs) would pull the venv back; the
-# modules its reading path imports are these plus numpy, torch, xxhash and tqdm from the venv.
+# modules its reading path imports are these (pillow: its encodings import PIL) plus numpy, torch,
+# xxhash and tqdm from the venv.
 MDS_READER      := $(VENV)/mds-reader
 MDS_READER_PKGS := mosaicml-streaming==0.13.0 catalogue==2.0.10 Brotli==1.2.1 python-snappy==0.7.3 \
-                   cramjam==2.14.0 zstd==1.5.7.2
+                   cramjam==2.14.0 zstd==1.5.7.2 pillow==13.0.0
 
 .PHONY: demo lint test test-fast bench clean
 
