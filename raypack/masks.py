@@ -299,7 +299,7 @@ def pad_cu_seqlens(bounds: npt.ArrayLike, max_segments: int) -> npt.NDArray[np.i
     bounds:       (S + 1,) offsets from :func:`cu_seqlens` (S segments, padding runs included).
     max_segments: the fixed segment count N >= S.
     Returns: (N + 1,) int32, ``bounds`` then N - S copies of its last offset: zero-length
-             segments at the end, which flash-attn varlen kernels skip. O(N).
+             segments at the end, which flash-attn varlen kernels accept. O(N).
     Raises ValueError when S > N; segments are never merged (documents would see each other).
     """
     bounds = np.asarray(bounds, dtype=np.int32)

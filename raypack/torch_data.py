@@ -213,8 +213,10 @@ def build_batch(
 
 
 def _pad_rows(tokens: np.ndarray, docs: np.ndarray, multiple: int, pad_token: int) -> tuple[np.ndarray, np.ndarray]:
-    """(B, L') int64 tokens and doc ids, L' the next multiple of ``multiple``: pad_token / -1 added."""
+    """(B, L') tokens and doc ids, L' the next multiple of ``multiple``: pad_token / -1 added."""
     pad = (0, -docs.shape[1] % multiple)
+    if pad[1] == 0:
+        return tokens, docs
     tokens = np.pad(tokens.astype(np.int64), ((0, 0), pad), constant_values=pad_token)
     return tokens, np.pad(docs, ((0, 0), pad), constant_values=PAD_ID)
 
