@@ -451,6 +451,24 @@ def test_validation(chunks):
         next(iter_ray_batches("unused", 0))
 
 
+@settings(max_examples=40, deadline=None)
+@given(doc_id_batches(), st.integers(1, 9), st.integers(0, 3))
+def test_padding_and_max_segments_keep_the_rule(case, multiple, spare):
+    """Any doc ids: the padded bool mask is the unpadded one plus nothing; the padded varlen
+    boundaries are the unpadded ones, then empty segments."""
+    doc_ids, size = case[0], case[0].shape[1]
+    tokens = np.zeros_like(doc_ids)
+    padded = build_batch(tokens, doc_ids, "bool", pad_to_multiple_of=multiple)["attention_mask"]
+    assert padded.shape[-1] % multiple == 0 and padded.shape[-1] - size < multiple
+    torch.testing.assert_close(padded[:, :size, :size], torch.from_numpy(build_bool_mask(doc_ids)))
+    assert not padded[:, size:].any() and not padded[:, :, size:].any()
+    plain = build_batch(tokens, doc_ids, "varlen", pad_to_multiple_of=multiple)
+    num = plain["num_segments"]
+    fixed = build_batch(tokens, doc_ids, "varlen", pad_to_multiple_of=multiple, max_segments=num + spare)
+    assert fixed["cu_seqlens"].tolist() == plain["cu_seqlens"].tolist() + [plain["cu_seqlens"][-1].item()] * spare
+    assert fixed["num_segments"] == num and fixed["max_seqlen"] == plain["input_ids"].shape[1]
+
+
 # ----------------------------------------------------------------------------- Ray, Hugging Face
 
 
