@@ -15,6 +15,7 @@ Forms, all derived from the rule:
   * ``build_bool_mask``: boolean mask, same shapes.
   * ``cu_seqlens``: flash-attn varlen boundaries of the *segments* (maximal runs of one id
     within a row) over the flattened batch, plus ``max_seqlen``.
+  * ``pad_cu_seqlens``: ``cu_seqlens`` padded with zero-length segments to a fixed shape.
   * ``position_ids``: offset of each position from the start of its segment.
   * ``loss_mask``: ``True`` on real tokens.
 
@@ -42,6 +43,7 @@ __all__ = [
     "build_intra_document_mask",
     "cu_seqlens",
     "loss_mask",
+    "pad_cu_seqlens",
     "position_ids",
 ]
 
@@ -289,6 +291,23 @@ def cu_seqlens(doc_ids: npt.ArrayLike) -> VarlenInfo:
     bounds = np.append(starts, ids.size).astype(np.int32)
     max_seqlen = int(np.diff(bounds).max()) if starts.size else 0
     return VarlenInfo(bounds, max_seqlen)
+
+
+def pad_cu_seqlens(bounds: npt.ArrayLike, max_segments: int) -> npt.NDArray[np.int32]:
+    """``cu_seqlens`` padded to a fixed shape, for CUDA graphs and ``torch.compile``.
+
+    bounds:       (S + 1,) offsets from :func:`cu_seqlens` (S segments, padding runs included).
+    max_segments: the fixed segment count N >= S.
+    Returns: (N + 1,) int32, ``bounds`` then N - S copies of its last offset: zero-length
+             segments at the end, which flash-attn varlen kernels accept. O(N).
+    Raises ValueError when S > N; segments are never merged (documents would see each other).
+    """
+    bounds = np.asarray(bounds, dtype=np.int32)
+    num_segments = bounds.size - 1
+    if num_segments > max_segments:
+        raise ValueError(f"the batch has {num_segments} segments (runs of one doc id per row, padding runs "
+                         f"included) and max_segments={max_segments}; raise max_segments or use a smaller batch")
+    return np.pad(bounds, (0, max_segments - num_segments), mode="edge")
 
 
 def position_ids(doc_ids: npt.ArrayLike) -> npt.NDArray[np.int64]:

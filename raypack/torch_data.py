@@ -34,14 +34,23 @@ plus the attention information, in the form asked for (``attention=``):
   ``"additive"``  ``attention_mask`` (B, L, L) float (default float32): 0.0 allowed, -inf
                   elsewhere; ``raypack.masks.build_intra_document_mask``. O(L^2) per chunk.
   ``"bool"``      ``attention_mask`` (B, L, L) bool, True allowed; ``build_bool_mask``. O(L^2).
-  ``"varlen"``    ``cu_seqlens`` (S + 1,) int32 over the flattened (B * L,) batch and
-                  ``max_seqlen`` (int), flash-attn style; ``raypack.masks.cu_seqlens``. O(L).
+  ``"varlen"``    ``cu_seqlens`` (S + 1,) int32 over the flattened (B * L,) batch,
+                  ``max_seqlen`` (int) and ``num_segments`` (int, S), flash-attn style;
+                  ``raypack.masks.cu_seqlens``. O(L). With ``max_segments=N`` the shape is
+                  fixed: ``cu_seqlens`` is (N + 1,), the S real boundaries then zero-length
+                  segments (the last offset repeated), and ``max_seqlen`` is L; a batch with
+                  S > N raises ValueError (segments are never merged).
   ``"flex"``      ``block_mask``: a FlexAttention ``BlockMask`` (B, 1, L, L) whose mask_mod is
                   the rule over ``doc_ids`` (:func:`build_block_mask`). O(L + L^2 / block^2).
 
 All four follow the one mask rule of :mod:`raypack.masks` (j <= i, same doc id, not padding);
 tests/test_torch_data.py checks each against it with real kernels. Padding rows allow
 nothing: see ``padding_attends_self`` in :func:`build_batch` and docs/TRAINING.md.
+
+``pad_to_multiple_of=M`` (every form) first pads each row to the next multiple of M with
+``pad_token`` and doc id -1, so L divides evenly for context or tensor parallel layouts; the
+added positions are padding like any other (label -100, masked by every form), and the real
+positions' outputs do not change.
 """
 
 from __future__ import annotations
@@ -61,6 +70,7 @@ from raypack.masks import (
     build_bool_mask,
     build_intra_document_mask,
     cu_seqlens,
+    pad_cu_seqlens,
     position_ids,
 )
 from raypack.packed import PackedDataset, read_packed
@@ -159,6 +169,9 @@ def build_batch(
     mask_boundary_labels: bool = False,
     padding_attends_self: bool = False,
     block_size: int = DEFAULT_BLOCK_SIZE,
+    max_segments: int | None = None,
+    pad_to_multiple_of: int = 1,
+    pad_token: int = 0,
 ) -> dict[str, Any]:
     """One training batch from (B, L) tokens and doc ids (-1 on padding).
 
@@ -172,10 +185,18 @@ def build_batch(
                           ``softmax(scores + mask)`` has no all-masked row (NaN). Real rows
                           are unchanged; padding is -100 in ``labels`` either way.
     block_size:           FlexAttention sparse block size ("flex" only).
-    Returns: a dict of CPU tensors (``max_seqlen`` is an int, ``block_mask`` a BlockMask).
+    max_segments:         "varlen" only: fixed segment count N; ``cu_seqlens`` is (N + 1,)
+                          and ``max_seqlen`` is L. ValueError if the batch has more segments
+                          (padding runs count); raise N or use a smaller batch.
+    pad_to_multiple_of:   pad each row with ``pad_token`` and doc id -1 up to a multiple of
+                          this length (1: no padding). O(B * L) copy.
+    pad_token:            token id on the added positions (pass the dataset's ``pad_token``).
+    Returns: a dict of CPU tensors (``max_seqlen`` and ``num_segments`` are ints,
+    ``block_mask`` a BlockMask).
     """
-    _check_options(attention, mask_dtype=mask_dtype, block_size=block_size)
-    tokens, docs = _as_batch(input_ids, doc_ids)
+    _check_options(attention, mask_dtype=mask_dtype, block_size=block_size, max_segments=max_segments,
+                   pad_to_multiple_of=pad_to_multiple_of, pad_token=pad_token)
+    tokens, docs = _pad_rows(*_as_batch(input_ids, doc_ids), pad_to_multiple_of, pad_token)
     batch = {
         "input_ids": torch.from_numpy(tokens.astype(np.int64)),
         "doc_ids": torch.from_numpy(docs),
@@ -185,11 +206,30 @@ def build_batch(
     if attention in ("additive", "bool"):
         batch["attention_mask"] = _dense_mask(docs, attention, mask_dtype, padding_attends_self)
     elif attention == "varlen":
-        info = cu_seqlens(docs)
-        batch["cu_seqlens"], batch["max_seqlen"] = torch.from_numpy(info.cu_seqlens), info.max_seqlen
+        batch.update(_varlen(docs, max_segments))
     else:
         batch["block_mask"] = build_block_mask(docs, block_size=block_size)
     return batch
+
+
+def _pad_rows(tokens: np.ndarray, docs: np.ndarray, multiple: int, pad_token: int) -> tuple[np.ndarray, np.ndarray]:
+    """(B, L') tokens and doc ids, L' the next multiple of ``multiple``: pad_token / -1 added."""
+    pad = (0, -docs.shape[1] % multiple)
+    if pad[1] == 0:
+        return tokens, docs
+    tokens = np.pad(tokens.astype(np.int64), ((0, 0), pad), constant_values=pad_token)
+    return tokens, np.pad(docs, ((0, 0), pad), constant_values=PAD_ID)
+
+
+def _varlen(docs: np.ndarray, max_segments: int | None) -> dict[str, Any]:
+    """``cu_seqlens``, ``max_seqlen``, ``num_segments``; fixed shapes if ``max_segments`` is set."""
+    info = cu_seqlens(docs)
+    num_segments = info.cu_seqlens.size - 1
+    if max_segments is None:
+        return {"cu_seqlens": torch.from_numpy(info.cu_seqlens), "max_seqlen": info.max_seqlen,
+                "num_segments": num_segments}
+    return {"cu_seqlens": torch.from_numpy(pad_cu_seqlens(info.cu_seqlens, max_segments)),
+            "max_seqlen": docs.shape[1], "num_segments": num_segments}
 
 
 def _labels(input_ids: np.ndarray, doc_ids: np.ndarray, *, mask_boundary_labels: bool = False) -> np.ndarray:
@@ -254,6 +294,7 @@ def _as_doc_ids(doc_ids: npt.ArrayLike) -> np.ndarray:
 
 
 def _check_options(attention: str, *, mask_dtype: torch.dtype = torch.float32, block_size: int = DEFAULT_BLOCK_SIZE,
+                   max_segments: int | None = None, pad_to_multiple_of: int = 1, pad_token: int = 0,
                    **others: Any) -> None:
     """Raise for an unknown form, option or value (so make_collate_fn fails at once, not in a worker)."""
     if attention not in ATTENTION_FORMS:
@@ -262,12 +303,25 @@ def _check_options(attention: str, *, mask_dtype: torch.dtype = torch.float32, b
     unknown = sorted(set(others) - {"mask_boundary_labels", "padding_attends_self"})
     if unknown:
         raise TypeError(f"unknown option(s) {', '.join(unknown)}; build_batch takes mask_dtype, "
-                        "mask_boundary_labels, padding_attends_self and block_size")
+                        "mask_boundary_labels, padding_attends_self, block_size, max_segments, "
+                        "pad_to_multiple_of and pad_token")
     if mask_dtype not in _MASK_DTYPES:
         raise TypeError(f"mask_dtype={mask_dtype!r} cannot hold an additive mask; use torch.float32, "
                         "float16, bfloat16 or float64")
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+    if not _is_int(block_size, 1):
         raise ValueError(f"block_size={block_size!r} must be an integer >= 1 (FlexAttention's default is 128)")
+    if max_segments is not None and (attention != "varlen" or not _is_int(max_segments, 1)):
+        raise ValueError(f"max_segments={max_segments!r} with attention={attention!r}; it must be an integer "
+                         ">= 1 and only applies to attention='varlen'")
+    if not _is_int(pad_to_multiple_of, 1):
+        raise ValueError(f"pad_to_multiple_of={pad_to_multiple_of!r} must be an integer >= 1 (1: no padding)")
+    if not _is_int(pad_token, 0):
+        raise ValueError(f"pad_token={pad_token!r} must be an integer token id >= 0")
+
+
+def _is_int(value: Any, minimum: int) -> bool:
+    """True for an int (numpy ints too, not bool) >= ``minimum``."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= minimum
 
 
 # ----------------------------------------------------------------------------- FlexAttention

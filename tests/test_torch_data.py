@@ -24,7 +24,7 @@ from torch.nn.attention.flex_attention import create_block_mask, create_mask, fl
 
 from raypack.config import make_config  # noqa: E402
 from raypack.job import run_pack  # noqa: E402
-from raypack.masks import build_bool_mask, build_intra_document_mask  # noqa: E402
+from raypack.masks import build_bool_mask, build_intra_document_mask, pad_cu_seqlens  # noqa: E402
 from raypack.packed import read_packed  # noqa: E402
 from raypack.torch_data import (  # noqa: E402
     ATTENTION_FORMS,
@@ -189,15 +189,27 @@ def test_varlen_segments_reproduce_doc_ids(packed_dir, chunks):
     expected = [s + b * C for b, row in enumerate(doc_ids) for s, _, _ in segments(row)] + [doc_ids.size]
     assert bounds == expected                                           # and segments are the runs
     assert batch["max_seqlen"] == max(e - s for s, e in zip(bounds[:-1], bounds[1:]))
-    # the varlen kernel's semantics (causal within each segment of the flattened batch)
-    q, k, v = qkv((1, HEADS, doc_ids.size, HEAD_DIM))
-    out = torch.cat([F.scaled_dot_product_attention(q[..., s:e, :], k[..., s:e, :], v[..., s:e, :], is_causal=True)
+    assert batch["num_segments"] == len(bounds) - 1
+    assert_varlen_equals_dense(cu, doc_ids)
+
+
+def varlen_attention(q, k, v, bounds):
+    """(B, H, L, D): the varlen kernel's semantics, causal attention within each segment
+    [bounds[n], bounds[n + 1]) of the flattened (B * L,) batch; zero-length segments give nothing."""
+    batch, heads, size, dim = q.shape
+    flat = [t.transpose(0, 1).reshape(1, heads, batch * size, dim) for t in (q, k, v)]
+    out = torch.cat([F.scaled_dot_product_attention(*(t[..., s:e, :] for t in flat), is_causal=True)
                      for s, e in zip(bounds[:-1], bounds[1:])], dim=2)
-    unflatten = lambda t: t.reshape(HEADS, len(doc_ids), C, HEAD_DIM).transpose(0, 1)  # noqa: E731
-    dense = F.scaled_dot_product_attention(unflatten(q), unflatten(k), unflatten(v),
-                                           attn_mask=torch.from_numpy(build_bool_mask(doc_ids))[:, None])
+    return out.reshape(heads, batch, size, dim).transpose(0, 1)
+
+
+def assert_varlen_equals_dense(cu, doc_ids):
+    """Attention per segment of ``cu`` equals SDPA with the dense mask of ``doc_ids`` on real positions."""
+    q, k, v = qkv((len(doc_ids), HEADS, doc_ids.shape[1], HEAD_DIM))
+    out = varlen_attention(q, k, v, cu.tolist())
+    dense = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.from_numpy(build_bool_mask(doc_ids))[:, None])
     real = torch.from_numpy(doc_ids != -1)
-    torch.testing.assert_close(unflatten(out).transpose(1, 2)[real], dense.transpose(1, 2)[real], rtol=0, atol=1e-12)
+    torch.testing.assert_close(out.transpose(1, 2)[real], dense.transpose(1, 2)[real], rtol=0, atol=1e-12)
 
 
 def effective_mask(block_mask, mask_mod, size) -> torch.Tensor:
@@ -295,6 +307,77 @@ def test_build_block_mask_equals_create_block_mask(case):
 # ----------------------------------------------------------------------------- options
 
 
+def test_max_segments_literal():
+    input_ids, doc_ids = np.arange(12).reshape(2, 6), np.array([[3, 3, 4, 4, 4, -1], [4, 4, 5, 5, 5, 5]])
+    batch = build_batch(input_ids, doc_ids, "varlen", max_segments=7)
+    assert batch["cu_seqlens"].tolist() == [0, 2, 5, 6, 8, 12, 12, 12] and batch["cu_seqlens"].dtype == torch.int32
+    assert batch["num_segments"] == 5 and batch["max_seqlen"] == 6        # L, not the longest segment (4)
+    exact = build_batch(input_ids, doc_ids, "varlen", max_segments=5)
+    assert exact["cu_seqlens"].tolist() == [0, 2, 5, 6, 8, 12]
+    with pytest.raises(ValueError, match="the batch has 5 segments .* and max_segments=4; raise max_segments"):
+        build_batch(input_ids, doc_ids, "varlen", max_segments=4)
+    assert pad_cu_seqlens(np.array([0], np.int32), 2).tolist() == [0, 0, 0]  # no positions: all empty
+
+
+def test_max_segments_fixes_the_shape_across_batches(packed_dir, chunks):
+    ds = PackedTorchDataset(packed_dir)
+    plain = list(torch.utils.data.DataLoader(ds, batch_size=3, collate_fn=make_collate_fn("varlen")))
+    counts = [b["num_segments"] for b in plain]
+    assert len(set(counts)) > 1 and len({len(b["input_ids"]) for b in plain}) > 1  # not vacuous
+    fixed = list(torch.utils.data.DataLoader(ds, batch_size=3,
+                                             collate_fn=make_collate_fn("varlen", max_segments=max(counts))))
+    for start, (got, want) in zip(range(0, len(ds), 3), zip(fixed, plain)):
+        cu, num = got["cu_seqlens"], want["num_segments"]
+        assert cu.shape == (max(counts) + 1,) and got["max_seqlen"] == C and got["num_segments"] == num
+        torch.testing.assert_close(cu[:num + 1], want["cu_seqlens"], rtol=0, atol=0)   # real boundaries first
+        assert torch.all(cu[num:] == len(got["input_ids"]) * C)                        # then empty segments
+        assert_varlen_equals_dense(cu, chunks["doc_ids"][start:start + 3])
+    with pytest.raises(ValueError, match=f"has {max(counts)} segments .* max_segments={max(counts) - 1}"):
+        list(torch.utils.data.DataLoader(ds, batch_size=3,
+                                         collate_fn=make_collate_fn("varlen", max_segments=max(counts) - 1)))
+
+
+def attention_output(batch, attention, q, k, v):
+    """(B, H, L, D) attention of ``batch``'s form on CPU."""
+    if attention in ("additive", "bool"):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=batch["attention_mask"][:, None])
+    if attention == "varlen":
+        return varlen_attention(q, k, v, batch["cu_seqlens"].tolist())
+    return flex_attention(q, k, v, block_mask=batch["block_mask"])
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("attention", ATTENTION_FORMS)
+def test_pad_to_multiple_of(chunks, attention):
+    tokens, doc_ids = chunks["input_ids"], chunks["doc_ids"]
+    options = dict(mask_dtype=torch.float64, block_size=4) if attention != "varlen" else {}
+    plain = build_batch(tokens, doc_ids, attention, **options)
+    padded = build_batch(tokens, doc_ids, attention, pad_to_multiple_of=5, pad_token=7, **options)
+    size = 20                                                       # C = 16 -> 20
+    assert padded["input_ids"].shape == (len(tokens), size)
+    for key, pad in (("input_ids", 7), ("doc_ids", -1), ("labels", IGNORE_INDEX)):
+        assert torch.all(padded[key][:, C:] == pad), key
+        torch.testing.assert_close(padded[key][:, :C], plain[key], rtol=0, atol=0)
+    torch.testing.assert_close(padded["position_ids"][:, :C], plain["position_ids"], rtol=0, atol=0)
+    expected = build_bool_mask(padded["doc_ids"].numpy())           # the rule over the padded ids
+    if attention in ("additive", "bool"):
+        torch.testing.assert_close(padded["attention_mask"] == (0.0 if attention == "additive" else True),
+                                   torch.from_numpy(expected))
+    elif attention == "varlen":
+        assert padded["cu_seqlens"][-1] == len(tokens) * size
+    else:
+        assert padded["block_mask"].shape == (len(tokens), 1, size, size)
+        torch.testing.assert_close(effective_mask(padded["block_mask"], padded["block_mask"].mask_mod, size),
+                                   torch.from_numpy(expected)[:, None])
+    q, k, v = qkv((len(tokens), HEADS, size, HEAD_DIM))
+    got = attention_output(padded, attention, q, k, v)
+    want = attention_output(plain, attention, q[..., :C, :], k[..., :C, :], v[..., :C, :])
+    real = torch.from_numpy(doc_ids != -1)
+    torch.testing.assert_close(got[..., :C, :].transpose(1, 2)[real], want.transpose(1, 2)[real], rtol=0, atol=1e-12)
+    aligned = build_batch(tokens, doc_ids, attention, pad_to_multiple_of=8, **options)  # 16 is a multiple of 8
+    assert_batches_equal(aligned, plain)
+
+
 def test_padding_rows_and_their_remedy(chunks):
     doc_ids = chunks["doc_ids"][-2:]
     tokens = chunks["input_ids"][-2:]
@@ -338,6 +421,16 @@ def test_validation(chunks):
         make_collate_fn("bool", mask_boundary_label=True)
     with pytest.raises(ValueError, match="block_size=0 must be"):
         make_collate_fn("flex", block_size=0)
+    with pytest.raises(ValueError, match="max_segments=8 with attention='bool'; .* only applies to"):
+        make_collate_fn("bool", max_segments=8)
+    with pytest.raises(ValueError, match="max_segments=0 with attention='varlen'; it must be an integer >= 1"):
+        build_batch(tokens, doc_ids, "varlen", max_segments=0)
+    with pytest.raises(ValueError, match="pad_to_multiple_of=True must be an integer >= 1"):
+        make_collate_fn("flex", pad_to_multiple_of=True)
+    with pytest.raises(ValueError, match="pad_to_multiple_of=0 must be"):
+        build_batch(tokens, doc_ids, pad_to_multiple_of=0)
+    with pytest.raises(ValueError, match="pad_token=-1 must be an integer token id >= 0"):
+        make_collate_fn("varlen", pad_to_multiple_of=64, pad_token=-1)
     with pytest.raises(TypeError, match="mask_dtype=torch.int32 cannot"):
         build_batch(tokens, doc_ids, mask_dtype=torch.int32)
     with pytest.raises(ValueError, match="they must match"):
@@ -356,6 +449,24 @@ def test_validation(chunks):
         next(iter_ray_batches([1, 2], 2))
     with pytest.raises(ValueError, match="batch_size=0"):
         next(iter_ray_batches("unused", 0))
+
+
+@settings(max_examples=40, deadline=None)
+@given(doc_id_batches(), st.integers(1, 9), st.integers(0, 3))
+def test_padding_and_max_segments_keep_the_rule(case, multiple, spare):
+    """Any doc ids: the padded bool mask is the unpadded one plus nothing; the padded varlen
+    boundaries are the unpadded ones, then empty segments."""
+    doc_ids, size = case[0], case[0].shape[1]
+    tokens = np.zeros_like(doc_ids)
+    padded = build_batch(tokens, doc_ids, "bool", pad_to_multiple_of=multiple)["attention_mask"]
+    assert padded.shape[-1] % multiple == 0 and padded.shape[-1] - size < multiple
+    torch.testing.assert_close(padded[:, :size, :size], torch.from_numpy(build_bool_mask(doc_ids)))
+    assert not padded[:, size:].any() and not padded[:, :, size:].any()
+    plain = build_batch(tokens, doc_ids, "varlen", pad_to_multiple_of=multiple)
+    num = plain["num_segments"]
+    fixed = build_batch(tokens, doc_ids, "varlen", pad_to_multiple_of=multiple, max_segments=num + spare)
+    assert fixed["cu_seqlens"].tolist() == plain["cu_seqlens"].tolist() + [plain["cu_seqlens"][-1].item()] * spare
+    assert fixed["num_segments"] == num and fixed["max_seqlen"] == plain["input_ids"].shape[1]
 
 
 # ----------------------------------------------------------------------------- Ray, Hugging Face
