@@ -318,36 +318,6 @@ def test_export_to_a_uri(tmp_path):
     assert names == sorted(["index.json"] + [e["raw_data"]["basename"] for e in load_index(out)])
 
 
-@pytest.mark.slow
-def test_export_to_s3_read_by_the_real_library(tmp_path, real):
-    """A real S3 API (moto on 127.0.0.1): the packed output is uploaded and exported bucket to
-    bucket; verify reads the shards from the bucket; the objects, downloaded, are a dataset."""
-    pytest.importorskip("moto.server")
-    boto3 = pytest.importorskip("boto3")
-    from raypack.fs import clear_filesystem_cache
-
-    from s3_server import moto_server, s3_environment
-
-    src = packed(tmp_path)
-    with moto_server() as endpoint, s3_environment(endpoint):
-        clear_filesystem_cache()
-        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-        client.create_bucket(Bucket="mds")
-        for name in os.listdir(src):
-            client.upload_file(os.path.join(src, name), "mds", f"packed/{name}")
-        summary = export_mds("s3://mds/packed", "s3://mds/export", size_limit=400)
-        assert verify_mds("s3://mds/export", "s3://mds/packed") == summary
-        keys = [o["Key"] for o in client.list_objects_v2(Bucket="mds", Prefix="export/")["Contents"]]
-        names = sorted(k.split("/", 1)[1] for k in keys if not k.endswith("/"))
-        assert names == sorted(["index.json"] + [e["raw_data"]["basename"] for e in load_index("s3://mds/export")])
-        local = tmp_path / "downloaded"
-        local.mkdir()
-        for name in names:
-            client.download_file("mds", f"export/{name}", str(local / name))
-        clear_filesystem_cache()
-    assert_matches_source(real.read(local, tmp_path), src)
-
-
 # ----------------------------------------------------------------------------- verify
 
 
