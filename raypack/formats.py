@@ -14,13 +14,13 @@ All that raypack knows of its input formats is here:
     yields ``(first_row, tokens)``: ``tokens`` is a list/large_list array of integer token ids
     holding at most ``batch_size`` documents, ``first_row`` the shard-local index of its first
     document;
-  * pieces (what the packer reads): ``iter_token_pieces`` is the same stream, except that a
-    Parquet row group of long documents is read page by page (raypack.parquet_pages) and a
-    document longer than ``max_tokens`` arrives in consecutive pieces (``TokenPiece``);
-  * validation: every batch is checked before it is yielded (vectorised, O(tokens) at numpy
-    speed): no null documents (an empty document is ``[]``, not null), no null tokens inside a
-    document, no negative token ids. ``check_tokens_fit`` adds the one check that depends on
-    the output: every token id fits the output token dtype.
+  * pieces (what the packer reads) are in :mod:`raypack.token_pieces`: the same stream, except
+    that a Parquet row group of long documents is read page by page (raypack.parquet_pages) and
+    a document longer than ``max_tokens`` arrives in consecutive pieces;
+  * validation (:mod:`raypack.token_checks`): every batch is checked before it is yielded
+    (vectorised, O(tokens) at numpy speed): no null documents (an empty document is ``[]``, not
+    null), no null tokens inside a document, no negative token ids. ``check_tokens_fit`` adds
+    the one check that depends on the output: every token id fits the output token dtype.
 
 Each failure raises ``InputError`` naming the shard, the row and the value. Files are opened
 through :mod:`raypack.fs`, so every function takes local paths and URIs alike.

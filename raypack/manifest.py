@@ -441,7 +441,7 @@ def _shard_row(shard, task, packing: PackingStrategy, text_inputs: bool) -> dict
     """One input shard. A tokenized corpus's part also names its text source; with
     ``text_inputs`` (``pack --tokenizer``, whose parts are not kept) the text source is the
     shard: format "text" and the text's own format and range under "text"."""
-    source = getattr(shard, "source", None)
+    source = shard.source
     if text_inputs and source is not None:
         where = {"path": source["path"], "format": "text",
                  "text": {k: source[k] for k in ("format", "start", "end")}}
