@@ -364,3 +364,14 @@ def test_a_tampered_mix_manifest_is_refused(tmp_path, outputs):
     open(path, "w").write(json.dumps(manifest))
     with pytest.raises(InputError, match="weight=-1"):
         read_packed(out)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_the_shuffle_spreads_each_source_over_the_order(seed):
+    """Guard against a degenerate interleave: in the first 1,000 of 10,000 items of two equal
+    sources, source 0's count is within 5 sigma of 500 (hypergeometric, sigma ~15), and so is the
+    count of chunk ranks from the first half of a pass."""
+    order = MixOrder(seed, [5000, 5000], [5000, 5000])
+    draws = order.locate_array(np.arange(1000))
+    assert abs(int((draws.sources == 0).sum()) - 500) < 75
+    assert abs(int((draws.chunks < 2500).sum()) - 500) < 75
