@@ -228,6 +228,11 @@ def test_to_ray_dataset_over_a_mix(ray_session, tmp_path, outputs):
     assert [r["source"] for r in rows] == expected["source"].tolist()
     np.testing.assert_array_equal(np.array([r["input_ids"] for r in rows]), expected["input_ids"])
     np.testing.assert_array_equal(np.array([r["doc_ids"] for r in rows]), expected["doc_ids"])
+    pytest.importorskip("torch")
+    from raypack.torch_data import iter_ray_batches
+
+    first = next(iter_ray_batches(ds, 16, "varlen"))
+    np.testing.assert_array_equal(first["input_ids"].numpy(), expected["input_ids"][:16])
 
 
 def test_one_source_and_fewer_items_than_sources(tmp_path, outputs):
@@ -375,3 +380,23 @@ def test_the_shuffle_spreads_each_source_over_the_order(seed):
     draws = order.locate_array(np.arange(1000))
     assert abs(int((draws.sources == 0).sum()) - 500) < 75
     assert abs(int((draws.chunks < 2500).sum()) - 500) < 75
+
+
+def test_each_pass_has_its_own_permutation():
+    order = MixOrder(5, [60], [30])
+    first, second = ([order.draw_chunk(0, p * 30 + r) for r in range(30)] for p in (0, 1))
+    assert sorted(first) == sorted(second) == list(range(30)) and first != second
+
+
+def test_readers_of_packed_outputs_only_refuse_a_mix_in_one_line(capsys, tmp_path, outputs):
+    from raypack.manifest import load_manifest
+
+    out = mix(tmp_path, [(outputs["a"], 1)], 5)
+    with pytest.raises(InputError, match="a mix .* not a packed output"):
+        load_manifest(out)
+    code, _, err = run_cli(capsys, "export", out, "--format", "megatron", "--output", str(tmp_path / "x"))
+    assert code == 2 and "not a packed output" in err and err.count("\n") == 1
+    code, _, err = run_cli(capsys, "stats", out, "--plot", str(tmp_path / "p.png"))
+    assert code == 2 and "is a mix" in err
+    code, _, err = run_cli(capsys, "verify", out, "--input", outputs["a"])
+    assert code == 2 and "has no inputs of its own" in err
