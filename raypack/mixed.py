@@ -356,7 +356,9 @@ class MixedDataset:
         if not 0 <= i < len(self):
             raise IndexError(f"chunk index {index} is out of range for {len(self)} chunks")
         k, chunk = self.order.locate(i)
-        return {**self.sources[k][chunk], "source": k}
+        item = self.sources[k][chunk]
+        item["source"] = k
+        return item
 
     def get_batch(self, start: int, stop: int) -> dict[str, np.ndarray]:
         """Items ``[start, stop)``: ``{"input_ids": (n, C), "doc_ids": (n, C) int64, "source": (n,) int64}``."""
