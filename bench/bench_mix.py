@@ -1,6 +1,6 @@
 """Random access over a mix against random access over a plain packed output of the same chunks.
 
-    PYTHONPATH=. .venv/bin/python bench/bench_mix.py [--tokens 6000000] [--lookups 20000] [--repeats 5]
+    PYTHONPATH=. .venv/bin/python bench/bench_mix.py [--tokens 6000000] [--lookups 20000] [--repeats 7]
 
 Packs three corpora (lognormal document lengths, int32 tokens, C = 1024) with the local engine
 into three outputs and, from the same shards, one plain output holding all of them; makes a mix
@@ -61,7 +61,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=6_000_000, help="tokens in all (split over three sources)")
     parser.add_argument("--lookups", type=int, default=20_000)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-mix-") as root:
