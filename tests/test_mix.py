@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 import shutil
 from collections import Counter
 from fractions import Fraction
@@ -199,6 +200,8 @@ def test_read_packed_of_a_mix_gives_the_sources_chunks(tmp_path, outputs):
     np.testing.assert_array_equal(np.concatenate([b["input_ids"] for b in batches]), ds.get_batch(0, 300)["input_ids"])
     np.testing.assert_array_equal(batches[1]["attention_mask"][3], ds.mask(67))
     assert ds[-1]["source"] == ds[299]["source"]
+    clone = pickle.loads(pickle.dumps(ds))   # DataLoader workers: pickled without open files
+    np.testing.assert_array_equal(clone.get_batch(5, 9)["input_ids"], ds.get_batch(5, 9)["input_ids"])
     with pytest.raises(IndexError):
         ds[300]
 

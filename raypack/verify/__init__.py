@@ -37,8 +37,7 @@ import time
 from typing import Any, Sequence
 
 from raypack.errors import InputError
-from raypack.manifest import load_manifest, read_manifest_json, resolve_output, strategy_of
-from raypack.mixed import is_mix
+from raypack.manifest import MIX_KIND, load_manifest, read_manifest_json, resolve_output, strategy_of
 from raypack.output import MANIFEST_NAME
 from raypack.strategies import strategy_of_manifest
 from raypack.verify.files import check_files
@@ -77,7 +76,7 @@ def verify_output(
     if isinstance(batch_chunks, bool) or not isinstance(batch_chunks, int) or batch_chunks < 1:
         raise ValueError(f"batch_chunks={batch_chunks!r} must be an integer >= 1")
     data, where = _read_json(out)
-    if is_mix(data):
+    if isinstance(data, dict) and data.get("kind") == MIX_KIND:  # read through raypack.mixed: verify.mix
         return verify_mix(out, data, where, inputs)
     manifest = _load_manifest(out)
     fs, base = resolve_output(out)
