@@ -370,6 +370,9 @@ class MixedDataset:
     def take(self, items: npt.ArrayLike) -> dict[str, np.ndarray]:
         """Items at the positions ``items`` (each in [0, len)), as :meth:`get_batch` gives them. The
         chunks are read grouped by source, each source's in increasing chunk order (file order)."""
+        items = np.asarray(items, dtype=np.int64).reshape(-1)
+        if items.size and not (0 <= items.min() and items.max() < len(self)):
+            raise IndexError(f"take: positions {items.min()}..{items.max()} are out of range for {len(self)} chunks")
         draws = self.order.locate_array(items)
         n, c = draws.sources.size, self.context_length
         batch = {"input_ids": np.empty((n, c), self.token_dtype), "doc_ids": np.empty((n, c), np.int64)}

@@ -204,6 +204,11 @@ def test_read_packed_of_a_mix_gives_the_sources_chunks(tmp_path, outputs):
     np.testing.assert_array_equal(clone.get_batch(5, 9)["input_ids"], ds.get_batch(5, 9)["input_ids"])
     with pytest.raises(IndexError):
         ds[300]
+    with pytest.raises(IndexError, match="out of range"):
+        ds.take([0, 300])
+    picked = ds.take([299, 3, 3])
+    assert picked["source"].tolist() == [ds[299]["source"], ds[3]["source"], ds[3]["source"]]
+    np.testing.assert_array_equal(picked["doc_ids"][0], ds[299]["doc_ids"])
 
 
 def test_torch_dataset_and_collate_over_a_mix(tmp_path, outputs):
