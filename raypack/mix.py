@@ -42,12 +42,14 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ORDER_NAME", "ROUNDS", "MixOrder", "apportion", "permute", "permute_array", "round_keys", "to_fraction"]
+__all__ = ["ORDER_NAME", "ROUNDS", "Draws", "MixOrder", "apportion", "permute", "permute_array", "round_keys",
+           "to_fraction"]
 
 ORDER_NAME = "feistel4-v1"
 """The name of these rules, recorded in a mix's manifest; a reader refuses any other."""
 ROUNDS = 4
-"""Feistel rounds per permutation (Luby-Rackoff: 4 make a strong pseudo-random permutation)."""
+"""Feistel rounds per permutation (Luby-Rackoff: 4 rounds of random functions make a strong
+pseudo-random permutation; these rounds are hashes: docs/MIX.md, "How random", measures it)."""
 MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 _MUL1 = 0xBF58476D1CE4E5B9
@@ -96,7 +98,7 @@ def _hash_words(words: Sequence[int]) -> int:
     """A 64-bit hash of a sequence of non-negative integers below 2**64."""
     h = 0
     for word in words:
-        h = _mix64((h ^ word) + _GOLDEN & MASK64)
+        h = _mix64(((h ^ word) + _GOLDEN) & MASK64)
     return h
 
 
