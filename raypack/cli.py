@@ -1,4 +1,4 @@
-"""Command line: ``raypack pack``, ``tokenize``, ``verify``, ``stats``, ``export``. Bad input: one line, exit 2."""
+"""Command line: ``raypack pack``, ``tokenize``, ``verify``, ``stats``, ``export``, ``mix``. Bad input: exit 2."""
 
 from __future__ import annotations
 
@@ -97,7 +97,43 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("output", metavar="OUT", help="packed output directory")
     stats.add_argument("--plot", metavar="PNG", help=f"also write a plot (needs {PLOT_EXTRA})")
     _add_export_parser(commands)
+    _add_mix_parser(commands)
     return parser
+
+
+def _add_mix_parser(commands) -> None:
+    mix = commands.add_parser("mix", help="an index-only training order over packed outputs: weighted shares, "
+                                          "passes and a seeded shuffle (docs/MIX.md)")
+    mix.add_argument("--config", help="a TOML config: output, num_chunks, seed, [[sources]] path and weight")
+    mix.add_argument("--source", dest="sources", action="append", metavar="OUT",
+                     help="a packed output (repeatable, order kept; replaces the config's sources)")
+    mix.add_argument("--weight", dest="weights", action="append", metavar="W",
+                     help="the weight of the --source at the same place (positive; need not sum to 1)")
+    mix.add_argument("--num-chunks", type=int, metavar="N", help="items of the mix")
+    mix.add_argument("--seed", type=int, help="the order's seed, 0..2**64-1 (default: 0)")
+    mix.add_argument("--output", help="the mix directory (holds a manifest only)")
+    mix.add_argument("--overwrite", action="store_true", default=None, help="replace an existing output")
+
+
+def _run_mix(args: argparse.Namespace) -> int:
+    from raypack.mixed import load_mix_config, run_mix
+
+    sources = args.sources or []
+    weights = args.weights or []
+    if len(sources) != len(weights):
+        raise InputError(f"{len(sources)} --source but {len(weights)} --weight; give one --weight after each --source")
+    pairs = [(path, _number(text)) for path, text in zip(sources, weights)] or None
+    config = load_mix_config(args.config, sources=pairs, output=args.output, num_chunks=args.num_chunks,
+                             seed=args.seed, overwrite=args.overwrite)
+    print("\n".join(run_mix(config).lines()))
+    return 0
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError as e:
+        raise InputError(f"--weight {text}: not a number") from e
 
 
 def _add_export_parser(commands) -> None:
@@ -232,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     RAY_VERBOSE.set(bool(vars(args).pop("verbose", False)))
     try:
         runners = {"pack": _run_pack, "verify": _run_verify, "stats": _run_stats, "tokenize": _run_tokenize,
-                   "export": _run_export}
+                   "export": _run_export, "mix": _run_mix}
         code = runners[args.command](args)
         sys.stdout.flush()  # a closed pipe shows here, not in Python's flush at exit
         return code
@@ -289,10 +325,13 @@ def _run_export(args: argparse.Namespace) -> int:
 
 
 def _run_stats(args: argparse.Namespace) -> int:
+    from raypack.mixed import MixStats
     from raypack.stats import packing_stats, plot_stats
 
     report = packing_stats(args.output)
     print("\n".join(report.lines()))
+    if args.plot and isinstance(report, MixStats):
+        raise InputError(f"--plot draws a packed output's fragments; {args.output} is a mix (its sources have plots)")
     if args.plot:
         try:
             print(f"plot written to {plot_stats(report, args.plot)}")

@@ -62,7 +62,8 @@ if TYPE_CHECKING:
 
 __all__ = ["COUNT_KEYS", "FILE_KEYS", "MAX_CONTEXT_LENGTH", "MAX_COUNT", "MAX_MANIFEST_BYTES", "Manifest",
            "build_manifest", "write_manifest",
-           "check_manifest", "load_manifest", "open_chunk_file", "resolve_output", "strategy_of"]
+           "check_manifest", "load_manifest", "open_chunk_file", "read_manifest_json", "resolve_output",
+           "strategy_of"]
 
 # MAX_CONTEXT_LENGTH: one cap for writers and readers (raypack.core)
 """Largest context length a manifest may claim (16M tokens). Today's longest windows are ~2**20;
@@ -81,6 +82,8 @@ TOKEN_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", 
 READABLE_FORMAT_VERSIONS = (2, FORMAT_VERSION)
 """Versions this reader reads: 2 differs from 3 only in what ``content_sha256`` hashes."""
 DAMAGED = "the output was replaced or damaged"
+MIX_KIND = "mix"
+"""``kind`` of a mix's manifest (raypack.mixed): an index over packed outputs, no chunk files."""
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -177,8 +180,17 @@ def load_manifest(path: str) -> Manifest:
     """The checked ``manifest.json`` of output directory ``path`` (local path or URI).
 
     Raises InputError when the directory or its manifest is missing, unreadable, larger than
-    MAX_MANIFEST_BYTES, not JSON, or fails :func:`check_manifest`.
+    MAX_MANIFEST_BYTES, not JSON, or fails :func:`check_manifest` (a mix's manifest fails it:
+    read a mix with :func:`raypack.packed.read_packed`).
     """
+    data, manifest_path = read_manifest_json(path)
+    return Manifest.from_dict(data, manifest_path)
+
+
+def read_manifest_json(path: str) -> tuple[Any, str]:
+    """``manifest.json`` of output directory ``path`` parsed but NOT checked, and its path: for
+    readers that first ask which kind of output it is (a packed output or a mix, raypack.mixed).
+    Same InputErrors as :func:`load_manifest` up to the parse."""
     filesystem, base = resolve_output(path)
     manifest_path = posixpath.join(base, MANIFEST_NAME)
     info = filesystem.get_file_info(manifest_path)
@@ -199,7 +211,7 @@ def load_manifest(path: str) -> Manifest:
         manifest = json.loads(text)
     except (ValueError, RecursionError) as e:
         raise InputError(f"{manifest_path}: not valid JSON ({_one_line(e)}); {DAMAGED}") from e
-    return Manifest.from_dict(manifest, manifest_path)
+    return manifest, manifest_path
 
 
 def strategy_of(manifest: Mapping[str, Any]) -> str:
@@ -216,6 +228,9 @@ def check_manifest(manifest: Any, where: str) -> None:
     (the rules in this module's docstring). O(files + shards)."""
     if not isinstance(manifest, dict):
         raise InputError(f"{where}: expected a JSON object, found {type(manifest).__name__}")
+    if manifest.get("kind") == MIX_KIND:
+        raise InputError(f"{where}: a mix (an index over other outputs, raypack mix), not a packed output; "
+                         "read it with raypack.read_packed, or give one of its sources")
     version = manifest.get("format_version")
     if isinstance(version, bool) or not isinstance(version, int) or version not in READABLE_FORMAT_VERSIONS:
         raise InputError(f"{where}: format_version={_show(version)} is not supported (this reader reads versions "

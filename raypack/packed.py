@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import operator
 from collections import OrderedDict
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 import numpy.typing as npt
@@ -43,8 +43,11 @@ import pyarrow.fs as pafs
 from raypack.core import Chunks, concat_chunks
 from raypack.errors import InputError
 from raypack.fs import error_text
-from raypack.manifest import load_manifest, open_chunk_file, resolve_output
+from raypack.manifest import MIX_KIND, Manifest, load_manifest, open_chunk_file, read_manifest_json, resolve_output
 from raypack.output import slice_chunks
+
+if TYPE_CHECKING:
+    from raypack.mixed import MixedDataset
 
 __all__ = ["PackedDataset", "chunks_table", "iter_file_tables", "list_column", "load_manifest", "read_packed"]
 
@@ -412,8 +415,9 @@ def iter_file_tables(item: dict[str, Any], *, filesystem: pafs.FileSystem, base:
         file.close()
 
 
-def read_packed(path: str) -> PackedDataset:
-    """Open the packed output directory ``path`` (local path or URI) for reading.
+def read_packed(path: str) -> PackedDataset | MixedDataset:
+    """Open the packed output directory ``path`` (local path or URI) for reading; a mix
+    (``raypack mix``) opens as a :class:`raypack.mixed.MixedDataset`, read the same way.
 
     Reads and checks the manifest only (:func:`raypack.manifest.check_manifest`: every field's
     type and range, file names that are plain content-addressed chunk file names, files that tile
@@ -423,6 +427,11 @@ def read_packed(path: str) -> PackedDataset:
     inputs are checked only by ``raypack verify``. Raises InputError for a directory without a
     manifest (unfinished job) and for a manifest that fails those checks.
     """
-    manifest = load_manifest(path)
+    data, where = read_manifest_json(path)
+    if isinstance(data, dict) and data.get("kind") == MIX_KIND:
+        from raypack.mixed import open_mix
+
+        return open_mix(path, data, where)
+    manifest = Manifest.from_dict(data, where)
     filesystem, base = resolve_output(path)
     return PackedDataset(path, manifest, filesystem, base)

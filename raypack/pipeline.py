@@ -19,7 +19,8 @@ the packers' watchdog warnings (raypack.watchdog), lands only in Ray's worker lo
 (:func:`logs_dir`, files ``worker-*.err``); the driver prints that directory once.
 
 It also holds the Ray side of reading packed output back: :func:`packed_to_ray_dataset`
-(``PackedDataset.to_ray_dataset``), one read task per chunk file.
+(``PackedDataset.to_ray_dataset``), one read task per chunk file, and :func:`mixed_to_ray_dataset`
+(``MixedDataset.to_ray_dataset``), one read task per range of a mix's items.
 """
 
 from __future__ import annotations
@@ -294,6 +295,46 @@ def _read_file_blocks(items: pa.Table, **options: Any) -> Iterator[pa.Table]:
     """Ray map_batches function: the chunk tables of the files described by ``items``, in order."""
     for item in items.to_pylist():
         yield from iter_file_tables(item, **options)
+
+
+MIX_BLOCK_ROWS = 1024
+"""Items per block of :func:`mixed_to_ray_dataset` when ``batch_rows`` is None."""
+
+
+def mixed_to_ray_dataset(mixed, batch_rows: int | None = None) -> ray.data.Dataset:
+    """A ``ray.data.Dataset`` of a mix's items in its order (``MixedDataset.to_ray_dataset``).
+
+    Columns ``input_ids`` fixed_size_list<token>[C], ``doc_ids`` fixed_size_list<int64>[C] and
+    ``source`` int64. One read task per range of ``batch_rows`` items (default MIX_BLOCK_ROWS);
+    each task gets the dataset pickled without open files and reads its range with
+    ``get_batch`` (raypack.mixed). Order is kept, as in :func:`packed_to_ray_dataset`.
+    """
+    rows = MIX_BLOCK_ROWS if batch_rows is None else operator.index(batch_rows)
+    if rows < 1:
+        raise ValueError(f"batch_rows={batch_rows} must be >= 1 or None")
+    starts = list(range(0, len(mixed), rows))
+    items = [{"start": s, "stop": min(s + rows, len(mixed))} for s in starts]
+    dataset = ray.data.from_items(items, override_num_blocks=len(items))
+    dataset.context.execution_options.preserve_order = True
+    return dataset.map_batches(_read_mix_ranges, batch_size=1, batch_format="pyarrow", fn_kwargs={"mixed": mixed})
+
+
+def _read_mix_ranges(items: pa.Table, mixed) -> Iterator[pa.Table]:
+    """Ray map_batches function: the item tables of the mix ranges described by ``items``, in order."""
+    for item in items.to_pylist():
+        batch = mixed.get_batch(item["start"], item["stop"])
+        table = _dense_table(batch["input_ids"], batch["doc_ids"])
+        yield table.append_column("source", pa.array(batch["source"], pa.int64()))
+    mixed.close()
+
+
+def _dense_table(input_ids: np.ndarray, doc_ids: np.ndarray) -> pa.Table:
+    """(n, C) tokens and doc ids as fixed_size_list columns, like :func:`raypack.packed.chunks_table`."""
+    c = input_ids.shape[1]
+    return pa.table({
+        "input_ids": pa.FixedSizeListArray.from_arrays(pa.array(input_ids.reshape(-1)), c),
+        "doc_ids": pa.FixedSizeListArray.from_arrays(pa.array(doc_ids.reshape(-1)), c),
+    })
 
 
 # ----------------------------------------------------------------------------- tokenize

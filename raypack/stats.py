@@ -20,7 +20,8 @@ import numpy as np
 import numpy.typing as npt
 
 from raypack.errors import InputError
-from raypack.manifest import resolve_output
+from raypack.manifest import read_manifest_json, resolve_output
+from raypack.mixed import MixStats, is_mix, mix_stats
 from raypack.output import MANIFEST_NAME
 from raypack.packed import PackedDataset, read_packed
 from raypack.strategies import strategy_of_manifest
@@ -75,9 +76,13 @@ class PackStats:
         return out
 
 
-def packing_stats(out: str) -> PackStats:
+def packing_stats(out: str) -> PackStats | MixStats:
     """Stream the output's segment columns and count; raise InputError when the data and the
-    manifest's counts disagree, or a file is damaged (naming it)."""
+    manifest's counts disagree, or a file is damaged (naming it). A mix gives its sources'
+    shares and passes instead (:func:`raypack.mixed.mix_stats`)."""
+    data, where = read_manifest_json(out)
+    if is_mix(data):
+        return mix_stats(out, data, where)
     ds = read_packed(out)
     manifest, c = ds.manifest, ds.context_length
     edges = np.unique(np.linspace(1, c + 1, NUM_BINS + 1).astype(np.int64))

@@ -73,6 +73,7 @@ from raypack.masks import (
     pad_cu_seqlens,
     position_ids,
 )
+from raypack.mixed import MixedDataset
 from raypack.packed import PackedDataset, read_packed
 
 __all__ = [
@@ -105,7 +106,8 @@ _MASK_DTYPES = (*_NUMPY_MASK_DTYPES, torch.bfloat16)
 
 
 class PackedTorchDataset(torch.utils.data.Dataset):
-    """Map-style dataset over a packed output directory (or an open :class:`PackedDataset`).
+    """Map-style dataset over a packed output directory (or an open :class:`PackedDataset`); a mix
+    (raypack.mixed) works the same, its items adding ``"source"``.
 
     ``ds[i]`` -> ``{"input_ids": (L,) token dtype, "doc_ids": (L,) int64}`` numpy arrays
     (read-only views of the memory-mapped file where possible; :func:`collate_packed` copies
@@ -113,8 +115,8 @@ class PackedTorchDataset(torch.utils.data.Dataset):
     without its open files, so DataLoader workers (fork or spawn) reopen them.
     """
 
-    def __init__(self, source: str | PackedDataset) -> None:
-        self.packed = source if isinstance(source, PackedDataset) else read_packed(source)
+    def __init__(self, source: str | PackedDataset | MixedDataset) -> None:
+        self.packed = source if isinstance(source, (PackedDataset, MixedDataset)) else read_packed(source)
 
     @property
     def context_length(self) -> int:
@@ -518,7 +520,7 @@ def _ray_source(source: Any) -> Any:
     """Something with Ray's ``iter_batches``: the given dataset/iterator, or one read from a path."""
     if isinstance(source, str):
         source = read_packed(source)
-    if isinstance(source, PackedDataset):
+    if isinstance(source, (PackedDataset, MixedDataset)):
         return source.to_ray_dataset()
     if not hasattr(source, "iter_batches"):
         raise TypeError(f"source is a {type(source).__name__}; give a packed directory, a PackedDataset, "

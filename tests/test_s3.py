@@ -163,6 +163,26 @@ def test_read_packed_and_verify_over_s3(s3, local_run):
     assert report.content_sha256 == local_run[2]["content_sha256"]
 
 
+def test_a_mix_on_s3_over_an_s3_and_a_local_source(s3, local_run):
+    """raypack mix publishes a manifest alone under the prefix, records the S3 source by URI and the
+    local one by absolute path, reads back the sources' chunks and verifies."""
+    from raypack.mixed import load_mix_config, run_mix
+
+    run_pack(s3_config(s3, "mix-src"), engine="local")
+    sources = [(f"s3://{BUCKET}/mix-src", 2), (local_run[0], 1)]
+    run_mix(load_mix_config(None, sources=sources, output=f"s3://{BUCKET}/mix", num_chunks=30, seed=1))
+    objects = s3.objects("mix")
+    assert sorted(objects) == ["manifest.json"]
+    recorded = [s["path"] for s in json.loads(objects["manifest.json"])["sources"]]
+    assert recorded == [f"s3://{BUCKET}/mix-src", os.path.abspath(local_run[0])]
+    remote, local = read_packed(f"s3://{BUCKET}/mix"), read_packed(local_run[0])
+    batch = remote.get_batch(0, 30)
+    assert set(batch["source"].tolist()) == {0, 1}
+    for i in range(30):   # the two sources hold the same chunks
+        np.testing.assert_array_equal(batch["input_ids"][i], local[remote.order.locate(i)[1]]["input_ids"])
+    assert verify_output(f"s3://{BUCKET}/mix").lines()[0] == f"verified mix s3://{BUCKET}/mix"
+
+
 def test_best_fit_over_s3_equals_the_local_run(s3, corpus, tmp_path):
     """best_fit's counting pass and packers read the shards through the store too."""
     best_fit = dict(strategy="best_fit", best_fit_window=5)

@@ -37,11 +37,12 @@ import time
 from typing import Any, Sequence
 
 from raypack.errors import InputError
-from raypack.manifest import load_manifest, resolve_output, strategy_of
+from raypack.manifest import MIX_KIND, load_manifest, read_manifest_json, resolve_output, strategy_of
 from raypack.output import MANIFEST_NAME
 from raypack.strategies import strategy_of_manifest
 from raypack.verify.files import check_files
 from raypack.verify.inputs import INPUT_BATCH_DOCS, compare_with_inputs, resolve_inputs
+from raypack.verify.mix import MixVerifyReport, verify_mix
 from raypack.verify.report import VerifyError, VerifyReport
 from raypack.verify.structure import Structure, output_pieces
 
@@ -59,7 +60,7 @@ def verify_output(
     *,
     token_column: str | None = None,
     batch_chunks: int = 1024,
-) -> VerifyReport:
+) -> VerifyReport | MixVerifyReport:
     """Audit output directory ``out`` (local path or URI); raise VerifyError at the first discrepancy.
 
     inputs: shard files/directories/globs to compare with (expanded like ``raypack pack`` does);
@@ -69,10 +70,14 @@ def verify_output(
     token_column: the inputs' token column (default: the manifest's config, else ``input_ids``).
     batch_chunks: chunks decoded at a time (bounds memory).
     Raises InputError for unusable arguments (an input path that does not exist).
+    A mix (raypack mix) is checked through its sources: :func:`raypack.verify.mix.verify_mix`.
     """
     start = time.perf_counter()
     if isinstance(batch_chunks, bool) or not isinstance(batch_chunks, int) or batch_chunks < 1:
         raise ValueError(f"batch_chunks={batch_chunks!r} must be an integer >= 1")
+    data, where = _read_json(out)
+    if isinstance(data, dict) and data.get("kind") == MIX_KIND:  # read through raypack.mixed: verify.mix
+        return verify_mix(out, data, where, inputs)
     manifest = _load_manifest(out)
     fs, base = resolve_output(out)
     manifest_path = posixpath.join(base, MANIFEST_NAME)
@@ -98,6 +103,14 @@ def verify_output(
         best_fit_window=structure.window,
         input_paths=tuple(shard.path for shard in shards or ()),
     )
+
+
+def _read_json(out: str) -> tuple[Any, str]:
+    """The parsed, unchecked manifest and its path (a mix or a packed output?); InputError -> VerifyError."""
+    try:
+        return read_manifest_json(out)
+    except InputError as e:
+        raise VerifyError(str(e)) from e
 
 
 def _load_manifest(out: str) -> dict[str, Any]:
