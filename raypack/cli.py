@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--read-batch-tokens", type=int, metavar="TOKENS",
                       help="tokens a packer takes at once (memory): per read batch with read batch size 0, "
                            "and at most per slice of a long document")
+    pack.add_argument("--long-docs", metavar="split|truncate|drop",
+                      help="a document longer than C: split it across chunks, truncate it to its first C tokens, "
+                           "or drop it")
     pack.add_argument("--chunks-per-record-batch", type=int, metavar="N", help="chunks per Arrow record batch written")
     pack.add_argument("--task-tokens", type=int, metavar="TOKENS",
                       help="split a larger Parquet / Arrow IPC shard into tasks of whole row groups / record "

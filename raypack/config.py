@@ -22,6 +22,7 @@ import tomllib
 
 from raypack.core import validate_context_length, validate_pad_token
 from raypack.errors import InputError
+from raypack.long_docs import DEFAULT_LONG_DOCS, validate_long_docs
 from raypack.strategies import (
     DEFAULT_STRATEGY,
     PackingStrategy,
@@ -65,6 +66,10 @@ class PackConfig:
     """Strategy options by key, e.g. ``{"best_fit_window": 8192}`` (documents per best-fit window,
     0: a whole shard; windows never span shards). Set as flat keys; missing ones take the
     strategy's default."""
+    long_docs: str = DEFAULT_LONG_DOCS
+    """A document longer than ``context_length``: ``split`` (packed whole, across chunks),
+    ``truncate`` (only its first C tokens are packed) or ``drop`` (left out; its doc id never
+    appears). Doc ids stay input rows either way (raypack.long_docs)."""
     chunks_per_record_batch: int = 512
     """Chunks per Arrow record batch written; batches start at multiples of it globally."""
     task_tokens: int = 1 << 25
@@ -107,6 +112,7 @@ class PackConfig:
         elif isinstance(self.pad_token, bool) or not isinstance(self.pad_token, int):
             raise TypeError(f"pad_token={self.pad_token!r} must be an integer")
         strategy_class(self.strategy)
+        validate_long_docs(self.long_docs)
         unknown = sorted(set(self.strategy_options) - set(option_fields()))
         if unknown:
             raise ValueError(f"unknown strategy option(s) {', '.join(unknown)}; valid are {', '.join(option_fields())}")

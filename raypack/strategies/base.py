@@ -8,7 +8,8 @@ strategies' options never collide with each other or with the job's own keys.
 What the rest of raypack asks of a strategy, and who asks:
   - the shard packer (:meth:`make_shard_packer`; raypack.shard_pack) and, when
     :attr:`needs_counting_pass`, the first pass that counts a shard's chunks from its document
-    lengths (:meth:`count_shard_chunks`; raypack.job and raypack.pipeline);
+    lengths (:meth:`make_chunk_counter`; raypack.shard_pack.count_task, run by raypack.job and
+    raypack.pipeline);
   - how many chunks a plan makes (:meth:`num_chunks`; raypack.plan) and where a large shard may
     be split into tasks (:meth:`task_starts`; raypack.plan);
   - its manifest fields, written once at top level (:meth:`manifest_fields`), read back
@@ -60,6 +61,13 @@ class ShardPacker(Protocol):
     def count_split(self, lengths: np.ndarray) -> int: ...
     def finish(self) -> Chunks: ...
     def check_num_chunks(self, task: ShardTask, num_chunks: int) -> None: ...
+
+
+class ChunkCounter(Protocol):
+    """A strategy's counting pass over one task: document lengths in order, then the chunk count."""
+
+    def push(self, doc_lengths: np.ndarray) -> None: ...
+    def finish(self) -> int: ...
 
 
 class SplitFinder(Protocol):
@@ -178,8 +186,9 @@ class PackingStrategy:
         Default: every unit (a strategy whose chunks follow token offsets alone)."""
         return np.ones(unit_first_rows.shape, dtype=bool)
 
-    def count_shard_chunks(self, task: ShardTask, settings: PackSettings) -> int:
-        """The chunks ``task``'s shard packs into (only when :attr:`needs_counting_pass`)."""
+    def make_chunk_counter(self, context_length: int) -> ChunkCounter:
+        """Counts the chunks a task packs into from its (kept) document lengths, pushed in order
+        (only when :attr:`needs_counting_pass`; raypack.shard_pack.count_task reads them)."""
         raise RuntimeError(f"internal error: strategy {self.name} has no counting pass")
 
     def num_chunks(self, plan: Plan) -> int:

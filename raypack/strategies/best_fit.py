@@ -20,8 +20,6 @@ from raypack.core import Chunks
 from raypack.errors import InputError
 from raypack.manifest import _int_field, _show
 from raypack.strategies.base import PackingStrategy, StrategyFigures, percent
-from raypack.tasks import read_batch_rows
-from raypack.token_pieces import iter_token_pieces
 
 if TYPE_CHECKING:
     from raypack.plan import Plan
@@ -62,14 +60,8 @@ class BestFit(PackingStrategy):
             return np.arange(unit_first_rows.size) == 0
         return unit_first_rows % self.window == 0
 
-    def count_shard_chunks(self, task: ShardTask, settings: PackSettings) -> int:
-        """The chunks ``task`` packs into, from its document lengths alone."""
-        counter = BestFitChunkCounter(settings.context_length, window=self.window)
-        pieces = iter_token_pieces(task.path, task.format, settings.token_column, read_batch_rows(task, settings),
-                                   settings.read_batch_tokens, validate=False, **task.read_range())
-        for piece in pieces:
-            counter.push(piece.doc_lens)
-        return counter.finish()
+    def make_chunk_counter(self, context_length: int) -> BestFitChunkCounter:
+        return BestFitChunkCounter(context_length, window=self.window)
 
     def num_chunks(self, plan: Plan) -> int:
         if any(t.num_chunks < 0 for t in plan.tasks):
