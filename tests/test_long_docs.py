@@ -256,3 +256,28 @@ def test_resume_with_another_policy_repacks(tmp_path):
     pack_shard(*results["truncate"])
     assert load_verified_result(*results["truncate"]) is not None
     assert load_verified_result(*results["drop"]) is None
+
+
+@pytest.mark.parametrize("strategy", ["concat", "best_fit"])
+@pytest.mark.parametrize("long_docs", ["truncate", "drop"])
+def test_long_documents_read_in_pieces(tmp_path, monkeypatch, strategy, long_docs):
+    """Documents longer than C read page by page (continued pieces): the policy holds across pieces."""
+    import raypack.token_pieces as token_pieces
+
+    continued = []
+    original = token_pieces.iter_row_group_pieces
+
+    def spy(*args):
+        for piece in original(*args):
+            continued.append(piece.continued)
+            yield piece
+    monkeypatch.setattr(token_pieces, "iter_row_group_pieces", spy)
+    rng = np.random.default_rng(5)
+    docs = [rng.integers(1, 1000, size=n).tolist() for n in (20, 5, 0, 17, 8, 31, 3)]
+    shard_dir = write_shards(tmp_path, docs, [3])
+    pack(tmp_path, shard_dir, strategy=strategy, long_docs=long_docs, read_batch_size=0, read_batch_tokens=3,
+         best_fit_window=2)
+    assert sum(continued) >= 10  # really read in pieces, long documents continued across them
+    tokens, ids, _ = read_output(str(tmp_path / "out"))
+    want_tokens, want_ids = expected_chunks(docs, [3], long_docs, strategy)
+    assert np.array_equal(ids, want_ids) and np.array_equal(tokens, want_tokens)
