@@ -160,10 +160,11 @@ def _add_strategy_arguments(pack: argparse.ArgumentParser) -> None:
                       help="; ".join(f"{name}{' (default)' if name == DEFAULT_STRATEGY else ''}: {cls.summary}"
                                      for name, cls in STRATEGIES.items()))
     for key, (_, field) in option_fields().items():
-        kind = type(field.default)  # an option has a default; a bool one is a switch
+        kind = field.metadata.get("type", type(field.default))  # a default of None names its type; a bool: a switch
         how = {"action": "store_true", "default": None} if kind is bool else {"type": kind,
                                                                                "metavar": field.metadata.get("metavar")}
-        pack.add_argument("--" + key.replace("_", "-"), help=field.metadata.get("help"), **how)
+        pack.add_argument("--" + key.replace("_", "-"), *field.metadata.get("aliases", ()),
+                          help=field.metadata.get("help"), **how)
 
 
 _TEXT_ARGUMENTS = ("text_column", "bos", "eos", "task_rows", "task_bytes")

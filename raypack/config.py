@@ -117,6 +117,9 @@ class PackConfig:
         if unknown:
             raise ValueError(f"unknown strategy option(s) {', '.join(unknown)}; valid are {', '.join(option_fields())}")
         self.strategies()  # every registered strategy's options are checked, the chosen one's or not
+        if self.strategy != "best_fit" and self.strategy_options.get("best_fit_max_segments") is not None:
+            raise ValueError(f"best_fit_max_segments limits best_fit chunks; strategy={self.strategy} cuts the "
+                             "stream every C tokens and cannot limit segments: use strategy best_fit, or drop it")
         for name in ("read_batch_size", "read_batch_tokens", "chunks_per_record_batch", "num_workers", "task_tokens"):
             value = getattr(self, name)
             least = 0 if name in ("read_batch_size", "task_tokens") else 1

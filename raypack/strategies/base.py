@@ -131,8 +131,11 @@ class PackingStrategy:
         return cls(**{f.name: options[key] for key, f in cls.option_keys().items() if key in options})
 
     def options(self) -> dict[str, Any]:
-        """``{key: value}`` of every option."""
-        return {self.option_key(f.name): getattr(self, f.name) for f in dataclasses.fields(self)}
+        """``{key: value}`` of every option that is set: an option whose default is None (e.g. a
+        limit that is off unless asked for) is left out while it is None, so adding one changes no
+        existing manifest, fingerprint or resume record."""
+        return {self.option_key(f.name): getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) is not None}
 
     def _check_int(self, field_name: str, least: int) -> None:
         """Raise ValueError naming the option's key unless it is an int (not bool) in ``[least, 2**53]``."""
@@ -156,7 +159,7 @@ class PackingStrategy:
     def from_manifest(cls, manifest: dict[str, Any], where: str) -> PackingStrategy:
         """The strategy a manifest names, its options read back; InputError naming ``where`` when
         one is missing or bad. Then :meth:`check_manifest`."""
-        missing = [key for key in cls.option_keys() if key not in manifest]
+        missing = [key for key, f in cls.option_keys().items() if key not in manifest and f.default is not None]
         if missing:
             raise InputError(f"{where}: a {cls.name} manifest needs {', '.join(missing)}; "
                              "the output was replaced or damaged")

@@ -66,6 +66,7 @@ class BestFitStructure(Structure):
         super().__init__(manifest, keep_tokens=keep_tokens)
         self._map = WindowMap(manifest)
         self.window = self._map.window
+        self.max_segments = manifest.get("best_fit_max_segments")
         self._shard_tokens = np.zeros(len(manifest["shards"]), dtype=np.int64)
         self.last_window = -1
         self._pending: list[_Part] = []
@@ -284,7 +285,8 @@ class BestFitStructure(Structure):
         chunk_starts = np.concatenate([[0], bounds]).astype(np.int64)
         chunk_stops = np.concatenate([bounds, [windows.size]]).astype(np.int64)
         run_windows = windows[chunk_starts]
-        layout = expected_layout(run_windows, docs, totals, self._map.windows_of(docs), self.context_length)
+        layout = expected_layout(run_windows, docs, totals, self._map.windows_of(docs), self.context_length,
+                                 self.max_segments)
         self._compare_chunks(layout, run_windows, first_chunk, chunk_starts, chunk_stops)
         expected_rows = chunk_starts[layout.window_of_item] + layout.bins
         self._compare_fills(layout, expected_rows, windows, first_chunk, rows, ids, lengths)
