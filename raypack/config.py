@@ -117,9 +117,7 @@ class PackConfig:
         if unknown:
             raise ValueError(f"unknown strategy option(s) {', '.join(unknown)}; valid are {', '.join(option_fields())}")
         self.strategies()  # every registered strategy's options are checked, the chosen one's or not
-        if self.strategy != "best_fit" and self.strategy_options.get("best_fit_max_segments") is not None:
-            raise ValueError(f"best_fit_max_segments limits best_fit chunks; strategy={self.strategy} cuts the "
-                             "stream every C tokens and cannot limit segments: use strategy best_fit, or drop it")
+        self._refuse_options_of_other_strategies()
         for name in ("read_batch_size", "read_batch_tokens", "chunks_per_record_batch", "num_workers", "task_tokens"):
             value = getattr(self, name)
             least = 0 if name in ("read_batch_size", "task_tokens") else 1
@@ -134,6 +132,15 @@ class PackConfig:
                              "(0: never)")
         if not 0 < self.worker_num_cpus <= 64:
             raise ValueError(f"worker_num_cpus={self.worker_num_cpus!r} must be in (0, 64]")
+
+    def _refuse_options_of_other_strategies(self) -> None:
+        """An option marked ``only_when_chosen`` (it promises something of the output, e.g. a segment
+        limit) is refused when set for a strategy that is not the chosen one, instead of ignored."""
+        for key, (cls, option) in option_fields().items():
+            value = self.strategy_options.get(key)
+            if cls.name != self.strategy and value is not None and option.metadata.get("only_when_chosen"):
+                raise ValueError(f"{key}={value!r} is an option of strategy {cls.name}, which alone can honour it; "
+                                 f"strategy={self.strategy} cannot: choose strategy {cls.name}, or drop {key}")
 
     @property
     def packing(self) -> PackingStrategy:

@@ -146,6 +146,6 @@ def test_cli_spellings_and_bad_values(tmp_path, capsys):
     concat = ["pack", "--input", shard_dir, "--context-length", "8", "--local", "--output", str(tmp_path / "d")]
     assert main([*concat, "--max-segments", "4"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "strategy=concat cuts the stream every C tokens" in err
+    assert err.count("\n") == 1 and "best_fit_max_segments=4 is an option of strategy best_fit" in err
     with pytest.raises(InputError, match="best_fit_max_segments=0 must be an integer >= 2"):
         make_config({"strategy": "best_fit", "best_fit_max_segments": 0})

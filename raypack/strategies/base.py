@@ -3,7 +3,10 @@
 A strategy's dataclass fields are its options (e.g. best_fit's ``window``). Outside the
 strategy an option is named ``{strategy name}_{field}`` (``best_fit_window``): that one key is
 the config key, the manifest key and, with dashes, the CLI flag (``--best-fit-window``), so two
-strategies' options never collide with each other or with the job's own keys.
+strategies' options never collide with each other or with the job's own keys. A field's metadata
+may give ``help``, ``metavar``, ``doc``, ``type`` (the CLI type when the default is None),
+``aliases`` (more CLI spellings) and ``only_when_chosen`` (set with another strategy chosen, the
+config is refused rather than the option ignored).
 
 What the rest of raypack asks of a strategy, and who asks:
   - the shard packer (:meth:`make_shard_packer`; raypack.shard_pack) and, when

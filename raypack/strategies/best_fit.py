@@ -36,7 +36,7 @@ class BestFit(PackingStrategy):
         "doc": "Documents per best-fit window (0: a whole shard). Windows never span shards; a "
                "packer holds one window of tokens in memory."})
     max_segments: int | None = field(default=None, metadata={
-        "metavar": "K", "type": int, "aliases": ("--max-segments",),
+        "metavar": "K", "type": int, "aliases": ("--max-segments",), "only_when_chosen": True,
         "help": "at most K segments per chunk, its padding segment included, so every chunk fits the "
                 "collate's max_segments=K (K >= 2; default: no limit)",
         "doc": "At most K segments per chunk (K >= 2), counted as the collate's ``max_segments`` counts "
