@@ -52,12 +52,25 @@ class Summary:
             f"  chunks           {c['chunks']:>14,}  of {self.manifest['context_length']} tokens",
             f"  padding          {c['padding_positions']:>14,}  ({pad_pct:.3f}% of positions)",
             f"  split documents  {c['split_documents']:>14,}  ({split_pct:.2f}% of documents)",
+            *_cut_lines(c),
             f"  files            {len(self.manifest['files']):>14,}",
             f"  time             {self.seconds:>14.2f}s  ({rate / 1e6:,.1f}M tokens/s, start-up included)",
             f"  packing          {self.pack_seconds:>14.2f}s  (first task start to last task end)",
             f"  peak packer RSS  {self.peak_worker_rss_bytes / 2**20:>14,.0f} MiB"
             + ("  (added to this process)" if self.engine == "local" else ""),
         ]
+
+
+def _cut_lines(counts: dict) -> list[str]:
+    """What ``long_docs`` truncate / drop left out (no line under split)."""
+    lines = []
+    if counts.get("documents_truncated"):
+        lines.append(f"  truncated        {counts['documents_truncated']:>14,}  documents "
+                     f"({counts['tokens_truncated']:,} tokens cut off)")
+    if counts.get("documents_dropped"):
+        lines.append(f"  dropped          {counts['documents_dropped']:>14,}  documents "
+                     f"({counts['tokens_dropped']:,} tokens)")
+    return lines
 
 
 def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False, text=None,

@@ -281,3 +281,16 @@ def test_long_documents_read_in_pieces(tmp_path, monkeypatch, strategy, long_doc
     tokens, ids, _ = read_output(str(tmp_path / "out"))
     want_tokens, want_ids = expected_chunks(docs, [3], long_docs, strategy)
     assert np.array_equal(ids, want_ids) and np.array_equal(tokens, want_tokens)
+
+
+def test_summary_and_dry_run_say_what_was_left_out(tmp_path):
+    from raypack.dry_run import dry_run
+
+    docs = [list(range(1, n + 1)) for n in (3, 20, 5, 9)]
+    shard_dir = write_shards(tmp_path, docs, [])
+    lines = pack(tmp_path, shard_dir, long_docs="truncate").lines()
+    assert "  truncated                     2  documents (13 tokens cut off)" in lines
+    config = make_config({"inputs": [shard_dir], "context_length": C, "long_docs": "drop"})
+    report = "\n".join(dry_run(config, sample_docs=0).lines())
+    assert "documents longer than C: 2 (50.000%); long_docs=drop leaves them out (29 tokens)" in report
+    assert "  concat                             1      0.000%" in report  # 3 + 5 tokens kept: one chunk
