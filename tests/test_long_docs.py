@@ -294,3 +294,17 @@ def test_summary_and_dry_run_say_what_was_left_out(tmp_path):
     report = "\n".join(dry_run(config, sample_docs=0).lines())
     assert "documents longer than C: 2 (50.000%); long_docs=drop leaves them out (29 tokens)" in report
     assert "  concat                             1      0.000%" in report  # 3 + 5 tokens kept: one chunk
+
+
+@pytest.mark.parametrize("strategy", ["concat", "best_fit"])
+def test_ray_engine_equals_local_bytes(ray_session, tmp_path, strategy):
+    """The counting pass and the packers on Ray (actors, tasks split by task_tokens) give the local bytes."""
+    rng = np.random.default_rng(7)
+    docs = [rng.integers(1, 1000, size=n).tolist() for n in rng.integers(0, 20, size=120)]
+    shard_dir = write_shards(tmp_path, docs, [30, 31, 90], row_group_size=10)
+    options = dict(strategy=strategy, long_docs="truncate", best_fit_window=10, task_tokens=60)
+    pack(tmp_path, shard_dir, name="ray", engine="ray", num_workers=2, **options)
+    pack(tmp_path, shard_dir, name="local", engine="local", read_batch_size=7, **options)
+    ray_out, local_out = (read_output(str(tmp_path / name)) for name in ("ray", "local"))
+    assert all(np.array_equal(a, b) for a, b in zip(ray_out[:2], local_out[:2])) and ray_out[2] == local_out[2]
+    assert ray_out[2]["counts"]["documents_truncated"] > 0 and len(os.listdir(tmp_path / "ray")) > 5  # several tasks
