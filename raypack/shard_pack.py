@@ -109,10 +109,11 @@ def _stream_shard(task: ShardTask, settings: PackSettings, packer: ShardPacker,
             if num_continued:  # a continuation left out entirely adds nothing to its open document
                 _push_checked(packer, writer, tokens[:num_continued], lengths[:1], task, settings, first_row, beat)
             tokens, lengths, first_row = tokens[num_continued:], lengths[1:], first_row + 1
+        kept = kept_lengths(piece.doc_lens, settings.long_docs, c)
         counts["docs"] += piece.doc_lens.size
-        counts["nonempty"] += int(np.count_nonzero(piece.doc_lens))
+        counts["nonempty"] += int(np.count_nonzero(kept))
         counts["tokens"] += int(piece.doc_lens.sum())
-        counts["split"] += packer.count_split(kept_lengths(piece.doc_lens, settings.long_docs, c))
+        counts["split"] += packer.count_split(kept)
         cut += count_cut(piece.doc_lens, settings.long_docs, c)
         _check_not_past_plan(task, counts)
         if lengths.size:

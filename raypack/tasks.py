@@ -150,7 +150,9 @@ class ShardResult:
     tail: Fragment | None
     num_docs: int
     num_nonempty_docs: int
+    """Documents with tokens in the output (a dropped one has none)."""
     num_tokens: int
+    """Tokens read (before ``long_docs``)."""
     num_split_docs: int
     """Documents that cross at least one chunk boundary."""
     peak_rss_bytes: int = 0
