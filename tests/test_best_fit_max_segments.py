@@ -107,6 +107,7 @@ def test_without_a_limit_nothing_changes(lengths):
     assert big_n == n and np.array_equal(big_bins, bins)  # a limit never reached: the same layout
 
 
+@pytest.mark.slow  # imports torch (the property above checks raypack.masks.pad_cu_seqlens, which the collate calls)
 def test_collate_refuses_a_chunk_with_more_segments():
     torch_data = pytest.importorskip("raypack.torch_data")
     docs = [[1, 1], [2, 2], [3, 3], [4, 4], [5]]
