@@ -150,3 +150,18 @@ def test_cli_spellings_and_bad_values(tmp_path, capsys):
     assert err.count("\n") == 1 and "best_fit_max_segments=4 is an option of strategy best_fit" in err
     with pytest.raises(InputError, match="best_fit_max_segments=0 must be an integer >= 2"):
         make_config({"strategy": "best_fit", "best_fit_max_segments": 0})
+
+
+def test_verify_refuses_a_chunk_over_the_recorded_limit(tmp_path):
+    import json
+
+    from raypack.verify import VerifyError
+
+    shard_dir = write_shards(tmp_path, [[1, 1], [2, 2], [3, 3], [4]], [])
+    pack(tmp_path, shard_dir, strategy="best_fit")  # one chunk of 5 segments
+    manifest_path = tmp_path / "out" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["best_fit_max_segments"] = 4  # claims a limit the chunks do not keep
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(VerifyError, match=r"\(chunk 0\): 5 segments, more than best_fit_max_segments=4"):
+        verify_output(str(tmp_path / "out"), [])
