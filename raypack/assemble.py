@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from raypack.core import Chunks, Fragment, concat_chunks, stitch_fragments
+from raypack.long_docs import DEFAULT_LONG_DOCS
 from raypack.output import WrittenFile, chunk_schema, write_chunks_file
 from raypack.plan import Plan
 from raypack.tasks import PackSettings, ShardResult
@@ -64,11 +65,13 @@ def check_coverage(files: list[WrittenFile], num_chunks: int) -> list[WrittenFil
 
 
 def count_stats(results: Sequence[ShardResult], plan: Plan) -> dict[str, int]:
-    """The manifest's counts."""
-    return {
+    """The manifest's counts; with a ``long_docs`` other than split, also what it left out
+    (``documents`` stays every input document, ``tokens`` the tokens in the chunks)."""
+    counts = {
         "documents": plan.num_docs,
-        "tokens": plan.num_tokens,
+        "tokens": plan.num_packed_tokens,
         "chunks": plan.num_chunks,
-        "padding_positions": plan.num_chunks * plan.context_length - plan.num_tokens,
+        "padding_positions": plan.num_chunks * plan.context_length - plan.num_packed_tokens,
         "split_documents": sum(r.num_split_docs for r in results),
     }
+    return counts if plan.long_docs == DEFAULT_LONG_DOCS else {**counts, **plan.cut.as_dict()}

@@ -10,6 +10,10 @@ The rules (exact; the manifest calls this strategy ``best_fit``):
      open chunk with the least room that still holds it (ties: the chunk opened first), else into
      a new chunk. Chunks are emitted in the order they were opened.
   4. Layout. Inside a chunk, items are laid out in increasing doc id, then padding up to ``C``.
+  5. Segments (only with ``max_segments=K``, K >= 2). A chunk "holds" an item in rule 3 only if
+     it then has at most K segments, counted as the collate counts them: its items plus one
+     padding segment unless it is full. So every chunk fits ``cu_seqlens`` of ``max_segments=K``
+     (raypack.masks.pad_cu_seqlens). Without K (the default) rule 3 alone decides.
 Consequences: a document of at most ``C`` tokens lies whole in one chunk; a document's pieces
 appear in chunk order (its full pieces fill chunks opened before any shorter item is placed), so
 its segments read in chunk order give back the document; doc ids and masks work unchanged
@@ -52,6 +56,17 @@ __all__ = [
 ]
 
 
+def validate_max_segments(max_segments: Any) -> int | None:
+    """``max_segments`` (None: no limit), else ValueError unless it is an integer >= 2 (a chunk
+    holding one short document already has two segments: the document and its padding)."""
+    if max_segments is None:
+        return None
+    if isinstance(max_segments, bool) or not isinstance(max_segments, (int, np.integer)) or max_segments < 2:
+        raise ValueError(f"max_segments={max_segments!r} must be an integer >= 2 (a chunk of one short document "
+                         "has two segments, the document and its padding) or None (no limit)")
+    return int(max_segments)
+
+
 class Items(NamedTuple):
     """A window's items in stream order (doc, then piece).
 
@@ -78,10 +93,12 @@ def split_items(doc_lengths: npt.NDArray[np.integer], context_length: int) -> It
     return Items(doc_index, starts, lengths)
 
 
-def best_fit_decreasing(item_lengths: npt.NDArray[np.integer], capacity: int) -> tuple[npt.NDArray[np.int64], int]:
+def best_fit_decreasing(item_lengths: npt.NDArray[np.integer], capacity: int,
+                        max_segments: int | None = None) -> tuple[npt.NDArray[np.int64], int]:
     """Bin of each item under best-fit decreasing (rule 3); returns ``(bins, num_bins)``.
 
     ``bins`` is (m,) int64 in the items' given order; bins are numbered in opening order.
+    ``max_segments`` (rule 5): no bin ends with more segments, its padding segment included.
     """
     item_lengths = np.asarray(item_lengths, dtype=np.int64)
     order = np.argsort(-item_lengths, kind="stable")
@@ -90,7 +107,11 @@ def best_fit_decreasing(item_lengths: npt.NDArray[np.integer], capacity: int) ->
     sorted_bins = np.empty(item_lengths.size, dtype=np.int64)
     sorted_bins[:num_alone] = np.arange(num_alone)
     rooms = capacity - sorted_lengths[:num_alone]
-    sorted_bins[num_alone:] = _place_short_items(sorted_lengths[num_alone:].tolist(), rooms, capacity)
+    short = sorted_lengths[num_alone:].tolist()
+    if max_segments is None:
+        sorted_bins[num_alone:] = _place_short_items(short, rooms, capacity)
+    else:
+        sorted_bins[num_alone:] = _place_short_items_limited(short, rooms, capacity, max_segments)
     bins = np.empty_like(sorted_bins)
     bins[order] = sorted_bins
     num_bins = int(sorted_bins.max()) + 1 if sorted_bins.size else 0
@@ -134,6 +155,60 @@ def _place_short_items(lengths: list[int], rooms: npt.NDArray[np.int64], capacit
     return placed
 
 
+def _place_short_items_limited(lengths: list[int], rooms: npt.NDArray[np.int64], capacity: int,
+                               max_segments: int) -> list[int]:
+    """:func:`_place_short_items` where a bin ends with at most ``max_segments`` (K >= 2) segments,
+    counted as the collate counts them (raypack.masks.cu_seqlens): its items plus one padding
+    segment unless it is full. A bin of d items and room r takes an item of L tokens only when
+    ``L <= r`` and ``d + 1 + (L < r) <= K``; so bins of at most K - 2 items take any item that fits
+    (kept by room as in :func:`_place_short_items`), bins of K - 1 items only one that fills them
+    exactly (``exact[r]``: a heap of their ids), bins of K items none. The best fit is the least
+    room among both kinds (ties: the smallest id). ``rooms``: bins open so far, one item each.
+    """
+    num_bins = int(rooms.size)
+    open_by_room: dict[int, list[int]] = {}
+    exact: dict[int, list[int]] = {}
+    room_values: list[int] = []
+    items_in = [1] * num_bins
+
+    def keep(bin_id: int, room: int) -> None:
+        if not room or items_in[bin_id] >= max_segments:
+            return
+        if items_in[bin_id] == max_segments - 1:
+            heappush(exact.setdefault(room, []), bin_id)
+            return
+        heap = open_by_room.get(room)
+        if heap is None:
+            open_by_room[room] = [bin_id]
+            insort(room_values, room)
+        else:
+            heappush(heap, bin_id)
+
+    for bin_id, room in enumerate(rooms.tolist()):
+        keep(bin_id, room)
+    placed = []
+    for length in lengths:
+        i = bisect_left(room_values, length)
+        best_open = (room_values[i], open_by_room[room_values[i]][0]) if i < len(room_values) else None
+        best_exact = (length, exact[length][0]) if exact.get(length) else None
+        if best_open is None and best_exact is None:
+            bin_id, room = num_bins, capacity - length
+            items_in.append(0)
+            num_bins += 1
+        elif best_exact is not None and (best_open is None or best_exact < best_open):
+            bin_id, room = heappop(exact[length]), 0
+        else:
+            old_room = room_values[i]
+            bin_id = heappop(open_by_room[old_room])
+            if not open_by_room[old_room]:
+                del room_values[i], open_by_room[old_room]
+            room = old_room - length
+        items_in[bin_id] += 1
+        placed.append(bin_id)
+        keep(bin_id, room)
+    return placed
+
+
 def pack_window(
     tokens: npt.NDArray[np.integer],
     doc_lengths: npt.NDArray[np.integer],
@@ -152,11 +227,11 @@ def pack_window(
 
 
 def pack_items(sources: list[np.ndarray], item_sources: npt.NDArray[np.int64], items: Items, first_doc_id: int,
-               context_length: int, pad_token: int) -> Chunks:
-    """Best-fit pack a window's items (rules 3-4); item ``k`` is ``sources[item_sources[k]]``'s
+               context_length: int, pad_token: int, max_segments: int | None = None) -> Chunks:
+    """Best-fit pack a window's items (rules 3-5); item ``k`` is ``sources[item_sources[k]]``'s
     tokens ``[items.starts[k], items.starts[k] + items.lengths[k])``. One slice copy per item."""
     c = context_length
-    bins, num_bins = best_fit_decreasing(items.lengths, c)
+    bins, num_bins = best_fit_decreasing(items.lengths, c, max_segments)
     order = np.argsort(bins, kind="stable")  # by chunk, then doc id (items are in stream order)
     lengths, bins_in_order = items.lengths[order], bins[order]
     fills = np.bincount(bins, weights=items.lengths, minlength=num_bins).astype(np.int64)
@@ -224,11 +299,12 @@ class BestFitPacker:
     """
 
     def __init__(self, context_length: int, pad_token: int, *, window: int, first_doc_id: int = 0,
-                 dtype: npt.DTypeLike | None = None) -> None:
+                 dtype: npt.DTypeLike | None = None, max_segments: int | None = None) -> None:
         self.context_length = validate_context_length(context_length)
         if window < 0:
             raise ValueError(f"window={window} must be >= 0 documents (0: one window for the whole stream)")
         self.window = int(window)
+        self.max_segments = validate_max_segments(max_segments)
         self.pad_token = pad_token
         self.dtype = None if dtype is None else np.dtype(dtype)
         if self.dtype is not None:
@@ -342,7 +418,8 @@ class BestFitPacker:
         sources, item_sources, items, num_docs = self._short.take()
         dtype = self.dtype or (sources[0].dtype if sources else np.dtype(np.int64))
         pad = validate_pad_token(self.pad_token, dtype)
-        chunks = pack_items(sources, item_sources, items, self._window_first_id, self.context_length, pad)
+        chunks = pack_items(sources, item_sources, items, self._window_first_id, self.context_length, pad,
+                            self.max_segments)
         self._window_first_id += num_docs
         self._window_docs = 0
         return chunks
@@ -411,7 +488,7 @@ class _ShortItems:
 
 
 def pack_best_fit(
-    examples: Any, context_length: int, pad_token: int, *, window: int = 0
+    examples: Any, context_length: int, pad_token: int, *, window: int = 0, max_segments: int | None = None
 ) -> tuple[npt.NDArray[np.integer], npt.NDArray[np.int64]]:
     """Best-fit pack documents in memory; returns ``(input_ids, doc_ids)``, both (n_chunks, C).
 
@@ -420,7 +497,7 @@ def pack_best_fit(
     context_length = validate_context_length(context_length)
     tokens, lengths = flatten_documents(examples)
     validate_pad_token(pad_token, tokens.dtype)
-    packer = BestFitPacker(context_length, pad_token, window=window, dtype=tokens.dtype)
+    packer = BestFitPacker(context_length, pad_token, window=window, dtype=tokens.dtype, max_segments=max_segments)
     chunks = concat_chunks([packer.push_flat(tokens, lengths), packer.finish()], context_length, tokens.dtype)
     return chunks.input_ids, chunks.doc_ids()
 
@@ -431,9 +508,10 @@ def pack_best_fit(
 class BestFitChunkCounter:
     """Counts the chunks :class:`BestFitPacker` would emit, from document lengths alone."""
 
-    def __init__(self, context_length: int, *, window: int) -> None:
+    def __init__(self, context_length: int, *, window: int, max_segments: int | None = None) -> None:
         self.context_length = validate_context_length(context_length)
         self.window = int(window)
+        self.max_segments = validate_max_segments(max_segments)
         self.num_chunks = 0
         self._lengths: list[np.ndarray] = []
         self._num_docs = 0
@@ -454,7 +532,7 @@ class BestFitChunkCounter:
 
     def _count(self, window_lengths: np.ndarray) -> None:
         items = split_items(window_lengths, self.context_length)
-        self.num_chunks += best_fit_decreasing(items.lengths, self.context_length)[1]
+        self.num_chunks += best_fit_decreasing(items.lengths, self.context_length, self.max_segments)[1]
 
 
 
@@ -469,10 +547,11 @@ class BestFitStats(NamedTuple):
     """Documents cut across chunks (for best_fit: exactly those longer than C)."""
 
 
-def best_fit_stats(doc_lengths: npt.NDArray[np.integer], context_length: int, *, window: int = 0) -> BestFitStats:
+def best_fit_stats(doc_lengths: npt.NDArray[np.integer], context_length: int, *, window: int = 0,
+                   max_segments: int | None = None) -> BestFitStats:
     """Chunks, padding and split documents that ``best_fit`` gives for these lengths."""
     doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
-    counter = BestFitChunkCounter(context_length, window=window)
+    counter = BestFitChunkCounter(context_length, window=window, max_segments=max_segments)
     counter.push(doc_lengths)
     num_chunks = counter.finish()
     tokens = int(doc_lengths.sum())

@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--read-batch-tokens", type=int, metavar="TOKENS",
                       help="tokens a packer takes at once (memory): per read batch with read batch size 0, "
                            "and at most per slice of a long document")
+    pack.add_argument("--long-docs", metavar="split|truncate|drop",
+                      help="a document longer than C: split it across chunks, truncate it to its first C tokens, "
+                           "or drop it")
     pack.add_argument("--chunks-per-record-batch", type=int, metavar="N", help="chunks per Arrow record batch written")
     pack.add_argument("--task-tokens", type=int, metavar="TOKENS",
                       help="split a larger Parquet / Arrow IPC shard into tasks of whole row groups / record "
@@ -193,10 +196,11 @@ def _add_strategy_arguments(pack: argparse.ArgumentParser) -> None:
                       help="; ".join(f"{name}{' (default)' if name == DEFAULT_STRATEGY else ''}: {cls.summary}"
                                      for name, cls in STRATEGIES.items()))
     for key, (_, field) in option_fields().items():
-        kind = type(field.default)  # an option has a default; a bool one is a switch
+        kind = field.metadata.get("type", type(field.default))  # a default of None names its type; a bool: a switch
         how = {"action": "store_true", "default": None} if kind is bool else {"type": kind,
                                                                                "metavar": field.metadata.get("metavar")}
-        pack.add_argument("--" + key.replace("_", "-"), help=field.metadata.get("help"), **how)
+        pack.add_argument("--" + key.replace("_", "-"), *field.metadata.get("aliases", ()),
+                          help=field.metadata.get("help"), **how)
 
 
 _TEXT_ARGUMENTS = ("text_column", "bos", "eos", "task_rows", "task_bytes")

@@ -22,6 +22,7 @@ import tomllib
 
 from raypack.core import validate_context_length, validate_pad_token
 from raypack.errors import InputError
+from raypack.long_docs import DEFAULT_LONG_DOCS, validate_long_docs
 from raypack.strategies import (
     DEFAULT_STRATEGY,
     PackingStrategy,
@@ -65,6 +66,10 @@ class PackConfig:
     """Strategy options by key, e.g. ``{"best_fit_window": 8192}`` (documents per best-fit window,
     0: a whole shard; windows never span shards). Set as flat keys; missing ones take the
     strategy's default."""
+    long_docs: str = DEFAULT_LONG_DOCS
+    """A document longer than ``context_length``: ``split`` (packed whole, across chunks),
+    ``truncate`` (only its first C tokens are packed) or ``drop`` (left out; its doc id never
+    appears). Doc ids stay input rows either way (raypack.long_docs)."""
     chunks_per_record_batch: int = 512
     """Chunks per Arrow record batch written; batches start at multiples of it globally."""
     task_tokens: int = 1 << 25
@@ -107,10 +112,12 @@ class PackConfig:
         elif isinstance(self.pad_token, bool) or not isinstance(self.pad_token, int):
             raise TypeError(f"pad_token={self.pad_token!r} must be an integer")
         strategy_class(self.strategy)
+        validate_long_docs(self.long_docs)
         unknown = sorted(set(self.strategy_options) - set(option_fields()))
         if unknown:
             raise ValueError(f"unknown strategy option(s) {', '.join(unknown)}; valid are {', '.join(option_fields())}")
         self.strategies()  # every registered strategy's options are checked, the chosen one's or not
+        self._refuse_options_of_other_strategies()
         for name in ("read_batch_size", "read_batch_tokens", "chunks_per_record_batch", "num_workers", "task_tokens"):
             value = getattr(self, name)
             least = 0 if name in ("read_batch_size", "task_tokens") else 1
@@ -125,6 +132,15 @@ class PackConfig:
                              "(0: never)")
         if not 0 < self.worker_num_cpus <= 64:
             raise ValueError(f"worker_num_cpus={self.worker_num_cpus!r} must be in (0, 64]")
+
+    def _refuse_options_of_other_strategies(self) -> None:
+        """An option marked ``only_when_chosen`` (it promises something of the output, e.g. a segment
+        limit) is refused when set for a strategy that is not the chosen one, instead of ignored."""
+        for key, (cls, option) in option_fields().items():
+            value = self.strategy_options.get(key)
+            if cls.name != self.strategy and value is not None and option.metadata.get("only_when_chosen"):
+                raise ValueError(f"{key}={value!r} is an option of strategy {cls.name}, which alone can honour it; "
+                                 f"strategy={self.strategy} cannot: choose strategy {cls.name}, or drop {key}")
 
     @property
     def packing(self) -> PackingStrategy:

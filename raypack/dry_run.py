@@ -4,7 +4,8 @@ Reads only document lengths (list offsets) of a sample, the first ``sample_docs`
 of the stream with shards in order (0: every document, which gives the exact figures of a
 real run), and asks each strategy (with the config's options for it) for its chunks, padding
 and documents split across chunks, plus any notes of its own (best_fit: what the window costs
-in padding). Writes nothing. No Ray.
+in padding). With ``long_docs`` truncate or drop the strategies see the kept lengths. Writes
+nothing. No Ray.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy.typing as npt
 
 from raypack.config import PackConfig
 from raypack.formats import iter_token_batches
+from raypack.long_docs import DEFAULT_LONG_DOCS, CutCounts, count_cut, kept_lengths
 from raypack.plan import make_plan, settings_for
 from raypack.strategies.base import StrategyFigures, percent
 from raypack.tasks import PackSettings, read_batch_rows
@@ -33,6 +35,9 @@ class DryRunReport:
     """Documents longer than C: every strategy has to cut them."""
     strategies: tuple[StrategyFigures, ...]
     """One per registered strategy, in registry order."""
+    long_docs: str = DEFAULT_LONG_DOCS
+    cut: CutCounts = CutCounts()
+    """What ``long_docs`` leaves out of the sample (the strategies' figures are of what it keeps)."""
 
     def lines(self) -> list[str]:
         c = self.context_length
@@ -40,7 +45,8 @@ class DryRunReport:
         out = [f"dry run: {'all' if whole else 'a sample of'} {self.num_docs:,} documents "
                f"({self.num_tokens:,} tokens, {self.num_shards} shard(s)) of {self.corpus_docs:,} "
                f"({self.corpus_tokens:,} tokens); C={c}; nothing written",
-               f"  documents longer than C: {self.long_documents:,} ({percent(self.long_documents, self.num_docs)})",
+               f"  documents longer than C: {self.long_documents:,} ({percent(self.long_documents, self.num_docs)})"
+               + self._cut_note(),
                f"  {'strategy':<24}{'chunks':>12}{'padding':>12}{'split docs':>14}{'split docs <= C':>18}"]
         for s in self.strategies:
             out.append(f"  {s.name:<24}{s.num_chunks:>12,}{percent(s.padding_positions, s.num_chunks * c):>12}"
@@ -49,6 +55,13 @@ class DryRunReport:
             out.extend(s.notes)
         return out
 
+    def _cut_note(self) -> str:
+        if self.long_docs == "truncate":
+            return f"; long_docs=truncate cuts {self.cut.tokens_truncated:,} tokens off them"
+        if self.long_docs == "drop":
+            return f"; long_docs=drop leaves them out ({self.cut.tokens_dropped:,} tokens)"
+        return ""
+
 
 def dry_run(config: PackConfig, *, sample_docs: int = 100_000) -> DryRunReport:
     """Plan the run, read the sample's document lengths, and ask every strategy for its figures."""
@@ -56,9 +69,11 @@ def dry_run(config: PackConfig, *, sample_docs: int = 100_000) -> DryRunReport:
     per_shard = _sample_lengths(plan.whole_shard_tasks(), settings_for(config, plan, ""), sample_docs)
     lengths = np.concatenate(per_shard) if per_shard else np.zeros(0, np.int64)
     c = config.context_length
-    figures = tuple(strategy.dry_run_figures(per_shard, c) for strategy in config.strategies())
+    kept = [kept_lengths(shard_lengths, config.long_docs, c) for shard_lengths in per_shard]
+    figures = tuple(strategy.dry_run_figures(kept, c) for strategy in config.strategies())
     return DryRunReport(c, int(lengths.size), int(lengths.sum()), len(per_shard), plan.num_docs, plan.num_tokens,
-                        int(np.count_nonzero(lengths > c)), figures)
+                        int(np.count_nonzero(lengths > c)), figures, config.long_docs,
+                        count_cut(lengths, config.long_docs, c))
 
 
 def _sample_lengths(tasks, settings: PackSettings, sample_docs: int) -> list[npt.NDArray[np.int64]]:

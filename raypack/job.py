@@ -14,13 +14,13 @@ from raypack.assemble import check_coverage, count_stats, stitch_boundaries, wri
 from raypack.config import PackConfig
 from raypack.errors import InputError, WorkerError
 from raypack.manifest import build_manifest, write_manifest
-from raypack.plan import Plan, check_output_outside_inputs, make_plan, place_chunks, settings_for
+from raypack.plan import Plan, check_output_outside_inputs, make_plan, place_counts, settings_for
 from raypack.progress import Progress
 from raypack.publish import LocalOutput, ObjectStoreOutput, run_published
 from raypack.resume import load_verified_result
-from raypack.shard_pack import count_shard_chunks, current_rss_bytes, pack_shard
+from raypack.shard_pack import count_task, current_rss_bytes, pack_shard
 from raypack.strategies import strategy_of_manifest
-from raypack.tasks import PackSettings, ShardResult
+from raypack.tasks import PackSettings, ShardResult, TaskCounts
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +52,25 @@ class Summary:
             f"  chunks           {c['chunks']:>14,}  of {self.manifest['context_length']} tokens",
             f"  padding          {c['padding_positions']:>14,}  ({pad_pct:.3f}% of positions)",
             f"  split documents  {c['split_documents']:>14,}  ({split_pct:.2f}% of documents)",
+            *_cut_lines(c),
             f"  files            {len(self.manifest['files']):>14,}",
             f"  time             {self.seconds:>14.2f}s  ({rate / 1e6:,.1f}M tokens/s, start-up included)",
             f"  packing          {self.pack_seconds:>14.2f}s  (first task start to last task end)",
             f"  peak packer RSS  {self.peak_worker_rss_bytes / 2**20:>14,.0f} MiB"
             + ("  (added to this process)" if self.engine == "local" else ""),
         ]
+
+
+def _cut_lines(counts: dict) -> list[str]:
+    """What ``long_docs`` truncate / drop left out (no line under split)."""
+    lines = []
+    if counts.get("documents_truncated"):
+        lines.append(f"  truncated        {counts['documents_truncated']:>14,}  documents "
+                     f"({counts['tokens_truncated']:,} tokens cut off)")
+    if counts.get("documents_dropped"):
+        lines.append(f"  dropped          {counts['documents_dropped']:>14,}  documents "
+                     f"({counts['tokens_dropped']:,} tokens)")
+    return lines
 
 
 def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False, text=None,
@@ -105,8 +118,8 @@ def _pack_seconds(results: list[ShardResult]) -> float:
 def _pack_into(target: LocalOutput | ObjectStoreOutput, config: PackConfig, plan: Plan, engine: str,
                resume: bool) -> tuple[dict, list[ShardResult]]:
     settings = settings_for(config, plan, target.work_dir)
-    if plan.packing.needs_counting_pass:
-        plan = place_chunks(plan, _count_chunks(plan, settings, config, engine))
+    if plan.needs_counting_pass:
+        plan = place_counts(plan, _count_tasks(plan, settings, config, engine))
     results = _pack_shards(plan, settings, config, engine, resume)
     boundary_runs = stitch_boundaries(results, plan, settings)
     files = [r.file for r in results if r.file is not None] + write_boundaries(boundary_runs, settings)
@@ -136,13 +149,14 @@ def _unit(plan: Plan) -> str:
     return "shards" if len(plan.tasks) == n else f"tasks ({n} shard{'' if n == 1 else 's'})"
 
 
-def _count_chunks(plan: Plan, settings: PackSettings, config: PackConfig, engine: str) -> list[int]:
-    """The strategy's first pass: each task's chunk count, from document lengths alone."""
+def _count_tasks(plan: Plan, settings: PackSettings, config: PackConfig, engine: str) -> list[TaskCounts]:
+    """The first pass: each task's chunk count (if its strategy counts) and long_docs' cuts, from
+    document lengths alone."""
     if engine == "local" or not plan.tasks:
-        return [count_shard_chunks(t, settings) for t in plan.tasks]
+        return [count_task(t, settings) for t in plan.tasks]
     return _on_ray(config, lambda pipeline: pipeline.count_chunks(
         plan.tasks, settings, num_workers=config.num_workers, worker_num_cpus=config.worker_num_cpus),
-        "a chunk counter (best_fit's first pass)")
+        "a chunk counter (the first pass)")
 
 
 def _pack_locally(tasks, settings: PackSettings, unit: str = "shards") -> list[ShardResult]:

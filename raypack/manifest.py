@@ -53,6 +53,7 @@ from raypack.content_digest import CONTENT_GROUP_CHUNKS
 from raypack.core import MAX_CONTEXT_LENGTH
 from raypack.errors import InputError
 from raypack.fs import check_bucket, resolve_filesystem
+from raypack.long_docs import DEFAULT_LONG_DOCS, LONG_DOCS, CutCounts
 from raypack.output import CHUNK_FILE_RE, FORMAT_VERSION, MANIFEST_NAME, WrittenFile, content_sha256, write_whole
 
 if TYPE_CHECKING:
@@ -74,6 +75,9 @@ MAX_COUNT = 1 << 53
 MAX_MANIFEST_BYTES = 256 << 20
 """A larger ``manifest.json`` is refused unread (a million files take ~250 bytes each)."""
 COUNT_KEYS = ("documents", "tokens", "chunks", "padding_positions", "split_documents")
+CUT_KEYS = CutCounts._fields
+"""Counts of what ``long_docs`` truncate / drop left out: in ``counts`` and each ``shards[k]``, only
+when the manifest's ``long_docs`` is not split."""
 FILE_KEYS = ("path", "first_chunk", "num_chunks", "num_bytes", "sha256")
 SHARD_KEYS = ("num_docs", "num_tokens", "doc_offset", "token_offset")
 DEFAULT_STRATEGY = "concat"
@@ -246,6 +250,7 @@ def check_manifest(manifest: Any, where: str) -> None:
     if version >= 3:
         _int_field(manifest, "content_group_chunks", where, 1)
     _check_files(manifest.get("files"), context_length * dtype.itemsize, counts["chunks"], where)
+    _check_long_docs(manifest, where)
     _check_shards(manifest, counts, where)
     _check_strategy(manifest, where)
 
@@ -290,6 +295,7 @@ def _check_counts(manifest: dict[str, Any], context_length: int, where: str) -> 
     if not isinstance(counts, dict):
         raise InputError(f"{where}: counts={_show(counts)}, expected an object with {', '.join(COUNT_KEYS)}; {DAMAGED}")
     values = {key: _int_field(counts, key, where, prefix="counts.") for key in COUNT_KEYS}
+    values.update({key: _int_field(counts, key, where, prefix="counts.") for key in CUT_KEYS if key in counts})
     positions = values["chunks"] * context_length
     if positions > MAX_COUNT:
         raise InputError(f"{where}: counts.chunks={values['chunks']} of context_length={context_length} make "
@@ -299,6 +305,21 @@ def _check_counts(manifest: dict[str, Any], context_length: int, where: str) -> 
             raise InputError(f"{where}: counts.{key}={values[key]} but counts.chunks={values['chunks']} chunks of "
                              f"{context_length} hold only {positions} positions; {DAMAGED}")
     return values
+
+
+def long_docs_of(manifest: Mapping[str, Any]) -> str:
+    """A checked manifest's ``long_docs`` (none: split)."""
+    return manifest.get("long_docs", DEFAULT_LONG_DOCS)
+
+
+def _check_long_docs(manifest: dict[str, Any], where: str) -> None:
+    """``long_docs`` one of LONG_DOCS (none: split); other than split, ``counts`` has the cut counts."""
+    value = manifest.get("long_docs", DEFAULT_LONG_DOCS)
+    if not isinstance(value, str) or value not in LONG_DOCS:
+        raise InputError(f"{where}: long_docs={_show(value)}, expected one of {', '.join(LONG_DOCS)}; {DAMAGED}")
+    if value != DEFAULT_LONG_DOCS:
+        for key in CUT_KEYS:
+            _int_field(manifest["counts"], key, where, prefix="counts.")
 
 
 def _check_files(files: Any, min_bytes_per_chunk: int, num_chunks: int, where: str) -> None:
@@ -350,6 +371,7 @@ def _check_shards(manifest: dict[str, Any], counts: dict[str, int], where: str) 
     if not isinstance(shards, list):
         raise InputError(f"{where}: shards={_show(shards)}, expected a list; {DAMAGED}")
     docs = tokens = 0
+    cut = [0] * len(CUT_KEYS)
     for k, entry in enumerate(shards):
         label = f"{where}: shards[{k}]"
         if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
@@ -362,10 +384,11 @@ def _check_shards(manifest: dict[str, Any], counts: dict[str, int], where: str) 
         if not isinstance(entry.get("format", ""), str):
             raise InputError(f"{label}: format={_show(entry['format'])}, expected a string; {DAMAGED}")
         docs, tokens = docs + num_docs, tokens + num_tokens
+        cut = [c + (_int_field(entry, key, label) if key in counts else 0) for c, key in zip(cut, CUT_KEYS)]
         if docs > counts["documents"] or tokens > counts["tokens"]:
             break  # reported below
-    for key, total in (("documents", docs), ("tokens", tokens)):
-        if shards and counts[key] != total:
+    for key, total in (("documents", docs), ("tokens", tokens), *zip(CUT_KEYS, cut)):
+        if shards and counts.get(key, 0) != total:
             raise InputError(f"{where}: counts.{key}={counts[key]} but its shards list "
                              f"{'more than ' if total > counts[key] else ''}{total} {key} in all; {DAMAGED}")
 
@@ -452,8 +475,9 @@ def _open_remote(filesystem: pafs.FileSystem, path: str) -> tuple[pa.NativeFile,
 # ----------------------------------------------------------------------------- building and saving
 
 
-def _shard_row(shard, task, packing: PackingStrategy, text_inputs: bool) -> dict[str, Any]:
-    """One input shard. A tokenized corpus's part also names its text source; with
+def _shard_row(shard, task, packing: PackingStrategy, text_inputs: bool, long_docs: str) -> dict[str, Any]:
+    """One input shard: ``num_tokens`` its tokens in the chunks (with ``long_docs`` truncate or drop,
+    its tokens less those left out, which its cut counts give). A tokenized corpus's part also names its text source; with
     ``text_inputs`` (``pack --tokenizer``, whose parts are not kept) the text source is the
     shard: format "text" and the text's own format and range under "text"."""
     source = shard.source
@@ -462,8 +486,10 @@ def _shard_row(shard, task, packing: PackingStrategy, text_inputs: bool) -> dict
                  "text": {k: source[k] for k in ("format", "start", "end")}}
     else:
         where = {"path": shard.path, "format": shard.format, **({"source": source} if source else {})}
-    return {**where, "num_docs": shard.num_docs, "num_tokens": shard.num_tokens,
-            "doc_offset": task.doc_offset, "token_offset": task.token_offset, **packing.shard_row_extras(task)}
+    cut = task.cut.as_dict() if long_docs != DEFAULT_LONG_DOCS else {}
+    return {**where, "num_docs": shard.num_docs, "num_tokens": shard.num_tokens - task.cut.num_tokens_left_out,
+            "doc_offset": task.doc_offset, "token_offset": task.token_offset, **cut,
+            **packing.shard_row_extras(task)}
 
 
 def build_manifest(config: PackConfig, plan: Plan, files: list[WrittenFile], counts: dict[str, int]) -> Manifest:
@@ -476,9 +502,10 @@ def build_manifest(config: PackConfig, plan: Plan, files: list[WrittenFile], cou
         "pad_token": config.pad_token,
         "token_dtype": plan.token_dtype,
         **plan.packing.manifest_fields(),
+        **({"long_docs": plan.long_docs} if plan.long_docs != DEFAULT_LONG_DOCS else {}),
         "counts": counts,
         "files": file_rows,
-        "shards": [_shard_row(s, t, plan.packing, plan.text_inputs)
+        "shards": [_shard_row(s, t, plan.packing, plan.text_inputs, plan.long_docs)
                    for s, t in zip(plan.shards, plan.whole_shard_tasks())],
         "content_sha256": content_sha256(files, plan.token_dtype, config.context_length, counts["chunks"]),
         "content_group_chunks": CONTENT_GROUP_CHUNKS,

@@ -39,9 +39,10 @@ import ray
 
 from raypack.core import Chunks
 from raypack.errors import InputError
+from raypack.long_docs import CutCounts
 from raypack.packed import PackedDataset, chunks_table, iter_file_tables
-from raypack.shard_pack import count_shard_chunks, pack_shard
-from raypack.tasks import PackSettings, ShardResult, ShardTask, result_to_table, table_to_results
+from raypack.shard_pack import count_task, pack_shard
+from raypack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts, result_to_table, table_to_results
 from raypack.terminal import RAY_VERBOSE
 
 log = logging.getLogger(__name__)
@@ -179,7 +180,7 @@ class ShardPackerActor:
 
 
 class ShardCounterActor:
-    """best_fit's first pass: counts each shard's chunks from its document lengths."""
+    """The first pass (best_fit's chunks, long_docs' cuts): counts each task from its document lengths."""
 
     def __init__(self, settings: dict) -> None:
         self.settings = PackSettings(**settings)
@@ -188,11 +189,12 @@ class ShardCounterActor:
         for row in batch.to_pylist():
             task = ShardTask(**row)
             try:
-                num_chunks = count_shard_chunks(task, self.settings)
+                counts = count_task(task, self.settings)
             except InputError as e:
                 yield _error_table(task.task_index, e)
             else:
-                yield pa.table({"task_index": [task.task_index], "num_chunks": [num_chunks]})
+                yield pa.table({"task_index": [task.task_index], "num_chunks": [counts.num_chunks],
+                                **{key: [value] for key, value in counts.cut.as_dict().items()}})
 
 
 def pack_shards(
@@ -216,11 +218,13 @@ def pack_shards(
 
 def count_chunks(
     tasks: Sequence[ShardTask], settings: PackSettings, *, num_workers: int, worker_num_cpus: float
-) -> list[int]:
-    """best_fit: every shard's chunk count, in shard order."""
+) -> list[TaskCounts]:
+    """The first pass: every task's counts (raypack.shard_pack.count_task), in task order."""
     counts, errors = {}, {}
     for block in _blocks(_map_shards(ShardCounterActor, tasks, settings, num_workers, worker_num_cpus), errors):
-        counts.update(zip(block.column("task_index").to_pylist(), block.column("num_chunks").to_pylist()))
+        for row in block.to_pylist():
+            cut = CutCounts(*(row[key] for key in CutCounts._fields))
+            counts[row["task_index"]] = TaskCounts(row["num_chunks"], cut)
     _raise_first_error(errors)
     return [counts[t.task_index] for t in tasks]
 

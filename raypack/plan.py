@@ -30,9 +30,10 @@ from raypack.core import validate_pad_token
 from raypack.errors import InputError
 from raypack.formats import ShardInfo, inspect_shard
 from raypack.fs import is_uri
+from raypack.long_docs import DEFAULT_LONG_DOCS, CutCounts
 from raypack.shards import common_token_type, discover_shards, plan_offsets
 from raypack.strategies import PackingStrategy, default_strategy
-from raypack.tasks import PackSettings, ShardTask
+from raypack.tasks import PackSettings, ShardTask, TaskCounts
 from raypack.tokenized import tokenized_inputs, tokenizer_record
 
 
@@ -50,6 +51,10 @@ class Plan:
     text_inputs: bool = False
     """``pack --tokenizer``: the shards are this run's own tokenized parts, gone once it publishes;
     the manifest names the text each came from instead."""
+    long_docs: str = DEFAULT_LONG_DOCS
+    """What happens to a document longer than ``context_length`` (raypack.long_docs)."""
+    cut: CutCounts = CutCounts()
+    """What ``long_docs`` leaves out, in all (after :func:`place_counts`)."""
 
     def tasks_by_shard(self) -> list[list[ShardTask]]:
         """The tasks of each shard, in shard order (every shard has at least one)."""
@@ -62,6 +67,16 @@ class Plan:
         """Each shard as one task (what the manifest's ``shards`` rows describe): its first
         task's offsets, the sums of its tasks' counts (chunks too, once placed)."""
         return [_merged(tasks) for tasks in self.tasks_by_shard()]
+
+    @property
+    def num_packed_tokens(self) -> int:
+        """Tokens in the chunks: ``num_tokens`` (the inputs') less what ``long_docs`` leaves out."""
+        return self.num_tokens - self.cut.num_tokens_left_out
+
+    @property
+    def needs_counting_pass(self) -> bool:
+        """Whether tasks are counted before packing: the strategy's chunks, or ``long_docs``'s kept tokens."""
+        return self.packing.needs_counting_pass or self.long_docs != DEFAULT_LONG_DOCS
 
     @property
     def num_chunks(self) -> int:
@@ -78,6 +93,19 @@ def place_chunks(plan: Plan, chunk_counts: Sequence[int]) -> Plan:
     tasks = tuple(replace(t, first_chunk=int(first), num_chunks=int(n))
                   for t, first, n in zip(plan.tasks, firsts, chunk_counts))
     return replace(plan, tasks=tasks)
+
+
+def place_counts(plan: Plan, counts: Sequence[TaskCounts]) -> Plan:
+    """The counting pass's results placed: each task's cut counts, its token offset in the kept
+    stream (a cumsum of kept tokens) and, when the strategy counts chunks, its chunk range."""
+    if len(counts) != len(plan.tasks):
+        raise RuntimeError(f"internal error: {len(counts)} task counts for {len(plan.tasks)} tasks")
+    tasks = [replace(t, **c.cut.as_dict()) for t, c in zip(plan.tasks, counts)]
+    kept = _exclusive_cumsum([t.num_kept_tokens for t in tasks])
+    tasks = [replace(t, token_offset=int(offset)) for t, offset in zip(tasks, kept.tolist())]
+    cut = sum((t.cut for t in tasks), CutCounts())
+    plan = replace(plan, tasks=tuple(tasks), cut=cut)
+    return place_chunks(plan, [c.num_chunks for c in counts]) if plan.packing.needs_counting_pass else plan
 
 
 def make_plan(config: PackConfig, *, max_threads: int = 8) -> Plan:
@@ -99,13 +127,15 @@ def make_plan(config: PackConfig, *, max_threads: int = 8) -> Plan:
     tasks = tuple(tasks)
     return Plan(tuple(infos), tasks, token_dtype, int(offsets.doc_offsets[-1]),
                 int(offsets.token_offsets[-1]), config.context_length, config.packing,
-                tokenizer_record(config.inputs))
+                tokenizer_record(config.inputs), long_docs=config.long_docs)
 
 
 def _merged(tasks: list[ShardTask]) -> ShardTask:
     num_chunks = sum(t.num_chunks for t in tasks) if all(t.num_chunks >= 0 for t in tasks) else -1
+    cut = sum((t.cut for t in tasks), CutCounts())
     return replace(tasks[0], num_docs=sum(t.num_docs for t in tasks), num_tokens=sum(t.num_tokens for t in tasks),
-                   num_chunks=num_chunks, task_index=-1, row_start=0, unit_start=0, unit_end=-1, unit_first_row=0)
+                   num_chunks=num_chunks, task_index=-1, row_start=0, unit_start=0, unit_end=-1, unit_first_row=0,
+                   **cut.as_dict())
 
 
 def split_units(unit_tokens: Sequence[int], target_tokens: int) -> npt.NDArray[np.int64]:
@@ -175,7 +205,8 @@ def settings_for(config: PackConfig, plan: Plan, out_dir: str) -> PackSettings:
                         read_batch_size=config.read_batch_size, read_batch_tokens=config.read_batch_tokens,
                         chunks_per_record_batch=config.chunks_per_record_batch, strategy=plan.packing.name,
                         strategy_options=plan.packing.options(), verify_inputs=config.verify_inputs,
-                        progress_timeout_s=config.progress_timeout_s, restart_stalled=config.restart_stalled)
+                        progress_timeout_s=config.progress_timeout_s, restart_stalled=config.restart_stalled,
+                        long_docs=plan.long_docs)
 
 
 def check_output_outside_inputs(output: str, plan: Plan) -> None:

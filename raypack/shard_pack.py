@@ -19,10 +19,11 @@ import pyarrow as pa
 from raypack.core import flatten_documents, iter_run_slices
 from raypack.errors import InputError
 from raypack.formats import check_tokens_fit
+from raypack.long_docs import CutCounts, PieceFilter, count_cut, kept_lengths
 from raypack.output import ChunkFileWriter, chunk_schema
 from raypack.resume import identify_input, save_result
 from raypack.strategies.base import ShardPacker
-from raypack.tasks import PackSettings, ShardResult, ShardTask, read_batch_rows
+from raypack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts, read_batch_rows
 from raypack.token_pieces import iter_token_pieces
 from raypack.watchdog import ProgressWatchdog
 
@@ -65,7 +66,23 @@ def pack_shard(task: ShardTask, settings: PackSettings) -> ShardResult:
 
 def count_shard_chunks(task: ShardTask, settings: PackSettings) -> int:
     """The first pass of a strategy that has one: ``task``'s shard's chunks, from document lengths."""
-    return settings.packing.count_shard_chunks(task, settings)
+    return count_task(task, settings).num_chunks
+
+
+def count_task(task: ShardTask, settings: PackSettings) -> TaskCounts:
+    """The first pass (raypack.plan.Plan.needs_counting_pass): ``task``'s chunks, when its strategy
+    counts them, and what ``long_docs`` leaves out, from document lengths alone (tokens are read
+    but not validated). Cost: one read of the task's token column; O(documents) numpy work."""
+    packing, c = settings.packing, settings.context_length
+    counter = packing.make_chunk_counter(c) if packing.needs_counting_pass else None
+    cut = CutCounts()
+    pieces = iter_token_pieces(task.path, task.format, settings.token_column, read_batch_rows(task, settings),
+                               settings.read_batch_tokens, validate=False, **task.read_range())
+    for piece in pieces:
+        cut += count_cut(piece.doc_lens, settings.long_docs, c)
+        if counter is not None:
+            counter.push(kept_lengths(piece.doc_lens, settings.long_docs, c))
+    return TaskCounts(counter.finish() if counter is not None else -1, cut)
 
 
 def _stream_shard(task: ShardTask, settings: PackSettings, packer: ShardPacker,
@@ -75,25 +92,33 @@ def _stream_shard(task: ShardTask, settings: PackSettings, packer: ShardPacker,
     A document may arrive in consecutive pieces (a long one in a Parquet row group read page
     by page): its continuation is pushed first, then the documents starting in the piece are
     counted from their full lengths (so ``count_split`` sees each document once, at its start).
+    ``long_docs`` (raypack.long_docs) is applied as the pieces are read: the packer sees each
+    document's kept prefix (empty when dropped) under its own id.
     """
     counts = {"docs": 0, "nonempty": 0, "tokens": 0, "split": 0}
+    cut, c = CutCounts(), settings.context_length
+    long_docs = PieceFilter(settings.long_docs, c)
     pieces = iter_token_pieces(task.path, task.format, settings.token_column, read_batch_rows(task, settings),
                                settings.read_batch_tokens, **task.read_range())
     for piece in pieces:
         beat()
-        tokens, lengths = flatten_documents(piece.docs)
+        tokens, lengths = long_docs.apply(*flatten_documents(piece.docs), piece.doc_lens, piece.continued)
         first_row = piece.first_row
         if piece.continued:
             num_continued = int(lengths[0])
-            _push_checked(packer, writer, tokens[:num_continued], lengths[:1], task, settings, first_row, beat)
+            if num_continued:  # a continuation left out entirely adds nothing to its open document
+                _push_checked(packer, writer, tokens[:num_continued], lengths[:1], task, settings, first_row, beat)
             tokens, lengths, first_row = tokens[num_continued:], lengths[1:], first_row + 1
+        kept = kept_lengths(piece.doc_lens, settings.long_docs, c)
         counts["docs"] += piece.doc_lens.size
-        counts["nonempty"] += int(np.count_nonzero(piece.doc_lens))
+        counts["nonempty"] += int(np.count_nonzero(kept))
         counts["tokens"] += int(piece.doc_lens.sum())
-        counts["split"] += packer.count_split(piece.doc_lens)
+        counts["split"] += packer.count_split(kept)
+        cut += count_cut(piece.doc_lens, settings.long_docs, c)
         _check_not_past_plan(task, counts)
         if lengths.size:
             _push_checked(packer, writer, tokens, lengths, task, settings, first_row, beat)
+    _check_cut(task, cut)
     return counts
 
 
@@ -154,6 +179,13 @@ def _proc_status_bytes(key: str) -> int:
 def _check_not_past_plan(task: ShardTask, counts: dict[str, int]) -> None:
     if counts["docs"] > task.num_docs or counts["tokens"] > task.num_tokens:
         _raise_changed(task, counts)
+
+
+def _check_cut(task: ShardTask, cut: CutCounts) -> None:
+    """What ``long_docs`` left out must be what the counting pass found (the offsets follow from it)."""
+    if cut != task.cut:
+        raise InputError(f"{task.describe()}: the counting pass found {task.cut} but packing read {cut}; the "
+                         "file changed during the run (rerun on a stable copy)")
 
 
 def _check_counts(task: ShardTask, counts: dict[str, int]) -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
 from raypack.core import Fragment
+from raypack.long_docs import DEFAULT_LONG_DOCS, CutCounts
 from raypack.output import WrittenFile
 
 if TYPE_CHECKING:
@@ -48,10 +49,26 @@ class ShardTask:
     """End (exclusive) of the row groups or record batches read; -1: the whole file is read."""
     unit_first_row: int = 0
     """The shard-local row of ``unit_start``'s first row."""
+    documents_truncated: int = 0
+    tokens_truncated: int = 0
+    documents_dropped: int = 0
+    tokens_dropped: int = 0
+    """What ``long_docs`` leaves out of the task's documents (raypack.long_docs.CutCounts), from the
+    counting pass; ``token_offset`` then counts kept tokens only. All 0 under ``split``."""
 
     def __post_init__(self) -> None:
         if self.task_index < 0:
             object.__setattr__(self, "task_index", self.shard_index)
+
+    @property
+    def cut(self) -> CutCounts:
+        return CutCounts(self.documents_truncated, self.tokens_truncated, self.documents_dropped,
+                         self.tokens_dropped)
+
+    @property
+    def num_kept_tokens(self) -> int:
+        """Tokens the task packs: ``num_tokens`` (as read) less those ``long_docs`` leaves out."""
+        return self.num_tokens - self.cut.num_tokens_left_out
 
     @property
     def is_whole_shard(self) -> bool:
@@ -89,6 +106,8 @@ class PackSettings:
     """The registered strategy's name (raypack.strategies)."""
     strategy_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     """The strategy's options by key (``{"best_fit_window": 8192}``); see :attr:`packing`."""
+    long_docs: str = DEFAULT_LONG_DOCS
+    """What happens to a document longer than ``context_length`` (raypack.long_docs)."""
     verify_inputs: bool = False
     """Resume records also hold each input's full sha256 (PackConfig.verify_inputs); no effect on output."""
     progress_timeout_s: float = 0.0
@@ -102,6 +121,15 @@ class PackSettings:
         from raypack.strategies import configured_strategy  # the strategies import this module
 
         return configured_strategy(self.strategy, self.strategy_options)
+
+
+class TaskCounts(NamedTuple):
+    """What the counting pass finds in one task, from its document lengths alone."""
+
+    num_chunks: int
+    """The chunks it packs into; -1 when its strategy has no counting pass (concat)."""
+    cut: CutCounts
+    """What ``long_docs`` leaves out of it."""
 
 
 def read_batch_rows(task: ShardTask, settings: PackSettings) -> int:
@@ -122,7 +150,9 @@ class ShardResult:
     tail: Fragment | None
     num_docs: int
     num_nonempty_docs: int
+    """Documents with tokens in the output (a dropped one has none)."""
     num_tokens: int
+    """Tokens read (before ``long_docs``)."""
     num_split_docs: int
     """Documents that cross at least one chunk boundary."""
     peak_rss_bytes: int = 0

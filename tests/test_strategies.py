@@ -83,7 +83,7 @@ def pack_options(parser_action: str) -> Any:
 def test_registry_names_its_classes_and_their_options():
     assert strategy_names() == ("concat", "best_fit")
     assert all(cls.name == name for name, cls in STRATEGIES.items())
-    assert list(option_fields()) == ["best_fit_window"]
+    assert list(option_fields()) == ["best_fit_window", "best_fit_max_segments"]
     assert make_strategy("best_fit", window=16) == configured_strategy("best_fit", {"best_fit_window": 16}) \
         == BestFit(window=16)
     assert make_strategy() == Concat() and configured_strategy("concat", {"best_fit_window": 5}) == Concat()
@@ -124,7 +124,7 @@ def test_options_are_validated_by_their_strategy_whichever_is_chosen(stripes):
         make_config({"best_fit_window": True})
     with pytest.raises(InputError, match=r"best_fit_window=9007199254740993 must be an integer >= 0 \(at most 2\*\*53\)"):
         make_config({"best_fit_window": (1 << 53) + 1})
-    with pytest.raises(InputError, match=r"unknown key\(s\) stripes_width; valid keys are .*best_fit_window, stripes_tag"):
+    with pytest.raises(InputError, match=r"unknown key\(s\) stripes_width; valid keys are .*best_fit_window, best_fit_max_segments, stripes_tag"):
         make_config({"stripes_width": 2})
 
 

@@ -3,12 +3,16 @@
 A strategy's dataclass fields are its options (e.g. best_fit's ``window``). Outside the
 strategy an option is named ``{strategy name}_{field}`` (``best_fit_window``): that one key is
 the config key, the manifest key and, with dashes, the CLI flag (``--best-fit-window``), so two
-strategies' options never collide with each other or with the job's own keys.
+strategies' options never collide with each other or with the job's own keys. A field's metadata
+may give ``help``, ``metavar``, ``doc``, ``type`` (the CLI type when the default is None),
+``aliases`` (more CLI spellings) and ``only_when_chosen`` (set with another strategy chosen, the
+config is refused rather than the option ignored).
 
 What the rest of raypack asks of a strategy, and who asks:
   - the shard packer (:meth:`make_shard_packer`; raypack.shard_pack) and, when
     :attr:`needs_counting_pass`, the first pass that counts a shard's chunks from its document
-    lengths (:meth:`count_shard_chunks`; raypack.job and raypack.pipeline);
+    lengths (:meth:`make_chunk_counter`; raypack.shard_pack.count_task, run by raypack.job and
+    raypack.pipeline);
   - how many chunks a plan makes (:meth:`num_chunks`; raypack.plan) and where a large shard may
     be split into tasks (:meth:`task_starts`; raypack.plan);
   - its manifest fields, written once at top level (:meth:`manifest_fields`), read back
@@ -60,6 +64,13 @@ class ShardPacker(Protocol):
     def count_split(self, lengths: np.ndarray) -> int: ...
     def finish(self) -> Chunks: ...
     def check_num_chunks(self, task: ShardTask, num_chunks: int) -> None: ...
+
+
+class ChunkCounter(Protocol):
+    """A strategy's counting pass over one task: document lengths in order, then the chunk count."""
+
+    def push(self, doc_lengths: np.ndarray) -> None: ...
+    def finish(self) -> int: ...
 
 
 class SplitFinder(Protocol):
@@ -123,8 +134,11 @@ class PackingStrategy:
         return cls(**{f.name: options[key] for key, f in cls.option_keys().items() if key in options})
 
     def options(self) -> dict[str, Any]:
-        """``{key: value}`` of every option."""
-        return {self.option_key(f.name): getattr(self, f.name) for f in dataclasses.fields(self)}
+        """``{key: value}`` of every option that is set: an option whose default is None (e.g. a
+        limit that is off unless asked for) is left out while it is None, so adding one changes no
+        existing manifest, fingerprint or resume record."""
+        return {self.option_key(f.name): getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) is not None}
 
     def _check_int(self, field_name: str, least: int) -> None:
         """Raise ValueError naming the option's key unless it is an int (not bool) in ``[least, 2**53]``."""
@@ -148,7 +162,7 @@ class PackingStrategy:
     def from_manifest(cls, manifest: dict[str, Any], where: str) -> PackingStrategy:
         """The strategy a manifest names, its options read back; InputError naming ``where`` when
         one is missing or bad. Then :meth:`check_manifest`."""
-        missing = [key for key in cls.option_keys() if key not in manifest]
+        missing = [key for key, f in cls.option_keys().items() if key not in manifest and f.default is not None]
         if missing:
             raise InputError(f"{where}: a {cls.name} manifest needs {', '.join(missing)}; "
                              "the output was replaced or damaged")
@@ -178,8 +192,9 @@ class PackingStrategy:
         Default: every unit (a strategy whose chunks follow token offsets alone)."""
         return np.ones(unit_first_rows.shape, dtype=bool)
 
-    def count_shard_chunks(self, task: ShardTask, settings: PackSettings) -> int:
-        """The chunks ``task``'s shard packs into (only when :attr:`needs_counting_pass`)."""
+    def make_chunk_counter(self, context_length: int) -> ChunkCounter:
+        """Counts the chunks a task packs into from its (kept) document lengths, pushed in order
+        (only when :attr:`needs_counting_pass`; raypack.shard_pack.count_task reads them)."""
         raise RuntimeError(f"internal error: strategy {self.name} has no counting pass")
 
     def num_chunks(self, plan: Plan) -> int:

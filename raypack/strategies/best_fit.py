@@ -20,8 +20,6 @@ from raypack.core import Chunks
 from raypack.errors import InputError
 from raypack.manifest import _int_field, _show
 from raypack.strategies.base import PackingStrategy, StrategyFigures, percent
-from raypack.tasks import read_batch_rows
-from raypack.token_pieces import iter_token_pieces
 
 if TYPE_CHECKING:
     from raypack.plan import Plan
@@ -37,6 +35,12 @@ class BestFit(PackingStrategy):
         "metavar": "DOCS", "help": "documents per best-fit window (0: a whole shard; default 8192)",
         "doc": "Documents per best-fit window (0: a whole shard). Windows never span shards; a "
                "packer holds one window of tokens in memory."})
+    max_segments: int | None = field(default=None, metadata={
+        "metavar": "K", "type": int, "aliases": ("--max-segments",), "only_when_chosen": True,
+        "help": "at most K segments per chunk, its padding segment included, so every chunk fits the "
+                "collate's max_segments=K (K >= 2; default: no limit)",
+        "doc": "At most K segments per chunk (K >= 2), counted as the collate's ``max_segments`` counts "
+               "them: documents plus one padding segment unless the chunk is full. Unset: no limit."})
 
     name = "best_fit"
     summary = "never cut a document that fits a chunk (best-fit decreasing in windows of documents)"
@@ -45,9 +49,11 @@ class BestFit(PackingStrategy):
 
     def __post_init__(self) -> None:
         self._check_int("window", 0)
+        if self.max_segments is not None:
+            self._check_int("max_segments", 2)
 
     def make_shard_packer(self, task: ShardTask, settings: PackSettings) -> BestFitShardPacker:
-        return BestFitShardPacker(task, settings, self.window)
+        return BestFitShardPacker(task, settings, self.window, self.max_segments)
 
     def task_starts(self, unit_first_rows: np.ndarray) -> np.ndarray:
         """Units whose first row starts a window (a multiple of ``window`` from the shard's first
@@ -62,14 +68,8 @@ class BestFit(PackingStrategy):
             return np.arange(unit_first_rows.size) == 0
         return unit_first_rows % self.window == 0
 
-    def count_shard_chunks(self, task: ShardTask, settings: PackSettings) -> int:
-        """The chunks ``task`` packs into, from its document lengths alone."""
-        counter = BestFitChunkCounter(settings.context_length, window=self.window)
-        pieces = iter_token_pieces(task.path, task.format, settings.token_column, read_batch_rows(task, settings),
-                                   settings.read_batch_tokens, validate=False, **task.read_range())
-        for piece in pieces:
-            counter.push(piece.doc_lens)
-        return counter.finish()
+    def make_chunk_counter(self, context_length: int) -> BestFitChunkCounter:
+        return BestFitChunkCounter(context_length, window=self.window, max_segments=self.max_segments)
 
     def num_chunks(self, plan: Plan) -> int:
         if any(t.num_chunks < 0 for t in plan.tasks):
@@ -101,7 +101,9 @@ class BestFit(PackingStrategy):
                              f"chunks) but the files hold {num_chunks}; they must tile the same chunks")
 
     def describe(self) -> str:
-        return f"{self.name}, " + (f"windows of {self.window:,} documents" if self.window else "whole-shard windows")
+        limit = f", at most {self.max_segments} segments per chunk" if self.max_segments is not None else ""
+        return (f"{self.name}, " + (f"windows of {self.window:,} documents" if self.window else "whole-shard windows")
+                + limit)
 
     def make_split_finder(self, context_length: int) -> BestFitSplits:
         return BestFitSplits(context_length)
@@ -111,7 +113,7 @@ class BestFit(PackingStrategy):
         c = context_length
         tokens = sum(int(lengths.sum()) for lengths in per_shard_lengths)
         windows = sorted({*DRY_RUN_WINDOWS, self.window}, key=lambda w: (w == 0, w))
-        window_padding = tuple((w, _chunks(per_shard_lengths, c, w) * c - tokens) for w in windows)
+        window_padding = tuple((w, _chunks(per_shard_lengths, c, w, self.max_segments) * c - tokens) for w in windows)
         padding = dict(window_padding)[self.window]
         notes = ["  best_fit padding by window (documents; windows never span shards):"]
         for window, pad in window_padding:
@@ -131,13 +133,14 @@ class BestFitFigures(StrategyFigures):
 class BestFitShardPacker:
     """Windows of the shard's documents, its chunks from ``task.first_chunk``."""
 
-    def __init__(self, task: ShardTask, settings: PackSettings, window: int) -> None:
+    def __init__(self, task: ShardTask, settings: PackSettings, window: int, max_segments: int | None = None) -> None:
         if task.first_chunk < 0:
             raise RuntimeError(f"internal error: best_fit shard {task.shard_index} has no first chunk")
         self.context_length = settings.context_length
         self.first_chunk = task.first_chunk
         self._packer = BestFitPacker(settings.context_length, settings.pad_token, window=window,
-                                     first_doc_id=task.doc_offset, dtype=np.dtype(settings.token_dtype))
+                                     first_doc_id=task.doc_offset, dtype=np.dtype(settings.token_dtype),
+                                     max_segments=max_segments)
         self.head = self.tail = None
 
     def push_runs_parts(self, tokens: np.ndarray, run_lengths: np.ndarray, first_doc_id: int) -> list[Chunks]:
@@ -175,11 +178,11 @@ class BestFitSplits:
         return ids[counts > 1]
 
 
-def _chunks(per_shard_lengths: list[np.ndarray], c: int, window: int) -> int:
+def _chunks(per_shard_lengths: list[np.ndarray], c: int, window: int, max_segments: int | None = None) -> int:
     """Chunks best-fit packing makes of these shards' documents (windows never span shards)."""
     total = 0
     for lengths in per_shard_lengths:
-        counter = BestFitChunkCounter(c, window=window)
+        counter = BestFitChunkCounter(c, window=window, max_segments=max_segments)
         counter.push(lengths)
         total += counter.finish()
     return total

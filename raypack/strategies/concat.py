@@ -34,7 +34,7 @@ class Concat(PackingStrategy):
         return ConcatShardPacker(task, settings)
 
     def num_chunks(self, plan: Plan) -> int:
-        return -(-plan.num_tokens // plan.context_length)
+        return -(-plan.num_packed_tokens // plan.context_length)
 
     def make_split_finder(self, context_length: int) -> ConcatSplits:
         return ConcatSplits()

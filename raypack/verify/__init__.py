@@ -21,7 +21,10 @@ pyarrow, independently of ``raypack.packed``. Checks, in this order, one module 
      decreasing must produce comes from :mod:`.best_fit_layout`). :data:`STRUCTURES` maps a
      manifest's strategy to its check class.
   3. Round trip (:mod:`.inputs`, when inputs are compared), in the same pass: the output's
-     non-padding stream with dense doc ids equals the input documents concatenated in order.
+     non-padding stream with dense doc ids equals the input documents concatenated in order, as
+     the manifest's ``long_docs`` keeps them (truncate: first C tokens; drop: none of a longer
+     document), and the cut counts re-read equal the manifest's. Under truncate or drop no
+     document in the output exceeds C tokens (:mod:`.long_docs`), inputs compared or not.
 
 Memory: ``batch_chunks * C`` output positions (tokens plus int64 doc ids), one input read batch
 of ``INPUT_BATCH_DOCS`` documents and, for best_fit, one window held back. Cost: every file is
@@ -37,11 +40,13 @@ import time
 from typing import Any, Sequence
 
 from raypack.errors import InputError
-from raypack.manifest import MIX_KIND, load_manifest, read_manifest_json, resolve_output, strategy_of
+from raypack.long_docs import DEFAULT_LONG_DOCS
+from raypack.manifest import MIX_KIND, load_manifest, long_docs_of, read_manifest_json, resolve_output, strategy_of
 from raypack.output import MANIFEST_NAME
 from raypack.strategies import strategy_of_manifest
 from raypack.verify.files import check_files
 from raypack.verify.inputs import INPUT_BATCH_DOCS, compare_with_inputs, resolve_inputs
+from raypack.verify.long_docs import check_document_lengths
 from raypack.verify.mix import MixVerifyReport, verify_mix
 from raypack.verify.report import VerifyError, VerifyReport
 from raypack.verify.structure import Structure, output_pieces
@@ -86,6 +91,8 @@ def verify_output(
     strategy = strategy_of(manifest)
     structure = structure_class(manifest)(manifest, keep_tokens=shards is not None)
     pieces = output_pieces(fs, base, manifest, structure, batch_chunks)
+    if long_docs_of(manifest) != DEFAULT_LONG_DOCS:
+        pieces = check_document_lengths(pieces, manifest["context_length"], long_docs_of(manifest))
     if shards is None:
         for _ in pieces:
             pass

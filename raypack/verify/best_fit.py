@@ -9,12 +9,13 @@ shards' ``first_chunk``/``num_chunks``: ranges that tile the chunks in shard ord
      ``pad_token``), never a chunk of padding only; every doc id lies in the shard whose chunk
      range holds the chunk, and in one window (rows ``[w*N, (w+1)*N)`` of its shard; N=0: the
      whole shard) shared by all of the chunk's documents; windows never go back along the chunks,
-     so each window's chunks are exactly the contiguous run of chunks holding its doc ids.
+     so each window's chunks are exactly the contiguous run of chunks holding its doc ids; with
+     ``best_fit_max_segments`` K, at most K segments per chunk, padding included.
   2. Per window, once its last chunk is read: every document's segments, in chunk order, are
      full C-token chunks except the last (so a document of at most C tokens is one segment, a
      longer one its full pieces then its remainder); then the chunks are compared with the
      expected layout (:func:`raypack.verify.best_fit_layout.expected_layout`, best-fit decreasing
-     re-run on the window's document lengths): the same number of chunks, the same fill per chunk
+     re-run on the window's document lengths, with K if set): the same number of chunks, the same fill per chunk
      and the same segments ("not best-fit" otherwise). At the end: the counts (split_documents =
      documents longer than C) and each shard's num_tokens.
   3. With inputs (``keep_tokens``): each window's segments are put back in doc id order (a
@@ -66,6 +67,7 @@ class BestFitStructure(Structure):
         super().__init__(manifest, keep_tokens=keep_tokens)
         self._map = WindowMap(manifest)
         self.window = self._map.window
+        self.max_segments = manifest.get("best_fit_max_segments")
         self._shard_tokens = np.zeros(len(manifest["shards"]), dtype=np.int64)
         self.last_window = -1
         self._pending: list[_Part] = []
@@ -77,6 +79,7 @@ class BestFitStructure(Structure):
         self._check_lengths(block)
         segs = segment_places(self.next_chunk, np.diff(block.segment_offsets), block.segment_lengths,
                               self.context_length)
+        self._check_max_segments(block)
         real = self._check_chunk_padding(block, segs)
         self._check_chunk_documents(block, segs, real)
         windows = self._check_shards_and_windows(block, segs, real)
@@ -88,6 +91,16 @@ class BestFitStructure(Structure):
             self.last_doc_id = max(self.last_doc_id, int(block.segment_doc_ids[real].max()))
         self.next_chunk += block.chunk_indices.size
         return self._advance(block, windows)
+
+    def _check_max_segments(self, block: Block) -> None:
+        """With ``best_fit_max_segments`` K: no chunk holds more than K segments, padding included."""
+        if self.max_segments is None:
+            return
+        per_chunk = np.diff(block.segment_offsets)
+        if (per_chunk > self.max_segments).any():
+            row = int(np.argmax(per_chunk > self.max_segments))
+            raise VerifyError(f"{self._row_label(block, row)}: {int(per_chunk[row])} segments, more than "
+                              f"best_fit_max_segments={self.max_segments}")
 
     def _check_chunk_padding(self, block: Block, segs: SegmentPlaces) -> np.ndarray:
         """Padding only as a chunk's last segment, never alone, holding pad_token; return the non-padding mask."""
@@ -284,7 +297,8 @@ class BestFitStructure(Structure):
         chunk_starts = np.concatenate([[0], bounds]).astype(np.int64)
         chunk_stops = np.concatenate([bounds, [windows.size]]).astype(np.int64)
         run_windows = windows[chunk_starts]
-        layout = expected_layout(run_windows, docs, totals, self._map.windows_of(docs), self.context_length)
+        layout = expected_layout(run_windows, docs, totals, self._map.windows_of(docs), self.context_length,
+                                 self.max_segments)
         self._compare_chunks(layout, run_windows, first_chunk, chunk_starts, chunk_stops)
         expected_rows = chunk_starts[layout.window_of_item] + layout.bins
         self._compare_fills(layout, expected_rows, windows, first_chunk, rows, ids, lengths)

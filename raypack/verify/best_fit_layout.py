@@ -38,13 +38,14 @@ class ExpectedLayout(NamedTuple):
 
 
 def expected_layout(windows: np.ndarray, docs: np.ndarray, totals: np.ndarray, doc_windows: np.ndarray,
-                    context_length: int) -> ExpectedLayout:
+                    context_length: int, max_segments: int | None = None) -> ExpectedLayout:
     """The layout best-fit decreasing gives the documents of ``windows`` (R global window ids, increasing).
 
     ``docs``/``totals``/``doc_windows``: the windows' documents (sorted doc ids), their lengths and
     global window ids; every window holds a document. Cost: best_fit_decreasing runs once per window,
     except for windows of one piece or whose pieces all exceed C/2 (one chunk each, longest first,
-    ties in stream order): those are laid out vectorised.
+    ties in stream order; at most two segments, so within any ``max_segments``): those are laid
+    out vectorised. ``max_segments``: the manifest's ``best_fit_max_segments`` (None: no limit).
     """
     c = context_length
     items = split_items(totals, c)  # in stream order: each window's items are contiguous
@@ -61,5 +62,5 @@ def expected_layout(windows: np.ndarray, docs: np.ndarray, totals: np.ndarray, d
     bins[by_length] = np.arange(by_length.size) - (np.cumsum(fast_counts) - fast_counts)[run_of_item[by_length]]
     for r in np.flatnonzero(~all_long).tolist():
         s0, s1 = int(item_starts[r]), int(item_starts[r] + item_counts[r])
-        bins[s0:s1], num_bins[r] = best_fit_decreasing(items.lengths[s0:s1], c)
+        bins[s0:s1], num_bins[r] = best_fit_decreasing(items.lengths[s0:s1], c, max_segments)
     return ExpectedLayout(docs[items.doc_index], items.lengths, run_of_item, item_starts, item_counts, bins, num_bins)

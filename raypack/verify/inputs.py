@@ -3,8 +3,9 @@
 :func:`resolve_inputs` picks the shards: the ones given (expanded like ``raypack pack`` does), or by
 default the manifest's, read only when each is an absolute path or URI of a shard file without
 ``..`` (the manifest is untrusted) and all of them still exist. :func:`compare_with_inputs` walks
-the output's non-padding stream and the inputs' token stream together, each token labelled with its
-document's global id: a cursor compares the overlap of the current output piece and input piece
+the output's non-padding stream and the inputs' token stream together (as the manifest's
+``long_docs`` keeps it: a truncated document's first C tokens, a dropped one's none), each token
+labelled with its document's global id: a cursor compares the overlap of the current output piece and input piece
 with numpy, whose batch boundaries differ, so every non-empty document appears once, whole,
 contiguous and in order, and tokens are conserved. Then the inputs' document count must equal the
 manifest's and, when the inputs are the manifest's shards, each shard's counts what was recorded.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
@@ -27,6 +28,7 @@ from raypack.errors import InputError
 from raypack.formats import SHARD_SUFFIXES, iter_token_batches, shard_format
 from raypack.fs import is_uri as fs_is_uri
 from raypack.fs import resolve_filesystem
+from raypack.manifest import CUT_KEYS, long_docs_of
 from raypack.shards import discover_shards
 from raypack.verify.blocks import Piece
 from raypack.verify.report import VerifyError
@@ -106,23 +108,50 @@ def _exists(path: str) -> bool:
 class _InputTotals:
     num_docs: int = 0
     """Documents in the shards read so far: the global id of the next shard's first document."""
+    cut: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CUT_KEYS, 0))
+    """What ``long_docs`` left out of the shards read so far."""
 
 
-def _input_pieces(shards: list[Shard], column: str, totals: _InputTotals) -> Iterator[Piece]:
-    """The inputs' token stream, each token labelled with its document's global id."""
+def _input_pieces(shards: list[Shard], column: str, totals: _InputTotals, long_docs: str,
+                  context_length: int) -> Iterator[Piece]:
+    """The inputs' token stream as ``long_docs`` keeps it, each token labelled with its document's global id."""
     for shard in shards:
-        num_docs, num_tokens = 0, 0
+        num_docs, num_tokens, cut = 0, 0, dict.fromkeys(CUT_KEYS, 0)
         try:
             for first_row, lists in iter_token_batches(shard.path, shard.format, column, INPUT_BATCH_DOCS):
                 tokens, lengths = flatten_documents(lists)
+                keep = _kept_positions(lengths, long_docs, context_length, cut)
                 doc_ids = np.arange(totals.num_docs + first_row, totals.num_docs + first_row + lengths.size)
                 where = _input_locator(shard.path, first_row, doc_ids, lengths)
-                yield Piece(tokens, np.repeat(doc_ids, lengths), where)
-                num_docs, num_tokens = first_row + lengths.size, num_tokens + tokens.size
+                yield Piece(tokens[keep], np.repeat(doc_ids, lengths)[keep], _kept_locator(where, keep))
+                num_docs, num_tokens = first_row + lengths.size, num_tokens + int(np.count_nonzero(keep))
         except InputError as e:
             raise VerifyError(f"input {e}") from e
-        _check_recorded(shard, num_docs, num_tokens)
+        _check_recorded(shard, num_docs, num_tokens, cut if long_docs != "split" else None)
         totals.num_docs += num_docs
+        totals.cut = {key: totals.cut[key] + cut[key] for key in CUT_KEYS}
+
+
+def _kept_positions(lengths: np.ndarray, long_docs: str, context_length: int, cut: dict[str, int]) -> np.ndarray:
+    """(T,) bool: the positions of the documents laid end to end that ``long_docs`` keeps (split: all;
+    truncate: a document's first C; drop: documents of at most C); adds what it leaves out to ``cut``."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    long = lengths > context_length
+    if long_docs == "truncate":
+        cut["documents_truncated"] += int(np.count_nonzero(long))
+        cut["tokens_truncated"] += int((lengths[long] - context_length).sum())
+        position_in_doc = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        return position_in_doc < context_length
+    if long_docs == "drop":
+        cut["documents_dropped"] += int(np.count_nonzero(long))
+        cut["tokens_dropped"] += int(lengths[long].sum())
+        return np.repeat(~long, lengths)
+    return np.ones(int(lengths.sum()), dtype=bool)
+
+
+def _kept_locator(where: Callable[[int], str], keep: np.ndarray) -> Callable[[int], str]:
+    """``where`` of the i-th kept position (its index among all positions)."""
+    return lambda i: where(int(np.flatnonzero(keep)[i]))
 
 
 def _input_locator(path: str, first_row: int, doc_ids: np.ndarray, lengths: np.ndarray) -> Callable[[int], str]:
@@ -136,13 +165,18 @@ def _input_locator(path: str, first_row: int, doc_ids: np.ndarray, lengths: np.n
     return where
 
 
-def _check_recorded(shard: Shard, num_docs: int, num_tokens: int) -> None:
+def _check_recorded(shard: Shard, num_docs: int, num_tokens: int, cut: dict[str, int] | None = None) -> None:
+    """The shard's counts as the manifest recorded them (``num_tokens``: the tokens kept)."""
     if shard.recorded is None:
         return
     recorded = (shard.recorded["num_docs"], shard.recorded["num_tokens"])
     if (num_docs, num_tokens) != recorded:
         raise VerifyError(f"input shard {shard.path}: holds {num_docs} documents / {num_tokens} tokens, the manifest "
                           f"recorded {recorded[0]} / {recorded[1]} at packing; it changed after packing")
+    for key, value in (cut or {}).items():
+        if shard.recorded.get(key) != value:
+            raise VerifyError(f"input shard {shard.path}: {key}={value} re-read with the policy, the manifest "
+                              f"recorded {shard.recorded.get(key)}; it changed after packing")
 
 
 class _Cursor:
@@ -173,7 +207,9 @@ def compare_with_inputs(output: Iterator[Piece], shards: list[Shard], column: st
                          manifest_path: str) -> None:
     """Walk the output and input streams together; raise at the first position where they differ."""
     totals = _InputTotals()
-    found, expected = _Cursor(output), _Cursor(_input_pieces(shards, column, totals))
+    long_docs = long_docs_of(manifest)
+    found = _Cursor(output)
+    expected = _Cursor(_input_pieces(shards, column, totals, long_docs, manifest["context_length"]))
     while found.current() is not None and expected.current() is not None:
         n = min(found.remaining(), expected.remaining())
         start_found, start_expected = found.offset, expected.offset
@@ -196,3 +232,7 @@ def compare_with_inputs(output: Iterator[Piece], shards: list[Shard], column: st
     if totals.num_docs != manifest["counts"]["documents"]:
         raise VerifyError(f"{manifest_path}: counts.documents={manifest['counts']['documents']} but the inputs "
                           f"hold {totals.num_docs} documents")
+    for key, value in totals.cut.items() if long_docs != "split" else ():
+        if manifest["counts"][key] != value:
+            raise VerifyError(f"{manifest_path}: counts.{key}={manifest['counts'][key]} but the inputs re-read "
+                              f"with long_docs={long_docs} give {value}")
