@@ -109,7 +109,18 @@ def verify_output(
         seconds=time.perf_counter() - start, strategy=strategy,
         best_fit_window=structure.window,
         input_paths=tuple(shard.path for shard in shards or ()),
+        long_docs=long_docs_of(manifest), long_doc_counts=_long_doc_counts(manifest),
     )
+
+
+def _long_doc_counts(manifest: dict[str, Any]) -> tuple[int, int]:
+    """(documents, tokens) the manifest says were truncated or dropped ((0, 0) under split)."""
+    counts = manifest["counts"]
+    policy = long_docs_of(manifest)
+    if policy == DEFAULT_LONG_DOCS:
+        return 0, 0
+    return counts.get(f"documents_{policy}ped" if policy == "drop" else "documents_truncated", 0), \
+        counts.get("tokens_dropped" if policy == "drop" else "tokens_truncated", 0)
 
 
 def _read_json(out: str) -> tuple[Any, str]:

@@ -36,11 +36,19 @@ class VerifyReport:
     """Documents per best-fit window (0: a whole shard); None for concat."""
     input_paths: tuple[str, ...] = ()
     """The input shards read, in order (empty when inputs were not compared)."""
+    long_docs: str = "split"
+    """The manifest's long-document policy: split, truncate or drop."""
+    long_doc_counts: tuple[int, int] = (0, 0)
+    """(documents, tokens) truncated or dropped, as the manifest counts them and verify re-counted."""
 
     def lines(self) -> list[str]:
         rate = self.num_tokens / self.seconds if self.seconds > 0 else 0.0
-        inputs = (f"{self.num_shards} shard(s), {self.num_documents:,} documents: unpack(pack(x)) == x"
+        kept = "x" if self.long_docs == "split" else f"{self.long_docs}(x)"
+        inputs = (f"{self.num_shards} shard(s), {self.num_documents:,} documents: unpack(pack(x)) == {kept}"
                   if self.inputs_compared else "not compared")
+        cut = ([] if self.long_docs == "split" else
+               [f"  long documents   {self.long_docs:>14}  ({self.long_doc_counts[0]:,} documents, "
+                f"{self.long_doc_counts[1]:,} tokens {'cut off' if self.long_docs == 'truncate' else 'left out'})"])
         return [
             f"verified {self.output}",
             f"  files            {self.num_files:>14,}  ({self.num_bytes:,} bytes, sha256 ok)",
@@ -52,6 +60,7 @@ class VerifyReport:
             f"  padding          {self.num_padding_positions:>14,}",
             f"  documents        {self.num_documents:>14,}",
             f"  split documents  {self.num_split_documents:>14,}",
+            *cut,
             f"  inputs           {inputs}",
             *(f"    read {path}" for path in self.input_paths[:3]),
             *([f"    ... and {len(self.input_paths) - 3:,} more shard(s)"] if len(self.input_paths) > 3 else []),
