@@ -28,9 +28,10 @@ import numpy.typing as npt
 from raypack.config import PackConfig
 from raypack.core import validate_pad_token
 from raypack.errors import InputError
-from raypack.formats import ShardInfo, inspect_shard
+from raypack.formats import ShardInfo, inspect_shard, shard_side_types
 from raypack.fs import is_uri
 from raypack.shards import common_token_type, discover_shards, plan_offsets
+from raypack.side_columns import SideColumn, check_fill, common_side_type
 from raypack.strategies import PackingStrategy, default_strategy
 from raypack.tasks import PackSettings, ShardTask
 from raypack.tokenized import tokenized_inputs, tokenizer_record
@@ -50,6 +51,8 @@ class Plan:
     text_inputs: bool = False
     """``pack --tokenizer``: the shards are this run's own tokenized parts, gone once it publishes;
     the manifest names the text each came from instead."""
+    extra_columns: tuple[SideColumn, ...] = ()
+    """Side columns with their types resolved from every shard (:func:`resolve_side_columns`)."""
 
     def tasks_by_shard(self) -> list[list[ShardTask]]:
         """The tasks of each shard, in shard order (every shard has at least one)."""
@@ -90,6 +93,7 @@ def make_plan(config: PackConfig, *, max_threads: int = 8) -> Plan:
         with ThreadPoolExecutor(max_workers=max(1, min(max_threads, len(paths)))) as pool:
             infos = list(pool.map(lambda p: inspect_shard(p, config.token_column), paths))
     token_dtype = _resolve_token_dtype(config, infos)
+    extra_columns = resolve_side_columns(config, [info.path for info in infos], max_threads)
     offsets = plan_offsets(infos)
     tasks: list[ShardTask] = []
     for k, info in enumerate(infos):
@@ -99,7 +103,34 @@ def make_plan(config: PackConfig, *, max_threads: int = 8) -> Plan:
     tasks = tuple(tasks)
     return Plan(tuple(infos), tasks, token_dtype, int(offsets.doc_offsets[-1]),
                 int(offsets.token_offsets[-1]), config.context_length, config.packing,
-                tokenizer_record(config.inputs))
+                tokenizer_record(config.inputs), extra_columns=extra_columns)
+
+
+def resolve_side_columns(config: PackConfig, paths: list[str], max_threads: int = 8) -> tuple[SideColumn, ...]:
+    """Each extra column with the one type every shard's values fit (numpy promotion of the
+    shards' types; JSON Lines: int64) and its fill, checked to fit. Reads each shard's schema
+    (a Parquet footer, an IPC header) once; InputError names the shard, column and type of a
+    missing or non-integer column."""
+    specs = config.side_specs()
+    if not specs or not paths:
+        return ()
+    names = tuple(name for name, _ in specs)
+    with ThreadPoolExecutor(max_workers=max(1, min(max_threads, len(paths)))) as pool:
+        per_shard = list(pool.map(lambda p: shard_side_types(p, names), paths))
+    columns = []
+    for k, (name, fill) in enumerate(specs):
+        types = sorted({types[k] for types in per_shard})
+        common = common_side_type(types)
+        if common is None:
+            raise InputError(f"extra column {name} has types {', '.join(types)} across the shards; no integer type "
+                             "holds them all (write it as one type)")
+        column = SideColumn(name, common, fill)
+        try:
+            check_fill(column)
+        except ValueError as e:
+            raise InputError(str(e)) from e
+        columns.append(column)
+    return tuple(columns)
 
 
 def _merged(tasks: list[ShardTask]) -> ShardTask:
@@ -175,7 +206,8 @@ def settings_for(config: PackConfig, plan: Plan, out_dir: str) -> PackSettings:
                         read_batch_size=config.read_batch_size, read_batch_tokens=config.read_batch_tokens,
                         chunks_per_record_batch=config.chunks_per_record_batch, strategy=plan.packing.name,
                         strategy_options=plan.packing.options(), verify_inputs=config.verify_inputs,
-                        progress_timeout_s=config.progress_timeout_s, restart_stalled=config.restart_stalled)
+                        progress_timeout_s=config.progress_timeout_s, restart_stalled=config.restart_stalled,
+                        extra_columns=plan.extra_columns)
 
 
 def check_output_outside_inputs(output: str, plan: Plan) -> None:

@@ -46,6 +46,7 @@ from raypack.content_digest import CONTENT_GROUP_CHUNKS, is_range_digests, range
 from raypack.core import Fragment
 from raypack.fs import resolve_filesystem
 from raypack.output import CHUNK_FILE_RE, WrittenFile, write_whole
+from raypack.side_columns import combine, split_fields
 from raypack.tasks import PackSettings, ShardResult, ShardTask, asdict_file
 
 log = logging.getLogger(__name__)
@@ -169,7 +170,7 @@ def _check_record(data: bytes, task: ShardTask, settings: PackSettings, fs, base
     try:
         same_run = body["task"] == asdict(task) and body["settings"] == _output_settings(settings)
         recorded_input = dict(body["input"])
-        result = _result_from_dict(body["result"], settings.token_dtype)
+        result = _result_from_dict(body["result"], settings)
     except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise _Rejected(f"is malformed ({e!r})") from e
     if not same_run:
@@ -214,7 +215,13 @@ def _check_input(recorded: dict[str, Any], task: ShardTask, settings: PackSettin
 
 
 def _output_settings(settings: PackSettings) -> dict[str, Any]:
-    return {k: v for k, v in asdict(settings).items() if k not in _NOT_OUTPUT_SETTINGS}
+    """The settings that decide the output, as JSON values (side columns only when there are any,
+    so tokens-only records keep their form); another ``extra_columns`` is another job."""
+    out = {k: v for k, v in asdict(settings).items() if k not in _NOT_OUTPUT_SETTINGS}
+    columns = out.pop("extra_columns")
+    if columns:
+        out["extra_columns"] = [list(c) for c in columns]
+    return out
 
 
 def _canonical(value: dict[str, Any]) -> bytes:
@@ -229,26 +236,34 @@ def _result_to_dict(result: ShardResult) -> dict[str, Any]:
             "peak_rss_bytes": result.peak_rss_bytes}
 
 
-def _result_from_dict(d: dict[str, Any], token_dtype: str) -> ShardResult:
+def _result_from_dict(d: dict[str, Any], settings: PackSettings) -> ShardResult:
     file = d["file"]
     return ShardResult(int(d["shard_index"]), None if file is None else WrittenFile(**file),
-                       _fragment_from_dict(d["head"], token_dtype), _fragment_from_dict(d["tail"], token_dtype),
+                       _fragment_from_dict(d["head"], settings), _fragment_from_dict(d["tail"], settings),
                        int(d["num_docs"]), int(d["num_nonempty_docs"]), int(d["num_tokens"]),
                        int(d["num_split_docs"]), int(d["peak_rss_bytes"]), task_index=int(d["task_index"]))
 
 
 def _fragment_to_dict(frag: Fragment | None) -> dict[str, Any] | None:
+    """A fragment as JSON; with side columns their values go under ``"sides"`` by name."""
     if frag is None:
         return None
-    return {"start": int(frag.start), "input_ids": frag.input_ids.tolist(),
-            "segment_doc_ids": frag.segment_doc_ids.tolist(), "segment_lengths": frag.segment_lengths.tolist()}
+    tokens, sides = split_fields(frag.input_ids)
+    out = {"start": int(frag.start), "input_ids": tokens.tolist(),
+           "segment_doc_ids": frag.segment_doc_ids.tolist(), "segment_lengths": frag.segment_lengths.tolist()}
+    if sides:
+        out["sides"] = {name: values.tolist() for name, values in zip(frag.input_ids.dtype.names[1:], sides)}
+    return out
 
 
-def _fragment_from_dict(d: dict[str, Any] | None, token_dtype: str) -> Fragment | None:
+def _fragment_from_dict(d: dict[str, Any] | None, settings: PackSettings) -> Fragment | None:
     if d is None:
         return None
-    return Fragment(int(d["start"]), np.asarray(d["input_ids"], dtype=token_dtype),
-                    np.asarray(d["segment_doc_ids"], dtype=np.int64),
+    dtype = settings.packed_dtype
+    tokens = np.asarray(d["input_ids"], dtype=settings.token_dtype)
+    if dtype.names:
+        tokens = combine(tokens, [np.asarray(d["sides"][name], dtype=dtype[name]) for name in dtype.names[1:]], dtype)
+    return Fragment(int(d["start"]), tokens, np.asarray(d["segment_doc_ids"], dtype=np.int64),
                     np.asarray(d["segment_lengths"], dtype=np.int32))
 
 
