@@ -286,7 +286,8 @@ def packed_to_ray_dataset(packed: PackedDataset, batch_rows: int | None = None) 
     return dataset.map_batches(
         _read_file_blocks, batch_size=1, batch_format="pyarrow",
         fn_kwargs={"filesystem": packed.filesystem, "base": packed.base, "context_length": packed.context_length,
-                   "token_dtype": packed.token_dtype.name, "batch_rows": batch_rows},
+                   "token_dtype": packed.token_dtype.name, "batch_rows": batch_rows,
+                   "extra_columns": tuple(tuple(c) for c in packed.extra_columns)},
     )
 
 
