@@ -22,12 +22,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from raypack.core import flatten_documents
+from raypack.core import cast_tokens, flatten_documents
 from raypack.errors import InputError
-from raypack.formats import SHARD_SUFFIXES, iter_token_batches, shard_format
+from raypack.formats import SHARD_SUFFIXES, iter_document_batches, shard_format
 from raypack.fs import is_uri as fs_is_uri
 from raypack.fs import resolve_filesystem
+from raypack.manifest import side_columns_of
 from raypack.shards import discover_shards
+from raypack.side_columns import SideColumn, combine, packed_dtype
 from raypack.verify.blocks import Piece
 from raypack.verify.report import VerifyError
 
@@ -108,13 +110,20 @@ class _InputTotals:
     """Documents in the shards read so far: the global id of the next shard's first document."""
 
 
-def _input_pieces(shards: list[Shard], column: str, totals: _InputTotals) -> Iterator[Piece]:
-    """The inputs' token stream, each token labelled with its document's global id."""
+def _input_pieces(shards: list[Shard], column: str, totals: _InputTotals, extra_columns: tuple[SideColumn, ...] = (),
+                  token_dtype: str = "int64") -> Iterator[Piece]:
+    """The inputs' token stream, each token labelled with its document's global id. With side
+    columns each token is a record of the output's packed dtype: the token and its side values
+    (as the output's structure check gives them), so one comparison covers every column."""
+    names = tuple(c.name for c in extra_columns)
+    dtype = packed_dtype(token_dtype, extra_columns)
     for shard in shards:
         num_docs, num_tokens = 0, 0
         try:
-            for first_row, lists in iter_token_batches(shard.path, shard.format, column, INPUT_BATCH_DOCS):
+            for first_row, lists, sides in _input_batches(shard, column, names):
                 tokens, lengths = flatten_documents(lists)
+                if names:
+                    tokens = _packed_input(tokens, sides, dtype, shard.path, first_row)
                 doc_ids = np.arange(totals.num_docs + first_row, totals.num_docs + first_row + lengths.size)
                 where = _input_locator(shard.path, first_row, doc_ids, lengths)
                 yield Piece(tokens, np.repeat(doc_ids, lengths), where)
@@ -123,6 +132,22 @@ def _input_pieces(shards: list[Shard], column: str, totals: _InputTotals) -> Ite
             raise VerifyError(f"input {e}") from e
         _check_recorded(shard, num_docs, num_tokens)
         totals.num_docs += num_docs
+
+
+def _input_batches(shard: Shard, column: str, names: tuple[str, ...]) -> Iterator[tuple[int, pa.Array, tuple]]:
+    for batch in iter_document_batches(shard.path, shard.format, column, INPUT_BATCH_DOCS, extra_columns=names):
+        yield batch.first_row, batch.tokens, batch.sides
+
+
+def _packed_input(tokens: np.ndarray, sides: tuple[pa.Array, ...], dtype: np.dtype, path: str,
+                  first_row: int) -> np.ndarray:
+    """Input tokens and side values as one array of the output's packed dtype; a value that does
+    not fit the output is a mismatch (VerifyError naming the batch)."""
+    try:
+        values = [side.flatten().to_numpy(zero_copy_only=False) for side in sides]
+        return combine(cast_tokens(tokens, dtype[0]), values, dtype)
+    except (TypeError, ValueError) as e:
+        raise VerifyError(f"input shard {path} rows from {first_row}: {e}; the output cannot hold these inputs") from e
 
 
 def _input_locator(path: str, first_row: int, doc_ids: np.ndarray, lengths: np.ndarray) -> Callable[[int], str]:
@@ -173,7 +198,8 @@ def compare_with_inputs(output: Iterator[Piece], shards: list[Shard], column: st
                          manifest_path: str) -> None:
     """Walk the output and input streams together; raise at the first position where they differ."""
     totals = _InputTotals()
-    found, expected = _Cursor(output), _Cursor(_input_pieces(shards, column, totals))
+    found, expected = _Cursor(output), _Cursor(_input_pieces(shards, column, totals, side_columns_of(manifest),
+                                                             manifest["token_dtype"]))
     while found.current() is not None and expected.current() is not None:
         n = min(found.remaining(), expected.remaining())
         start_found, start_expected = found.offset, expected.offset
@@ -184,8 +210,8 @@ def compare_with_inputs(output: Iterator[Piece], shards: list[Shard], column: st
             i = int(np.argmax(bad))
             raise VerifyError(
                 f"{found.piece.where(start_found + i)}: found doc id {int(found_ids[i])} token "
-                f"{int(found_tokens[i])}; {expected.piece.where(start_expected + i)}: expected doc id "
-                f"{int(expected_ids[i])} token {int(expected_tokens[i])}"
+                f"{found_tokens[i].item()}; {expected.piece.where(start_expected + i)}: expected doc id "
+                f"{int(expected_ids[i])} token {expected_tokens[i].item()}"
             )
     if found.current() is not None:
         raise VerifyError(f"{found.piece.where(found.offset)}: the output continues (doc id "
