@@ -184,7 +184,8 @@ def result_to_table(result: ShardResult, token_type: pa.DataType) -> pa.Table:
             values = None if frag is None else pa.array(arrays[field], typ)
             row[f"{name}_{field}"] = pa.array([values], pa.list_(typ)) if values is not None else pa.array([None], pa.list_(typ))
         for side_name, values in zip(frag.input_ids.dtype.names[1:] if sides else (), sides):
-            row[f"{name}{_SIDE_INFIX}{side_name}"] = pa.array([pa.array(values)])
+            row[f"{name}{_SIDE_INFIX}{side_name}"] = pa.ListArray.from_arrays(pa.array([0, values.size], pa.int32()),
+                                                                              pa.array(values))
     return pa.table(row)
 
 

@@ -27,6 +27,7 @@ from raypack.manifest import check_manifest
 from raypack.packed import read_packed
 from raypack.stats import packing_stats
 from raypack.verify import VerifyError, verify_output
+
 from helpers import file_digests
 
 C = 8
@@ -264,7 +265,8 @@ def test_manifest_extra_columns_are_checked(tmp_path):
     pack_sides(tmp_path, shards)
     manifest = json.load(open(tmp_path / "out" / "manifest.json"))
     check_manifest(manifest, "m")
-    bad_entries = [[], [{"name": "input_ids", "type": "int8", "fill": 0}], [{"name": "m", "type": "float32", "fill": 0}],
+    bad_entries = [[], [{"name": "input_ids", "type": "int8", "fill": 0}],
+                   [{"name": "m", "type": "float32", "fill": 0}],
                    [{"name": "m", "type": "bool", "fill": 2}], [{"name": "m", "type": "int8", "fill": 0, "x": 1}],
                    [{"name": "m", "type": "int8", "fill": 0}, {"name": "m", "type": "int8", "fill": 0}]]
     for entry in bad_entries:
@@ -405,6 +407,21 @@ def test_resume_treats_other_side_columns_as_another_job():
     fragment = Fragment(3, tokens, np.array([7], np.int64), np.array([2], np.int32))
     back = _fragment_from_dict(json.loads(json.dumps(_fragment_to_dict(fragment))), mask)
     assert back.input_ids.dtype == mask.packed_dtype and back.input_ids.tolist() == tokens.tolist()
+
+
+def test_fragments_travel_with_their_side_values():
+    """A packer's edge fragments reach the driver as one Arrow row (the Ray engine's transport)."""
+    from raypack.core import Fragment
+    from raypack.side_columns import SideColumn, combine, packed_dtype
+    from raypack.tasks import ShardResult, result_to_table, table_to_results
+
+    dtype = packed_dtype("int32", [SideColumn("loss_mask", "bool", 0), SideColumn("labels", "int64", -100)])
+    tokens = combine(np.array([5, 6, 7], np.int32), [np.array([True, False, True]), np.array([1, -100, 3])], dtype)
+    head = Fragment(8, tokens, np.array([2], np.int64), np.array([3], np.int32))
+    result = ShardResult(0, None, head, None, 1, 1, 3, 0)
+    (back,) = table_to_results(result_to_table(result, pa.int32()))
+    assert back.tail is None and back.head.input_ids.dtype == dtype
+    assert back.head.input_ids.tolist() == [(5, True, 1), (6, False, -100), (7, True, 3)]
 
 
 def test_ray_engine_matches_local(tmp_path, ray_session):
