@@ -56,7 +56,7 @@ class Chunks(NamedTuple):
     segment_lengths:  (S,) int32; each chunk's segment lengths sum to C.
     sides:            side columns as read back (raypack.packed): (n, C) each, in the manifest's
                       order. Packers leave it empty: they carry side values inside ``input_ids``,
-                      whose dtype is then structured (raypack.side_columns).
+                      whose dtype is then a record dtype (raypack.side_columns).
     """
 
     input_ids: npt.NDArray[np.integer]
@@ -114,13 +114,15 @@ def validate_context_length(context_length: Any) -> int:
 def validate_pad_token(pad_token: Any, dtype: npt.DTypeLike) -> int | np.void:
     """Return ``pad_token`` as an int if the token dtype can hold it, else raise naming both.
 
-    With side columns (raypack.side_columns) ``dtype`` is structured and ``pad_token`` a scalar
-    of it (the pad token, then each column's fill): its token field is checked, it is returned."""
+    With side columns (raypack.side_columns) ``dtype`` is a record dtype (opaque ``V{n}``, or
+    structured) and ``pad_token`` a scalar of it (the pad token, then each column's fill),
+    returned as it is (a structured one's token field is checked)."""
     dtype = np.dtype(dtype)
-    if dtype.names:
+    if dtype.kind == "V":
         if not isinstance(pad_token, np.void) or pad_token.dtype != dtype:
             raise TypeError(f"pad_token={pad_token!r} must be a scalar of the packed dtype {dtype}")
-        validate_pad_token(int(pad_token[0]), dtype[0])
+        if dtype.names:
+            validate_pad_token(int(pad_token[0]), dtype[0])
         return pad_token
     if isinstance(pad_token, bool) or not isinstance(pad_token, numbers.Integral):
         raise TypeError(f"pad_token={pad_token!r} must be an integer")
@@ -138,7 +140,7 @@ def cast_tokens(tokens: npt.NDArray[np.integer], dtype: np.dtype) -> npt.NDArray
     A structured (packed, raypack.side_columns) array is never cast: it must have ``dtype``."""
     if tokens.dtype == dtype:
         return tokens
-    if tokens.dtype.names or np.dtype(dtype).names:
+    if tokens.dtype.kind == "V" or np.dtype(dtype).kind == "V":
         raise TypeError(f"tokens of dtype {tokens.dtype} cannot become {dtype}; side columns are combined "
                         "in the packed dtype before packing")
     if not np.can_cast(tokens.dtype, dtype, "safe") and tokens.size:
@@ -151,9 +153,10 @@ def cast_tokens(tokens: npt.NDArray[np.integer], dtype: np.dtype) -> npt.NDArray
 
 
 def _check_integer_dtype(dtype: np.dtype, what: str) -> None:
-    """Tokens are integers; a packed (structured) dtype's first field holds them."""
-    if dtype.names:
-        dtype = dtype[0]
+    """Tokens are integers; records (side columns, raypack.side_columns: opaque or structured)
+    hold tokens checked when they were made."""
+    if dtype.kind == "V":
+        return
     if dtype.kind not in "iu":
         raise TypeError(f"{what} have dtype {dtype}; tokens must be integers")
 

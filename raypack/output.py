@@ -90,11 +90,18 @@ def chunk_schema(context_length: int, token_type: pa.DataType, pad_token: int,
     )
 
 
+def schema_record_dtype(schema: pa.Schema) -> np.dtype:
+    """The record dtype (raypack.side_columns.record_dtype) of a chunk schema's tokens and side columns."""
+    names = ["input_ids", *schema.names[4:]]
+    return np.dtype([(name, np.dtype(schema.field(name).type.value_type.to_pandas_dtype()).newbyteorder("<"))
+                     for name in names])
+
+
 def chunks_to_record_batch(chunks: Chunks, first_chunk: int, schema: pa.Schema) -> pa.RecordBatch:
     """Zero-copy wrap of ``chunks`` as a record batch of ``schema``; side columns from
-    ``chunks.sides`` (a packed structured ``input_ids`` is split first, one copy per field)."""
-    if chunks.input_ids.dtype.names:
-        tokens, sides = split_fields(chunks.input_ids)
+    ``chunks.sides`` (records in ``input_ids`` are split first, one copy per field)."""
+    if chunks.input_ids.dtype.kind == "V":
+        tokens, sides = split_fields(chunks.input_ids, schema_record_dtype(schema))
         chunks = chunks._replace(input_ids=tokens, sides=sides)
     n, c = chunks.input_ids.shape
     offsets = pa.array(chunks.segment_offsets.astype(np.int32))
@@ -322,6 +329,7 @@ class ChunkFileWriter:
         self._pending: list[Chunks] = []
         self._pending_rows = 0
         self._digester = RangeDigester(first_chunk)
+        self.record = schema_record_dtype(schema)
 
     @property
     def num_chunks(self) -> int:
@@ -345,7 +353,7 @@ class ChunkFileWriter:
             return
         context_length = self.schema.field("input_ids").type.list_size
         merged = concat_chunks(self._pending, context_length, self._pending[0].input_ids.dtype)
-        tokens, sides = split_fields(merged.input_ids)
+        tokens, sides = split_fields(merged.input_ids, self.record)
         merged = merged._replace(input_ids=tokens, sides=sides)
         self._writer.write_batch(chunks_to_record_batch(merged, self.next_chunk, self.schema))
         self._digester.add(tokens, merged.segment_offsets, merged.segment_doc_ids, merged.segment_lengths, sides)

@@ -174,7 +174,7 @@ class ShardPackerActor:
             except InputError as e:
                 yield _error_table(row["task_index"], e)
             else:
-                yield result_to_table(result, self.token_type)
+                yield result_to_table(result, self.token_type, self.settings.record_dtype)
 
 
 class ShardCounterActor:

@@ -46,7 +46,7 @@ from raypack.content_digest import CONTENT_GROUP_CHUNKS, is_range_digests, range
 from raypack.core import Fragment
 from raypack.fs import resolve_filesystem
 from raypack.output import CHUNK_FILE_RE, WrittenFile, write_whole
-from raypack.side_columns import combine, split_fields
+from raypack.side_columns import combine, opaque, split_fields
 from raypack.tasks import PackSettings, ShardResult, ShardTask, asdict_file
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ def save_result(task: ShardTask, settings: PackSettings, result: ShardResult, id
     """Record ``result`` durably (written whole or not at all). ``identity``: from
     :func:`identify_input`, taken before the shard was read for packing."""
     body = {"version": RECORD_VERSION, "task": asdict(task), "settings": _output_settings(settings),
-            "input": identity, "result": _result_to_dict(result)}
+            "input": identity, "result": _result_to_dict(result, settings)}
     record = {**body, "record_sha256": hashlib.sha256(_canonical(body)).hexdigest()}
     write_whole(settings.out_dir, record_name(task.task_index), _canonical(record), make_dirs=True)
 
@@ -228,9 +228,9 @@ def _canonical(value: dict[str, Any]) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
-def _result_to_dict(result: ShardResult) -> dict[str, Any]:
+def _result_to_dict(result: ShardResult, settings: PackSettings) -> dict[str, Any]:
     return {"shard_index": result.shard_index, "task_index": result.task_index, "file": asdict_file(result.file),
-            "head": _fragment_to_dict(result.head), "tail": _fragment_to_dict(result.tail),
+            "head": _fragment_to_dict(result.head, settings), "tail": _fragment_to_dict(result.tail, settings),
             "num_docs": result.num_docs, "num_nonempty_docs": result.num_nonempty_docs,
             "num_tokens": result.num_tokens, "num_split_docs": result.num_split_docs,
             "peak_rss_bytes": result.peak_rss_bytes}
@@ -244,25 +244,26 @@ def _result_from_dict(d: dict[str, Any], settings: PackSettings) -> ShardResult:
                        int(d["num_split_docs"]), int(d["peak_rss_bytes"]), task_index=int(d["task_index"]))
 
 
-def _fragment_to_dict(frag: Fragment | None) -> dict[str, Any] | None:
+def _fragment_to_dict(frag: Fragment | None, settings: PackSettings) -> dict[str, Any] | None:
     """A fragment as JSON; with side columns their values go under ``"sides"`` by name."""
     if frag is None:
         return None
-    tokens, sides = split_fields(frag.input_ids)
+    tokens, sides = split_fields(frag.input_ids, settings.record_dtype)
     out = {"start": int(frag.start), "input_ids": tokens.tolist(),
            "segment_doc_ids": frag.segment_doc_ids.tolist(), "segment_lengths": frag.segment_lengths.tolist()}
     if sides:
-        out["sides"] = {name: values.tolist() for name, values in zip(frag.input_ids.dtype.names[1:], sides)}
+        out["sides"] = {name: values.tolist() for name, values in zip(settings.record_dtype.names[1:], sides)}
     return out
 
 
 def _fragment_from_dict(d: dict[str, Any] | None, settings: PackSettings) -> Fragment | None:
     if d is None:
         return None
-    dtype = settings.packed_dtype
+    record = settings.record_dtype
     tokens = np.asarray(d["input_ids"], dtype=settings.token_dtype)
-    if dtype.names:
-        tokens = combine(tokens, [np.asarray(d["sides"][name], dtype=dtype[name]) for name in dtype.names[1:]], dtype)
+    if settings.extra_columns:
+        sides = [np.asarray(d["sides"][name], dtype=record[name]) for name in record.names[1:]]
+        tokens = opaque(combine(tokens, sides, record))
     return Fragment(int(d["start"]), tokens, np.asarray(d["segment_doc_ids"], dtype=np.int64),
                     np.asarray(d["segment_lengths"], dtype=np.int32))
 

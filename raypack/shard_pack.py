@@ -21,7 +21,7 @@ from raypack.errors import InputError
 from raypack.formats import check_tokens_fit
 from raypack.output import ChunkFileWriter, chunk_schema
 from raypack.resume import identify_input, save_result
-from raypack.side_columns import combine
+from raypack.side_columns import combine, opaque
 from raypack.strategies.base import ShardPacker
 from raypack.tasks import PackSettings, ShardResult, ShardTask, read_batch_rows
 from raypack.token_pieces import iter_token_pieces
@@ -125,7 +125,7 @@ def _with_sides(tokens: np.ndarray, lengths: np.ndarray, sides: tuple[pa.Array, 
         raise
     values = [side.flatten().to_numpy(zero_copy_only=False) for side in sides]
     try:
-        return combine(tokens, values, settings.packed_dtype)
+        return opaque(combine(tokens, values, settings.record_dtype))
     except ValueError as e:
         raise InputError(f"shard {task.path} rows {first_row}..{first_row + len(lengths) - 1}: {e}; the file changed "
                          "during the run (rerun on a stable copy)") from e

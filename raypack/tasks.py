@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from raypack.core import Fragment
 from raypack.output import WrittenFile
-from raypack.side_columns import SideColumn, from_fields, packed_dtype, pad_value, split_fields
+from raypack.side_columns import SideColumn, from_fields, packed_dtype, pad_value, record_dtype, split_fields
 
 if TYPE_CHECKING:
     from raypack.strategies import PackingStrategy
@@ -104,8 +104,13 @@ class PackSettings:
 
     @property
     def packed_dtype(self) -> np.dtype:
-        """What the packers move: the token dtype, or the structured dtype with the side columns."""
+        """What the packers move: the token dtype, or opaque records of :attr:`record_dtype`."""
         return packed_dtype(self.token_dtype, self.extra_columns)
+
+    @property
+    def record_dtype(self) -> np.dtype:
+        """One position's token and side values, structured (raypack.side_columns.record_dtype)."""
+        return record_dtype(self.token_dtype, self.extra_columns)
 
     @property
     def pad_value(self) -> int | np.void:
@@ -162,7 +167,8 @@ _SIDE_INFIX = "_side_"
 """A fragment's side column travels as ``{head|tail}_side_{name}`` (its tokens as ``*_input_ids``)."""
 
 
-def result_to_table(result: ShardResult, token_type: pa.DataType) -> pa.Table:
+def result_to_table(result: ShardResult, token_type: pa.DataType, record: np.dtype | None = None) -> pa.Table:
+    """``result`` as one Arrow row; ``record``: the fragments' record dtype when they hold side columns."""
     row: dict[str, Any] = {
         "shard_index": [result.shard_index],
         "task_index": [result.task_index],
@@ -177,13 +183,13 @@ def result_to_table(result: ShardResult, token_type: pa.DataType) -> pa.Table:
     }
     for name, frag in (("head", result.head), ("tail", result.tail)):
         row[f"{name}_start"] = pa.array([None if frag is None else frag.start], pa.int64())
-        tokens, sides = (None, ()) if frag is None else split_fields(frag.input_ids)
+        tokens, sides = (None, ()) if frag is None else split_fields(frag.input_ids, record)
         arrays = {"input_ids": tokens, "segment_doc_ids": None if frag is None else frag.segment_doc_ids,
                   "segment_lengths": None if frag is None else frag.segment_lengths}
         for field, typ in (("input_ids", token_type), ("segment_doc_ids", pa.int64()), ("segment_lengths", pa.int32())):
             values = None if frag is None else pa.array(arrays[field], typ)
             row[f"{name}_{field}"] = pa.array([values], pa.list_(typ)) if values is not None else pa.array([None], pa.list_(typ))
-        for side_name, values in zip(frag.input_ids.dtype.names[1:] if sides else (), sides):
+        for side_name, values in zip(record.names[1:] if sides else (), sides):
             row[f"{name}{_SIDE_INFIX}{side_name}"] = pa.ListArray.from_arrays(pa.array([0, values.size], pa.int32()),
                                                                               pa.array(values))
     return pa.table(row)

@@ -389,7 +389,7 @@ def test_cli_flag_toml_and_refusals(tmp_path, capsys):
 
 def test_resume_treats_other_side_columns_as_another_job():
     from raypack.resume import _fragment_from_dict, _fragment_to_dict, _output_settings
-    from raypack.side_columns import SideColumn, combine
+    from raypack.side_columns import SideColumn, combine, opaque
     from raypack.tasks import PackSettings
 
     base = dict(out_dir="o", context_length=4, pad_token=0, token_dtype="int32", token_column="input_ids",
@@ -403,25 +403,27 @@ def test_resume_treats_other_side_columns_as_another_job():
     assert _output_settings(mask) == json.loads(json.dumps(_output_settings(mask)))  # survives the JSON record
     from raypack.core import Fragment
 
-    tokens = combine(np.array([5, 6], np.int32), [np.array([1, 0], np.int8)], mask.packed_dtype)
+    tokens = opaque(combine(np.array([5, 6], np.int32), [np.array([1, 0], np.int8)], mask.record_dtype))
     fragment = Fragment(3, tokens, np.array([7], np.int64), np.array([2], np.int32))
-    back = _fragment_from_dict(json.loads(json.dumps(_fragment_to_dict(fragment))), mask)
-    assert back.input_ids.dtype == mask.packed_dtype and back.input_ids.tolist() == tokens.tolist()
+    back = _fragment_from_dict(json.loads(json.dumps(_fragment_to_dict(fragment, mask))), mask)
+    assert back.input_ids.dtype == mask.packed_dtype
+    assert back.input_ids.view(mask.record_dtype).tolist() == [(5, 1), (6, 0)]
 
 
 def test_fragments_travel_with_their_side_values():
     """A packer's edge fragments reach the driver as one Arrow row (the Ray engine's transport)."""
     from raypack.core import Fragment
-    from raypack.side_columns import SideColumn, combine, packed_dtype
+    from raypack.side_columns import SideColumn, combine, opaque, packed_dtype, record_dtype
     from raypack.tasks import ShardResult, result_to_table, table_to_results
 
-    dtype = packed_dtype("int32", [SideColumn("loss_mask", "bool", 0), SideColumn("labels", "int64", -100)])
-    tokens = combine(np.array([5, 6, 7], np.int32), [np.array([True, False, True]), np.array([1, -100, 3])], dtype)
-    head = Fragment(8, tokens, np.array([2], np.int64), np.array([3], np.int32))
+    columns = [SideColumn("loss_mask", "bool", 0), SideColumn("labels", "int64", -100)]
+    record = record_dtype("int32", columns)
+    tokens = combine(np.array([5, 6, 7], np.int32), [np.array([True, False, True]), np.array([1, -100, 3])], record)
+    head = Fragment(8, opaque(tokens), np.array([2], np.int64), np.array([3], np.int32))
     result = ShardResult(0, None, head, None, 1, 1, 3, 0)
-    (back,) = table_to_results(result_to_table(result, pa.int32()))
-    assert back.tail is None and back.head.input_ids.dtype == dtype
-    assert back.head.input_ids.tolist() == [(5, True, 1), (6, False, -100), (7, True, 3)]
+    (back,) = table_to_results(result_to_table(result, pa.int32(), record))
+    assert back.tail is None and back.head.input_ids.dtype == packed_dtype("int32", columns)
+    assert back.head.input_ids.view(record).tolist() == [(5, True, 1), (6, False, -100), (7, True, 3)]
 
 
 def test_ray_engine_matches_local(tmp_path, ray_session):
@@ -433,3 +435,22 @@ def test_ray_engine_matches_local(tmp_path, ray_session):
         pack_sides(tmp_path, shards, name=f"local-{strategy}", strategy=strategy, task_tokens=40)
         pack_sides(tmp_path, shards, name=f"ray-{strategy}", engine="ray", strategy=strategy, task_tokens=40)
         assert file_digests(str(tmp_path / f"local-{strategy}")) == file_digests(str(tmp_path / f"ray-{strategy}"))
+
+
+def test_training_chat_example(tmp_path, monkeypatch):
+    """docs/TRAINING.md's chat example runs as written, with a tokenizer built here (nothing downloaded)."""
+    pytest.importorskip("raypack.torch_data")
+    tokenizers = pytest.importorskip("tokenizers")
+    from helpers import train_byte_level_bpe
+
+    tok = train_byte_level_bpe(["What is 2 + 2? 4. Name a colour. Blue. Green. Say hello. Hello!"] * 4, 300)
+    tok.add_special_tokens(["<|user|>", "<|assistant|>", "<|end|>"])
+    assert isinstance(tok, tokenizers.Tokenizer)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    text = open(os.path.join(os.path.dirname(__file__), "..", "docs", "TRAINING.md")).read()
+    section = text.split("## Chat data: train only on the assistant's replies", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "docs/TRAINING.md", "exec"), {"__name__": "training_chat_example"})
+    manifest = json.load(open(tmp_path / "packed-chats" / "manifest.json"))
+    assert manifest["extra_columns"] == [{"name": "loss_mask", "type": "int8", "fill": 0}]

@@ -23,7 +23,7 @@ import pyarrow.fs as pafs
 
 from raypack.manifest import side_columns_of
 from raypack.output import CHUNK_FILE_VERSION, side_arrow_type
-from raypack.side_columns import SideColumn, combine, packed_dtype
+from raypack.side_columns import SideColumn, combine, record_dtype
 from raypack.verify.files import open_file
 from raypack.verify.report import VerifyError
 
@@ -36,8 +36,8 @@ _COLUMNS = ("chunk_index", "input_ids", "segment_doc_ids", "segment_lengths")
 class Block(NamedTuple):
     """``n`` consecutive rows of one chunk file, decoded (views of the file where possible).
 
-    chunk_indices: (n,) int64.  input_ids: (n, C) token dtype; with side columns, the packed
-    structured dtype (raypack.side_columns) holding each token with its side values.
+    chunk_indices: (n,) int64.  input_ids: (n, C) token dtype; with side columns, structured
+    records (raypack.side_columns.record_dtype) holding each token with its side values.
     segment_offsets: (n + 1,) int64 from 0.  segment_doc_ids: (S,) int64.  segment_lengths: (S,) int32.
     """
 
@@ -146,7 +146,7 @@ def _decode(batch: pa.RecordBatch, path: str, first_row: int, c: int, sides: tup
     input_ids = flat.to_numpy().reshape(batch.num_rows, c)
     if sides:
         values = [_fixed_values(batch.column(side.name), c, batch.num_rows) for side in sides]
-        input_ids = combine(input_ids.reshape(-1), values, packed_dtype(token_dtype, sides)).reshape(-1, c)
+        input_ids = combine(input_ids.reshape(-1), values, record_dtype(token_dtype, sides)).reshape(-1, c)
     return Block(path, first_row, batch.column("chunk_index").to_numpy(), input_ids, id_offsets, seg_ids, seg_lens)
 
 

@@ -29,7 +29,7 @@ from raypack.fs import is_uri as fs_is_uri
 from raypack.fs import resolve_filesystem
 from raypack.manifest import side_columns_of
 from raypack.shards import discover_shards
-from raypack.side_columns import SideColumn, combine, packed_dtype
+from raypack.side_columns import SideColumn, combine, record_dtype
 from raypack.verify.blocks import Piece
 from raypack.verify.report import VerifyError
 
@@ -116,7 +116,7 @@ def _input_pieces(shards: list[Shard], column: str, totals: _InputTotals, extra_
     columns each token is a record of the output's packed dtype: the token and its side values
     (as the output's structure check gives them), so one comparison covers every column."""
     names = tuple(c.name for c in extra_columns)
-    dtype = packed_dtype(token_dtype, extra_columns)
+    dtype = record_dtype(token_dtype, extra_columns)
     for shard in shards:
         num_docs, num_tokens = 0, 0
         try:
