@@ -119,14 +119,10 @@ def _with_sides(tokens: np.ndarray, lengths: np.ndarray, sides: tuple[pa.Array, 
     """Tokens (checked to fit the token dtype, InputError naming the row otherwise) and the side
     columns' values as one array of the packed dtype (raypack.side_columns). One copy of each."""
     try:
-        tokens = cast_tokens(tokens, np.dtype(settings.token_dtype))
-    except ValueError:
-        check_tokens_fit(tokens, lengths, settings.token_dtype, path=task.path, first_row=first_row)
-        raise
-    values = [side.flatten().to_numpy(zero_copy_only=False) for side in sides]
-    try:
-        return opaque(combine(tokens, values, settings.record_dtype))
+        values = [side.flatten().to_numpy(zero_copy_only=False) for side in sides]
+        return opaque(combine(cast_tokens(tokens, np.dtype(settings.token_dtype)), values, settings.record_dtype))
     except ValueError as e:
+        check_tokens_fit(tokens, lengths, settings.token_dtype, path=task.path, first_row=first_row)
         raise InputError(f"shard {task.path} rows {first_row}..{first_row + len(lengths) - 1}: {e}; the file changed "
                          "during the run (rerun on a stable copy)") from e
 

@@ -359,6 +359,12 @@ def test_config_refusals(tmp_path):
         make_config({**base, "extra_columns": ["loss_mask"], "tokenizer": "tok.json"})
 
 
+def test_token_that_does_not_fit_the_token_dtype(tmp_path):
+    shards = write_side_shards(tmp_path, [[1, 2], [3, 300]], [[1, 1], [1, 1]], [])
+    with pytest.raises(InputError, match=r"row 1: token 300 does not fit the output token dtype uint8"):
+        pack_sides(tmp_path, shards, token_dtype="uint8")
+
+
 def test_fill_must_fit_the_type(tmp_path):
     shards = write_side_shards(tmp_path, [[1, 2]], [[True, False]], [], mask_type=pa.bool_())
     with pytest.raises(InputError, match=r"extra column loss_mask: fill=2 does not fit its type bool \(0\.\.1\)"):
