@@ -180,13 +180,16 @@ def side_corpora(draw):
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(corpus=side_corpora(), strategy=st.sampled_from(["concat", "best_fit"]), read_batch_size=st.integers(1, 7),
-       task_tokens=st.sampled_from([0, 10, 40]), window=st.sampled_from([0, 2, 3]), fill=st.integers(-128, 127))
-def test_matches_naive_reference(tmp_path_factory, corpus, strategy, read_batch_size, task_tokens, window, fill):
+       task_tokens=st.sampled_from([0, 10, 40]), window=st.sampled_from([0, 2, 3]), fill=st.integers(-128, 127),
+       read_batch_tokens=st.sampled_from([5, 1 << 20]))
+def test_matches_naive_reference(tmp_path_factory, corpus, strategy, read_batch_size, task_tokens, window, fill,
+                                 read_batch_tokens):
     docs, masks, labels, cuts = corpus
     root = tmp_path_factory.mktemp("prop")
     shards = write_side_shards(root, docs, masks, cuts, labels=labels, row_group_size=2)
     pack_sides(root, shards, strategy=strategy, read_batch_size=read_batch_size, task_tokens=task_tokens,
-               best_fit_window=window, extra_columns=[f"loss_mask={fill}", "labels=-100"])
+               best_fit_window=window, read_batch_tokens=read_batch_tokens,
+               extra_columns=[f"loss_mask={fill}", "labels=-100"])
     names = ["loss_mask", "labels"]
     records = [list(zip(d, m, lab)) for d, m, lab in zip(docs, masks, labels)]
     pad = (PAD, fill, -100)
@@ -242,7 +245,7 @@ def test_verify_checks_side_columns_against_inputs(tmp_path):
     for strategy in ("concat", "best_fit"):
         out = str(tmp_path / strategy)
         pack_sides(tmp_path, shards, name=strategy, strategy=strategy)
-        verify_output(out, [shards])
+        assert "  side columns     loss_mask int8 fill=0" in verify_output(out, [shards]).lines()
     changed = write_side_shards(tmp_path, docs, [[1] * 11, [0, 1, 1], [1, 0] * 5], [2], name="changed")
     for strategy in ("concat", "best_fit"):
         with pytest.raises(VerifyError, match=r"found doc id 1 token \(22, 0\).*expected doc id 1 token \(22, 1\)"):
@@ -441,6 +444,12 @@ def test_ray_engine_matches_local(tmp_path, ray_session):
         pack_sides(tmp_path, shards, name=f"local-{strategy}", strategy=strategy, task_tokens=40)
         pack_sides(tmp_path, shards, name=f"ray-{strategy}", engine="ray", strategy=strategy, task_tokens=40)
         assert file_digests(str(tmp_path / f"local-{strategy}")) == file_digests(str(tmp_path / f"ray-{strategy}"))
+    torch_data = pytest.importorskip("raypack.torch_data")
+    ds = read_packed(str(tmp_path / "ray-best_fit"))
+    rows = ds.to_ray_dataset().take_all()
+    assert [list(r["loss_mask"]) for r in rows] == ds.get_batch(0, len(ds))["loss_mask"].tolist()
+    streamed = next(torch_data.iter_ray_batches(ds, batch_size=4, attention="varlen"))
+    assert streamed["labels"].tolist() == torch_data.collate_packed([ds[i] for i in range(4)])["labels"].tolist()
 
 
 def test_training_chat_example(tmp_path, monkeypatch):

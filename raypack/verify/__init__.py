@@ -37,7 +37,7 @@ import time
 from typing import Any, Sequence
 
 from raypack.errors import InputError
-from raypack.manifest import load_manifest, resolve_output, strategy_of
+from raypack.manifest import load_manifest, resolve_output, side_columns_of, strategy_of
 from raypack.output import MANIFEST_NAME
 from raypack.strategies import strategy_of_manifest
 from raypack.verify.files import check_files
@@ -97,6 +97,7 @@ def verify_output(
         seconds=time.perf_counter() - start, strategy=strategy,
         best_fit_window=structure.window,
         input_paths=tuple(shard.path for shard in shards or ()),
+        extra_columns=tuple(f"{c.name} {c.type} fill={c.fill}" for c in side_columns_of(manifest)),
     )
 
 

@@ -36,6 +36,8 @@ class VerifyReport:
     """Documents per best-fit window (0: a whole shard); None for concat."""
     input_paths: tuple[str, ...] = ()
     """The input shards read, in order (empty when inputs were not compared)."""
+    extra_columns: tuple[str, ...] = ()
+    """Side columns checked with the tokens (``name type fill=F``), if any."""
 
     def lines(self) -> list[str]:
         rate = self.num_tokens / self.seconds if self.seconds > 0 else 0.0
@@ -52,6 +54,7 @@ class VerifyReport:
             f"  padding          {self.num_padding_positions:>14,}",
             f"  documents        {self.num_documents:>14,}",
             f"  split documents  {self.num_split_documents:>14,}",
+            *([f"  side columns     {', '.join(self.extra_columns)}"] if self.extra_columns else []),
             f"  inputs           {inputs}",
             *(f"    read {path}" for path in self.input_paths[:3]),
             *([f"    ... and {len(self.input_paths) - 3:,} more shard(s)"] if len(self.input_paths) > 3 else []),
