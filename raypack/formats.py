@@ -14,6 +14,9 @@ All that raypack knows of its input formats is here:
     yields ``(first_row, tokens)``: ``tokens`` is a list/large_list array of integer token ids
     holding at most ``batch_size`` documents, ``first_row`` the shard-local index of its first
     document;
+  * side columns (``--extra-columns``, raypack.side_columns): ``iter_document_batches`` reads
+    them alongside the tokens, the same rows, and checks one value per token
+    (``validate_side_batch``); ``shard_side_types`` reads their types from a schema at plan time;
   * pieces (what the packer reads) are in :mod:`raypack.token_pieces`: the same stream, except
     that a Parquet row group of long documents is read page by page (raypack.parquet_pages) and
     a document longer than ``max_tokens`` arrives in consecutive pieces;

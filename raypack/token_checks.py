@@ -60,6 +60,8 @@ def validate_side_batch(tokens: pa.Array, sides: Sequence[pa.Array], names: Sequ
     non-null integers or bools holding exactly one value per token of its row of ``tokens``.
 
     One vectorised comparison of list lengths per column (O(rows)), plus a null count."""
+    if not sides:
+        return
     token_lens = pc.list_value_length(tokens).to_numpy(zero_copy_only=False)
     for name, side in zip(names, sides):
         side_type = side.type
