@@ -389,8 +389,8 @@ def iter_jsonl_lists(
 def _iter_jsonl_columns(fs: pafs.FileSystem, fs_path: str, path: str, columns: tuple[str, ...], *,
                         block_size: int = JSON_BLOCK_SIZE) -> Iterator[tuple[pa.ListArray, ...]]:
     """:func:`iter_jsonl_lists` of several columns at once: one list<int64> array per column."""
-    what = f"{columns[0]!r} is a list" if len(columns) == 1 else \
-        f"{', '.join(map(repr, columns))} are lists (JSON booleans: write 0/1)"
+    what = f"{columns[0]!r} is a list of integers (int64)" if len(columns) == 1 else \
+        f"{', '.join(map(repr, columns))} are lists of integers (int64; write booleans as 0/1)"
     num_yielded = 0
     while True:
         try:
@@ -406,7 +406,7 @@ def _iter_jsonl_columns(fs: pafs.FileSystem, fs_path: str, path: str, columns: t
                 continue
             raise InputError(
                 f"shard {path}: cannot parse JSON Lines after document {num_yielded} ({error_text(e)}); each "
-                f"line must be one object whose {what} of integers (int64), and no "
+                f"line must be one object whose {what}, and no "
                 f"line may exceed {MAX_JSON_BLOCK_SIZE} bytes"
             ) from e
         except OSError as e:

@@ -335,6 +335,16 @@ def test_jsonl_missing_key_on_a_line(tmp_path):
         pack_sides(tmp_path, str(shard))
 
 
+def test_jsonl_booleans_are_refused_in_one_line(tmp_path):
+    (tmp_path / "in").mkdir()
+    shard = tmp_path / "in" / "a.jsonl"
+    shard.write_text(json.dumps({"input_ids": [1, 2], "loss_mask": [True, False]}) + "\n")
+    with pytest.raises(InputError, match=r"whose 'input_ids', 'loss_mask' are lists of integers \(int64; write "
+                                         r"booleans as 0/1\)") as raised:
+        pack_sides(tmp_path, str(shard))
+    assert "\n" not in str(raised.value)
+
+
 def test_non_integer_and_missing_columns_refused_before_packing(tmp_path):
     shards = tmp_path / "shards"
     shards.mkdir()
