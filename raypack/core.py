@@ -137,7 +137,7 @@ def validate_pad_token(pad_token: Any, dtype: npt.DTypeLike) -> int | np.void:
 
 def cast_tokens(tokens: npt.NDArray[np.integer], dtype: np.dtype) -> npt.NDArray[np.integer]:
     """``tokens`` as ``dtype`` (no copy if already), or ValueError naming a token that does not fit.
-    A structured (packed, raypack.side_columns) array is never cast: it must have ``dtype``."""
+    Records (side columns, raypack.side_columns) are never cast: they must have ``dtype``."""
     if tokens.dtype == dtype:
         return tokens
     if tokens.dtype.kind == "V" or np.dtype(dtype).kind == "V":
