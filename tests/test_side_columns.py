@@ -263,6 +263,29 @@ def test_verify_finds_a_changed_fill(tmp_path):
         verify_output(str(tmp_path / "out"), [])
 
 
+def test_verify_structure_checks_the_fill_on_padding(tmp_path):
+    """A side value other than the fill on a padding position is named (the file's bytes and hash aside)."""
+    from raypack.manifest import load_manifest, resolve_output
+    from raypack.verify import structure_class
+    from raypack.verify.blocks import iter_blocks
+
+    shards = write_side_shards(tmp_path, [[1, 2, 3], [4, 5, 6, 7, 8, 9]], [[1, 1, 1], [0] * 6], [])
+    for strategy in ("concat", "best_fit"):
+        pack_sides(tmp_path, shards, name=strategy, strategy=strategy, extra_columns=["loss_mask=-1"])
+        out = str(tmp_path / strategy)
+        manifest = load_manifest(out)
+        fs, base = resolve_output(out)
+        blocks = [b for entry in manifest["files"] for b in iter_blocks(fs, base, entry, manifest, 1024)]
+        structure = structure_class(manifest)(manifest)
+        for block in blocks[:-1]:
+            structure.pieces(block)
+        records = blocks[-1].input_ids.copy()
+        records[-1, -1]["loss_mask"] = 0  # the last position is padding in both layouts
+        with pytest.raises(VerifyError, match=r"token \(0, 0\), expected pad_token \(0, -1\)"):
+            structure.pieces(blocks[-1]._replace(input_ids=records))
+            structure.flush()
+
+
 def test_manifest_extra_columns_are_checked(tmp_path):
     shards = write_side_shards(tmp_path, [[1, 2, 3]], [[1, 1, 1]], [])
     pack_sides(tmp_path, shards)
