@@ -26,16 +26,16 @@ def stitch_boundaries(results: Sequence[ShardResult], plan: Plan, settings: Pack
     fragments = sorted((f for r in results for f in (r.head, r.tail) if f is not None), key=lambda f: f.start)
     by_chunk = itertools.groupby(fragments, key=lambda f: f.start // c)
     stitched = [(index, _stitch_one(list(group), index, plan, settings)) for index, group in by_chunk]
-    return _consecutive_runs(stitched, c, settings.token_dtype)
+    return _consecutive_runs(stitched, c, settings.packed_dtype)
 
 
 def _stitch_one(group: list[Fragment], index: int, plan: Plan, settings: PackSettings) -> Chunks:
     is_last = index == plan.num_chunks - 1
-    return stitch_fragments(group, settings.context_length, settings.pad_token,
-                            pad=is_last, dtype=np.dtype(settings.token_dtype))
+    return stitch_fragments(group, settings.context_length, settings.pad_value,
+                            pad=is_last, dtype=settings.packed_dtype)
 
 
-def _consecutive_runs(stitched: list[tuple[int, Chunks]], c: int, dtype: str) -> list[tuple[int, Chunks]]:
+def _consecutive_runs(stitched: list[tuple[int, Chunks]], c: int, dtype: np.dtype) -> list[tuple[int, Chunks]]:
     runs: list[tuple[int, list[Chunks]]] = []
     for index, chunks in stitched:
         if runs and runs[-1][0] + len(runs[-1][1]) == index:
@@ -46,7 +46,8 @@ def _consecutive_runs(stitched: list[tuple[int, Chunks]], c: int, dtype: str) ->
 
 
 def write_boundaries(runs: list[tuple[int, Chunks]], settings: PackSettings) -> list[WrittenFile]:
-    schema = chunk_schema(settings.context_length, pa.from_numpy_dtype(np.dtype(settings.token_dtype)), settings.pad_token)
+    schema = chunk_schema(settings.context_length, pa.from_numpy_dtype(np.dtype(settings.token_dtype)), settings.pad_token,
+                          settings.extra_columns)
     return [write_chunks_file(settings.out_dir, first, chunks, schema, settings.chunks_per_record_batch)
             for first, chunks in runs]
 

@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--token-dtype", metavar="DTYPE",
                       help=f"the output's token type, one of {', '.join(TOKEN_DTYPES)} (auto: the narrowest type "
                            "every input's type fits in)")
+    pack.add_argument("--extra-columns", type=_comma_list, metavar="NAME[=FILL],...",
+                      help="per-token list columns of the inputs (integers or bools, one value per token) packed "
+                           "with the tokens, e.g. loss_mask,labels=-100 (FILL: the value on padding, default 0)")
     pack.add_argument("--workers", dest="num_workers", type=int, help="packer actors")
     pack.add_argument("--read-batch-size", type=int,
                       help="documents per record batch read (0: from each shard's mean document length)")
@@ -156,6 +159,11 @@ def _add_export_parser(commands) -> None:
 
 
 PLOT_EXTRA = 'pip install "raypack[plot]"'
+
+
+def _comma_list(text: str) -> tuple[str, ...]:
+    """``a,b=1`` -> ``("a", "b=1")`` (empty items dropped)."""
+    return tuple(item.strip() for item in text.split(",") if item.strip())
 
 
 def _show_defaults(parser: argparse.ArgumentParser, defaults: Mapping[str, Any]) -> None:

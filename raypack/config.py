@@ -23,6 +23,7 @@ import tomllib
 from raypack.core import validate_context_length, validate_pad_token
 from raypack.errors import InputError
 from raypack.long_docs import DEFAULT_LONG_DOCS, validate_long_docs
+from raypack.side_columns import parse_side_spec
 from raypack.strategies import (
     DEFAULT_STRATEGY,
     PackingStrategy,
@@ -53,6 +54,10 @@ class PackConfig:
     token_column: str = "input_ids"
     token_dtype: str = "auto"
     """Output token dtype; "auto" takes the narrowest type every shard's type fits in."""
+    extra_columns: tuple[str, ...] = ()
+    """Side columns: per-token list columns of the input (integers or bools, one value per token)
+    packed with the tokens and stored beside them, ``NAME`` or ``NAME=FILL`` (the value on padding,
+    default 0), e.g. ``["loss_mask", "labels=-100"]`` (raypack.side_columns)."""
     read_batch_size: int = 0
     """Documents per record batch a packer reads; 0 picks it per shard from the shard's mean
     document length so that a batch holds about ``read_batch_tokens`` tokens."""
@@ -111,6 +116,7 @@ class PackConfig:
             validate_pad_token(self.pad_token, np.dtype(self.token_dtype))
         elif isinstance(self.pad_token, bool) or not isinstance(self.pad_token, int):
             raise TypeError(f"pad_token={self.pad_token!r} must be an integer")
+        self.side_specs()
         strategy_class(self.strategy)
         validate_long_docs(self.long_docs)
         unknown = sorted(set(self.strategy_options) - set(option_fields()))
@@ -142,6 +148,21 @@ class PackConfig:
                 raise ValueError(f"{key}={value!r} is an option of strategy {cls.name}, which alone can honour it; "
                                  f"strategy={self.strategy} cannot: choose strategy {cls.name}, or drop {key}")
 
+    def side_specs(self) -> tuple[tuple[str, int], ...]:
+        """``(name, fill)`` of each extra column, checked: well formed, distinct, not the token column,
+        and not with text inputs (text has no per-token columns)."""
+        if isinstance(self.extra_columns, str) or not isinstance(self.extra_columns, (tuple, list)):
+            raise ValueError(f"extra_columns={self.extra_columns!r} must be a list of NAME or NAME=FILL")
+        specs = tuple(parse_side_spec(spec) for spec in self.extra_columns)
+        names = [name for name, _ in specs]
+        if len(set(names)) != len(names) or self.token_column in names:
+            raise ValueError(f"extra_columns={list(self.extra_columns)!r}: names must be distinct and not the token "
+                             f"column {self.token_column!r}")
+        if specs and self.tokenizer:
+            raise ValueError("extra_columns need token inputs: text has no per-token columns (tokenize it with your "
+                             "own side columns, then pack the token shards)")
+        return specs
+
     @property
     def packing(self) -> PackingStrategy:
         """The chosen strategy with its options."""
@@ -162,6 +183,7 @@ class PackConfig:
         out = dataclasses.asdict(self)
         out.pop("strategy_options")
         out["inputs"] = list(self.inputs)
+        out["extra_columns"] = list(self.extra_columns)
         for strategy in self.strategies():
             out.update(strategy.options())
         return out
@@ -185,6 +207,8 @@ def make_config(values: Mapping[str, Any], *, source: str = "config") -> PackCon
     options = option_fields()
     values = {**{k: v for k, v in values.items() if k not in options},
               "strategy_options": {k: v for k, v in values.items() if k in options}}
+    if isinstance(values.get("extra_columns"), list):
+        values["extra_columns"] = tuple(values["extra_columns"])
     if "inputs" in values:
         inputs = values["inputs"]
         values["inputs"] = (inputs,) if isinstance(inputs, str) else tuple(inputs)

@@ -11,6 +11,11 @@ tokens and group size ``G`` (the manifest's ``content_group_chunks``)::
     content_sha256 = hex(sha256(header || D_0 || ... || D_{m-1})),  m = ceil(n / G)
     header = ASCII "raypack-content-v3\\ntoken_dtype={dtype}\\ncontext_length={C}\\nchunks={n}\\ngroup_chunks={G}\\n"
 
+With side columns (``extra_columns``), ``d_i`` also hashes each side column's C values of chunk
+i (little-endian, its type; bool as one byte 0/1), in the manifest's order, right after the
+tokens; and the header gets the line ``extra_columns={name}:{type}:{fill},...`` after
+``token_dtype``. Without them, nothing changes.
+
 A run of consecutive chunks ``[start, end)`` (one chunk file) is summed up on its own by its
 *range digests*: in chunk order, the chunk digests of its chunks before the first multiple of G,
 the group digests of the groups lying wholly inside it, and the chunk digests of its chunks from
@@ -28,7 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Iterable, NamedTuple
+from typing import Any, Iterable, NamedTuple, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -44,22 +49,28 @@ _HEX_RE = re.compile(r"[0-9a-f]*")
 
 
 def chunk_digests(input_ids: npt.NDArray[np.integer], segment_offsets: npt.NDArray[np.int64],
-                  segment_doc_ids: npt.NDArray[np.int64], segment_lengths: npt.NDArray[np.int32]) -> list[bytes]:
+                  segment_doc_ids: npt.NDArray[np.int64], segment_lengths: npt.NDArray[np.int32],
+                  sides: Sequence[np.ndarray] = ()) -> list[bytes]:
     """``d_i`` (32 raw bytes) of each of ``n`` chunks: ``input_ids`` (n, C), chunk i's segments
-    ``[segment_offsets[i], segment_offsets[i+1])`` of the segment arrays. Cost: the chunks' bytes
-    hashed once, three hashlib calls per chunk, no copy on a little-endian machine."""
+    ``[segment_offsets[i], segment_offsets[i+1])`` of the segment arrays, ``sides`` the side
+    columns' (n, C) values in manifest order. Cost: the chunks' bytes hashed once, three hashlib
+    calls per chunk (plus one per side column), no copy on a little-endian machine."""
     n = int(input_ids.shape[0])
     if n == 0:
         return []
     ids = _le_bytes(input_ids, input_ids.dtype)
+    side_bytes = [_le_bytes(side, np.uint8 if side.dtype == np.bool_ else side.dtype) for side in sides]
     doc_ids = _le_bytes(segment_doc_ids, np.dtype(np.int64))
     lengths = _le_bytes(segment_lengths, np.dtype(np.int32))
     row = len(ids) // n
+    side_rows = [len(b) // n for b in side_bytes]
     offsets = segment_offsets.tolist()
     digests = []
     for i in range(n):
         start, end = offsets[i], offsets[i + 1]
         digest = hashlib.sha256(ids[i * row: (i + 1) * row])
+        for values, side_row in zip(side_bytes, side_rows):
+            digest.update(values[i * side_row: (i + 1) * side_row])
         digest.update(doc_ids[start * 8: end * 8])
         digest.update(lengths[start * 4: end * 4])
         digests.append(digest.digest())
@@ -72,10 +83,14 @@ def _le_bytes(values: np.ndarray, dtype: np.dtype) -> memoryview:
     return memoryview(array.reshape(-1)).cast("B")
 
 
-def content_header(token_dtype: str, context_length: int, num_chunks: int, group_chunks: int) -> bytes:
-    """The bytes hashed before the group digests (see the module docstring)."""
-    return (f"raypack-content-v3\ntoken_dtype={np.dtype(token_dtype).name}\ncontext_length={context_length}\n"
-            f"chunks={num_chunks}\ngroup_chunks={group_chunks}\n").encode("ascii")
+def content_header(token_dtype: str, context_length: int, num_chunks: int, group_chunks: int,
+                   extra_columns: Sequence[Any] = ()) -> bytes:
+    """The bytes hashed before the group digests (see the module docstring); ``extra_columns``:
+    (name, type, fill) of each side column."""
+    sides = ",".join(f"{name}:{type_name}:{fill}" for name, type_name, fill in extra_columns)
+    return (f"raypack-content-v3\ntoken_dtype={np.dtype(token_dtype).name}\n"
+            + (f"extra_columns={sides}\n" if sides else "")
+            + f"context_length={context_length}\nchunks={num_chunks}\ngroup_chunks={group_chunks}\n").encode("utf-8")
 
 
 class RangeLayout(NamedTuple):
@@ -109,9 +124,9 @@ class RangeDigester:
         self._pending: list[bytes] = []
         self._done: list[bytes] = []
 
-    def add(self, input_ids, segment_offsets, segment_doc_ids, segment_lengths) -> None:
+    def add(self, input_ids, segment_offsets, segment_doc_ids, segment_lengths, sides=()) -> None:
         """Digest the next chunks (the arrays as in :func:`chunk_digests`)."""
-        for digest in chunk_digests(input_ids, segment_offsets, segment_doc_ids, segment_lengths):
+        for digest in chunk_digests(input_ids, segment_offsets, segment_doc_ids, segment_lengths, sides):
             self._pending.append(digest)
             self.next_chunk += 1
             if self.next_chunk % self.group_chunks == 0:
@@ -134,16 +149,17 @@ class ContentHasher:
     (:meth:`add_range`, the driver) or as chunks (:meth:`add_chunks`, verify). O(1) memory."""
 
     def __init__(self, token_dtype: str, context_length: int, num_chunks: int,
-                 group_chunks: int = CONTENT_GROUP_CHUNKS) -> None:
+                 group_chunks: int = CONTENT_GROUP_CHUNKS, *, extra_columns: Sequence[Any] = ()) -> None:
         self.num_chunks = num_chunks
         self.group_chunks = group_chunks
         self.next_chunk = 0
-        self._outer = hashlib.sha256(content_header(token_dtype, context_length, num_chunks, group_chunks))
+        header = content_header(token_dtype, context_length, num_chunks, group_chunks, extra_columns)
+        self._outer = hashlib.sha256(header)
         self._group = hashlib.sha256()
 
-    def add_chunks(self, input_ids, segment_offsets, segment_doc_ids, segment_lengths) -> None:
+    def add_chunks(self, input_ids, segment_offsets, segment_doc_ids, segment_lengths, sides=()) -> None:
         """The next chunks themselves (the arrays as in :func:`chunk_digests`)."""
-        self.add_chunk_digests(chunk_digests(input_ids, segment_offsets, segment_doc_ids, segment_lengths))
+        self.add_chunk_digests(chunk_digests(input_ids, segment_offsets, segment_doc_ids, segment_lengths, sides))
 
     def add_chunk_digests(self, digests: Iterable[bytes]) -> None:
         for digest in digests:

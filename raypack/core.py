@@ -54,12 +54,16 @@ class Chunks(NamedTuple):
     segment_offsets:  (n + 1,) int64; chunk i's segments are ``[offsets[i], offsets[i+1])``.
     segment_doc_ids:  (S,) int64; the doc id of each segment, -1 for padding.
     segment_lengths:  (S,) int32; each chunk's segment lengths sum to C.
+    sides:            side columns as read back (raypack.packed): (n, C) each, in the manifest's
+                      order. Packers leave it empty: they carry side values inside ``input_ids``,
+                      whose dtype is then a record dtype (raypack.side_columns).
     """
 
     input_ids: npt.NDArray[np.integer]
     segment_offsets: npt.NDArray[np.int64]
     segment_doc_ids: npt.NDArray[np.int64]
     segment_lengths: npt.NDArray[np.int32]
+    sides: tuple[np.ndarray, ...] = ()
 
     @property
     def num_chunks(self) -> int:
@@ -107,8 +111,19 @@ def validate_context_length(context_length: Any) -> int:
     return int(context_length)
 
 
-def validate_pad_token(pad_token: Any, dtype: npt.DTypeLike) -> int:
-    """Return ``pad_token`` as an int if the token dtype can hold it, else raise naming both."""
+def validate_pad_token(pad_token: Any, dtype: npt.DTypeLike) -> int | np.void:
+    """Return ``pad_token`` as an int if the token dtype can hold it, else raise naming both.
+
+    With side columns (raypack.side_columns) ``dtype`` is a record dtype (opaque ``V{n}``, or
+    structured) and ``pad_token`` a scalar of it (the pad token, then each column's fill),
+    returned as it is (a structured one's token field is checked)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "V":
+        if not isinstance(pad_token, np.void) or pad_token.dtype != dtype:
+            raise TypeError(f"pad_token={pad_token!r} must be a scalar of the packed dtype {dtype}")
+        if dtype.names:
+            validate_pad_token(int(pad_token[0]), dtype[0])
+        return pad_token
     if isinstance(pad_token, bool) or not isinstance(pad_token, numbers.Integral):
         raise TypeError(f"pad_token={pad_token!r} must be an integer")
     info = np.iinfo(dtype)
@@ -121,9 +136,13 @@ def validate_pad_token(pad_token: Any, dtype: npt.DTypeLike) -> int:
 
 
 def cast_tokens(tokens: npt.NDArray[np.integer], dtype: np.dtype) -> npt.NDArray[np.integer]:
-    """``tokens`` as ``dtype`` (no copy if already), or ValueError naming a token that does not fit."""
+    """``tokens`` as ``dtype`` (no copy if already), or ValueError naming a token that does not fit.
+    Records (side columns, raypack.side_columns) are never cast: they must have ``dtype``."""
     if tokens.dtype == dtype:
         return tokens
+    if tokens.dtype.kind == "V" or np.dtype(dtype).kind == "V":
+        raise TypeError(f"tokens of dtype {tokens.dtype} cannot become {dtype}; side columns are combined "
+                        "in the packed dtype before packing")
     if not np.can_cast(tokens.dtype, dtype, "safe") and tokens.size:
         info = np.iinfo(dtype)
         low, high = tokens.min(), tokens.max()
@@ -134,6 +153,10 @@ def cast_tokens(tokens: npt.NDArray[np.integer], dtype: np.dtype) -> npt.NDArray
 
 
 def _check_integer_dtype(dtype: np.dtype, what: str) -> None:
+    """Tokens are integers; records (side columns, raypack.side_columns: opaque or structured)
+    hold tokens checked when they were made."""
+    if dtype.kind == "V":
+        return
     if dtype.kind not in "iu":
         raise TypeError(f"{what} have dtype {dtype}; tokens must be integers")
 
@@ -493,6 +516,7 @@ def concat_chunks(parts: Sequence[Chunks], context_length: int, dtype: npt.DType
         offsets,
         np.concatenate([p.segment_doc_ids for p in parts]),
         np.concatenate([p.segment_lengths for p in parts]),
+        tuple(np.concatenate(columns) for columns in zip(*(p.sides for p in parts))),
     )
 
 

@@ -14,6 +14,9 @@ All that raypack knows of its input formats is here:
     yields ``(first_row, tokens)``: ``tokens`` is a list/large_list array of integer token ids
     holding at most ``batch_size`` documents, ``first_row`` the shard-local index of its first
     document;
+  * side columns (``--extra-columns``, raypack.side_columns): ``iter_document_batches`` reads
+    them alongside the tokens, the same rows, and checks one value per token
+    (``validate_side_batch``); ``shard_side_types`` reads their types from a schema at plan time;
   * pieces (what the packer reads) are in :mod:`raypack.token_pieces`: the same stream, except
     that a Parquet row group of long documents is read page by page (raypack.parquet_pages) and
     a document longer than ``max_tokens`` arrives in consecutive pieces;
@@ -31,7 +34,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field, replace
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -42,10 +45,11 @@ import pyarrow.parquet as pq
 
 from raypack.errors import InputError
 from raypack.fs import error_text, open_input_file, resolve_filesystem
-from raypack.token_checks import check_tokens_fit, validate_token_batch
+from raypack.token_checks import check_tokens_fit, validate_side_batch, validate_token_batch
 
 __all__ = [
     "FORMATS",
+    "DocumentBatch",
     "JSON_BLOCK_SIZE",
     "SHARD_SUFFIXES",
     "ShardInfo",
@@ -53,11 +57,14 @@ __all__ = [
     "check_tokens_fit",
     "compression_of",
     "inspect_shard",
+    "iter_document_batches",
     "iter_ipc_batches",
     "iter_jsonl_lists",
     "iter_token_batches",
     "open_parquet",
     "shard_format",
+    "shard_side_types",
+    "side_value_types",
     "token_value_type",
     "validate_token_batch",
 ]
@@ -375,12 +382,21 @@ def iter_jsonl_lists(
     ``block_size`` the read restarts with 4x larger blocks (up to MAX_JSON_BLOCK_SIZE),
     skipping the rows already yielded, so callers see each row exactly once.
     """
+    for arrays in _iter_jsonl_columns(fs, fs_path, path, (column,), block_size=block_size):
+        yield arrays[0]
+
+
+def _iter_jsonl_columns(fs: pafs.FileSystem, fs_path: str, path: str, columns: tuple[str, ...], *,
+                        block_size: int = JSON_BLOCK_SIZE) -> Iterator[tuple[pa.ListArray, ...]]:
+    """:func:`iter_jsonl_lists` of several columns at once: one list<int64> array per column."""
+    what = f"{columns[0]!r} is a list of integers (int64)" if len(columns) == 1 else \
+        f"{', '.join(map(repr, columns))} are lists of integers (int64; write booleans as 0/1)"
     num_yielded = 0
     while True:
         try:
-            for lists in _jsonl_blocks(fs, fs_path, column, block_size, skip=num_yielded):
-                num_yielded += len(lists)
-                yield lists
+            for arrays in _jsonl_blocks(fs, fs_path, columns, block_size, skip=num_yielded):
+                num_yielded += len(arrays[0])
+                yield arrays
             return
         except pa.ArrowInvalid as e:
             if num_yielded == 0 and "Empty JSON stream" in str(e):
@@ -390,7 +406,7 @@ def iter_jsonl_lists(
                 continue
             raise InputError(
                 f"shard {path}: cannot parse JSON Lines after document {num_yielded} ({error_text(e)}); each "
-                f"line must be one object whose {column!r} is a list of integers (int64), and no "
+                f"line must be one object whose {what}, and no "
                 f"line may exceed {MAX_JSON_BLOCK_SIZE} bytes"
             ) from e
         except OSError as e:
@@ -398,19 +414,18 @@ def iter_jsonl_lists(
 
 
 def _jsonl_blocks(
-    fs: pafs.FileSystem, fs_path: str, column: str, block_size: int, *, skip: int
-) -> Iterator[pa.ListArray]:
-    schema = pa.schema([(column, pa.list_(pa.int64()))])
+    fs: pafs.FileSystem, fs_path: str, columns: tuple[str, ...], block_size: int, *, skip: int
+) -> Iterator[tuple[pa.ListArray, ...]]:
+    schema = pa.schema([(column, pa.list_(pa.int64())) for column in columns])
     parse_options = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
     read_options = pajson.ReadOptions(block_size=block_size)
     with fs.open_input_stream(fs_path, compression=compression_of(fs_path)) as stream:
         reader = pajson.open_json(stream, read_options=read_options, parse_options=parse_options)
         for batch in reader:
-            lists = batch.column(0)
-            if skip >= len(lists):
-                skip -= len(lists)
+            if skip >= batch.num_rows:
+                skip -= batch.num_rows
                 continue
-            yield lists.slice(skip)
+            yield tuple(batch.column(k).slice(skip) for k in range(len(columns)))
             skip = 0
 
 
@@ -452,6 +467,35 @@ def iter_token_batches(
     outside are decoded and dropped). ``validate=False`` skips the token checks (for a pass
     that reads only document lengths).
     """
+    for batch in iter_document_batches(path, fmt, column, batch_size, units=units, first_row=first_row, rows=rows,
+                                       json_block_size=json_block_size, validate=validate):
+        yield batch.first_row, batch.tokens
+
+
+class DocumentBatch(NamedTuple):
+    """Consecutive documents of a shard: their tokens and, per side column, their side values."""
+
+    first_row: int
+    tokens: pa.ListArray | pa.LargeListArray
+    sides: tuple[pa.Array, ...] = ()
+    """One list array per side column (raypack.side_columns), one value per token, checked."""
+
+
+def iter_document_batches(
+    path: str,
+    fmt: str,
+    column: str = "input_ids",
+    batch_size: int = 8192,
+    *,
+    extra_columns: tuple[str, ...] = (),
+    units: tuple[int, int] | None = None,
+    first_row: int = 0,
+    rows: tuple[int, int] | None = None,
+    json_block_size: int = JSON_BLOCK_SIZE,
+    validate: bool = True,
+) -> Iterator[DocumentBatch]:
+    """:func:`iter_token_batches` with the side columns ``extra_columns`` read alongside (same
+    rows), each checked to hold one integer/bool value per token (:func:`validate_side_batch`)."""
     if fmt not in FORMATS:
         raise ValueError(f"fmt={fmt!r} must be one of {', '.join(FORMATS)}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -459,53 +503,64 @@ def iter_token_batches(
     if units is not None and fmt == "jsonl":
         raise ValueError("units: a JSON Lines shard is read whole")
     fs, fs_path = resolve_filesystem(path)
+    columns = (column, *extra_columns)
     if fmt == "parquet":
-        lists_iter = _parquet_lists(fs, fs_path, path, column, batch_size, units)
+        arrays_iter = _parquet_columns(fs, fs_path, path, columns, batch_size, units)
     elif fmt == "arrow":
-        lists_iter = _ipc_lists(fs, fs_path, path, column, units)
+        arrays_iter = _ipc_columns(fs, fs_path, path, columns, units)
     else:
-        lists_iter = iter_jsonl_lists(fs, fs_path, path, column, block_size=json_block_size)
-    for start, lists in _clip_rows(lists_iter, first_row, rows):
-        for offset in range(0, len(lists), batch_size):
-            tokens = lists.slice(offset, batch_size)
+        arrays_iter = _iter_jsonl_columns(fs, fs_path, path, columns, block_size=json_block_size)
+    for start, arrays in _clip_rows(arrays_iter, first_row, rows):
+        for offset in range(0, len(arrays[0]), batch_size):
+            tokens, *sides = (a.slice(offset, batch_size) for a in arrays)
             if validate:
                 validate_token_batch(tokens, path=path, first_row=start + offset)
-            yield start + offset, tokens
+                validate_side_batch(tokens, sides, extra_columns, column, path=path, first_row=start + offset)
+            yield DocumentBatch(start + offset, tokens, tuple(sides))
 
 
-def _clip_rows(lists_iter: Iterator[pa.Array], first_row: int,
-               rows: tuple[int, int] | None) -> Iterator[tuple[int, pa.Array]]:
-    """``(shard-local first row, lists)`` of each array, cut to ``rows`` (all when None)."""
+def _clip_rows(arrays_iter: Iterator[tuple[pa.Array, ...]], first_row: int,
+               rows: tuple[int, int] | None) -> Iterator[tuple[int, tuple[pa.Array, ...]]]:
+    """``(shard-local first row, arrays)`` of each tuple of equally long arrays, cut to ``rows`` (all when None)."""
     start = first_row
-    for lists in lists_iter:
-        end = start + len(lists)
+    for arrays in arrays_iter:
+        end = start + len(arrays[0])
         if rows is None:
-            yield start, lists
+            yield start, arrays
         else:
             low, high = max(start, rows[0]), min(end, rows[1])
             if low < high:
-                yield low, lists.slice(low - start, high - low)
+                yield low, tuple(a.slice(low - start, high - low) for a in arrays)
             if end >= rows[1]:
                 return
         start = end
 
 
-def _parquet_lists(fs, fs_path: str, path: str, column: str, batch_size: int, units: tuple[int, int] | None):
+def _parquet_columns(fs, fs_path: str, path: str, columns: tuple[str, ...], batch_size: int,
+                     units: tuple[int, int] | None):
     with open_input_file(fs, fs_path, path) as source:
         parquet_file = open_parquet(source, path)
-        token_value_type(parquet_file.schema_arrow, column, path)
+        token_value_type(parquet_file.schema_arrow, columns[0], path)
+        side_value_types(parquet_file.schema_arrow, columns[1:], path)
         start, end = units if units is not None else (0, parquet_file.num_row_groups)
         if end > parquet_file.num_row_groups:
             raise InputError(f"shard {path} has {parquet_file.num_row_groups} row groups, the plan reads "
                              f"{start}..{end - 1}; the file changed during the run (rerun on a stable copy)")
         for group in range(start, end):
-            yield from _parquet_batches(parquet_file, path, column, batch_size, row_groups=[group])
+            for batch in _parquet_record_batches(parquet_file, path, columns, batch_size, row_groups=[group]):
+                yield tuple(batch.columns)
 
 
 def _parquet_batches(parquet_file: pq.ParquetFile, path: str, column: str, batch_size: int,
                      row_groups: list[int] | None = None) -> Iterator[pa.Array]:
     """pyarrow's reader: ``column`` of ``row_groups`` (all by default), ``batch_size`` rows at a time."""
-    batches = parquet_file.iter_batches(batch_size=batch_size, columns=[column], row_groups=row_groups)
+    for batch in _parquet_record_batches(parquet_file, path, (column,), batch_size, row_groups):
+        yield batch.column(0)
+
+
+def _parquet_record_batches(parquet_file: pq.ParquetFile, path: str, columns: tuple[str, ...], batch_size: int,
+                            row_groups: list[int] | None = None) -> Iterator[pa.RecordBatch]:
+    batches = parquet_file.iter_batches(batch_size=batch_size, columns=list(columns), row_groups=row_groups)
     while True:
         try:
             batch = next(batches, None)
@@ -515,12 +570,48 @@ def _parquet_batches(parquet_file: pq.ParquetFile, path: str, column: str, batch
             ) from e
         if batch is None:
             return
-        yield batch.column(0)
+        yield batch
 
 
-def _ipc_lists(fs, fs_path: str, path: str, column: str, units: tuple[int, int] | None):
+def _ipc_columns(fs, fs_path: str, path: str, columns: tuple[str, ...], units: tuple[int, int] | None):
     for schema, batch in iter_ipc_batches(fs, fs_path, path, units):
         if batch is None:
-            token_value_type(schema, column, path)
+            token_value_type(schema, columns[0], path)
+            side_value_types(schema, columns[1:], path)
             continue
-        yield batch.column(schema.get_field_index(column))
+        yield tuple(batch.column(schema.get_field_index(c)) for c in columns)
+
+
+def side_value_types(schema: pa.Schema | None, names: tuple[str, ...], path: str) -> tuple[str, ...]:
+    """The value type (a raypack.side_columns.SIDE_TYPES name) of each side column ``names`` in
+    ``schema`` (None: JSON Lines, whose numbers are read as int64); InputError naming the shard,
+    the column and its type when one is missing or not a list of integers or bools."""
+    if schema is None:
+        return tuple("int64" for _ in names)
+    types = []
+    for name in names:
+        if name not in schema.names:
+            raise InputError(f"shard {path} has no column {name!r} (an extra column); its columns are "
+                             f"{schema.names}; drop it from extra_columns or add it to every shard")
+        field_type = schema.field(name).type
+        value_type = field_type.value_type if pa.types.is_list(field_type) or pa.types.is_large_list(field_type) \
+            else None
+        if value_type is None or not (pa.types.is_integer(value_type) or pa.types.is_boolean(value_type)):
+            raise InputError(f"shard {path} column {name!r} has type {field_type}; an extra column must be a list "
+                             "of integers or bools (one value per token)")
+        types.append("bool" if pa.types.is_boolean(value_type) else value_type.to_pandas_dtype().__name__)
+    return tuple(types)
+
+
+def shard_side_types(path: str, names: tuple[str, ...]) -> tuple[str, ...]:
+    """:func:`side_value_types` of shard ``path`` (its footer or IPC schema; JSON Lines: int64)."""
+    fmt = shard_format(path)
+    if fmt == "jsonl":
+        return side_value_types(None, names, path)
+    fs, fs_path = resolve_filesystem(path)
+    if fmt == "parquet":
+        with open_input_file(fs, fs_path, path) as source:
+            return side_value_types(open_parquet(source, path).schema_arrow, names, path)
+    for schema, _ in iter_ipc_batches(fs, fs_path, path):
+        return side_value_types(schema, names, path)
+    raise InputError(f"shard {path}: no Arrow schema; re-write it with pyarrow.ipc.new_file")

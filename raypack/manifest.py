@@ -55,6 +55,7 @@ from raypack.errors import InputError
 from raypack.fs import check_bucket, resolve_filesystem
 from raypack.long_docs import DEFAULT_LONG_DOCS, LONG_DOCS, CutCounts
 from raypack.output import CHUNK_FILE_RE, FORMAT_VERSION, MANIFEST_NAME, WrittenFile, content_sha256, write_whole
+from raypack.side_columns import RESERVED_NAMES, SIDE_TYPES, SideColumn
 
 if TYPE_CHECKING:
     from raypack.config import PackConfig
@@ -64,7 +65,7 @@ if TYPE_CHECKING:
 __all__ = ["COUNT_KEYS", "FILE_KEYS", "MAX_CONTEXT_LENGTH", "MAX_COUNT", "MAX_MANIFEST_BYTES", "Manifest",
            "build_manifest", "write_manifest",
            "check_manifest", "load_manifest", "open_chunk_file", "read_manifest_json", "resolve_output",
-           "strategy_of"]
+           "side_columns_of", "strategy_of"]
 
 # MAX_CONTEXT_LENGTH: one cap for writers and readers (raypack.core)
 """Largest context length a manifest may claim (16M tokens). Today's longest windows are ~2**20;
@@ -160,6 +161,11 @@ class Manifest(Mapping[str, Any]):
         return np.dtype(self._data["token_dtype"])
 
     @property
+    def extra_columns(self) -> tuple[SideColumn, ...]:
+        """The side columns (raypack.side_columns), in the files' column order; () without any."""
+        return side_columns_of(self._data)
+
+    @property
     def strategy_name(self) -> str:
         return strategy_of(self._data)
 
@@ -253,6 +259,35 @@ def check_manifest(manifest: Any, where: str) -> None:
     _check_long_docs(manifest, where)
     _check_shards(manifest, counts, where)
     _check_strategy(manifest, where)
+    _check_extra_columns(manifest, where)
+
+
+def side_columns_of(manifest: Mapping[str, Any]) -> tuple[SideColumn, ...]:
+    """A checked manifest's side columns (``extra_columns``; none: ())."""
+    return tuple(SideColumn(c["name"], c["type"], c["fill"]) for c in manifest.get("extra_columns", ()))
+
+
+def _check_extra_columns(manifest: dict[str, Any], where: str) -> None:
+    """``extra_columns`` (optional): a non-empty list of ``{"name", "type", "fill"}`` with distinct,
+    non-reserved names, a SIDE_TYPES type and a fill inside it."""
+    if "extra_columns" not in manifest:
+        return
+    columns = manifest["extra_columns"]
+    if not isinstance(columns, list) or not columns:
+        raise InputError(f"{where}: extra_columns={_show(columns)}, expected a non-empty list; {DAMAGED}")
+    names = set()
+    for k, entry in enumerate(columns):
+        label = f"{where}: extra_columns[{k}]"
+        if not isinstance(entry, dict) or set(entry) != {"name", "type", "fill"}:
+            raise InputError(f"{label}={_show(entry)}, expected {{name, type, fill}}; {DAMAGED}")
+        name, type_name = entry["name"], entry["type"]
+        if not isinstance(name, str) or not name or name in RESERVED_NAMES or name in names:
+            raise InputError(f"{label}: name={_show(name)} is empty, reserved or repeated; {DAMAGED}")
+        names.add(name)
+        if not isinstance(type_name, str) or type_name not in SIDE_TYPES:
+            raise InputError(f"{label}: type={_show(type_name)}, expected one of {', '.join(SIDE_TYPES)}; {DAMAGED}")
+        low, high = (0, 1) if type_name == "bool" else (int(np.iinfo(type_name).min), int(np.iinfo(type_name).max))
+        _int_field(entry, "fill", label, low, high)
 
 
 def _show(value: Any, limit: int = 80) -> str:
@@ -503,11 +538,13 @@ def build_manifest(config: PackConfig, plan: Plan, files: list[WrittenFile], cou
         "token_dtype": plan.token_dtype,
         **plan.packing.manifest_fields(),
         **({"long_docs": plan.long_docs} if plan.long_docs != DEFAULT_LONG_DOCS else {}),
+        **({"extra_columns": [c._asdict() for c in plan.extra_columns]} if plan.extra_columns else {}),
         "counts": counts,
         "files": file_rows,
         "shards": [_shard_row(s, t, plan.packing, plan.text_inputs, plan.long_docs)
                    for s, t in zip(plan.shards, plan.whole_shard_tasks())],
-        "content_sha256": content_sha256(files, plan.token_dtype, config.context_length, counts["chunks"]),
+        "content_sha256": content_sha256(files, plan.token_dtype, config.context_length, counts["chunks"],
+                                         plan.extra_columns),
         "content_group_chunks": CONTENT_GROUP_CHUNKS,
         "config": config.output_dict(),
         **({"tokenizer": plan.tokenizer} if plan.tokenizer is not None else {}),

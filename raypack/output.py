@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import json
 import logging
 import os
 import posixpath
 import re
 import threading
 import uuid
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +29,7 @@ import pyarrow.fs as pafs
 from raypack.content_digest import ContentHasher, RangeDigester
 from raypack.core import Chunks, concat_chunks
 from raypack.fs import resolve_filesystem
+from raypack.side_columns import SideColumn, split_fields
 
 log = logging.getLogger(__name__)
 
@@ -59,24 +61,48 @@ def chunk_file_stem(first_chunk: int) -> str:
     return f"chunks-{first_chunk:012d}.arrow"
 
 
-def chunk_schema(context_length: int, token_type: pa.DataType, pad_token: int) -> pa.Schema:
+def side_arrow_type(type_name: str) -> pa.DataType:
+    """The Arrow value type of a side column of numpy type ``type_name`` (bool: Arrow's bool)."""
+    return pa.bool_() if type_name == "bool" else pa.from_numpy_dtype(np.dtype(type_name))
+
+
+def chunk_schema(context_length: int, token_type: pa.DataType, pad_token: int,
+                 extra_columns: Sequence[SideColumn] = ()) -> pa.Schema:
+    """The chunk files' schema; side columns (raypack.side_columns) follow ``segment_lengths``,
+    each ``fixed_size_list<its type>[C]``, and are listed in the metadata (absent without any)."""
+    sides = [pa.field(c.name, pa.list_(side_arrow_type(c.type), context_length)) for c in extra_columns]
+    metadata = {
+        "raypack.format_version": str(CHUNK_FILE_VERSION),
+        "raypack.context_length": str(context_length),
+        "raypack.pad_token": str(pad_token),
+    }
+    if extra_columns:
+        metadata["raypack.extra_columns"] = json.dumps([c._asdict() for c in extra_columns])
     return pa.schema(
         [
             pa.field("chunk_index", pa.int64()),
             pa.field("input_ids", pa.list_(token_type, context_length)),
             pa.field("segment_doc_ids", pa.list_(pa.int64())),
             pa.field("segment_lengths", pa.list_(pa.int32())),
+            *sides,
         ],
-        metadata={
-            "raypack.format_version": str(CHUNK_FILE_VERSION),
-            "raypack.context_length": str(context_length),
-            "raypack.pad_token": str(pad_token),
-        },
+        metadata=metadata,
     )
 
 
+def schema_record_dtype(schema: pa.Schema) -> np.dtype:
+    """The record dtype (raypack.side_columns.record_dtype) of a chunk schema's tokens and side columns."""
+    names = ["input_ids", *schema.names[4:]]
+    return np.dtype([(name, np.dtype(schema.field(name).type.value_type.to_pandas_dtype()).newbyteorder("<"))
+                     for name in names])
+
+
 def chunks_to_record_batch(chunks: Chunks, first_chunk: int, schema: pa.Schema) -> pa.RecordBatch:
-    """Zero-copy wrap of ``chunks`` as a record batch of ``schema``."""
+    """Zero-copy wrap of ``chunks`` as a record batch of ``schema``; side columns from
+    ``chunks.sides`` (records in ``input_ids`` are split first, one copy per field)."""
+    if chunks.input_ids.dtype.kind == "V":
+        tokens, sides = split_fields(chunks.input_ids, schema_record_dtype(schema))
+        chunks = chunks._replace(input_ids=tokens, sides=sides)
     n, c = chunks.input_ids.shape
     offsets = pa.array(chunks.segment_offsets.astype(np.int32))
     columns = [
@@ -84,6 +110,8 @@ def chunks_to_record_batch(chunks: Chunks, first_chunk: int, schema: pa.Schema) 
         pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(chunks.input_ids).reshape(-1)), c),
         pa.ListArray.from_arrays(offsets, pa.array(chunks.segment_doc_ids)),
         pa.ListArray.from_arrays(offsets, pa.array(chunks.segment_lengths)),
+        *(pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(side).reshape(-1)), c)
+          for side in chunks.sides),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
@@ -97,6 +125,7 @@ def slice_chunks(chunks: Chunks, start: int, stop: int) -> Chunks:
         offsets - first,
         chunks.segment_doc_ids[first:last],
         chunks.segment_lengths[first:last],
+        tuple(side[start:stop] for side in chunks.sides),
     )
 
 
@@ -300,6 +329,7 @@ class ChunkFileWriter:
         self._pending: list[Chunks] = []
         self._pending_rows = 0
         self._digester = RangeDigester(first_chunk)
+        self.record = schema_record_dtype(schema)
 
     @property
     def num_chunks(self) -> int:
@@ -323,8 +353,10 @@ class ChunkFileWriter:
             return
         context_length = self.schema.field("input_ids").type.list_size
         merged = concat_chunks(self._pending, context_length, self._pending[0].input_ids.dtype)
+        tokens, sides = split_fields(merged.input_ids, self.record)
+        merged = merged._replace(input_ids=tokens, sides=sides)
         self._writer.write_batch(chunks_to_record_batch(merged, self.next_chunk, self.schema))
-        self._digester.add(merged.input_ids, merged.segment_offsets, merged.segment_doc_ids, merged.segment_lengths)
+        self._digester.add(tokens, merged.segment_offsets, merged.segment_doc_ids, merged.segment_lengths, sides)
         self.next_chunk += self._pending_rows
         self._pending, self._pending_rows = [], 0
 
@@ -366,10 +398,11 @@ def files_sha256(files: list[dict[str, Any]]) -> str:
     return hashlib.sha256("".join(f["sha256"] + "\n" for f in files).encode()).hexdigest()
 
 
-def content_sha256(files: list[WrittenFile], token_dtype: str, context_length: int, num_chunks: int) -> str:
+def content_sha256(files: list[WrittenFile], token_dtype: str, context_length: int, num_chunks: int,
+                   extra_columns: Sequence[SideColumn] = ()) -> str:
     """A packed output's ``content_sha256`` (format version 3) from its files' range digests;
     ``files`` tile ``[0, num_chunks)`` in order. Cost: O(files * G + num_chunks / G) hashing."""
-    hasher = ContentHasher(token_dtype, context_length, num_chunks)
+    hasher = ContentHasher(token_dtype, context_length, num_chunks, extra_columns=extra_columns)
     for f in files:
         hasher.add_range(f.first_chunk, f.num_chunks, f.digests)
     return hasher.hexdigest()

@@ -43,8 +43,17 @@ import pyarrow.fs as pafs
 from raypack.core import Chunks, concat_chunks
 from raypack.errors import InputError
 from raypack.fs import error_text
-from raypack.manifest import MIX_KIND, Manifest, load_manifest, open_chunk_file, read_manifest_json, resolve_output
-from raypack.output import slice_chunks
+from raypack.manifest import (
+    MIX_KIND,
+    Manifest,
+    load_manifest,
+    open_chunk_file,
+    read_manifest_json,
+    resolve_output,
+    side_columns_of,
+)
+from raypack.output import side_arrow_type, slice_chunks
+from raypack.side_columns import SideColumn
 
 if TYPE_CHECKING:
     from raypack.mixed import MixedDataset
@@ -98,14 +107,22 @@ def _row_sums(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
     return np.diff(ends[offsets])
 
 
-def _decode(batch: pa.RecordBatch, path: str, context_length: int) -> Chunks:
-    """A record batch as :class:`Chunks`; tokens are a zero-copy view of the batch."""
-    tokens = batch.column("input_ids")
-    if tokens.null_count:
-        raise InputError(f"{path}: input_ids holds nulls; {_DAMAGED}")
+def _fixed_rows(batch: pa.RecordBatch, column: str, path: str, context_length: int) -> np.ndarray:
+    """A fixed_size_list column as (n, C): a zero-copy view (bool: one copy, Arrow packs bits)."""
+    values = batch.column(column)
+    if values.null_count:
+        raise InputError(f"{path}: {column} holds nulls; {_DAMAGED}")
     n = batch.num_rows
-    flat = tokens.values.slice(tokens.offset * context_length, n * context_length)
-    input_ids = flat.to_numpy(zero_copy_only=True).reshape(n, context_length)
+    flat = values.values.slice(values.offset * context_length, n * context_length)
+    if flat.null_count:
+        raise InputError(f"{path}: {column} holds null values; {_DAMAGED}")
+    return flat.to_numpy(zero_copy_only=not pa.types.is_boolean(flat.type)).reshape(n, context_length)
+
+
+def _decode(batch: pa.RecordBatch, path: str, context_length: int, side_names: tuple[str, ...] = ()) -> Chunks:
+    """A record batch as :class:`Chunks`; tokens (and side columns ``side_names``, in ``sides``)
+    are zero-copy views of the batch."""
+    input_ids = _fixed_rows(batch, "input_ids", path, context_length)
     offsets, seg_ids = list_column(batch.column("segment_doc_ids"))
     len_offsets, seg_lens = list_column(batch.column("segment_lengths"))
     if not np.array_equal(offsets, len_offsets) or np.any(_row_sums(offsets, seg_lens) != context_length):
@@ -113,7 +130,8 @@ def _decode(batch: pa.RecordBatch, path: str, context_length: int) -> Chunks:
             f"{path}: segment_doc_ids/segment_lengths do not describe chunks of {context_length} "
             f"positions; {_DAMAGED}"
         )
-    return Chunks(input_ids, offsets, seg_ids, seg_lens)
+    sides = tuple(_fixed_rows(batch, name, path, context_length) for name in side_names)
+    return Chunks(input_ids, offsets, seg_ids, seg_lens, sides)
 
 
 class _ChunkFile:
@@ -125,7 +143,7 @@ class _ChunkFile:
     """
 
     def __init__(self, filesystem: pafs.FileSystem, base: str, entry: dict[str, Any],
-                 context_length: int, token_dtype: np.dtype) -> None:
+                 context_length: int, token_dtype: np.dtype, extra_columns: tuple[SideColumn, ...] = ()) -> None:
         """``entry``: the manifest's checked ``files[k]`` (name, first_chunk, num_chunks, num_bytes)."""
         self.filesystem = filesystem
         self.base = base
@@ -136,6 +154,7 @@ class _ChunkFile:
         self.num_bytes = int(entry["num_bytes"])
         self.context_length = context_length
         self.token_dtype = token_dtype
+        self.extra_columns = tuple(extra_columns)
         self._source: pa.NativeFile | None = None
         self._reader: pa.ipc.RecordBatchFileReader | None = None
         self._batch_starts: np.ndarray | None = None
@@ -180,7 +199,7 @@ class _ChunkFile:
         return starts
 
     def _check_schema(self, schema: pa.Schema) -> None:
-        missing = [c for c in _COLUMNS if c not in schema.names]
+        missing = [c for c in (*_COLUMNS, *(s.name for s in self.extra_columns)) if c not in schema.names]
         if missing:
             raise InputError(
                 f"{self.path}: no column(s) {', '.join(missing)}; not a raypack chunk file (docs/FORMAT.md)"
@@ -190,6 +209,7 @@ class _ChunkFile:
             "input_ids": pa.list_(pa.from_numpy_dtype(self.token_dtype), self.context_length),
             "segment_doc_ids": pa.list_(pa.int64()),
             "segment_lengths": pa.list_(pa.int32()),
+            **{c.name: pa.list_(side_arrow_type(c.type), self.context_length) for c in self.extra_columns},
         }
         for column, expected in expected_types.items():
             found = schema.field(column).type
@@ -206,7 +226,8 @@ class _ChunkFile:
 
     def _decode(self, k: int) -> Chunks:
         try:
-            return _decode(self._open().get_batch(k), self.path, self.context_length)
+            return _decode(self._open().get_batch(k), self.path, self.context_length,
+                           tuple(c.name for c in self.extra_columns))
         except (pa.ArrowException, OSError) as e:
             raise InputError(f"{self.path}: record batch {k} is unreadable ({error_text(e, 300)}); {_DAMAGED}") from e
 
@@ -244,7 +265,9 @@ class PackedDataset:
     """Packed chunks of one output directory, in global order, read lazily.
 
     ``ds[i]`` -> ``{"input_ids": (C,) token dtype, "doc_ids": (C,) int64}``, negative ``i``
-    counting from the end; ``doc_ids`` holds global document ids, -1 on padding. Arrays that
+    counting from the end; ``doc_ids`` holds global document ids, -1 on padding. An output with
+    side columns (:attr:`extra_columns`) adds one (C,) array of its type per column, by name
+    (batches: (n, C)); on padding it holds the column's fill. Arrays that
     come from one record batch are read-only views of the file: copy them to write. They
     stay valid after :meth:`close`, which only releases file handles.
     """
@@ -255,9 +278,11 @@ class PackedDataset:
         self.context_length = int(manifest["context_length"])
         self.pad_token = int(manifest["pad_token"])
         self.token_dtype = np.dtype(manifest["token_dtype"])
+        self.extra_columns = side_columns_of(manifest)
+        """Side columns (raypack.side_columns): ``(name, type, fill)`` each, () without any."""
         self._num_chunks = int(manifest["counts"]["chunks"])
         self._filesystem, self._base = filesystem, base
-        self._files = [_ChunkFile(filesystem, base, f, self.context_length, self.token_dtype)
+        self._files = [_ChunkFile(filesystem, base, f, self.context_length, self.token_dtype, self.extra_columns)
                        for f in manifest["files"]]
         self._first_chunks = np.array([f.first_chunk for f in self._files], dtype=np.int64)
         self._open_files: OrderedDict[int, None] = OrderedDict()
@@ -277,7 +302,8 @@ class PackedDataset:
         if not 0 <= i < len(self):
             raise IndexError(f"chunk index {index} is out of range for {len(self)} chunks")
         (piece,) = self._pieces(i, i + 1)
-        return {"input_ids": piece.input_ids[0], "doc_ids": piece.doc_ids()[0]}
+        return {"input_ids": piece.input_ids[0], "doc_ids": piece.doc_ids()[0],
+                **{c.name: side[0] for c, side in zip(self.extra_columns, piece.sides)}}
 
     def get_batch(self, start: int, stop: int) -> dict[str, np.ndarray]:
         """Chunks ``[start, stop)``: ``{"input_ids": (n, C), "doc_ids": (n, C) int64}``; may span files."""
@@ -285,7 +311,11 @@ class PackedDataset:
         if not 0 <= start <= stop <= len(self):
             raise IndexError(f"get_batch({start}, {stop}) is out of range; need 0 <= start <= stop <= {len(self)}")
         chunks = concat_chunks(list(self._pieces(start, stop)), self.context_length, self.token_dtype)
-        return {"input_ids": chunks.input_ids, "doc_ids": chunks.doc_ids()}
+        if not chunks.num_chunks:  # no piece: no side arrays either
+            chunks = chunks._replace(sides=tuple(np.zeros((0, self.context_length), c.type)
+                                                 for c in self.extra_columns))
+        return {"input_ids": chunks.input_ids, "doc_ids": chunks.doc_ids(),
+                **{c.name: side for c, side in zip(self.extra_columns, chunks.sides)}}
 
     def iter_batches(
         self, batch_size: int, with_mask: bool = False, mask_dtype: npt.DTypeLike = np.float32
@@ -394,23 +424,28 @@ def _mask_builder():
     return build_intra_document_mask
 
 
-def chunks_table(chunks: Chunks) -> pa.Table:
-    """``input_ids`` and dense ``doc_ids`` as fixed_size_list columns (tokens not copied)."""
+def chunks_table(chunks: Chunks, side_names: tuple[str, ...] = ()) -> pa.Table:
+    """``input_ids``, dense ``doc_ids`` and the side columns ``side_names`` (``chunks.sides``) as
+    fixed_size_list columns (tokens not copied)."""
     c = chunks.input_ids.shape[1]
     return pa.table({
         "input_ids": pa.FixedSizeListArray.from_arrays(pa.array(chunks.input_ids.reshape(-1)), c),
         "doc_ids": pa.FixedSizeListArray.from_arrays(pa.array(chunks.doc_ids().reshape(-1)), c),
+        **{name: pa.FixedSizeListArray.from_arrays(pa.array(side.reshape(-1)), c)
+           for name, side in zip(side_names, chunks.sides)},
     })
 
 
 def iter_file_tables(item: dict[str, Any], *, filesystem: pafs.FileSystem, base: str, context_length: int,
-                     token_dtype: str, batch_rows: int | None) -> Iterator[pa.Table]:
+                     token_dtype: str, batch_rows: int | None,
+                     extra_columns: tuple[tuple[str, str, int], ...] = ()) -> Iterator[pa.Table]:
     """:func:`chunks_table` per record batch (or per ``batch_rows`` chunks) of the chunk file
     ``item`` (a :meth:`PackedDataset.file_items` row), in order; the file is closed at the end."""
-    file = _ChunkFile(filesystem, base, item, context_length, np.dtype(token_dtype))
+    columns = tuple(SideColumn(*c) for c in extra_columns)
+    file = _ChunkFile(filesystem, base, item, context_length, np.dtype(token_dtype), columns)
     try:
         for chunks in file.blocks(batch_rows):
-            yield chunks_table(chunks)
+            yield chunks_table(chunks, tuple(c.name for c in columns))
     finally:
         file.close()
 

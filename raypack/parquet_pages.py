@@ -56,6 +56,8 @@ class TokenPiece(NamedTuple):
     """``docs[0]`` continues the previous piece's last document (same row)."""
     doc_lens: npt.NDArray[np.int64]
     """Full lengths of the documents that start in this piece (all but a continued first one)."""
+    sides: tuple[pa.Array, ...] = ()
+    """Side columns of whole documents (raypack.side_columns; never read page by page)."""
 
 
 class Unsupported(Exception):

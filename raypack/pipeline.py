@@ -176,7 +176,7 @@ class ShardPackerActor:
             except InputError as e:
                 yield _error_table(row["task_index"], e)
             else:
-                yield result_to_table(result, self.token_type)
+                yield result_to_table(result, self.token_type, self.settings.record_dtype)
 
 
 class ShardCounterActor:
@@ -291,7 +291,8 @@ def packed_to_ray_dataset(packed: PackedDataset, batch_rows: int | None = None) 
     return dataset.map_batches(
         _read_file_blocks, batch_size=1, batch_format="pyarrow",
         fn_kwargs={"filesystem": packed.filesystem, "base": packed.base, "context_length": packed.context_length,
-                   "token_dtype": packed.token_dtype.name, "batch_rows": batch_rows},
+                   "token_dtype": packed.token_dtype.name, "batch_rows": batch_rows,
+                   "extra_columns": tuple(tuple(c) for c in packed.extra_columns)},
     )
 
 

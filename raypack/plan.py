@@ -28,10 +28,11 @@ import numpy.typing as npt
 from raypack.config import PackConfig
 from raypack.core import validate_pad_token
 from raypack.errors import InputError
-from raypack.formats import ShardInfo, inspect_shard
+from raypack.formats import ShardInfo, inspect_shard, shard_side_types
 from raypack.fs import is_uri
 from raypack.long_docs import DEFAULT_LONG_DOCS, CutCounts
 from raypack.shards import common_token_type, discover_shards, plan_offsets
+from raypack.side_columns import SideColumn, check_fill, common_side_type
 from raypack.strategies import PackingStrategy, default_strategy
 from raypack.tasks import PackSettings, ShardTask, TaskCounts
 from raypack.tokenized import tokenized_inputs, tokenizer_record
@@ -55,6 +56,8 @@ class Plan:
     """What happens to a document longer than ``context_length`` (raypack.long_docs)."""
     cut: CutCounts = CutCounts()
     """What ``long_docs`` leaves out, in all (after :func:`place_counts`)."""
+    extra_columns: tuple[SideColumn, ...] = ()
+    """Side columns with their types resolved from every shard (:func:`resolve_side_columns`)."""
 
     def tasks_by_shard(self) -> list[list[ShardTask]]:
         """The tasks of each shard, in shard order (every shard has at least one)."""
@@ -118,6 +121,7 @@ def make_plan(config: PackConfig, *, max_threads: int = 8) -> Plan:
         with ThreadPoolExecutor(max_workers=max(1, min(max_threads, len(paths)))) as pool:
             infos = list(pool.map(lambda p: inspect_shard(p, config.token_column), paths))
     token_dtype = _resolve_token_dtype(config, infos)
+    extra_columns = resolve_side_columns(config, [info.path for info in infos], max_threads)
     offsets = plan_offsets(infos)
     tasks: list[ShardTask] = []
     for k, info in enumerate(infos):
@@ -127,7 +131,34 @@ def make_plan(config: PackConfig, *, max_threads: int = 8) -> Plan:
     tasks = tuple(tasks)
     return Plan(tuple(infos), tasks, token_dtype, int(offsets.doc_offsets[-1]),
                 int(offsets.token_offsets[-1]), config.context_length, config.packing,
-                tokenizer_record(config.inputs), long_docs=config.long_docs)
+                tokenizer_record(config.inputs), long_docs=config.long_docs, extra_columns=extra_columns)
+
+
+def resolve_side_columns(config: PackConfig, paths: list[str], max_threads: int = 8) -> tuple[SideColumn, ...]:
+    """Each extra column with the one type every shard's values fit (numpy promotion of the
+    shards' types; JSON Lines: int64) and its fill, checked to fit. Reads each shard's schema
+    (a Parquet footer, an IPC header) once; InputError names the shard, column and type of a
+    missing or non-integer column."""
+    specs = config.side_specs()
+    if not specs or not paths:
+        return ()
+    names = tuple(name for name, _ in specs)
+    with ThreadPoolExecutor(max_workers=max(1, min(max_threads, len(paths)))) as pool:
+        per_shard = list(pool.map(lambda p: shard_side_types(p, names), paths))
+    columns = []
+    for k, (name, fill) in enumerate(specs):
+        types = sorted({types[k] for types in per_shard})
+        common = common_side_type(types)
+        if common is None:
+            raise InputError(f"extra column {name} has types {', '.join(types)} across the shards; no integer type "
+                             "holds them all (write it as one type)")
+        column = SideColumn(name, common, fill)
+        try:
+            check_fill(column)
+        except ValueError as e:
+            raise InputError(str(e)) from e
+        columns.append(column)
+    return tuple(columns)
 
 
 def _merged(tasks: list[ShardTask]) -> ShardTask:
@@ -206,7 +237,7 @@ def settings_for(config: PackConfig, plan: Plan, out_dir: str) -> PackSettings:
                         chunks_per_record_batch=config.chunks_per_record_batch, strategy=plan.packing.name,
                         strategy_options=plan.packing.options(), verify_inputs=config.verify_inputs,
                         progress_timeout_s=config.progress_timeout_s, restart_stalled=config.restart_stalled,
-                        long_docs=plan.long_docs)
+                        long_docs=plan.long_docs, extra_columns=plan.extra_columns)
 
 
 def check_output_outside_inputs(output: str, plan: Plan) -> None:

@@ -46,6 +46,7 @@ from raypack.content_digest import CONTENT_GROUP_CHUNKS, is_range_digests, range
 from raypack.core import Fragment
 from raypack.fs import resolve_filesystem
 from raypack.output import CHUNK_FILE_RE, WrittenFile, write_whole
+from raypack.side_columns import combine, opaque, split_fields
 from raypack.tasks import PackSettings, ShardResult, ShardTask, asdict_file
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ def save_result(task: ShardTask, settings: PackSettings, result: ShardResult, id
     """Record ``result`` durably (written whole or not at all). ``identity``: from
     :func:`identify_input`, taken before the shard was read for packing."""
     body = {"version": RECORD_VERSION, "task": asdict(task), "settings": _output_settings(settings),
-            "input": identity, "result": _result_to_dict(result)}
+            "input": identity, "result": _result_to_dict(result, settings)}
     record = {**body, "record_sha256": hashlib.sha256(_canonical(body)).hexdigest()}
     write_whole(settings.out_dir, record_name(task.task_index), _canonical(record), make_dirs=True)
 
@@ -169,7 +170,7 @@ def _check_record(data: bytes, task: ShardTask, settings: PackSettings, fs, base
     try:
         same_run = body["task"] == asdict(task) and body["settings"] == _output_settings(settings)
         recorded_input = dict(body["input"])
-        result = _result_from_dict(body["result"], settings.token_dtype)
+        result = _result_from_dict(body["result"], settings)
     except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise _Rejected(f"is malformed ({e!r})") from e
     if not same_run:
@@ -214,41 +215,56 @@ def _check_input(recorded: dict[str, Any], task: ShardTask, settings: PackSettin
 
 
 def _output_settings(settings: PackSettings) -> dict[str, Any]:
-    return {k: v for k, v in asdict(settings).items() if k not in _NOT_OUTPUT_SETTINGS}
+    """The settings that decide the output, as JSON values (side columns only when there are any,
+    so tokens-only records keep their form); another ``extra_columns`` is another job."""
+    out = {k: v for k, v in asdict(settings).items() if k not in _NOT_OUTPUT_SETTINGS}
+    columns = out.pop("extra_columns")
+    if columns:
+        out["extra_columns"] = [list(c) for c in columns]
+    return out
 
 
 def _canonical(value: dict[str, Any]) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
-def _result_to_dict(result: ShardResult) -> dict[str, Any]:
+def _result_to_dict(result: ShardResult, settings: PackSettings) -> dict[str, Any]:
     return {"shard_index": result.shard_index, "task_index": result.task_index, "file": asdict_file(result.file),
-            "head": _fragment_to_dict(result.head), "tail": _fragment_to_dict(result.tail),
+            "head": _fragment_to_dict(result.head, settings), "tail": _fragment_to_dict(result.tail, settings),
             "num_docs": result.num_docs, "num_nonempty_docs": result.num_nonempty_docs,
             "num_tokens": result.num_tokens, "num_split_docs": result.num_split_docs,
             "peak_rss_bytes": result.peak_rss_bytes}
 
 
-def _result_from_dict(d: dict[str, Any], token_dtype: str) -> ShardResult:
+def _result_from_dict(d: dict[str, Any], settings: PackSettings) -> ShardResult:
     file = d["file"]
     return ShardResult(int(d["shard_index"]), None if file is None else WrittenFile(**file),
-                       _fragment_from_dict(d["head"], token_dtype), _fragment_from_dict(d["tail"], token_dtype),
+                       _fragment_from_dict(d["head"], settings), _fragment_from_dict(d["tail"], settings),
                        int(d["num_docs"]), int(d["num_nonempty_docs"]), int(d["num_tokens"]),
                        int(d["num_split_docs"]), int(d["peak_rss_bytes"]), task_index=int(d["task_index"]))
 
 
-def _fragment_to_dict(frag: Fragment | None) -> dict[str, Any] | None:
+def _fragment_to_dict(frag: Fragment | None, settings: PackSettings) -> dict[str, Any] | None:
+    """A fragment as JSON; with side columns their values go under ``"sides"`` by name."""
     if frag is None:
         return None
-    return {"start": int(frag.start), "input_ids": frag.input_ids.tolist(),
-            "segment_doc_ids": frag.segment_doc_ids.tolist(), "segment_lengths": frag.segment_lengths.tolist()}
+    tokens, sides = split_fields(frag.input_ids, settings.record_dtype)
+    out = {"start": int(frag.start), "input_ids": tokens.tolist(),
+           "segment_doc_ids": frag.segment_doc_ids.tolist(), "segment_lengths": frag.segment_lengths.tolist()}
+    if sides:
+        out["sides"] = {name: values.tolist() for name, values in zip(settings.record_dtype.names[1:], sides)}
+    return out
 
 
-def _fragment_from_dict(d: dict[str, Any] | None, token_dtype: str) -> Fragment | None:
+def _fragment_from_dict(d: dict[str, Any] | None, settings: PackSettings) -> Fragment | None:
     if d is None:
         return None
-    return Fragment(int(d["start"]), np.asarray(d["input_ids"], dtype=token_dtype),
-                    np.asarray(d["segment_doc_ids"], dtype=np.int64),
+    record = settings.record_dtype
+    tokens = np.asarray(d["input_ids"], dtype=settings.token_dtype)
+    if settings.extra_columns:
+        sides = [np.asarray(d["sides"][name], dtype=record[name]) for name in record.names[1:]]
+        tokens = opaque(combine(tokens, sides, record))
+    return Fragment(int(d["start"]), tokens, np.asarray(d["segment_doc_ids"], dtype=np.int64),
                     np.asarray(d["segment_lengths"], dtype=np.int32))
 
 

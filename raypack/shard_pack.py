@@ -16,12 +16,13 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from raypack.core import flatten_documents, iter_run_slices
+from raypack.core import cast_tokens, flatten_documents, iter_run_slices
 from raypack.errors import InputError
 from raypack.formats import check_tokens_fit
 from raypack.long_docs import CutCounts, PieceFilter, count_cut, kept_lengths
 from raypack.output import ChunkFileWriter, chunk_schema
 from raypack.resume import identify_input, save_result
+from raypack.side_columns import combine, opaque
 from raypack.strategies.base import ShardPacker
 from raypack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts, read_batch_rows
 from raypack.token_pieces import iter_token_pieces
@@ -39,7 +40,8 @@ def pack_shard(task: ShardTask, settings: PackSettings) -> ShardResult:
     identity = identify_input(task, settings)
     dtype = np.dtype(settings.token_dtype)
     packer = settings.packing.make_shard_packer(task, settings)
-    schema = chunk_schema(settings.context_length, pa.from_numpy_dtype(dtype), settings.pad_token)
+    schema = chunk_schema(settings.context_length, pa.from_numpy_dtype(dtype), settings.pad_token,
+                          settings.extra_columns)
     writer = ChunkFileWriter(settings.out_dir, packer.first_chunk, schema, settings.chunks_per_record_batch)
     watchdog = ProgressWatchdog(task.describe(), settings.progress_timeout_s,
                                 restart=settings.restart_stalled)
@@ -99,11 +101,15 @@ def _stream_shard(task: ShardTask, settings: PackSettings, packer: ShardPacker,
     cut, c = CutCounts(), settings.context_length
     long_docs = PieceFilter(settings.long_docs, c)
     pieces = iter_token_pieces(task.path, task.format, settings.token_column, read_batch_rows(task, settings),
-                               settings.read_batch_tokens, **task.read_range())
+                               settings.read_batch_tokens, extra_columns=tuple(c.name for c in settings.extra_columns),
+                               **task.read_range())
     for piece in pieces:
         beat()
-        tokens, lengths = long_docs.apply(*flatten_documents(piece.docs), piece.doc_lens, piece.continued)
         first_row = piece.first_row
+        tokens, lengths = flatten_documents(piece.docs)
+        if piece.sides:  # records of token + side values, so that long_docs cuts every column alike
+            tokens = _with_sides(tokens, lengths, piece.sides, task, settings, first_row)
+        tokens, lengths = long_docs.apply(tokens, lengths, piece.doc_lens, piece.continued)
         if piece.continued:
             num_continued = int(lengths[0])
             if num_continued:  # a continuation left out entirely adds nothing to its open document
@@ -132,6 +138,19 @@ def _push_checked(packer: ShardPacker, writer: ChunkFileWriter, tokens: np.ndarr
     except ValueError as e:
         check_tokens_fit(tokens, lengths, settings.token_dtype, path=task.path, first_row=first_row)
         raise InputError(f"shard {task.path} rows {first_row}..{first_row + len(lengths) - 1}: {e}") from e
+
+
+def _with_sides(tokens: np.ndarray, lengths: np.ndarray, sides: tuple[pa.Array, ...], task: ShardTask,
+                settings: PackSettings, first_row: int) -> np.ndarray:
+    """Tokens (checked to fit the token dtype, InputError naming the row otherwise) and the side
+    columns' values as one array of the packed dtype (raypack.side_columns). One copy of each."""
+    try:
+        values = [side.flatten().to_numpy(zero_copy_only=False) for side in sides]
+        return opaque(combine(cast_tokens(tokens, np.dtype(settings.token_dtype)), values, settings.record_dtype))
+    except ValueError as e:
+        check_tokens_fit(tokens, lengths, settings.token_dtype, path=task.path, first_row=first_row)
+        raise InputError(f"shard {task.path} rows {first_row}..{first_row + len(lengths) - 1}: {e}; the file changed "
+                         "during the run (rerun on a stable copy)") from e
 
 
 def _push_sliced(packer: ShardPacker, writer: ChunkFileWriter, tokens: np.ndarray,

@@ -45,6 +45,8 @@ class PackStats:
     shard_documents: npt.NDArray[np.int64]
     shard_split_documents: npt.NDArray[np.int64]
     strategy: str
+    side_nonzero: tuple[tuple[str, str, int], ...] = ()
+    """Per side column (``--extra-columns``): name, type and its nonzero values on tokens (padding excluded)."""
 
     @property
     def padding_percent(self) -> float:
@@ -69,6 +71,11 @@ class PackStats:
         for lo, hi, n in zip(self.fragment_bin_edges[:-1], self.fragment_bin_edges[1:], self.fragment_counts):
             bar = "#" * int(round(40 * n / total))
             out.append(f"  {lo:>7}-{hi - 1 if hi - 1 >= lo else lo:<7} {n:>10,}  {bar}")
+        if self.side_nonzero:
+            out.append("side columns: nonzero values on tokens (padding excluded)")
+        for name, type_name, nonzero in self.side_nonzero:
+            pct = 100.0 * nonzero / self.num_tokens if self.num_tokens else 0.0
+            out.append(f"  {name} ({type_name})  {nonzero:,} ({pct:.2f}% of tokens)")
         out.append("per shard: documents, split documents")
         for path, docs, split in zip(self.shard_paths, self.shard_documents, self.shard_split_documents):
             pct = 100.0 * split / docs if docs else 0.0
@@ -91,7 +98,9 @@ def packing_stats(out: str) -> PackStats | MixStats:
     find_split = packing.make_split_finder(c)
     found = {"chunks": 0, "tokens": 0, "padding_positions": 0}
     max_doc_id = -1
-    for seg_ids, seg_lens, offsets in _segment_batches(ds):
+    side_nonzero = np.zeros(len(ds.extra_columns), np.int64)
+    for seg_ids, seg_lens, offsets, nonzero in _segment_batches(ds):
+        side_nonzero += nonzero
         real = seg_ids >= 0
         fragments = seg_lens[real]
         counts += np.histogram(fragments, bins=edges)[0]
@@ -110,7 +119,8 @@ def packing_stats(out: str) -> PackStats | MixStats:
                             minlength=len(shards)) if shards else np.zeros(0, np.int64)
     return PackStats(c, found["chunks"], found["tokens"], num_docs, found["padding_positions"], int(split.size),
                      edges, counts, tuple(s["path"] for s in shards), np.diff(doc_offsets)[: len(shards)],
-                     per_shard[: len(shards)], packing.name)
+                     per_shard[: len(shards)], packing.name,
+                     tuple((c.name, c.type, int(n)) for c, n in zip(ds.extra_columns, side_nonzero)))
 
 
 def _cross_check(manifest: dict[str, Any], found: dict[str, int], max_doc_id: int, where: str) -> None:
@@ -125,12 +135,15 @@ def _cross_check(manifest: dict[str, Any], found: dict[str, int], max_doc_id: in
                          f"{max_doc_id}; the output is damaged (raypack verify OUT says where)")
 
 
-def _segment_batches(ds: PackedDataset) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """(segment_doc_ids (S,) int64, segment_lengths (S,) int32, offsets (n + 1,) int64 from 0) per
-    non-empty record batch, in global order, each checked by the reader."""
+def _segment_batches(ds: PackedDataset) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """(segment_doc_ids (S,) int64, segment_lengths (S,) int32, offsets (n + 1,) int64 from 0, nonzero
+    values of each side column on tokens (k,) int64) per non-empty record batch, in global order,
+    each checked by the reader."""
     for _, chunks in ds.record_batches():
         if chunks.num_chunks:
-            yield chunks.segment_doc_ids, chunks.segment_lengths, chunks.segment_offsets
+            real = chunks.doc_ids().reshape(-1) >= 0 if chunks.sides else None
+            nonzero = np.array([np.count_nonzero(side.reshape(-1)[real]) for side in chunks.sides], np.int64)
+            yield chunks.segment_doc_ids, chunks.segment_lengths, chunks.segment_offsets, nonzero
 
 
 def plot_stats(stats: PackStats, path: str) -> str:

@@ -13,6 +13,7 @@ import pyarrow as pa
 from raypack.core import Fragment
 from raypack.long_docs import DEFAULT_LONG_DOCS, CutCounts
 from raypack.output import WrittenFile
+from raypack.side_columns import SideColumn, from_fields, packed_dtype, pad_value, record_dtype, split_fields
 
 if TYPE_CHECKING:
     from raypack.strategies import PackingStrategy
@@ -114,6 +115,26 @@ class PackSettings:
     """Report a shard with no progress for this long (raypack.watchdog); no effect on output."""
     restart_stalled: bool = False
     """End a stalled packer's process (Ray restarts it); no effect on output."""
+    extra_columns: tuple[SideColumn, ...] = ()
+    """Side columns packed with the tokens (raypack.side_columns), their types resolved by the plan."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "extra_columns", tuple(SideColumn(*c) for c in self.extra_columns))
+
+    @property
+    def packed_dtype(self) -> np.dtype:
+        """What the packers move: the token dtype, or opaque records of :attr:`record_dtype`."""
+        return packed_dtype(self.token_dtype, self.extra_columns)
+
+    @property
+    def record_dtype(self) -> np.dtype:
+        """One position's token and side values, structured (raypack.side_columns.record_dtype)."""
+        return record_dtype(self.token_dtype, self.extra_columns)
+
+    @property
+    def pad_value(self) -> int | np.void:
+        """What fills a padding position in :attr:`packed_dtype` (raypack.side_columns.pad_value)."""
+        return pad_value(self.pad_token, self.extra_columns, self.token_dtype)
 
     @property
     def packing(self) -> PackingStrategy:
@@ -172,9 +193,12 @@ class ShardResult:
 # A result travels from a packer actor to the driver as one Arrow row.
 
 _FRAGMENT_FIELDS = ("start", "input_ids", "segment_doc_ids", "segment_lengths")
+_SIDE_INFIX = "_side_"
+"""A fragment's side column travels as ``{head|tail}_side_{name}`` (its tokens as ``*_input_ids``)."""
 
 
-def result_to_table(result: ShardResult, token_type: pa.DataType) -> pa.Table:
+def result_to_table(result: ShardResult, token_type: pa.DataType, record: np.dtype | None = None) -> pa.Table:
+    """``result`` as one Arrow row; ``record``: the fragments' record dtype when they hold side columns."""
     row: dict[str, Any] = {
         "shard_index": [result.shard_index],
         "task_index": [result.task_index],
@@ -189,9 +213,15 @@ def result_to_table(result: ShardResult, token_type: pa.DataType) -> pa.Table:
     }
     for name, frag in (("head", result.head), ("tail", result.tail)):
         row[f"{name}_start"] = pa.array([None if frag is None else frag.start], pa.int64())
+        tokens, sides = (None, ()) if frag is None else split_fields(frag.input_ids, record)
+        arrays = {"input_ids": tokens, "segment_doc_ids": None if frag is None else frag.segment_doc_ids,
+                  "segment_lengths": None if frag is None else frag.segment_lengths}
         for field, typ in (("input_ids", token_type), ("segment_doc_ids", pa.int64()), ("segment_lengths", pa.int32())):
-            values = None if frag is None else pa.array(getattr(frag, field), typ)
+            values = None if frag is None else pa.array(arrays[field], typ)
             row[f"{name}_{field}"] = pa.array([values], pa.list_(typ)) if values is not None else pa.array([None], pa.list_(typ))
+        for side_name, values in zip(record.names[1:] if sides else (), sides):
+            row[f"{name}{_SIDE_INFIX}{side_name}"] = pa.ListArray.from_arrays(pa.array([0, values.size], pa.int32()),
+                                                                              pa.array(values))
     return pa.table(row)
 
 
@@ -209,6 +239,10 @@ def table_to_results(table: pa.Table) -> Iterator[ShardResult]:
                 start,
                 *(_list_scalar_to_numpy(get(f"{name}_{field}")) for field in _FRAGMENT_FIELDS[1:]),
             )
+            side_columns = [c for c in table.column_names if c.startswith(name + _SIDE_INFIX)]
+            if frags[name] is not None and side_columns:
+                sides = {c[len(name + _SIDE_INFIX):]: _list_scalar_to_numpy(get(c)) for c in side_columns}
+                frags[name] = frags[name]._replace(input_ids=from_fields(frags[name].input_ids, sides))
         file = get("file").as_py()
         yield ShardResult(
             shard_index=get("shard_index").as_py(),

@@ -5,9 +5,12 @@ each failure one InputError naming the shard and row. Vectorized; no Ray.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from raypack.errors import InputError
 
@@ -49,6 +52,34 @@ def validate_token_batch(tokens: pa.Array, *, path: str, first_row: int) -> None
                 f"shard {path} row {first_row + _row_of(tokens, at)}: token {int(array[at])} is "
                 "negative; token ids must be >= 0"
             )
+
+
+def validate_side_batch(tokens: pa.Array, sides: Sequence[pa.Array], names: Sequence[str], token_column: str, *,
+                        path: str, first_row: int) -> None:
+    """Raise InputError unless each side column in ``sides`` (named ``names``) is a list of
+    non-null integers or bools holding exactly one value per token of its row of ``tokens``.
+
+    One vectorised comparison of list lengths per column (O(rows)), plus a null count."""
+    if not sides:
+        return
+    token_lens = pc.list_value_length(tokens).to_numpy(zero_copy_only=False)
+    for name, side in zip(names, sides):
+        side_type = side.type
+        if not (pa.types.is_list(side_type) or pa.types.is_large_list(side_type)) or not (
+                pa.types.is_integer(side_type.value_type) or pa.types.is_boolean(side_type.value_type)):
+            raise InputError(f"shard {path}: column {name} has type {side_type}; an extra column must be a list of "
+                             "integers or bools (one value per token)")
+        side_lens = pc.list_value_length(side).to_numpy(zero_copy_only=False)  # null rows: NaN or 0
+        bad = side.is_null().to_numpy(zero_copy_only=False) | (side_lens != token_lens)
+        if bad.any():
+            row = int(np.argmax(bad))
+            found = "no list (null)" if side[row].as_py() is None else f"{int(side_lens[row])} values"
+            raise InputError(f"shard {path} row {first_row + row}: column {name} has {found}, {token_column} has "
+                             f"{int(token_lens[row])}; each side column needs one value per token")
+        if side.flatten().null_count:
+            at = int(np.flatnonzero(side.flatten().is_null().to_numpy(zero_copy_only=False))[0])
+            raise InputError(f"shard {path} row {first_row + _row_of(side, at)}: column {name} holds a null value; "
+                             "side column values must be non-null integers or bools")
 
 
 def check_tokens_fit(

@@ -20,7 +20,7 @@ from raypack.formats import (
     JSON_BLOCK_SIZE,
     _parquet_batches,
     _token_leaf_index,
-    iter_token_batches,
+    iter_document_batches,
     open_parquet,
     token_value_type,
     validate_token_batch,
@@ -46,6 +46,7 @@ def iter_token_pieces(
     rows: tuple[int, int] | None = None,
     json_block_size: int = JSON_BLOCK_SIZE,
     validate: bool = True,
+    extra_columns: tuple[str, ...] = (),
 ) -> Iterator[TokenPiece]:
     """Like :func:`iter_token_batches`, but a Parquet row group whose documents may be longer
     than ``max_tokens`` is read page by page (raypack.parquet_pages): pieces of at most
@@ -57,9 +58,14 @@ def iter_token_pieces(
     one piece and 8 bytes per row of the row group. ``units``, ``first_row``: as
     :func:`iter_token_batches`; ``rows`` must then be the units' whole rows (tasks are whole
     row groups), or other formats are read through :func:`iter_token_batches`.
+
+    ``extra_columns``: side columns read alongside (raypack.side_columns), in each piece's
+    ``sides``. With side columns every document comes whole, by pyarrow, whatever its length
+    (the page reader reads one column): a long document then costs pyarrow's whole-row decode.
     """
-    whole = dict(units=units, first_row=first_row, rows=rows, json_block_size=json_block_size, validate=validate)
-    if fmt != "parquet" or (rows is not None and rows[0] != first_row):
+    whole = dict(units=units, first_row=first_row, rows=rows, json_block_size=json_block_size, validate=validate,
+                 extra_columns=tuple(extra_columns))
+    if fmt != "parquet" or extra_columns or (rows is not None and rows[0] != first_row):
         yield from _whole_documents(path, fmt, column, batch_size, whole)
         return
     if max_tokens < 1:
@@ -116,5 +122,6 @@ def _row_group_pieces(source: pa.NativeFile, parquet_file: pq.ParquetFile, group
 
 
 def _whole_documents(path: str, fmt: str, column: str, batch_size: int, options: dict) -> Iterator[TokenPiece]:
-    for row, docs in iter_token_batches(path, fmt, column, batch_size, **options):
-        yield TokenPiece(row, docs, False, np.diff(docs.offsets.to_numpy()).astype(np.int64))
+    for batch in iter_document_batches(path, fmt, column, batch_size, **options):
+        docs = batch.tokens
+        yield TokenPiece(batch.first_row, docs, False, np.diff(docs.offsets.to_numpy()).astype(np.int64), batch.sides)

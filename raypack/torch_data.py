@@ -17,7 +17,10 @@ A batch (``B`` chunks of ``L`` positions) is a dict of CPU tensors:
 
   ``input_ids``     (B, L) int64    the tokens.
   ``doc_ids``       (B, L) int64    global document id per position, -1 on padding.
-  ``labels``        (B, L) int64    ``input_ids`` with -100 where ``doc_ids == -1``. The model
+  ``labels``        (B, L) int64    ``input_ids`` with -100 where ``doc_ids == -1``. With side
+                                    columns (``--extra-columns``): the chunks' ``labels``
+                                    column when there is one, else ``input_ids``; and -100
+                                    wherever a ``loss_mask`` column is 0. The model
                                     shifts (logits[:, i] is scored against labels[:, i + 1]),
                                     as Hugging Face causal LMs do. With
                                     ``mask_boundary_labels=True`` the first token of every
@@ -153,7 +156,8 @@ def collate_packed(samples: Iterable[Mapping[str, Any]], attention: str = "addit
         raise ValueError("collate_packed got no samples; a batch needs at least one chunk")
     input_ids = np.stack([np.asarray(s["input_ids"]) for s in samples])
     doc_ids = np.stack([_dense_doc_ids(s) for s in samples])
-    return build_batch(input_ids, doc_ids, attention, **options)
+    sides = {name: np.stack([np.asarray(s[name]) for s in samples]) for name in _LOSS_COLUMNS if name in samples[0]}
+    return build_batch(input_ids, doc_ids, attention, **sides, **options)
 
 
 def make_collate_fn(attention: str = "additive", **options: Any) -> Callable[[list], dict[str, Any]]:
@@ -174,6 +178,8 @@ def build_batch(
     max_segments: int | None = None,
     pad_to_multiple_of: int = 1,
     pad_token: int = 0,
+    labels: npt.ArrayLike | None = None,
+    loss_mask: npt.ArrayLike | None = None,
 ) -> dict[str, Any]:
     """One training batch from (B, L) tokens and doc ids (-1 on padding).
 
@@ -193,16 +199,22 @@ def build_batch(
     pad_to_multiple_of:   pad each row with ``pad_token`` and doc id -1 up to a multiple of
                           this length (1: no padding). O(B * L) copy.
     pad_token:            token id on the added positions (pass the dataset's ``pad_token``).
+    labels, loss_mask:    (B, L) side columns of the chunks (``--extra-columns``), if any: the
+                          labels start from ``labels`` instead of ``input_ids``, and are -100
+                          wherever ``loss_mask`` is 0 (and on padding, always).
     Returns: a dict of CPU tensors (``max_seqlen`` and ``num_segments`` are ints,
     ``block_mask`` a BlockMask).
     """
     _check_options(attention, mask_dtype=mask_dtype, block_size=block_size, max_segments=max_segments,
                    pad_to_multiple_of=pad_to_multiple_of, pad_token=pad_token)
-    tokens, docs = _pad_rows(*_as_batch(input_ids, doc_ids), pad_to_multiple_of, pad_token)
+    tokens, docs = _as_batch(input_ids, doc_ids)
+    targets, keep = _loss_columns(labels, loss_mask, docs.shape)
+    targets = tokens if targets is None else targets
+    tokens, docs, targets, keep = _pad_rows(tokens, docs, pad_to_multiple_of, pad_token, targets, keep)
     batch = {
         "input_ids": torch.from_numpy(tokens.astype(np.int64)),
         "doc_ids": torch.from_numpy(docs),
-        "labels": torch.from_numpy(_labels(tokens, docs, mask_boundary_labels=mask_boundary_labels)),
+        "labels": torch.from_numpy(_labels(targets, docs, mask_boundary_labels=mask_boundary_labels, keep=keep)),
         "position_ids": torch.from_numpy(position_ids(docs)),
     }
     if attention in ("additive", "bool"):
@@ -214,13 +226,37 @@ def build_batch(
     return batch
 
 
-def _pad_rows(tokens: np.ndarray, docs: np.ndarray, multiple: int, pad_token: int) -> tuple[np.ndarray, np.ndarray]:
-    """(B, L') tokens and doc ids, L' the next multiple of ``multiple``: pad_token / -1 added."""
+_LOSS_COLUMNS = ("labels", "loss_mask")
+"""Side columns the collate uses (build_batch's ``labels`` and ``loss_mask``)."""
+
+
+def _loss_columns(labels: npt.ArrayLike | None, loss_mask: npt.ArrayLike | None,
+                  shape: tuple[int, ...]) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """``labels`` as (B, L) int64 and ``loss_mask != 0`` as (B, L) bool (None when not given), checked."""
+    out = []
+    for name, values in (("labels", labels), ("loss_mask", loss_mask)):
+        if values is None:
+            out.append(None)
+            continue
+        array = np.asarray(values)
+        if array.shape != shape or array.dtype.kind not in "iub":
+            raise ValueError(f"{name} has shape {array.shape} and dtype {array.dtype}; it must be {shape} integers "
+                             "or bools, like input_ids")
+        out.append(array.astype(np.int64) if name == "labels" else array != 0)
+    return out[0], out[1]
+
+
+def _pad_rows(tokens: np.ndarray, docs: np.ndarray, multiple: int, pad_token: int, targets: np.ndarray,
+              keep: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """(B, L') tokens, doc ids, label sources and loss mask, L' the next multiple of ``multiple``:
+    pad_token / -1 / pad_token / False added."""
     pad = (0, -docs.shape[1] % multiple)
     if pad[1] == 0:
-        return tokens, docs
+        return tokens, docs, targets, keep
     tokens = np.pad(tokens.astype(np.int64), ((0, 0), pad), constant_values=pad_token)
-    return tokens, np.pad(docs, ((0, 0), pad), constant_values=PAD_ID)
+    targets = np.pad(targets.astype(np.int64), ((0, 0), pad), constant_values=pad_token)
+    keep = None if keep is None else np.pad(keep, ((0, 0), pad), constant_values=False)
+    return tokens, np.pad(docs, ((0, 0), pad), constant_values=PAD_ID), targets, keep
 
 
 def _varlen(docs: np.ndarray, max_segments: int | None) -> dict[str, Any]:
@@ -234,10 +270,14 @@ def _varlen(docs: np.ndarray, max_segments: int | None) -> dict[str, Any]:
             "max_seqlen": docs.shape[1], "num_segments": num_segments}
 
 
-def _labels(input_ids: np.ndarray, doc_ids: np.ndarray, *, mask_boundary_labels: bool = False) -> np.ndarray:
-    """(B, L) int64: ``input_ids``, -100 on padding (and on in-row document starts if asked)."""
+def _labels(input_ids: np.ndarray, doc_ids: np.ndarray, *, mask_boundary_labels: bool = False,
+            keep: np.ndarray | None = None) -> np.ndarray:
+    """(B, L) int64: ``input_ids`` (or the labels column), -100 on padding, where ``keep`` is
+    False, and on in-row document starts if asked."""
     labels = input_ids.astype(np.int64)
     ignored = doc_ids == PAD_ID
+    if keep is not None:
+        ignored |= ~keep
     if mask_boundary_labels:
         ignored[:, 1:] |= doc_ids[:, 1:] != doc_ids[:, :-1]
     labels[ignored] = IGNORE_INDEX
@@ -513,7 +553,8 @@ def iter_ray_batches(
     dataset = _ray_source(source)
     for table in dataset.iter_batches(batch_size=batch_size, batch_format="pyarrow",
                                       drop_last=drop_last, prefetch_batches=prefetch_batches):
-        yield build_batch(_matrix(table, "input_ids"), _matrix(table, "doc_ids"), attention, **options)
+        sides = {name: _matrix(table, name) for name in _LOSS_COLUMNS if name in table.column_names}
+        yield build_batch(_matrix(table, "input_ids"), _matrix(table, "doc_ids"), attention, **sides, **options)
 
 
 def _ray_source(source: Any) -> Any:

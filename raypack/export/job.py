@@ -79,6 +79,10 @@ def _open(source_path: str, format: str, output: str, token_dtype: str | None) -
     if not output:
         raise InputError("no output given: pass --output PREFIX")
     source = open_source(source_path, cls.unit)
+    if source.extra_columns:
+        raise InputError(f"{source_path} has side columns ({', '.join(source.extra_columns)}); the {format} format "
+                         "has no place for them and exporting only the tokens would drop them: train from the packed "
+                         "output (raypack.torch_data) or pack again without --extra-columns to export")
     if source.kind not in cls.source_kinds:
         raise InputError(f"{source_path} is a {source.kind} output; the {format} format exports "
                          f"{' or '.join(sorted(cls.source_kinds))} sources: {_KIND_FIXES[source.kind]}")

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from raypack.core import Chunks
 from raypack.errors import InputError
 from raypack.fs import error_text, resolve_filesystem
-from raypack.manifest import load_manifest
+from raypack.manifest import load_manifest, side_columns_of
 from raypack.output import MANIFEST_NAME
 from raypack.strategies import strategy_of_manifest
 from raypack.tokenized import TOKEN_COLUMN, load_tokenized_manifest, tokenized_inputs
@@ -99,9 +99,11 @@ class Source:
     is False for a packed output whose documents are reordered (best_fit): only its chunks are read."""
 
     def __init__(self, path: str, kind: str, token_dtype: np.dtype, parts: list[Part], files: list[str], *,
-                 in_doc_order: bool = True) -> None:
+                 in_doc_order: bool = True, extra_columns: tuple[str, ...] = ()) -> None:
         self.path, self.kind, self.token_dtype, self.parts, self.files = path, kind, token_dtype, parts, files
         self.in_doc_order = in_doc_order
+        self.extra_columns = extra_columns
+        """A packed output's side column names (raypack.side_columns), which no export holds."""
 
     @property
     def num_docs(self) -> int:
@@ -172,7 +174,8 @@ def _packed_source(path: str, unit: str) -> Source:
                          f"export the tokenized corpus or the pack's inputs instead ({inputs})")
     parts = _parts([(s["num_docs"], s["num_tokens"]) for s in manifest["shards"]])
     return Source(path, "packed", np.dtype(manifest["token_dtype"]), parts, [],
-                  in_doc_order=strategy.keeps_document_order)
+                  in_doc_order=strategy.keeps_document_order,
+                  extra_columns=tuple(c.name for c in side_columns_of(manifest)))
 
 
 def _parts(counts: list[tuple[int, int]]) -> list[Part]:

@@ -138,8 +138,8 @@ class BestFitShardPacker:
             raise RuntimeError(f"internal error: best_fit shard {task.shard_index} has no first chunk")
         self.context_length = settings.context_length
         self.first_chunk = task.first_chunk
-        self._packer = BestFitPacker(settings.context_length, settings.pad_token, window=window,
-                                     first_doc_id=task.doc_offset, dtype=np.dtype(settings.token_dtype),
+        self._packer = BestFitPacker(settings.context_length, settings.pad_value, window=window,
+                                     first_doc_id=task.doc_offset, dtype=settings.packed_dtype,
                                      max_segments=max_segments)
         self.head = self.tail = None
 

@@ -55,8 +55,8 @@ class ConcatShardPacker:
         c = settings.context_length
         self.context_length = c
         self.first_chunk = first_owned_chunk(task.token_offset, c)
-        self._packer = StreamPacker(c, settings.pad_token, start_position=task.token_offset,
-                                    dtype=np.dtype(settings.token_dtype))
+        self._packer = StreamPacker(c, settings.pad_value, start_position=task.token_offset,
+                                    dtype=settings.packed_dtype)
         self.head = self.tail = None
 
     def push_runs_parts(self, tokens: np.ndarray, run_lengths: np.ndarray, first_doc_id: int) -> list[Chunks]:

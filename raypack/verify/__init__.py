@@ -41,7 +41,15 @@ from typing import Any, Sequence
 
 from raypack.errors import InputError
 from raypack.long_docs import DEFAULT_LONG_DOCS
-from raypack.manifest import MIX_KIND, load_manifest, long_docs_of, read_manifest_json, resolve_output, strategy_of
+from raypack.manifest import (
+    MIX_KIND,
+    load_manifest,
+    long_docs_of,
+    read_manifest_json,
+    resolve_output,
+    side_columns_of,
+    strategy_of,
+)
 from raypack.output import MANIFEST_NAME
 from raypack.strategies import strategy_of_manifest
 from raypack.verify.files import check_files
@@ -110,6 +118,7 @@ def verify_output(
         best_fit_window=structure.window,
         input_paths=tuple(shard.path for shard in shards or ()),
         long_docs=long_docs_of(manifest), long_doc_counts=_long_doc_counts(manifest),
+        extra_columns=tuple(f"{c.name} {c.type} fill={c.fill}" for c in side_columns_of(manifest)),
     )
 
 

@@ -130,7 +130,7 @@ class BestFitStructure(Structure):
                 row, position = divmod(int(np.argmax(wrong)), c)
                 raise VerifyError(f"{self._map.place(self.next_chunk + row, position)}: doc id -1 (padding) holds "
                                   f"token "
-                                  f"{int(block.input_ids[row, position])}, expected pad_token {self.pad_token}")
+                                  f"{block.input_ids[row, position].item()}, expected pad_token {self.pad_token}")
         return ~pad
 
     def _check_chunk_documents(self, block: Block, segs: SegmentPlaces, real: np.ndarray) -> None:

@@ -12,6 +12,7 @@ Memory: one file's record batches are opened (not read) at a time; a block is ``
 
 from __future__ import annotations
 
+import json
 import posixpath
 from typing import Any, Callable, Iterator, NamedTuple
 
@@ -20,7 +21,9 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from raypack.output import CHUNK_FILE_VERSION
+from raypack.manifest import side_columns_of
+from raypack.output import CHUNK_FILE_VERSION, side_arrow_type
+from raypack.side_columns import SideColumn, combine, record_dtype
 from raypack.verify.files import open_file
 from raypack.verify.report import VerifyError
 
@@ -33,7 +36,8 @@ _COLUMNS = ("chunk_index", "input_ids", "segment_doc_ids", "segment_lengths")
 class Block(NamedTuple):
     """``n`` consecutive rows of one chunk file, decoded (views of the file where possible).
 
-    chunk_indices: (n,) int64.  input_ids: (n, C) token dtype.
+    chunk_indices: (n,) int64.  input_ids: (n, C) token dtype; with side columns, structured
+    records (raypack.side_columns.record_dtype) holding each token with its side values.
     segment_offsets: (n + 1,) int64 from 0.  segment_doc_ids: (S,) int64.  segment_lengths: (S,) int32.
     """
 
@@ -72,7 +76,8 @@ def iter_blocks(fs: pafs.FileSystem, base: str, entry: dict[str, Any], manifest:
         for batch in batches:
             for start in range(0, batch.num_rows, batch_chunks):
                 part = batch.slice(start, batch_chunks)
-                yield _decode(part, path, first_row, manifest["context_length"])
+                yield _decode(part, path, first_row, manifest["context_length"], side_columns_of(manifest),
+                              manifest["token_dtype"])
                 first_row += part.num_rows
 
 
@@ -87,12 +92,16 @@ def _get_batch(reader: pa.ipc.RecordBatchFileReader, k: int, path: str) -> pa.Re
 
 def _check_schema(schema: pa.Schema, path: str, manifest: dict[str, Any]) -> None:
     c, token_type = manifest["context_length"], pa.from_numpy_dtype(np.dtype(manifest["token_dtype"]))
+    sides = side_columns_of(manifest)
     expected = {
         "chunk_index": pa.int64(),
         "input_ids": pa.list_(token_type, c),
         "segment_doc_ids": pa.list_(pa.int64()),
         "segment_lengths": pa.list_(pa.int32()),
+        **{side.name: pa.list_(side_arrow_type(side.type), c) for side in sides},
     }
+    if len(schema.names) != len(expected):
+        raise VerifyError(f"{path}: columns are {schema.names}, expected {list(expected)}")
     for name, typ in expected.items():
         if name not in schema.names:
             raise VerifyError(f"{path}: no column {name!r}; columns are {schema.names}")
@@ -102,7 +111,9 @@ def _check_schema(schema: pa.Schema, path: str, manifest: dict[str, Any]) -> Non
     metadata = {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
     expected_metadata = (("format_version", CHUNK_FILE_VERSION, "chunk files have"),
                          ("context_length", c, "the manifest says"),
-                         ("pad_token", manifest["pad_token"], "the manifest says"))
+                         ("pad_token", manifest["pad_token"], "the manifest says"),
+                         *((("extra_columns", json.dumps([s._asdict() for s in sides]), "the manifest says"),)
+                           if sides else ()))
     for key, value, source in expected_metadata:
         if metadata.get(f"raypack.{key}") != str(value):
             raise VerifyError(f"{path}: schema metadata raypack.{key}={metadata.get(f'raypack.{key}')!r}, "
@@ -117,8 +128,9 @@ def _same_type(found: pa.DataType, expected: pa.DataType) -> bool:
     return found == expected
 
 
-def _decode(batch: pa.RecordBatch, path: str, first_row: int, c: int) -> Block:
-    for name in _COLUMNS:
+def _decode(batch: pa.RecordBatch, path: str, first_row: int, c: int, sides: tuple[SideColumn, ...] = (),
+            token_dtype: str = "int64") -> Block:
+    for name in (*_COLUMNS, *(side.name for side in sides)):
         column = batch.column(name)
         nulls = column.null_count + (column.flatten().null_count if name != "chunk_index" else 0)
         if nulls:
@@ -131,8 +143,16 @@ def _decode(batch: pa.RecordBatch, path: str, first_row: int, c: int) -> Block:
         row = int(np.argmax(id_offsets != len_offsets)) - 1
         raise VerifyError(f"{path} row {first_row + row}: segment_doc_ids and segment_lengths have "
                           "different numbers of segments")
-    return Block(path, first_row, batch.column("chunk_index").to_numpy(),
-                 flat.to_numpy().reshape(batch.num_rows, c), id_offsets, seg_ids, seg_lens)
+    input_ids = flat.to_numpy().reshape(batch.num_rows, c)
+    if sides:
+        values = [_fixed_values(batch.column(side.name), c, batch.num_rows) for side in sides]
+        input_ids = combine(input_ids.reshape(-1), values, record_dtype(token_dtype, sides)).reshape(-1, c)
+    return Block(path, first_row, batch.column("chunk_index").to_numpy(), input_ids, id_offsets, seg_ids, seg_lens)
+
+
+def _fixed_values(column: pa.FixedSizeListArray, c: int, num_rows: int) -> np.ndarray:
+    """The (num_rows * C,) values of a fixed_size_list column (bool: Arrow's bits unpacked)."""
+    return column.values.slice(column.offset * c, num_rows * c).to_numpy(zero_copy_only=False)
 
 
 def list_column(column: pa.ListArray) -> tuple[np.ndarray, np.ndarray]:

@@ -88,7 +88,7 @@ class ConcatStructure(Structure):
             i = int(np.argmax(pads != self.pad_token))
             chunk = int(block.chunk_indices[-1])
             raise VerifyError(f"output chunk {chunk} position {self.context_length - num_pad + i} "
-                              f"({posixpath.basename(block.path)}): padding token {int(pads[i])}, "
+                              f"({posixpath.basename(block.path)}): padding token {pads[i].item()}, "
                               f"expected pad_token {self.pad_token}")
 
     def _check_order(self, block: Block, ids: np.ndarray, previous: np.ndarray, is_first: np.ndarray) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from raypack.content_digest import ContentHasher
+from raypack.manifest import side_columns_of
+from raypack.side_columns import split_fields
 from raypack.verify.blocks import Block
 from raypack.verify.report import VerifyError
 
@@ -24,10 +26,12 @@ class ContentCheck:
     def __init__(self, manifest: dict[str, Any]) -> None:
         self.expected = manifest["content_sha256"]
         self._hasher = ContentHasher(manifest["token_dtype"], manifest["context_length"],
-                                     manifest["counts"]["chunks"], manifest["content_group_chunks"])
+                                     manifest["counts"]["chunks"], manifest["content_group_chunks"],
+                                     extra_columns=side_columns_of(manifest))
 
     def add(self, block: Block) -> None:
-        self._hasher.add_chunks(block.input_ids, block.segment_offsets, block.segment_doc_ids, block.segment_lengths)
+        tokens, sides = split_fields(block.input_ids)
+        self._hasher.add_chunks(tokens, block.segment_offsets, block.segment_doc_ids, block.segment_lengths, sides)
 
     def finish(self, where: str) -> None:
         """Raise VerifyError naming ``where`` (the manifest) when the digests differ."""

@@ -23,13 +23,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from raypack.core import flatten_documents
+from raypack.core import cast_tokens, flatten_documents
 from raypack.errors import InputError
-from raypack.formats import SHARD_SUFFIXES, iter_token_batches, shard_format
+from raypack.formats import SHARD_SUFFIXES, iter_document_batches, shard_format
 from raypack.fs import is_uri as fs_is_uri
 from raypack.fs import resolve_filesystem
-from raypack.manifest import CUT_KEYS, long_docs_of
+from raypack.manifest import CUT_KEYS, long_docs_of, side_columns_of
 from raypack.shards import discover_shards
+from raypack.side_columns import SideColumn, combine, record_dtype
 from raypack.verify.blocks import Piece
 from raypack.verify.report import VerifyError
 
@@ -112,15 +113,21 @@ class _InputTotals:
     """What ``long_docs`` left out of the shards read so far."""
 
 
-def _input_pieces(shards: list[Shard], column: str, totals: _InputTotals, long_docs: str,
-                  context_length: int) -> Iterator[Piece]:
-    """The inputs' token stream as ``long_docs`` keeps it, each token labelled with its document's global id."""
+def _input_pieces(shards: list[Shard], column: str, totals: _InputTotals, long_docs: str, context_length: int,
+                  extra_columns: tuple[SideColumn, ...] = (), token_dtype: str = "int64") -> Iterator[Piece]:
+    """The inputs' token stream as ``long_docs`` keeps it, each token labelled with its document's
+    global id. With side columns each token is a record of the output's packed dtype: the token and
+    its side values (as the output's structure check gives them), so one comparison covers every column."""
+    names = tuple(c.name for c in extra_columns)
+    dtype = record_dtype(token_dtype, extra_columns)
     for shard in shards:
         num_docs, num_tokens, cut = 0, 0, dict.fromkeys(CUT_KEYS, 0)
         try:
-            for first_row, lists in iter_token_batches(shard.path, shard.format, column, INPUT_BATCH_DOCS):
+            for first_row, lists, sides in _input_batches(shard, column, names):
                 tokens, lengths = flatten_documents(lists)
                 keep = _kept_positions(lengths, long_docs, context_length, cut)
+                if names:
+                    tokens = _packed_input(tokens, sides, dtype, shard.path, first_row)
                 doc_ids = np.arange(totals.num_docs + first_row, totals.num_docs + first_row + lengths.size)
                 where = _input_locator(shard.path, first_row, doc_ids, lengths)
                 yield Piece(tokens[keep], np.repeat(doc_ids, lengths)[keep], _kept_locator(where, keep))
@@ -152,6 +159,22 @@ def _kept_positions(lengths: np.ndarray, long_docs: str, context_length: int, cu
 def _kept_locator(where: Callable[[int], str], keep: np.ndarray) -> Callable[[int], str]:
     """``where`` of the i-th kept position (its index among all positions)."""
     return lambda i: where(int(np.flatnonzero(keep)[i]))
+
+
+def _input_batches(shard: Shard, column: str, names: tuple[str, ...]) -> Iterator[tuple[int, pa.Array, tuple]]:
+    for batch in iter_document_batches(shard.path, shard.format, column, INPUT_BATCH_DOCS, extra_columns=names):
+        yield batch.first_row, batch.tokens, batch.sides
+
+
+def _packed_input(tokens: np.ndarray, sides: tuple[pa.Array, ...], dtype: np.dtype, path: str,
+                  first_row: int) -> np.ndarray:
+    """Input tokens and side values as one array of the output's packed dtype; a value that does
+    not fit the output is a mismatch (VerifyError naming the batch)."""
+    try:
+        values = [side.flatten().to_numpy(zero_copy_only=False) for side in sides]
+        return combine(cast_tokens(tokens, dtype[0]), values, dtype)
+    except (TypeError, ValueError) as e:
+        raise VerifyError(f"input shard {path} rows from {first_row}: {e}; the output cannot hold these inputs") from e
 
 
 def _input_locator(path: str, first_row: int, doc_ids: np.ndarray, lengths: np.ndarray) -> Callable[[int], str]:
@@ -209,7 +232,8 @@ def compare_with_inputs(output: Iterator[Piece], shards: list[Shard], column: st
     totals = _InputTotals()
     long_docs = long_docs_of(manifest)
     found = _Cursor(output)
-    expected = _Cursor(_input_pieces(shards, column, totals, long_docs, manifest["context_length"]))
+    expected = _Cursor(_input_pieces(shards, column, totals, long_docs, manifest["context_length"],
+                                     side_columns_of(manifest), manifest["token_dtype"]))
     while found.current() is not None and expected.current() is not None:
         n = min(found.remaining(), expected.remaining())
         start_found, start_expected = found.offset, expected.offset
@@ -220,8 +244,8 @@ def compare_with_inputs(output: Iterator[Piece], shards: list[Shard], column: st
             i = int(np.argmax(bad))
             raise VerifyError(
                 f"{found.piece.where(start_found + i)}: found doc id {int(found_ids[i])} token "
-                f"{int(found_tokens[i])}; {expected.piece.where(start_expected + i)}: expected doc id "
-                f"{int(expected_ids[i])} token {int(expected_tokens[i])}"
+                f"{found_tokens[i].item()}; {expected.piece.where(start_expected + i)}: expected doc id "
+                f"{int(expected_ids[i])} token {expected_tokens[i].item()}"
             )
     if found.current() is not None:
         raise VerifyError(f"{found.piece.where(found.offset)}: the output continues (doc id "

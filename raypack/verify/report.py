@@ -40,6 +40,8 @@ class VerifyReport:
     """The manifest's long-document policy: split, truncate or drop."""
     long_doc_counts: tuple[int, int] = (0, 0)
     """(documents, tokens) truncated or dropped, as the manifest counts them and verify re-counted."""
+    extra_columns: tuple[str, ...] = ()
+    """Side columns checked with the tokens (``name type fill=F``), if any."""
 
     def lines(self) -> list[str]:
         rate = self.num_tokens / self.seconds if self.seconds > 0 else 0.0
@@ -61,6 +63,7 @@ class VerifyReport:
             f"  documents        {self.num_documents:>14,}",
             f"  split documents  {self.num_split_documents:>14,}",
             *cut,
+            *([f"  side columns     {', '.join(self.extra_columns)}"] if self.extra_columns else []),
             f"  inputs           {inputs}",
             *(f"    read {path}" for path in self.input_paths[:3]),
             *([f"    ... and {len(self.input_paths) - 3:,} more shard(s)"] if len(self.input_paths) > 3 else []),

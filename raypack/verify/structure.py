@@ -26,7 +26,9 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import pyarrow.fs as pafs
 
+from raypack.manifest import side_columns_of
 from raypack.output import MANIFEST_NAME
+from raypack.side_columns import pad_record
 from raypack.verify.blocks import Block, Piece, iter_blocks, row_of_segment
 from raypack.verify.content import ContentCheck
 from raypack.verify.report import VerifyError
@@ -39,7 +41,10 @@ class Structure:
 
     def __init__(self, manifest: dict[str, Any], *, keep_tokens: bool = False) -> None:
         self.context_length = manifest["context_length"]
-        self.pad_token = manifest["pad_token"]
+        columns = side_columns_of(manifest)
+        self.pad_token = pad_record(manifest["pad_token"], columns, manifest["token_dtype"]) if columns \
+            else manifest["pad_token"]
+        """The pad token, or with side columns the padding's record (raypack.side_columns)."""
         self.keep_tokens = keep_tokens
         self.window: int | None = None
         """Documents per packing window (0: a whole shard); None for a strategy without windows."""
