@@ -45,6 +45,7 @@ import pyarrow.parquet as pq
 
 from raypack.errors import InputError
 from raypack.fs import error_text, open_input_file, resolve_filesystem
+from raypack.side_columns import side_value_types
 from raypack.token_checks import check_tokens_fit, validate_side_batch, validate_token_batch
 
 __all__ = [
@@ -580,27 +581,6 @@ def _ipc_columns(fs, fs_path: str, path: str, columns: tuple[str, ...], units: t
             side_value_types(schema, columns[1:], path)
             continue
         yield tuple(batch.column(schema.get_field_index(c)) for c in columns)
-
-
-def side_value_types(schema: pa.Schema | None, names: tuple[str, ...], path: str) -> tuple[str, ...]:
-    """The value type (a raypack.side_columns.SIDE_TYPES name) of each side column ``names`` in
-    ``schema`` (None: JSON Lines, whose numbers are read as int64); InputError naming the shard,
-    the column and its type when one is missing or not a list of integers or bools."""
-    if schema is None:
-        return tuple("int64" for _ in names)
-    types = []
-    for name in names:
-        if name not in schema.names:
-            raise InputError(f"shard {path} has no column {name!r} (an extra column); its columns are "
-                             f"{schema.names}; drop it from extra_columns or add it to every shard")
-        field_type = schema.field(name).type
-        value_type = field_type.value_type if pa.types.is_list(field_type) or pa.types.is_large_list(field_type) \
-            else None
-        if value_type is None or not (pa.types.is_integer(value_type) or pa.types.is_boolean(value_type)):
-            raise InputError(f"shard {path} column {name!r} has type {field_type}; an extra column must be a list "
-                             "of integers or bools (one value per token)")
-        types.append("bool" if pa.types.is_boolean(value_type) else value_type.to_pandas_dtype().__name__)
-    return tuple(types)
 
 
 def shard_side_types(path: str, names: tuple[str, ...]) -> tuple[str, ...]:

@@ -25,6 +25,9 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
+
+from raypack.errors import InputError
 
 __all__ = ["RESERVED_NAMES", "SIDE_TYPES", "TOKEN_FIELD", "SideColumn", "check_fill", "combine", "common_side_type",
            "from_fields", "opaque", "packed_dtype", "pad_record", "pad_value", "parse_side_spec", "record_dtype",
@@ -151,3 +154,24 @@ def from_fields(tokens: np.ndarray, sides: dict[str, np.ndarray]) -> np.ndarray:
     record = np.dtype([(TOKEN_FIELD, tokens.dtype.newbyteorder("<"))]
                       + [(name, values.dtype.newbyteorder("<")) for name, values in sides.items()])
     return opaque(combine(tokens, list(sides.values()), record))
+
+
+def side_value_types(schema: pa.Schema | None, names: tuple[str, ...], path: str) -> tuple[str, ...]:
+    """The value type (a raypack.side_columns.SIDE_TYPES name) of each side column ``names`` in
+    ``schema`` (None: JSON Lines, whose numbers are read as int64); InputError naming the shard,
+    the column and its type when one is missing or not a list of integers or bools."""
+    if schema is None:
+        return tuple("int64" for _ in names)
+    types = []
+    for name in names:
+        if name not in schema.names:
+            raise InputError(f"shard {path} has no column {name!r} (an extra column); its columns are "
+                             f"{schema.names}; drop it from extra_columns or add it to every shard")
+        field_type = schema.field(name).type
+        value_type = field_type.value_type if pa.types.is_list(field_type) or pa.types.is_large_list(field_type) \
+            else None
+        if value_type is None or not (pa.types.is_integer(value_type) or pa.types.is_boolean(value_type)):
+            raise InputError(f"shard {path} column {name!r} has type {field_type}; an extra column must be a list "
+                             "of integers or bools (one value per token)")
+        types.append("bool" if pa.types.is_boolean(value_type) else value_type.to_pandas_dtype().__name__)
+    return tuple(types)
