@@ -16,8 +16,8 @@ a child of its own before):
     ``iter_token_pieces`` as the packer reads), measured the same way in the same kind of
     child: what the format reader itself holds.
 
-The table's ratio is long/normal of ``added``; ``seconds``: wall time of packing (load-dependent).
-Input token type = output token type (--dtypes). ``--compression``: the Parquet codec(s);
+The table's ratio is long/normal of ``added``; ``seconds``, ``cpu s``: wall and CPU time of
+packing (both load-dependent, wall much more). Input token type = output token type (--dtypes). ``--compression``: the Parquet codec(s);
 ``--values phrases``: tokens drawn as repeated random phrases (copy-heavy for the codec, as real
 text is) instead of independent random tokens (incompressible).
 Arrow IPC inputs are memory-mapped: the pages of the file a child touches count in its RSS.
@@ -124,17 +124,17 @@ def child(args: argparse.Namespace) -> dict:
     if args.strategy == "best_fit":
         task = ShardTask(0, args.path, info.format, 0, 0, info.num_docs, info.num_tokens, 0, args.num_chunks)
     before = reset_peak_rss()
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     if args.read_only:
         for piece in iter_token_pieces(task.path, task.format, "input_ids", read_batch_rows(task, settings),
                                        settings.read_batch_tokens):
             del piece
     else:
         pack_shard(task, settings)
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
     peak = _status_bytes("VmHWM")
     return {"before": before, "peak": peak, "added": peak - before, "arrow_now": pa.total_allocated_bytes(),
-            "seconds": seconds}
+            "seconds": seconds, "cpu_seconds": cpu_seconds}
 
 
 def run_child(path: str, out: str, dtype: str, strategy: str, args: argparse.Namespace, *, mode: str = "pack",
@@ -184,7 +184,7 @@ def main() -> None:
           f"best_fit window {args.window:,}; Arrow pool {args.arrow_pool or pa.default_memory_pool().backend_name}; "
           f"{args.values} tokens; load average {os.getloadavg()[0]:.2f}")
     print(f"{'format':14} {'dtype':12} {'strategy':9} {'corpus':7} {'reader MiB':>10} {'added MiB':>10} "
-          f"{'peak MiB':>9} {'ratio':>6} {'seconds':>7}")
+          f"{'peak MiB':>9} {'ratio':>6} {'seconds':>7} {'cpu s':>6}")
     formats = [(fmt, codec) for fmt in args.formats.split(",")
                for codec in (args.compression.split(",") if fmt == "parquet" else [""])]
     with tempfile.TemporaryDirectory() as tmp:
@@ -212,7 +212,7 @@ def main() -> None:
                         name = f"{fmt}/{codec}" if codec else fmt
                         print(f"{name:14} {label:12} {strategy:9} {kind:7} {reader['added'] / mib:10.0f} "
                               f"{packed['added'] / mib:10.0f} {packed['peak'] / mib:9.0f} {ratio:>6} "
-                              f"{packed['seconds']:7.1f}", flush=True)
+                              f"{packed['seconds']:7.1f} {packed['cpu_seconds']:6.1f}", flush=True)
                         shutil.rmtree(out)
                 for path in paths.values():
                     os.remove(path)
