@@ -15,13 +15,17 @@ compressed nor the whole decompressed body is held (a one-row page holds a whole
     no copy reaches before the part and that the part gives exactly its length, so a part
     decompressed is the body's bytes; else (another compressor) the rest comes from one
     decompression of the whole body;
-  * other codecs, and bodies of at most ``2 * GROUP`` bytes: one decompression (pyarrow).
+  * zstd, gzip, brotli: pyarrow's streaming decompressor (``pyarrow.CompressedInputStream``)
+    reading the compressed bytes 64 KiB at a time; if its first part fails, one decompression;
+  * lz4 (raw blocks, no stream format), and bodies of at most ``2 * GROUP`` bytes: one
+    decompression (pyarrow).
 
-Memory: one part (decompressed) and its compressed bytes; the whole body in the fallback.
+Memory: one part (decompressed) and its compressed bytes; the whole body in the fallbacks.
 """
 
 from __future__ import annotations
 
+import io
 from typing import Callable, Iterator
 
 import pyarrow as pa
@@ -33,6 +37,7 @@ __all__ = ["GROUP", "iter_body_parts"]
 GROUP = 1 << 22  # bytes of a part; a multiple of snappy's 64 KiB fragments
 _FRAGMENT = 1 << 16
 _TAG_BYTES = 5  # a snappy element's tag and extra bytes (a literal's payload aside)
+_STREAMED = ("zstd", "gzip", "brotli")  # pyarrow decompresses these formats as streams
 _MIN_STRIDE = 1 << 13  # compressed bytes walked at least before checking the bytes out
 
 Read = Callable[[int, int], bytes]
@@ -52,11 +57,47 @@ def iter_body_parts(read: Read, size: int, uncompressed: int, codec: str | None)
     if codec == "snappy" and uncompressed > 2 * GROUP and GROUP % _FRAGMENT == 0:
         yield from _snappy_parts(read, size, uncompressed)
         return
+    if codec in _STREAMED and uncompressed > 2 * GROUP:
+        yield from _streamed_parts(read, size, uncompressed, codec)
+        return
     yield _decompress(read(0, size), uncompressed, codec)
 
 
 def _decompress(data, uncompressed: int, codec: str) -> memoryview:
     return memoryview(pa.Codec(codec).decompress(data, decompressed_size=uncompressed)).cast("B")
+
+
+def _streamed_parts(read: Read, size: int, uncompressed: int, codec: str) -> Iterator[memoryview]:
+    """Parts of GROUP bytes from pyarrow's streaming decompressor; one decompression if the first fails."""
+    stream = pa.CompressedInputStream(pa.PythonFile(_Region(read, size), mode="r"), codec)
+    try:
+        part = stream.read(min(GROUP, uncompressed))
+    except (pa.ArrowException, OSError):
+        yield _decompress(read(0, size), uncompressed, codec)
+        return
+    left = uncompressed
+    while left > 0:
+        if not part:
+            raise ValueError(f"the page body decompresses to {uncompressed - left} bytes, not {uncompressed}")
+        yield memoryview(part)
+        left -= len(part)
+        part = stream.read(min(GROUP, left)) if left > 0 else b""
+
+
+class _Region(io.RawIOBase):
+    """The compressed body as a file pyarrow reads forward (``read(pos, n)`` per read)."""
+
+    def __init__(self, read: Read, size: int) -> None:
+        self.read_at, self.size, self.pos = read, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self.read_at(self.pos, min(len(buffer), self.size - self.pos))
+        buffer[:len(data)] = data
+        self.pos += len(data)
+        return len(data)
 
 
 def _snappy_parts(read: Read, size: int, uncompressed: int) -> Iterator[memoryview]:

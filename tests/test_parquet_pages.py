@@ -359,18 +359,34 @@ def test_snappy_element_across_the_cut_falls_back():
     assert parts == [data] and cuts == [False] and reads[-1] == len(compressed)
 
 
-@pytest.mark.parametrize("codec", [None, "snappy"])
+@pytest.mark.parametrize("codec", [None, "snappy", "zstd", "gzip", "brotli"])
 def test_body_parts_are_bounded(codec):
-    """pyarrow's snappy (fragments of 64 KiB) and uncompressed bodies: parts of 64 KiB, reads of
-    at most a part and a quarter."""
+    """Uncompressed, pyarrow's snappy (fragments of 64 KiB) and streamed codecs: parts of 64 KiB,
+    reads of at most a part and a quarter."""
     rng = np.random.default_rng(0)
     data = np.concatenate([rng.integers(0, 50, 200_000), np.tile(rng.integers(0, 9, 7), 30_000)]).astype("<u2")
     data = data.tobytes()
-    compressed = bytes(pa.compress(data, codec="snappy")) if codec else data
+    compressed = bytes(pa.compress(data, codec=codec)) if codec else data
     parts, reads, cuts = body_parts(compressed, len(data), codec)
     assert b"".join(parts) == data and len(parts) == -(-len(data) // 65536)
     assert max(len(p) for p in parts) == 65536 and max(reads) <= 65536 + 65536 // 4 + 8192
-    assert all(cuts) and len(cuts) == (len(parts) - 1 if codec else 0)
+    assert all(cuts) and len(cuts) == (len(parts) - 1 if codec == "snappy" else 0)
+
+
+def test_streamed_codec_failing_at_once_falls_back(monkeypatch):
+    """pyarrow's stream refusing the body at its first read: one decompression of the whole."""
+    data = np.random.default_rng(0).integers(0, 9, 300_000, np.uint8).tobytes()
+    compressed = bytes(pa.compress(data, codec="zstd"))
+
+    class Refusing:
+        def __init__(self, *args):
+            pass
+
+        def read(self, n):
+            raise pa.ArrowInvalid("no")
+    monkeypatch.setattr(pa, "CompressedInputStream", Refusing)
+    parts, reads, _ = body_parts(compressed, len(data), "zstd")
+    assert parts == [data] and reads == [len(compressed)]
 
 
 @st.composite
@@ -391,7 +407,7 @@ def long_tokens(draw) -> np.ndarray:
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tokens=long_tokens(), options=st.fixed_dictionaries(dict(
-    compression=st.sampled_from(["snappy", "snappy", "none", "zstd"]), use_dictionary=st.booleans(),
+    compression=st.sampled_from(["snappy", "snappy", "none", "zstd", "gzip"]), use_dictionary=st.booleans(),
     data_page_version=st.sampled_from(["1.0", "2.0"]))), num_short=st.integers(0, 3),
     max_tokens=st.sampled_from([9_999, 1 << 20]))
 def test_pages_in_parts_equal_pyarrow(tmp_path_factory, tokens, options, num_short, max_tokens):
