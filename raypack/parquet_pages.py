@@ -5,17 +5,20 @@ group's token column page by page, numpy/pyarrow only (Python per page, window a
 never per token), and yields :class:`TokenPiece` s of at most ``max_tokens`` tokens:
 
   1. find the column chunk in the footer; read each page (header, body) at its offset;
-  2. parse the page header (raypack.thrift_compact); decompress the body (``pyarrow.Codec``);
+  2. parse the page header (raypack.thrift_compact); read and decompress the body in parts of
+     about 4 MiB as it is decoded (raypack.page_streams; levels of v1 pages copied out first);
   3. decode levels (RLE/bit-packed hybrid, ``_Hybrid``) and values (PLAIN, or dictionary
      indices into the PLAIN dictionary page), ``_WINDOW`` levels at a time;
   4. pass 1, levels only: each document's full length (a row starts at repetition level 0),
      nulls rejected; pass 2, values: the row group's tokens cut every ``max_tokens`` (as
      :func:`raypack.core.iter_run_slices` cuts a batch).
 
-Memory: one page body (while it is decompressed, compressed and decompressed: a one-row page
-holds the whole document, ~2 bytes/token for 16-bit dictionary indices, 4 for PLAIN int32),
-a window of levels, one piece and 8 bytes per row. Cost: levels decoded twice; 5-10x slower
-than pyarrow on short documents (per-run Python). What this reader does not handle raises
+Memory: one part of a page body (compressed and decompressed; the whole body for lz4, small
+pages and snappy not written in 64 KiB fragments: a one-row page holds the whole document,
+~2 bytes/token for 16-bit dictionary indices, 4 for PLAIN int32), a v1 page's levels, a window
+of levels, one piece and 8 bytes per row. Cost: levels decoded twice; 5-10x slower
+than pyarrow on short documents (per-run Python); a large snappy page adds a Python walk of
+its elements (~5M/s; ~0.2-0.3 per 16-bit token of text, few on incompressible tokens). What this reader does not handle raises
 :class:`Unsupported` before the row group's first piece (the caller uses pyarrow); a malformed
 page raises InputError.
 """
