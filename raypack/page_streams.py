@@ -107,23 +107,25 @@ def _snappy_parts(read: Read, size: int, uncompressed: int) -> Iterator[memoryvi
     if length != uncompressed:
         yield _decompress(read(0, size), uncompressed, "snappy")
         return
-    out_start = 0
+    out_start, ratio = 0, 0.25
     while uncompressed - out_start > GROUP:
-        part, end = _snappy_part(window, start)
+        part, end = _snappy_part(window, start, ratio)
         if part is None:
             del window
             yield _decompress(read(0, size), uncompressed, "snappy")[out_start:]
             return
         yield part
         window.drop_before(end)
-        start, out_start = end, out_start + GROUP
+        start, out_start, ratio = end, out_start + GROUP, (end - start) / GROUP
     last = uncompressed - out_start
     yield _decompress(_varint(last) + window.read(start, size - start), last, "snappy")
 
 
-def _snappy_part(window: _Compressed, start: int) -> tuple[memoryview | None, int]:
+def _snappy_part(window: _Compressed, start: int, ratio: float) -> tuple[memoryview | None, int]:
     """The GROUP bytes decompressed from the elements at ``start``, and the position after them;
-    (None, start) when no element ends at GROUP bytes or pyarrow refuses the part."""
+    (None, start) when no element ends at GROUP bytes or pyarrow refuses the part. ``ratio``:
+    compressed bytes per byte out expected (the previous part's): the walk goes in strides
+    of half of what is left to reach GROUP, checked only between strides."""
     pos, out = start, 0
     while out < GROUP:
         if pos + _MIN_STRIDE + _TAG_BYTES > window.end:
@@ -133,11 +135,12 @@ def _snappy_part(window: _Compressed, start: int) -> tuple[memoryview | None, in
         local = pos - window.start
         if local >= limit:
             return None, start  # the elements end before GROUP bytes
-        stride_end = min(limit, local + max((GROUP - out) // 4, _MIN_STRIDE))
+        stride_end = min(limit, local + max(int((GROUP - out) * ratio // 2), _MIN_STRIDE))
         end, stride_out = _walk(data, local, stride_end, out)
         if stride_out > GROUP:  # the stride went past GROUP: again, stopping there
             end, stride_out = _walk(data, local, stride_end, out, GROUP)
         pos, out = end + window.start, stride_out
+        ratio = (pos - start) / out if out else ratio
     if out != GROUP or pos > window.size:
         return None, start  # an element crosses the part's end: not cut in fragments
     try:
@@ -209,9 +212,14 @@ def _walk(data: bytes, pos: int, limit: int, out: int, stop: int = -1, steps: li
     """Walk the elements whose tags start in [pos, limit), adding their bytes to ``out``; with
     ``stop`` >= 0, stop once out >= stop. Returns (position after the last element walked,
     out). Python per element (~5M elements/s; without ``stop``, ~30% faster)."""
-    if stop >= 0:
+    if stop >= 0:  # strides without the check, halved when they pass stop: ~2x the elements
+        stride = max(limit - pos, 1)
         while pos < limit and out < stop:
-            pos, out = _walk(data, pos, min(limit, pos + 1), out)
+            end, stride_out = _walk(data, pos, min(limit, pos + stride), out)
+            if stride_out <= stop or stride == 1:
+                pos, out = end, stride_out
+            else:
+                stride //= 2
         return pos, out
     while pos < limit:
         tag = data[pos]

@@ -16,11 +16,11 @@ never per token), and yields :class:`TokenPiece` s of at most ``max_tokens`` tok
 Memory: one part of a page body (compressed and decompressed; the whole body for lz4, small
 pages and snappy not written in 64 KiB fragments: a one-row page holds the whole document,
 ~2 bytes/token for 16-bit dictionary indices, 4 for PLAIN int32), a v1 page's levels, a window
-of levels, one piece and 8 bytes per row. Cost: levels decoded twice; 5-10x slower
-than pyarrow on short documents (per-run Python); a large snappy page adds a Python walk of
-its elements (~5M/s; ~0.2-0.3 per 16-bit token of text, few on incompressible tokens). What this reader does not handle raises
-:class:`Unsupported` before the row group's first piece (the caller uses pyarrow); a malformed
-page raises InputError.
+of levels, one piece and 8 bytes per row. Cost: levels decoded twice; 5-10x slower than
+pyarrow on short documents (per-run Python); a large snappy page adds a Python walk of its
+elements (~5M/s; ~0.2-0.3 per 16-bit token of text, few on incompressible tokens). What this
+reader does not handle raises :class:`Unsupported` before the row group's first piece (the
+caller uses pyarrow); a malformed page raises InputError.
 """
 
 from __future__ import annotations

@@ -270,8 +270,8 @@ def parts_of_64k():
     and of the bodies read by parts (codec, decompressed size)."""
     cuts, bodies, original_part, original_parts = [], [], page_streams._snappy_part, parquet_pages.iter_body_parts
 
-    def spy_part(window, start):
-        part, end = original_part(window, start)
+    def spy_part(window, start, ratio):
+        part, end = original_part(window, start, ratio)
         cuts.append(part is not None)
         return part, end
 
