@@ -309,9 +309,10 @@ class _Chunk:
 
     def _body(self, pos: int, size: int, uncompressed: int, codec: str | None) -> _Stream:
         """The body at ``pos`` decompressed in parts (raypack.page_streams), as it is read."""
-        read = lambda start, n: self._read(pos + start, n)  # noqa: E731
-        return _Stream(iter_body_parts(read, size, uncompressed if codec else size, codec),
-                       uncompressed if codec else size)
+        def read(start: int, n: int) -> bytes:
+            return self._read(pos + start, n)
+        size_out = uncompressed if codec else size
+        return _Stream(iter_body_parts(read, size, size_out, codec), size_out)
 
     def _decompress(self, data: memoryview, size: int) -> memoryview:
         if self.codec is None:
