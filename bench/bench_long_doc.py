@@ -16,7 +16,10 @@ a child of its own before):
     ``iter_token_pieces`` as the packer reads), measured the same way in the same kind of
     child: what the format reader itself holds.
 
-The table's ratio is long/normal of ``added``. Input token type = output token type (--dtypes).
+The table's ratio is long/normal of ``added``; ``seconds``, ``cpu s``: wall and CPU time of
+packing (both load-dependent, wall much more). Input token type = output token type (--dtypes). ``--compression``: the Parquet codec(s);
+``--values phrases``: tokens drawn as repeated random phrases (copy-heavy for the codec, as real
+text is) instead of independent random tokens (incompressible).
 Arrow IPC inputs are memory-mapped: the pages of the file a child touches count in its RSS.
 """
 
@@ -29,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -68,15 +72,33 @@ def doc_lengths(kind: str, num_tokens: int, mean_len: int, seed: int = 0) -> np.
     return lengths[lengths > 0] if lengths[-1] <= 0 else lengths
 
 
-def write_shard(path: str, kind: str, fmt: str, dtype: str, num_tokens: int, mean_len: int) -> None:
+def token_values(values: str, num_tokens: int, dtype: str) -> np.ndarray:
+    """``random``: independent uniform tokens < 50,000; ``phrases``: a sequence of 20,000 random
+    phrases of 1..8 tokens drawn Zipf(1.2) (repeats a compressor finds, like text: snappy makes
+    ~0.2 elements per token of it, ~0.3 for word-split Python source)."""
+    rng = np.random.default_rng(1)
+    if values == "random":
+        return rng.integers(0, 50_000, size=num_tokens).astype(dtype)
+    phrase_lens = rng.integers(1, 9, size=20_000)
+    phrase_ends = np.cumsum(phrase_lens)
+    book = rng.integers(0, 50_000, size=int(phrase_ends[-1]))
+    picks = (rng.zipf(1.2, size=num_tokens // 4 + 16) - 1) % phrase_lens.size
+    starts = (phrase_ends - phrase_lens)[picks]
+    offsets = np.repeat(starts - np.cumsum(phrase_lens[picks]) + phrase_lens[picks], phrase_lens[picks])
+    positions = np.arange(offsets.size) + offsets
+    return book[positions[:num_tokens]].astype(dtype)
+
+
+def write_shard(path: str, kind: str, fmt: str, dtype: str, num_tokens: int, mean_len: int, values: str = "random",
+                compression: str = "snappy") -> None:
     lengths = doc_lengths(kind, num_tokens, mean_len)
-    values = np.random.default_rng(1).integers(0, 50_000, size=num_tokens).astype(dtype)
+    values = token_values(values, num_tokens, dtype)
     offsets = np.zeros(lengths.size + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     lists = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
     table = pa.table({"input_ids": lists})
     if fmt == "parquet":
-        pq.write_table(table, path, row_group_size=65536)
+        pq.write_table(table, path, row_group_size=65536, compression=compression)
     else:
         with paipc.new_file(path, table.schema) as writer:
             writer.write_table(table, max_chunksize=65536)
@@ -102,14 +124,17 @@ def child(args: argparse.Namespace) -> dict:
     if args.strategy == "best_fit":
         task = ShardTask(0, args.path, info.format, 0, 0, info.num_docs, info.num_tokens, 0, args.num_chunks)
     before = reset_peak_rss()
+    start, start_cpu = time.perf_counter(), time.process_time()
     if args.read_only:
         for piece in iter_token_pieces(task.path, task.format, "input_ids", read_batch_rows(task, settings),
                                        settings.read_batch_tokens):
             del piece
     else:
         pack_shard(task, settings)
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
     peak = _status_bytes("VmHWM")
-    return {"before": before, "peak": peak, "added": peak - before, "arrow_now": pa.total_allocated_bytes()}
+    return {"before": before, "peak": peak, "added": peak - before, "arrow_now": pa.total_allocated_bytes(),
+            "seconds": seconds, "cpu_seconds": cpu_seconds}
 
 
 def run_child(path: str, out: str, dtype: str, strategy: str, args: argparse.Namespace, *, mode: str = "pack",
@@ -134,6 +159,8 @@ def main() -> None:
     parser.add_argument("--dtypes", default="int32")
     parser.add_argument("--strategies", default="concat,best_fit")
     parser.add_argument("--formats", default="parquet,arrow")
+    parser.add_argument("--compression", default="snappy", help="Parquet codec(s), comma-separated (snappy, zstd, none, ...)")
+    parser.add_argument("--values", default="random", choices=["random", "phrases"])
     parser.add_argument("--window", type=int, default=8192)
     parser.add_argument("--read-batch-tokens", type=int, default=1 << 20)
     parser.add_argument("--cast-to", default="", help="output token_dtype when it differs from the input's "
@@ -155,16 +182,18 @@ def main() -> None:
     mib = 1 << 20
     print(f"one shard of {args.tokens:,} tokens; C={C}; read_batch_tokens={args.read_batch_tokens:,}; "
           f"best_fit window {args.window:,}; Arrow pool {args.arrow_pool or pa.default_memory_pool().backend_name}; "
-          f"load average {os.getloadavg()[0]:.2f}")
-    print(f"{'format':8} {'dtype':12} {'strategy':9} {'corpus':7} {'reader MiB':>10} {'added MiB':>10} "
-          f"{'peak MiB':>9} {'ratio':>6}")
+          f"{args.values} tokens; load average {os.getloadavg()[0]:.2f}")
+    print(f"{'format':14} {'dtype':12} {'strategy':9} {'corpus':7} {'reader MiB':>10} {'added MiB':>10} "
+          f"{'peak MiB':>9} {'ratio':>6} {'seconds':>7} {'cpu s':>6}")
+    formats = [(fmt, codec) for fmt in args.formats.split(",")
+               for codec in (args.compression.split(",") if fmt == "parquet" else [""])]
     with tempfile.TemporaryDirectory() as tmp:
-        for fmt in args.formats.split(","):
+        for fmt, codec in formats:
             for dtype in args.dtypes.split(","):
                 paths = {}
                 for kind in ("normal", "long"):
                     paths[kind] = os.path.join(tmp, f"{kind}-{dtype}.{'parquet' if fmt == 'parquet' else 'arrow'}")
-                    write_shard(paths[kind], kind, fmt, dtype, args.tokens, args.mean_len)
+                    write_shard(paths[kind], kind, fmt, dtype, args.tokens, args.mean_len, args.values, codec)
                 for strategy in args.strategies.split(","):
                     added = {}
                     for kind in ("normal", "long"):
@@ -180,8 +209,10 @@ def main() -> None:
                         added[kind] = packed["added"]
                         ratio = f"{added['long'] / added['normal']:.2f}x" if kind == "long" else ""
                         label = f"{dtype}>{args.cast_to}" if args.cast_to else dtype
-                        print(f"{fmt:8} {label:12} {strategy:9} {kind:7} {reader['added'] / mib:10.0f} "
-                              f"{packed['added'] / mib:10.0f} {packed['peak'] / mib:9.0f} {ratio:>6}", flush=True)
+                        name = f"{fmt}/{codec}" if codec else fmt
+                        print(f"{name:14} {label:12} {strategy:9} {kind:7} {reader['added'] / mib:10.0f} "
+                              f"{packed['added'] / mib:10.0f} {packed['peak'] / mib:9.0f} {ratio:>6} "
+                              f"{packed['seconds']:7.1f} {packed['cpu_seconds']:6.1f}", flush=True)
                         shutil.rmtree(out)
                 for path in paths.values():
                     os.remove(path)

@@ -5,25 +5,27 @@ group's token column page by page, numpy/pyarrow only (Python per page, window a
 never per token), and yields :class:`TokenPiece` s of at most ``max_tokens`` tokens:
 
   1. find the column chunk in the footer; read each page (header, body) at its offset;
-  2. parse the page header (raypack.thrift_compact); decompress the body (``pyarrow.Codec``);
+  2. parse the page header (raypack.thrift_compact); read and decompress the body in parts of
+     about 4 MiB as it is decoded (raypack.page_streams; levels of v1 pages copied out first);
   3. decode levels (RLE/bit-packed hybrid, ``_Hybrid``) and values (PLAIN, or dictionary
      indices into the PLAIN dictionary page), ``_WINDOW`` levels at a time;
   4. pass 1, levels only: each document's full length (a row starts at repetition level 0),
      nulls rejected; pass 2, values: the row group's tokens cut every ``max_tokens`` (as
      :func:`raypack.core.iter_run_slices` cuts a batch).
 
-Memory: one page body (while it is decompressed, compressed and decompressed: a one-row page
-holds the whole document, ~2 bytes/token for 16-bit dictionary indices, 4 for PLAIN int32),
-a window of levels, one piece and 8 bytes per row. Cost: levels decoded twice; 5-10x slower
-than pyarrow on short documents (per-run Python). What this reader does not handle raises
-:class:`Unsupported` before the row group's first piece (the caller uses pyarrow); a malformed
-page raises InputError.
+Memory: one part of a page body (compressed and decompressed; the whole body for lz4, small
+pages and snappy not written in 64 KiB fragments: a one-row page holds the whole document,
+~2 bytes/token for 16-bit dictionary indices, 4 for PLAIN int32), a v1 page's levels, a window
+of levels, one piece and 8 bytes per row. Cost: levels decoded twice; 5-10x slower than
+pyarrow on short documents (per-run Python); a large snappy page adds a Python walk of its
+elements (~5M/s; ~0.2-0.3 per 16-bit token of text, few on incompressible tokens). What this
+reader does not handle raises :class:`Unsupported` before the row group's first piece (the
+caller uses pyarrow); a malformed page raises InputError.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import Iterator, NamedTuple
 
 import numpy as np
@@ -32,6 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raypack.errors import InputError
+from raypack.page_streams import iter_body_parts
 from raypack.thrift_compact import Truncated, need, read_struct, read_varint
 
 __all__ = ["TokenPiece", "Unsupported", "iter_row_group_pieces"]
@@ -71,14 +74,47 @@ _Page = NamedTuple("_Page", [("reps", np.ndarray), ("defs", np.ndarray), ("value
 # Levels and values, decoded a window at a time
 
 
-class _Hybrid:
-    """The RLE/bit-packed hybrid encoding in ``data``, decoded on demand: ``read(n)`` gives the
-    next n values as (n,) uint32. Memory: the values read, plus ``n * bit_width`` bytes."""
+class _Stream:
+    """Bytes [0, size) of a page body, made of consecutive parts (raypack.page_streams), read
+    forward: taking bytes from ``start`` drops the bytes before it. Memory: the bytes from the
+    last start taken to the end of the last part pulled."""
 
-    def __init__(self, data: memoryview, bit_width: int) -> None:
+    def __init__(self, parts: Iterator[memoryview], size: int) -> None:
+        self.parts, self.size, self.data, self.start = parts, size, memoryview(b""), 0
+
+    @classmethod
+    def of(cls, data: memoryview) -> _Stream:
+        return cls(iter([data]), len(data))
+
+    def take(self, start: int, n: int) -> memoryview:
+        """Bytes [start, start + n) (start >= the last start taken); Truncated past the end."""
+        end = start + n
+        if end > self.start + len(self.data):
+            self._extend(start, end)
+        return self.data[start - self.start:end - self.start]
+
+    def _extend(self, start: int, end: int) -> None:
+        if end > self.size:
+            raise Truncated
+        pieces, have = [self.data[start - self.start:]], self.start + len(self.data)
+        while have < end:
+            part = next(self.parts, None)
+            if part is None:
+                raise Truncated
+            pieces.append(part)
+            have += len(part)
+        self.data, self.start = memoryview(b"".join(pieces)).cast("B"), start
+
+
+class _Hybrid:
+    """The RLE/bit-packed hybrid encoding in ``stream`` from ``pos``, decoded on demand:
+    ``read(n)`` gives the next n values as (n,) uint32. Memory: the values read, plus
+    ``n * bit_width`` bytes."""
+
+    def __init__(self, stream: _Stream, bit_width: int, pos: int = 0) -> None:
         if not 0 <= bit_width <= 32:
             raise ValueError(f"bit width {bit_width} is not 0..32")
-        self.data, self.width, self.pos = data, bit_width, 0
+        self.stream, self.width, self.pos = stream, bit_width, pos
         self.run_left = self.run_value = self.packed_done = 0
         self.packed_start = -1
 
@@ -95,53 +131,54 @@ class _Hybrid:
         return np.concatenate(parts) if len(parts) != 1 else parts[0]
 
     def _next_run(self) -> None:
-        header, self.pos = read_varint(self.data, self.pos)
+        head = self.stream.take(self.pos, min(10, self.stream.size - self.pos))
+        header, used = read_varint(head, 0)
+        self.pos += used
         if header & 1:  # bit-packed: (header >> 1) groups of 8 values (the last may be cut short)
-            nbytes = min((header >> 1) * self.width, len(self.data) - self.pos)
+            nbytes = min((header >> 1) * self.width, self.stream.size - self.pos)
             self.packed_start, self.packed_done, self.run_left = self.pos, 0, nbytes * 8 // self.width
             self.pos += nbytes
         else:
             nbytes = (self.width + 7) // 8
-            need(self.data, self.pos + nbytes)
-            self.run_value = int.from_bytes(self.data[self.pos:self.pos + nbytes], "little")
+            self.run_value = int.from_bytes(self.stream.take(self.pos, nbytes), "little")
             self.packed_start, self.run_left = -1, header >> 1
             self.pos += nbytes
 
     def _take(self, m: int) -> np.ndarray:
         if self.packed_start < 0:
             return np.full(m, self.run_value, np.uint32)
-        values = _unpack(self.data, self.packed_start, self.packed_done, m, self.width)
+        bit_start = self.packed_done * self.width
+        shift, num_bytes = bit_start % 8, (bit_start % 8 + m * self.width + 7) // 8
+        values = _unpack(self.stream.take(self.packed_start + bit_start // 8, num_bytes), shift, m, self.width)
         self.packed_done += m
         return values
 
 
-def _unpack(data: memoryview, start: int, first: int, m: int, width: int) -> np.ndarray:
-    """(m,) uint32: values ``first .. first+m`` of the bit-packed run at byte ``start``."""
-    bit_start = first * width
-    byte_start, shift = start + bit_start // 8, bit_start % 8
+def _unpack(data: memoryview, shift: int, m: int, width: int) -> np.ndarray:
+    """(m,) uint32: the m values of ``width`` bits packed in ``data`` from bit ``shift``."""
     if width in (8, 16, 32) and shift == 0:
-        return np.frombuffer(data, f"<u{width // 8}", m, byte_start).astype(np.uint32)
-    num_bytes = (shift + m * width + 7) // 8
-    bits = np.unpackbits(np.frombuffer(data, np.uint8, num_bytes, byte_start), bitorder="little")
+        return np.frombuffer(data, f"<u{width // 8}", m).astype(np.uint32)
+    bits = np.unpackbits(np.frombuffer(data, np.uint8), bitorder="little")
     packed = np.packbits(bits[shift:shift + m * width].reshape(m, width), axis=1, bitorder="little")
     if packed.shape[1] == 3:
         packed = np.concatenate([packed, np.zeros((m, 1), np.uint8)], axis=1)
     return np.ascontiguousarray(packed).view(f"<u{packed.shape[1]}").reshape(m).astype(np.uint32)
 
 
-def _v1_levels(body: memoryview, pos: int, bit_width: int) -> tuple[_Hybrid, int]:
-    need(body, pos + 4)
-    size = int.from_bytes(body[pos:pos + 4], "little")
-    need(body, pos + 4 + size)
-    return _Hybrid(body[pos + 4:pos + 4 + size], bit_width), pos + 4 + size
+def _v1_levels(body: _Stream, pos: int, bit_width: int) -> tuple[_Hybrid, int]:
+    """Levels of a v1 page at ``pos`` (4-byte size, then hybrid), copied out of the body."""
+    size = int.from_bytes(body.take(pos, 4), "little")
+    levels = memoryview(bytes(body.take(pos + 4, size)))
+    return _Hybrid(_Stream.of(levels), bit_width), pos + 4 + size
 
 
 class _PageCursor:
     """One data page's levels and values, read ``window`` levels at a time."""
 
-    def __init__(self, chunk: _Chunk, num_levels: int, reps: _Hybrid, defs: _Hybrid, values, encoding: int):
+    def __init__(self, chunk: _Chunk, num_levels: int, reps: _Hybrid, defs: _Hybrid, values: _Stream, pos: int,
+                 encoding: int):
         self.chunk, self.num_levels, self.reps, self.defs = chunk, num_levels, reps, defs
-        self.values, self.encoding, self.pos, self.indices = values, encoding, 0, None
+        self.values, self.encoding, self.pos, self.indices = values, encoding, pos, None
 
     def windows(self, window: int, with_values: bool) -> Iterator[_Page]:
         for start in range(0, self.num_levels, window):
@@ -152,12 +189,9 @@ class _PageCursor:
 
     def _read_values(self, count: int) -> np.ndarray:
         chunk = self.chunk
-        if callable(self.values):
-            self.values = self.values()  # v2: decompress the values on first use
         if self.encoding == _PLAIN:
             size = count * chunk.physical.itemsize
-            need(self.values, self.pos + size)
-            raw = np.frombuffer(self.values, chunk.physical, count, self.pos)
+            raw = np.frombuffer(self.values.take(self.pos, size), chunk.physical, count)
             self.pos += size
             return raw.astype(chunk.dtype, copy=False)  # INT32/INT64 bits, cast modulo 2**n as pyarrow does
         if count == 0:
@@ -165,8 +199,7 @@ class _PageCursor:
         if chunk.dictionary is None:
             raise ValueError("dictionary-encoded page without a dictionary page")
         if self.indices is None:
-            need(self.values, 1)
-            self.indices = _Hybrid(self.values[1:], self.values[0])
+            self.indices = _Hybrid(self.values, self.values.take(self.pos, 1)[0], self.pos + 1)
         indices = self.indices.read(count)
         if indices.size and int(indices.max()) >= chunk.dictionary.size:
             raise ValueError(f"dictionary index {int(indices.max())} >= dictionary size {chunk.dictionary.size}")
@@ -193,7 +226,7 @@ class _Chunk:
         codec = _CODECS[meta.compression]
         if codec and not pa.Codec.is_available(codec):
             raise Unsupported(f"codec {codec} not in this pyarrow")
-        self.codec = pa.Codec(codec) if codec else None
+        self.codec, self.codec_name = (pa.Codec(codec) if codec else None), codec
         self.source, self.max_def, self.num_levels = source, max_def, meta.num_values
         self.physical, self.dtype = _PHYSICAL[physical], np.dtype(value_type.to_pandas_dtype())
         self.start = meta.dictionary_page_offset if meta.has_dictionary_page else meta.data_page_offset
@@ -212,7 +245,7 @@ class _Chunk:
             if kind == _DICTIONARY_PAGE:
                 self._read_dictionary(header, body_pos, size, with_values)
             elif kind in (_DATA_PAGE, _DATA_PAGE_V2):
-                page = self._data_page(header, self._read(body_pos, size))
+                page = self._data_page(header, body_pos, size)
                 num_levels += page.num_levels
                 yield from page.windows(_WINDOW, with_values)
             elif kind != _INDEX_PAGE:
@@ -248,32 +281,40 @@ class _Chunk:
         need(body, _field(head, 1) * self.physical.itemsize)
         self.dictionary = np.frombuffer(body, self.physical, _field(head, 1)).copy()
 
-    def _data_page(self, header: dict, raw: bytes) -> _PageCursor:
-        raw, uncompressed, def_width = _as_bytes(raw), _field(header, 2), self.max_def.bit_length()
+    def _data_page(self, header: dict, pos: int, size: int) -> _PageCursor:
+        """The page whose body is the ``size`` bytes at ``pos``: levels read, values streamed."""
+        uncompressed, def_width = _field(header, 2), self.max_def.bit_length()
         if _field(header, 1) == _DATA_PAGE:
             head = _field(header, 5, dict)
             encoding, count = _field(head, 2), _field(head, 1)
             if _field(head, 3) != _RLE or _field(head, 4) != _RLE:
                 raise Unsupported("levels not RLE-encoded")
-            body = self._decompress(raw, uncompressed)
-            reps, pos = _v1_levels(body, 0, 1)
-            defs, pos = _v1_levels(body, pos, def_width) if self.max_def else (_Hybrid(body, 0), pos)
-            values = body[pos:]
+            body = self._body(pos, size, uncompressed, self.codec_name)
+            reps, at = _v1_levels(body, 0, 1)
+            defs, at = _v1_levels(body, at, def_width) if self.max_def else (_Hybrid(body, 0), at)
         else:
             head = _field(header, 8, dict)
             encoding, count, def_size, rep_size = _field(head, 4), _field(head, 1), _field(head, 5), _field(head, 6)
-            if min(def_size, rep_size) < 0:
-                raise ValueError(f"level sizes {rep_size}, {def_size} < 0")
-            need(raw, rep_size + def_size)
-            reps, defs = _Hybrid(raw[:rep_size], 1), _Hybrid(raw[rep_size:rep_size + def_size], def_width)
-            values = raw[rep_size + def_size:]
-            if _field(head, 7, bool) if 7 in head else True:
-                values = functools.partial(self._decompress, values, uncompressed - rep_size - def_size)
+            if min(def_size, rep_size) < 0 or rep_size + def_size > min(size, uncompressed):
+                raise ValueError(f"level sizes {rep_size}, {def_size} < 0 or past the page")
+            levels = _as_bytes(self._read(pos, rep_size + def_size))
+            reps = _Hybrid(_Stream.of(levels[:rep_size]), 1)
+            defs = _Hybrid(_Stream.of(levels[rep_size:]), def_width)
+            codec = self.codec_name if (_field(head, 7, bool) if 7 in head else True) else None
+            levels_size = rep_size + def_size
+            body, at = self._body(pos + levels_size, size - levels_size, uncompressed - levels_size, codec), 0
         if encoding not in (_PLAIN, _PLAIN_DICTIONARY, _RLE_DICTIONARY):
             raise Unsupported(f"value encoding {encoding}")
         if count < 0:
             raise ValueError(f"num_values {count} < 0")
-        return _PageCursor(self, count, reps, defs, values, encoding)
+        return _PageCursor(self, count, reps, defs, body, at, encoding)
+
+    def _body(self, pos: int, size: int, uncompressed: int, codec: str | None) -> _Stream:
+        """The body at ``pos`` decompressed in parts (raypack.page_streams), as it is read."""
+        def read(start: int, n: int) -> bytes:
+            return self._read(pos + start, n)
+        size_out = uncompressed if codec else size
+        return _Stream(iter_body_parts(read, size, size_out, codec), size_out)
 
     def _decompress(self, data: memoryview, size: int) -> memoryview:
         if self.codec is None:

@@ -5,6 +5,8 @@ shard whose long document is read in pieces packs to the same bytes as whole-doc
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -12,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import raypack.page_streams as page_streams
 import raypack.parquet_pages as parquet_pages
 import raypack.token_pieces as token_pieces
 from raypack.errors import InputError
@@ -237,3 +240,191 @@ def test_packing_pieces_gives_the_same_chunks(tmp_path, strategy, monkeypatch):
     if strategy == "concat":
         assert by_pages.head.input_ids.tolist() == by_pyarrow.head.input_ids.tolist()
         assert by_pages.tail.input_ids.tolist() == by_pyarrow.tail.input_ids.tolist()
+
+
+# ----------------------------------------------------------------------------- page bodies in parts
+
+
+def snappy_literal(data: bytes) -> bytes:
+    n = len(data) - 1
+    if n < 60:
+        return bytes([n << 2]) + data
+    num_bytes = (n.bit_length() + 7) // 8
+    return bytes([(59 + num_bytes) << 2]) + n.to_bytes(num_bytes, "little") + data
+
+
+def snappy_copy(length: int, offset: int, kind: int) -> bytes:
+    """A copy element: kind 1 (length 4..11, offset < 2048), 2 (2-byte offset) or 3 (4-byte offset)."""
+    if kind == 1:
+        return bytes([(offset >> 8) << 5 | (length - 4) << 2 | 1, offset & 0xFF])
+    return bytes([(length - 1) << 2 | kind]) + offset.to_bytes(2 if kind == 2 else 4, "little")
+
+
+def snappy_stream(elements: list[bytes], size: int) -> bytes:
+    return page_streams._varint(size) + b"".join(elements)
+
+
+@contextlib.contextmanager
+def parts_of_64k():
+    """Parts of 64 KiB; yields the lists of the snappy parts tried (True: cut at a fragment)
+    and of the bodies read by parts (codec, decompressed size)."""
+    cuts, bodies, original_part, original_parts = [], [], page_streams._snappy_part, parquet_pages.iter_body_parts
+
+    def spy_part(window, start, ratio):
+        part, end = original_part(window, start, ratio)
+        cuts.append(part is not None)
+        return part, end
+
+    def spy_parts(read, size, uncompressed, codec):
+        bodies.append((codec, uncompressed))
+        return original_parts(read, size, uncompressed, codec)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(page_streams, "GROUP", 1 << 16)
+        patch.setattr(page_streams, "_snappy_part", spy_part)
+        patch.setattr(parquet_pages, "iter_body_parts", spy_parts)
+        yield cuts, bodies
+
+
+def body_parts(compressed: bytes, size: int, codec: str | None):
+    """(parts, the sizes read, the snappy parts tried) with 64 KiB parts."""
+    reads = []
+
+    def read(pos, n):
+        reads.append(n)
+        return compressed[pos:pos + n]
+    with parts_of_64k() as (cuts, _):
+        parts = [bytes(p) for p in page_streams.iter_body_parts(read, len(compressed), size, codec)]
+    return parts, reads, cuts
+
+
+def snappy_fragments(seed: int, size: int, cross: bool) -> tuple[bytes, bytes]:
+    """A valid snappy stream built by hand of random elements, 64 KiB fragments whose copies stay
+    inside their fragment unless ``cross``: (the stream, the bytes it decodes to)."""
+    rng = np.random.default_rng(seed)
+    out, elements = bytearray(), []
+    while len(out) < size:
+        fragment_start = len(out) // 65536 * 65536 if not cross else 0
+        left = min(size, fragment_start + 65536) - len(out) if not cross else size - len(out)
+        room = len(out) - fragment_start
+        kind = int(rng.integers(0, 4)) if room >= 8 else 0
+        if kind == 0:
+            n = int(min(left, rng.choice([rng.integers(1, 61), rng.integers(61, 300), rng.integers(300, 70_000)])))
+            data = rng.integers(0, 256, n, np.uint8).tobytes()
+            elements.append(snappy_literal(data))
+            out += data
+            continue
+        length = int(min(left, rng.integers(4, 12) if kind == 1 else rng.integers(1, 65)))
+        kind = 2 if kind == 1 and length < 4 else kind
+        offset = int(rng.integers(1, min(room, 2047 if kind == 1 else 65535) + 1))
+        elements.append(snappy_copy(length, offset, kind))
+        for _ in range(length):
+            out.append(out[-offset])
+    return snappy_stream(elements, size), bytes(out)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 1000), size=st.integers(2 * 65536 + 1, 4 * 65536), cross=st.booleans())
+def test_snappy_parts_equal_the_whole(seed, size, cross):
+    """Every tag kind and literal length form; without ``cross`` every part but the last is cut
+    at a fragment; with it the bytes are still right (pyarrow refuses a part, the rest is whole)."""
+    compressed, expected = snappy_fragments(seed, size, cross)
+    assert bytes(pa.decompress(compressed, len(expected), codec="snappy")) == expected  # a valid stream
+    parts, _, cuts = body_parts(compressed, len(expected), "snappy")
+    assert b"".join(parts) == expected
+    if not cross:
+        assert cuts and all(cuts) and len(parts) == -(-len(expected) // 65536)
+
+
+def test_snappy_copy_across_fragments_falls_back():
+    """A copy in the second 64 KiB reaching into the first: pyarrow refuses the part, so the rest
+    comes from the whole body (after the first part, already cut)."""
+    rng = np.random.default_rng(0)
+    first, second, third = (rng.integers(0, 256, n, np.uint8).tobytes() for n in (65536, 100, 65536 - 164))
+    tail = rng.integers(0, 256, 70_000, np.uint8).tobytes()
+    elements = [snappy_literal(first), snappy_literal(second), snappy_copy(64, 150, 2), snappy_literal(third),
+                snappy_literal(tail)]
+    expected = first + second + first[-50:] + second[:14] + third + tail
+    compressed = snappy_stream(elements, len(expected))
+    assert bytes(pa.decompress(compressed, len(expected), codec="snappy")) == expected
+    parts, _, cuts = body_parts(compressed, len(expected), "snappy")
+    assert cuts == [True, False] and [len(p) for p in parts] == [65536, len(expected) - 65536]
+    assert b"".join(parts) == expected
+
+
+def test_snappy_element_across_the_cut_falls_back():
+    """A literal crossing 64 KiB (not a fragment compressor): one decompression of the whole."""
+    data = np.random.default_rng(0).integers(0, 256, 3 * 65536, np.uint8).tobytes()
+    compressed = snappy_stream([snappy_literal(data[:1000]), snappy_literal(data[1000:])], len(data))
+    parts, reads, cuts = body_parts(compressed, len(data), "snappy")
+    assert parts == [data] and cuts == [False] and reads[-1] == len(compressed)
+
+
+@pytest.mark.parametrize("codec", [None, "snappy", "zstd", "gzip", "brotli"])
+def test_body_parts_are_bounded(codec):
+    """Uncompressed, pyarrow's snappy (fragments of 64 KiB) and streamed codecs: parts of 64 KiB,
+    reads of at most a part and a quarter."""
+    rng = np.random.default_rng(0)
+    data = np.concatenate([rng.integers(0, 50, 200_000), np.tile(rng.integers(0, 9, 7), 30_000)]).astype("<u2")
+    data = data.tobytes()
+    compressed = bytes(pa.compress(data, codec=codec)) if codec else data
+    parts, reads, cuts = body_parts(compressed, len(data), codec)
+    assert b"".join(parts) == data and len(parts) == -(-len(data) // 65536)
+    assert max(len(p) for p in parts) == 65536 and max(reads) <= 65536 + 65536 // 4 + 8192
+    assert all(cuts) and len(cuts) == (len(parts) - 1 if codec == "snappy" else 0)
+
+
+def test_streamed_codec_failing_at_once_falls_back(monkeypatch):
+    """pyarrow's stream refusing the body at its first read: one decompression of the whole."""
+    data = np.random.default_rng(0).integers(0, 9, 300_000, np.uint8).tobytes()
+    compressed = bytes(pa.compress(data, codec="zstd"))
+
+    class Refusing:
+        def __init__(self, *args):
+            pass
+
+        def read(self, n):
+            raise pa.ArrowInvalid("no")
+    monkeypatch.setattr(pa, "CompressedInputStream", Refusing)
+    parts, reads, _ = body_parts(compressed, len(data), "zstd")
+    assert parts == [data] and reads == [len(compressed)]
+
+
+@st.composite
+def long_tokens(draw) -> np.ndarray:
+    """200K-300K tokens: random, repeated phrases (copy-heavy), or both in turns of 5000."""
+    rng = np.random.default_rng(draw(st.integers(0, 100)))
+    n = draw(st.integers(200_000, 300_000))
+    vocab = rng.integers(0, 1 << 30, draw(st.sampled_from([300, 40_000])))
+    kind = draw(st.sampled_from(["random", "phrases", "mixed"]))
+    tokens = vocab[rng.integers(0, vocab.size, n)]
+    if kind != "random":
+        book = vocab[rng.integers(0, vocab.size, 600)]
+        phrases = np.lib.stride_tricks.sliding_window_view(np.tile(book, 2), 8)[rng.integers(0, 600, n // 8 + 1)]
+        repeated = phrases.reshape(-1)[:n]
+        tokens = repeated if kind == "phrases" else np.where((np.arange(n) // 5000) % 2 == 1, tokens, repeated)
+    return tokens.astype(np.int32)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tokens=long_tokens(), options=st.fixed_dictionaries(dict(
+    compression=st.sampled_from(["snappy", "snappy", "none", "zstd", "gzip"]), use_dictionary=st.booleans(),
+    data_page_version=st.sampled_from(["1.0", "2.0"]))), num_short=st.integers(0, 3),
+    max_tokens=st.sampled_from([9_999, 1 << 20]))
+def test_pages_in_parts_equal_pyarrow(tmp_path_factory, tokens, options, num_short, max_tokens):
+    """One long document (and a few short ones in its page): pages of 200K-1.2M bytes read in
+    parts of 64 KiB, random or copy-heavy (repeated phrases) tokens, dictionary indices of 9 or
+    16 bits or PLAIN; pyarrow's large snappy pages are really cut (v2 pages pyarrow could not
+    compress are stored uncompressed)."""
+    lengths = np.array([7] * num_short + [tokens.size] + [3] * num_short)
+    values = np.concatenate([tokens[:7]] * num_short + [tokens] + [tokens[-3:]] * num_short)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    path = tmp_path_factory.mktemp("p") / "x.parquet"
+    pq.write_table(pa.table({"input_ids": pa.ListArray.from_arrays(offsets, values)}), path, **options)
+    with parts_of_64k() as (cuts, bodies):
+        pieces = read_pieces(path, max_tokens)
+    got = np.concatenate([p.docs.values.to_numpy() for p in pieces])
+    assert np.array_equal(got, values) and np.array_equal(got, pq.read_table(path)["input_ids"].combine_chunks().values)
+    assert np.concatenate([p.doc_lens for p in pieces]).tolist() == lengths.tolist()
+    assert sum(len(p.docs) - p.continued for p in pieces) == lengths.size
+    assert all(cuts) and (len(cuts) >= 1) == any(codec == "snappy" and n > 2 * 65536 for codec, n in bodies)
+    assert max(n for _, n in bodies) > 2 * 65536
