@@ -17,7 +17,8 @@ a child of its own before):
     child: what the format reader itself holds.
 
 The table's ratio is long/normal of ``added``; ``seconds``, ``cpu s``: wall and CPU time of
-packing (both load-dependent, wall much more). Input token type = output token type (--dtypes). ``--compression``: the Parquet codec(s);
+packing (both load-dependent, wall much more). Input token type = output token type (--dtypes).
+``--compression``: the Parquet codec(s);
 ``--values phrases``: tokens drawn as repeated random phrases (copy-heavy for the codec, as real
 text is) instead of independent random tokens (incompressible).
 Arrow IPC inputs are memory-mapped: the pages of the file a child touches count in its RSS.
@@ -159,7 +160,8 @@ def main() -> None:
     parser.add_argument("--dtypes", default="int32")
     parser.add_argument("--strategies", default="concat,best_fit")
     parser.add_argument("--formats", default="parquet,arrow")
-    parser.add_argument("--compression", default="snappy", help="Parquet codec(s), comma-separated (snappy, zstd, none, ...)")
+    parser.add_argument("--compression", default="snappy",
+                        help="Parquet codec(s), comma-separated (snappy, zstd, none, ...)")
     parser.add_argument("--values", default="random", choices=["random", "phrases"])
     parser.add_argument("--window", type=int, default=8192)
     parser.add_argument("--read-batch-tokens", type=int, default=1 << 20)
