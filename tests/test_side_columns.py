@@ -477,9 +477,10 @@ def test_ray_engine_matches_local(tmp_path, ray_session):
     docs = [rng.integers(1, 100, size=n).tolist() for n in rng.integers(0, 20, size=30)]
     masks = [rng.integers(0, 2, size=len(d)).tolist() for d in docs]
     shards = write_side_shards(tmp_path, docs, masks, [7, 19], row_group_size=4)
-    for strategy in ("concat", "best_fit"):
-        pack_sides(tmp_path, shards, name=f"local-{strategy}", strategy=strategy, task_tokens=40)
-        pack_sides(tmp_path, shards, name=f"ray-{strategy}", engine="ray", strategy=strategy, task_tokens=40)
+    for strategy, long_docs in (("concat", "drop"), ("best_fit", "truncate")):  # with a policy, to cover it too
+        options = dict(strategy=strategy, task_tokens=40, long_docs=long_docs)
+        pack_sides(tmp_path, shards, name=f"local-{strategy}", **options)
+        pack_sides(tmp_path, shards, name=f"ray-{strategy}", engine="ray", **options)
         assert file_digests(str(tmp_path / f"local-{strategy}")) == file_digests(str(tmp_path / f"ray-{strategy}"))
     torch_data = pytest.importorskip("raypack.torch_data")
     ds = read_packed(str(tmp_path / "ray-best_fit"))
