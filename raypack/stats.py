@@ -20,7 +20,8 @@ import numpy as np
 import numpy.typing as npt
 
 from raypack.errors import InputError
-from raypack.manifest import read_manifest_json, resolve_output
+from raypack.long_docs import DEFAULT_LONG_DOCS
+from raypack.manifest import long_docs_of, read_manifest_json, resolve_output
 from raypack.mixed import MixStats, is_mix, mix_stats
 from raypack.output import MANIFEST_NAME
 from raypack.packed import PackedDataset, read_packed
@@ -47,6 +48,8 @@ class PackStats:
     strategy: str
     side_nonzero: tuple[tuple[str, str, int], ...] = ()
     """Per side column (``--extra-columns``): name, type and its nonzero values on tokens (padding excluded)."""
+    long_docs: tuple[str, int, int] | None = None
+    """``--long-docs`` truncate / drop: the policy and the documents and tokens it left out (the manifest's)."""
 
     @property
     def padding_percent(self) -> float:
@@ -65,8 +68,12 @@ class PackStats:
             f"documents        {self.num_documents:>14,}",
             f"padding          {self.padding_positions:>14,}  ({self.padding_percent:.3f}% of positions)",
             f"split documents  {self.split_documents:>14,}  ({self.split_percent:.2f}% of documents)",
-            "fragment lengths (pieces of one document in one chunk):",
         ]
+        if self.long_docs:
+            policy, docs, tokens = self.long_docs
+            out.append(f"long documents   {policy:>14}  ({docs:,} documents, {tokens:,} tokens "
+                       f"{'cut off' if policy == 'truncate' else 'left out'})")
+        out.append("fragment lengths (pieces of one document in one chunk):")
         total = max(1, int(self.fragment_counts.sum()))
         for lo, hi, n in zip(self.fragment_bin_edges[:-1], self.fragment_bin_edges[1:], self.fragment_counts):
             bar = "#" * int(round(40 * n / total))
@@ -120,7 +127,17 @@ def packing_stats(out: str) -> PackStats | MixStats:
     return PackStats(c, found["chunks"], found["tokens"], num_docs, found["padding_positions"], int(split.size),
                      edges, counts, tuple(s["path"] for s in shards), np.diff(doc_offsets)[: len(shards)],
                      per_shard[: len(shards)], packing.name,
-                     tuple((c.name, c.type, int(n)) for c, n in zip(ds.extra_columns, side_nonzero)))
+                     tuple((c.name, c.type, int(n)) for c, n in zip(ds.extra_columns, side_nonzero)),
+                     _long_docs(manifest))
+
+
+def _long_docs(manifest: dict[str, Any]) -> tuple[str, int, int] | None:
+    """(policy, documents, tokens) left out under ``long_docs`` truncate / drop; None under split."""
+    policy = long_docs_of(manifest)
+    if policy == DEFAULT_LONG_DOCS:
+        return None
+    kind = "truncated" if policy == "truncate" else "dropped"
+    return policy, int(manifest["counts"][f"documents_{kind}"]), int(manifest["counts"][f"tokens_{kind}"])
 
 
 def _cross_check(manifest: dict[str, Any], found: dict[str, int], max_doc_id: int, where: str) -> None:

@@ -19,6 +19,7 @@ from raypack.cli import main
 from raypack.config import make_config
 from raypack.errors import InputError
 from raypack.long_docs import CutCounts, PieceFilter, count_cut, keep_prefixes, kept_lengths
+from raypack.stats import packing_stats
 from raypack.verify import VerifyError, verify_output
 
 from helpers import pack, read_output, write_shards
@@ -130,7 +131,12 @@ def test_counts_literal(tmp_path, strategy, long_docs):
                                                        for a, b in ((0, 3), (3, 5), (5, 8))]
     assert [s["token_offset"] for s in m["shards"]] == [0, m["shards"][0]["num_tokens"],
                                                          m["shards"][0]["num_tokens"] + m["shards"][1]["num_tokens"]]
-    verify_output(str(tmp_path / "out"))
+    report = verify_output(str(tmp_path / "out"))
+    kind = "truncated" if long_docs == "truncate" else "dropped"
+    left_out = (cut[f"documents_{kind}"], cut[f"tokens_{kind}"])
+    assert (report.long_docs, report.long_doc_counts) == (long_docs, left_out)
+    assert f"unpack(pack(x)) == {long_docs}(x)" in "\n".join(report.lines())
+    assert packing_stats(str(tmp_path / "out")).long_docs == (long_docs, *left_out)
 
 
 def test_split_leaves_the_manifest_as_it_was(tmp_path):
