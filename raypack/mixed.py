@@ -27,7 +27,7 @@ import operator
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -37,7 +37,7 @@ from raypack.errors import InputError
 from raypack.fs import is_uri
 from raypack.manifest import MAX_COUNT, MIX_KIND, _int_field, _is_hex, _show, _token_dtype, write_manifest
 from raypack.mix import ORDER_NAME, MixOrder, apportion
-from raypack.packed import PackedDataset, _mask_builder, read_packed
+from raypack.packed import BatchReads, PackedDataset, read_packed
 
 __all__ = ["MIX_FORMAT_VERSION", "MixConfig", "MixedDataset", "MixStats", "MixSummary", "check_mix_manifest",
            "check_sources", "is_mix", "load_mix_config", "mix_stats", "open_mix", "run_mix"]
@@ -322,7 +322,7 @@ def open_mix(path: str, data: Any, where: str) -> MixedDataset:
     return MixedDataset(path, data, check_sources(path, data, where))
 
 
-class MixedDataset:
+class MixedDataset(BatchReads):
     """The items of a mix in its order, read lazily from the source outputs.
 
     The interface of :class:`raypack.packed.PackedDataset`: ``ds[i]`` -> ``{"input_ids": (C,),
@@ -386,27 +386,6 @@ class MixedDataset:
                     batch[key][row] = value
         batch["source"] = draws.sources
         return batch
-
-    def iter_batches(self, batch_size: int, with_mask: bool = False,
-                     mask_dtype: npt.DTypeLike = np.float32) -> Iterator[dict[str, np.ndarray]]:
-        """Batches of ``batch_size`` items in the mix's order (the last may be shorter); as
-        :meth:`raypack.packed.PackedDataset.iter_batches`, plus ``"source"``."""
-        batch_size = operator.index(batch_size)
-        if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size} must be >= 1")
-        build_mask = _mask_builder() if with_mask else None
-        return self._iter_batches(batch_size, build_mask, mask_dtype)
-
-    def _iter_batches(self, batch_size: int, build_mask, mask_dtype) -> Iterator[dict[str, np.ndarray]]:
-        for start in range(0, len(self), batch_size):
-            batch = self.get_batch(start, min(start + batch_size, len(self)))
-            if build_mask is not None:
-                batch["attention_mask"] = build_mask(batch["doc_ids"], dtype=mask_dtype)
-            yield batch
-
-    def mask(self, index: int, dtype: npt.DTypeLike = np.float32) -> np.ndarray:
-        """The (C, C) additive attention mask of item ``index`` (see raypack.masks)."""
-        return _mask_builder()(self[index]["doc_ids"], dtype=dtype)
 
     def to_ray_dataset(self, batch_rows: int | None = None):
         """A ``ray.data.Dataset`` of the items in order (columns ``input_ids``, ``doc_ids``,

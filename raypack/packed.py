@@ -261,7 +261,37 @@ class _ChunkFile:
 # ----------------------------------------------------------------------------- dataset
 
 
-class PackedDataset:
+class BatchReads:
+    """``iter_batches`` and ``mask`` from ``__len__``, ``__getitem__`` and ``get_batch`` (a packed
+    output's :class:`PackedDataset`, a mix's ``raypack.mixed.MixedDataset``)."""
+
+    def iter_batches(
+        self, batch_size: int, with_mask: bool = False, mask_dtype: npt.DTypeLike = np.float32
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """Batches of ``batch_size`` items in order (the last may be shorter).
+
+        Each is a ``get_batch`` dict; ``with_mask`` adds ``"attention_mask"``, (n, C, C)
+        of ``mask_dtype``, built from ``doc_ids`` by ``build_intra_document_mask``.
+        """
+        batch_size = operator.index(batch_size)
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} must be >= 1")
+        build_mask = _mask_builder() if with_mask else None
+        return self._iter_batches(batch_size, build_mask, mask_dtype)
+
+    def _iter_batches(self, batch_size: int, build_mask, mask_dtype) -> Iterator[dict[str, np.ndarray]]:
+        for start in range(0, len(self), batch_size):
+            batch = self.get_batch(start, min(start + batch_size, len(self)))
+            if build_mask is not None:
+                batch["attention_mask"] = build_mask(batch["doc_ids"], dtype=mask_dtype)
+            yield batch
+
+    def mask(self, index: int, dtype: npt.DTypeLike = np.float32) -> np.ndarray:
+        """The (C, C) additive attention mask of item ``index`` (see raypack.masks)."""
+        return _mask_builder()(self[index]["doc_ids"], dtype=dtype)
+
+
+class PackedDataset(BatchReads):
     """Packed chunks of one output directory, in global order, read lazily.
 
     ``ds[i]`` -> ``{"input_ids": (C,) token dtype, "doc_ids": (C,) int64}``, negative ``i``
@@ -316,31 +346,6 @@ class PackedDataset:
                                                  for c in self.extra_columns))
         return {"input_ids": chunks.input_ids, "doc_ids": chunks.doc_ids(),
                 **{c.name: side for c, side in zip(self.extra_columns, chunks.sides)}}
-
-    def iter_batches(
-        self, batch_size: int, with_mask: bool = False, mask_dtype: npt.DTypeLike = np.float32
-    ) -> Iterator[dict[str, np.ndarray]]:
-        """Batches of ``batch_size`` chunks in global order (the last may be shorter).
-
-        Each is a :meth:`get_batch` dict; ``with_mask`` adds ``"attention_mask"``, (n, C, C)
-        of ``mask_dtype``, built from ``doc_ids`` by ``build_intra_document_mask``.
-        """
-        batch_size = operator.index(batch_size)
-        if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size} must be >= 1")
-        build_mask = _mask_builder() if with_mask else None
-        return self._iter_batches(batch_size, build_mask, mask_dtype)
-
-    def _iter_batches(self, batch_size: int, build_mask, mask_dtype) -> Iterator[dict[str, np.ndarray]]:
-        for start in range(0, len(self), batch_size):
-            batch = self.get_batch(start, min(start + batch_size, len(self)))
-            if build_mask is not None:
-                batch["attention_mask"] = build_mask(batch["doc_ids"], dtype=mask_dtype)
-            yield batch
-
-    def mask(self, index: int, dtype: npt.DTypeLike = np.float32) -> np.ndarray:
-        """The (C, C) additive attention mask of chunk ``index`` (see raypack.masks)."""
-        return _mask_builder()(self[index]["doc_ids"], dtype=dtype)
 
     def record_batches(self) -> Iterator[tuple[str, Chunks]]:
         """``(file path, Chunks)`` per record batch in global order, each decoded and checked as by
