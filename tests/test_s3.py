@@ -387,8 +387,8 @@ def test_export_mds_s3_to_s3_equals_the_local_export(s3, local_run, tmp_path):
     from raypack.export.mds_format import load_index
 
     run_pack(s3_config(s3, "mds-src"), engine="local")
-    export_mds(local_run[0], str(tmp_path / "mds"), size_limit=400)
-    summary = export_mds(f"s3://{BUCKET}/mds-src", f"s3://{BUCKET}/mds", size_limit=400)
+    export_mds(local_run[0], str(tmp_path / "mds"), size_limit=4000)
+    summary = export_mds(f"s3://{BUCKET}/mds-src", f"s3://{BUCKET}/mds", size_limit=4000)
     assert verify_mds(f"s3://{BUCKET}/mds", f"s3://{BUCKET}/mds-src") == summary
     objects = s3.objects("mds")
     local = {name: (tmp_path / "mds" / name).read_bytes() for name in os.listdir(tmp_path / "mds")}
