@@ -31,9 +31,9 @@ import numpy as np
 import torch
 from torch.nn.attention.flex_attention import create_block_mask
 
-from raypack.config import make_config
-from raypack.job import run_pack
-from raypack.masks import build_bool_mask, build_intra_document_mask, cu_seqlens
+from raypack.pack.config import make_config
+from raypack.pack.job import run_pack
+from raypack.rules.masks import build_bool_mask, build_intra_document_mask, cu_seqlens
 from raypack.sample import lognormal_lengths, write_sample_corpus
 from raypack.torch_data import ATTENTION_FORMS, PackedTorchDataset, build_block_mask, collate_packed, document_mask_mod
 

@@ -54,7 +54,7 @@ def job(args) -> None:
 def direct(args) -> None:
     import numpy as np
 
-    from raypack.content_digest import RangeDigester
+    from raypack.rules.content_digest import RangeDigester
 
     c, batch = 2048, 512
     n = args.tokens // c

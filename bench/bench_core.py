@@ -1,4 +1,4 @@
-"""Benchmark raypack.core packing against a literal Python packer, a numpy copy floor and
+"""Benchmark raypack.rules.core packing against a literal Python packer, a numpy copy floor and
 TRL-style "wrapped" packing (re-implemented here).
 
     PYTHONPATH=. .venv/bin/python bench/bench_core.py [--tokens 20000000] [--context-length 2048]
@@ -44,7 +44,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from raypack.core import StreamPacker, pack_sequences
+from raypack.rules.core import StreamPacker, pack_sequences
 
 GOAL_TOKENS_PER_S = 200e6
 GOAL_X_LITERAL = 100.0

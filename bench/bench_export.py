@@ -38,11 +38,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from raypack.config import make_config  # noqa: E402
 from raypack.export.job import run_export  # noqa: E402
 from raypack.export.sources import BATCH_TOKENS  # noqa: E402
-from raypack.job import run_pack  # noqa: E402
-from raypack.tokenized import (  # noqa: E402
+from raypack.pack.config import make_config  # noqa: E402
+from raypack.pack.job import run_pack  # noqa: E402
+from raypack.tokenize.corpus import (  # noqa: E402
     build_tokenized_manifest,
     load_tokenized_manifest,
     part_file_name,

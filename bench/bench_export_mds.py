@@ -32,10 +32,10 @@ from typing import Callable
 
 import numpy as np
 
-from raypack.config import make_config
 from raypack.export.mds import export_mds
-from raypack.job import run_pack
-from raypack.packed import read_packed
+from raypack.pack.config import make_config
+from raypack.pack.job import run_pack
+from raypack.packed.reader import read_packed
 from raypack.sample import write_sample_corpus
 
 

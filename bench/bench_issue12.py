@@ -49,10 +49,11 @@ def job(args) -> None:
 
 
 def direct(args) -> None:
-    from raypack import resume, shard_pack
-    from raypack.config import make_config
-    from raypack.job import run_pack
-    from raypack.lock import LocalLock
+    from raypack.io.lock import LocalLock
+    from raypack.pack import packer as shard_pack
+    from raypack.pack import resume
+    from raypack.pack.config import make_config
+    from raypack.pack.job import run_pack
 
     work = tempfile.mkdtemp(prefix="raypack-issue12-", dir=args.workdir)
     lock = LocalLock(os.path.join(work, ".out.raypack-lock"), what="x")

@@ -30,8 +30,8 @@ import pyarrow.parquet as pq
 
 PROCESS_START = time.perf_counter()
 
-from raypack.config import make_config  # noqa: E402
-from raypack.job import run_pack  # noqa: E402
+from raypack.pack.config import make_config  # noqa: E402
+from raypack.pack.job import run_pack  # noqa: E402
 from raypack.sample import write_sample_corpus  # noqa: E402
 
 
@@ -96,7 +96,7 @@ def main() -> None:
     print(f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
           f"Python {sys.version.split()[0]}, pyarrow {pa.__version__}, numpy {np.__version__}")
 
-    from raypack import pipeline
+    from raypack.engine import pipeline
 
     t = time.perf_counter()
     pipeline.init_ray(None)

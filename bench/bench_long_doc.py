@@ -3,7 +3,7 @@
     python bench/bench_long_doc.py       # 50M tokens, int32, concat + best_fit, Parquet + Arrow IPC
     python bench/bench_long_doc.py --tokens 5000000 --dtypes int32,uint16 --strategies concat
 
-Each case packs one shard with :func:`raypack.shard_pack.pack_shard` in a fresh child process
+Each case packs one shard with :func:`raypack.pack.packer.pack_shard` in a fresh child process
 (``--child``): the shard holds either ONE document of ``--tokens`` tokens ("long") or documents
 of 1..2*mean tokens (mean ``--mean-len``) summing to the same total ("normal"). The child
 imports everything, builds the task, resets
@@ -109,10 +109,10 @@ def write_shard(path: str, kind: str, fmt: str, dtype: str, num_tokens: int, mea
 
 
 def child(args: argparse.Namespace) -> dict:
-    from raypack.formats import inspect_shard
-    from raypack.shard_pack import count_shard_chunks, pack_shard, read_batch_rows
-    from raypack.tasks import PackSettings, ShardTask
-    from raypack.token_pieces import iter_token_pieces
+    from raypack.inputs.formats import inspect_shard
+    from raypack.inputs.token_pieces import iter_token_pieces
+    from raypack.pack.packer import count_shard_chunks, pack_shard, read_batch_rows
+    from raypack.pack.tasks import PackSettings, ShardTask
 
     info = inspect_shard(args.path, "input_ids")
     settings = PackSettings(out_dir=args.out, context_length=C, pad_token=0, token_dtype=args.dtype,

@@ -1,4 +1,4 @@
-"""Benchmark raypack.masks against np.full and the literal broadcasting formula.
+"""Benchmark raypack.rules.masks against np.full and the literal broadcasting formula.
 
     PYTHONPATH=. .venv/bin/python bench/bench_masks.py [--repeats 11] [--seed 0]
 
@@ -18,7 +18,7 @@ import statistics
 import numpy as np
 import numpy.typing as npt
 
-from raypack.masks import (
+from raypack.rules.masks import (
     build_bool_mask,
     build_intra_document_mask,
     cu_seqlens,

@@ -22,10 +22,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raypack.config import make_config
-from raypack.job import run_pack
-from raypack.mixed import load_mix_config, run_mix
-from raypack.packed import read_packed
+from raypack.mix.dataset import load_mix_config, run_mix
+from raypack.pack.config import make_config
+from raypack.pack.job import run_pack
+from raypack.packed.reader import read_packed
 
 from timing import time_interleaved
 

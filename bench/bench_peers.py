@@ -252,7 +252,7 @@ def numpy_floor(values: npt.NDArray[np.int32], context_length: int) -> npt.NDArr
 
 
 def raypack_stream(documents: pa.ListArray, context_length: int) -> list:
-    from raypack.core import StreamPacker
+    from raypack.rules.core import StreamPacker
 
     packer = StreamPacker(context_length, PAD_TOKEN, dtype=np.int32)
     kept = [packer.push(documents.slice(start, STREAM_BATCH_DOCS), start)
@@ -303,8 +303,8 @@ def pyarrow_copy(shards: list[str], out_dir: str, column: str = "input_ids") -> 
 
 
 def raypack_job(corpus_dir: str, out: str, context_length: int, num_workers: int, engine: str):
-    from raypack.config import make_config
-    from raypack.job import run_pack
+    from raypack.pack.config import make_config
+    from raypack.pack.job import run_pack
 
     config = make_config(dict(inputs=[corpus_dir], output=out, context_length=context_length,
                               pad_token=PAD_TOKEN, num_workers=num_workers, overwrite=True))
@@ -343,7 +343,7 @@ def hf_row_lengths(ds) -> npt.NDArray[np.int64]:
 
 
 def describe_dense(documents, input_ids, doc_ids, context_length: int) -> dict:
-    from raypack.core import pack_sequences
+    from raypack.rules.core import pack_sequences
 
     lengths = doc_lengths(documents)
     want_ids, want_docs = pack_sequences(documents, context_length, PAD_TOKEN)
@@ -398,8 +398,8 @@ def describe_group_texts(documents, out_ds, context_length: int) -> dict:
 
 
 def describe_torchtune(documents, packed, context_length: int) -> dict:
-    from raypack.core import pack_sequences
-    from raypack.masks import position_ids
+    from raypack.rules.core import pack_sequences
+    from raypack.rules.masks import position_ids
 
     lengths = doc_lengths(documents)
     tokens = np.stack([p["tokens"].numpy() for p in packed.packs])
@@ -456,12 +456,12 @@ def setup_memory(key: str, args) -> Setup:
         return Setup(lambda: numpy_floor(values, c), num_tokens, describe)
     if key == "raypack_stream":
         def describe(kept):
-            from raypack.core import concat_chunks
+            from raypack.rules.core import concat_chunks
             chunks = concat_chunks(kept, c, np.int32)
             return describe_dense(documents, chunks.input_ids, chunks.doc_ids(), c)
         return Setup(lambda: raypack_stream(documents, c), num_tokens, describe)
     if key == "raypack_dense":
-        from raypack.core import pack_sequences
+        from raypack.rules.core import pack_sequences
         return Setup(lambda: pack_sequences(documents, c, PAD_TOKEN), num_tokens,
                      lambda out: describe_dense(documents, out[0], out[1], c))
     if key.startswith("trl_"):
@@ -514,7 +514,7 @@ def child_main(args) -> dict:
     spec = SPEC_BY_KEY[args.child]
     result: dict[str, Any] = {"key": spec.key}
     if spec.key in ("raypack_ray1", "raypack_ray2"):
-        from raypack import pipeline
+        from raypack.engine import pipeline
         start = time.perf_counter()
         pipeline.init_ray(None)
         result["ray_start_s"] = time.perf_counter() - start

@@ -16,7 +16,7 @@ import os
 import tempfile
 import time
 
-from raypack.resume import file_sha256, sampled_identity
+from raypack.pack.resume import file_sha256, sampled_identity
 from raypack.sample import write_sample_corpus
 
 

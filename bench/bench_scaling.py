@@ -6,10 +6,10 @@
 Four measurements, each in a fresh child process (``--child``) so that memory numbers are not
 left over from an earlier one; results are printed as markdown tables (docs/SCALING.md):
 
-  1. planning: ``raypack.plan.make_plan`` over N tiny Parquet shards (4 documents each; the N
+  1. planning: ``raypack.pack.plan.make_plan`` over N tiny Parquet shards (4 documents each; the N
      files are hard links into one pool): wall time (best of --repeats; listing alone too),
      tracemalloc peak, bytes the Plan keeps, peak RSS growth of the process.
-  2. stitching: ``raypack.assemble.stitch_boundaries`` on N synthetic ShardResults whose head
+  2. stitching: ``raypack.pack.assemble.stitch_boundaries`` on N synthetic ShardResults whose head
      and tail fragments hold C/2 tokens each (C=2048; int32), so every shard boundary is a
      chunk made of two fragments; then ``write_boundaries`` (one file per boundary chunk, each
      fsynced) and the JSON size of the manifest ``build_manifest`` makes for N shards and 2N
@@ -97,9 +97,9 @@ def link_corpus(pool: str, corpus: str, count: int) -> None:
 
 
 def child_plan(corpus: str, repeats: int) -> dict:
-    from raypack.config import make_config
-    from raypack.plan import make_plan
-    from raypack.shards import discover_shards
+    from raypack.inputs.shards import discover_shards
+    from raypack.pack.config import make_config
+    from raypack.pack.plan import make_plan
 
     config = make_config(dict(inputs=[corpus], output=corpus + "-out", context_length=C, pad_token=0))
     # Warm up on up to 8 shards first: libraries, and the 8 threads' allocator arenas (~35 MiB here).
@@ -131,8 +131,8 @@ def synthetic_results(num_shards: int, context_length: int):
     Shard 0 spans [0, 3.5C) (tail only); shard k >= 1 spans 3C tokens starting at C/2 past a
     chunk boundary, so it has a head and a tail of C/2 and owns two whole chunks.
     """
-    from raypack.core import Fragment
-    from raypack.tasks import ShardResult
+    from raypack.pack.tasks import ShardResult
+    from raypack.rules.core import Fragment
 
     half = context_length // 2
     results, start, frag_id = [], 0, 0
@@ -153,13 +153,13 @@ def synthetic_results(num_shards: int, context_length: int):
 
 
 def child_stitch(num_shards: int, out_dir: str, write: bool, repeats: int) -> dict:
-    from raypack.assemble import count_stats, stitch_boundaries, write_boundaries
-    from raypack.config import make_config
-    from raypack.formats import ShardInfo
-    from raypack.manifest import build_manifest
-    from raypack.output import WrittenFile
-    from raypack.plan import Plan
-    from raypack.tasks import PackSettings, ShardTask
+    from raypack.inputs.formats import ShardInfo
+    from raypack.pack.assemble import count_stats, stitch_boundaries, write_boundaries
+    from raypack.pack.config import make_config
+    from raypack.pack.plan import Plan
+    from raypack.pack.tasks import PackSettings, ShardTask
+    from raypack.packed.manifest import build_manifest
+    from raypack.packed.writer import WrittenFile
 
     results, num_tokens = synthetic_results(num_shards, C)
     fragment_bytes = sum(f.input_ids.nbytes + f.segment_doc_ids.nbytes + f.segment_lengths.nbytes
@@ -209,13 +209,13 @@ def child_stitch(num_shards: int, out_dir: str, write: bool, repeats: int) -> di
 
 
 def child_job(corpus: str, engine: str, out: str) -> dict:
-    from raypack.config import make_config
-    from raypack.job import run_pack
+    from raypack.pack.config import make_config
+    from raypack.pack.job import run_pack
 
     config = make_config(dict(inputs=[corpus], output=out, context_length=C, pad_token=0, num_workers=2,
                               overwrite=True))
     if engine == "ray":
-        from raypack import pipeline
+        from raypack.engine import pipeline
 
         pipeline.init_ray(None)
     # Warm up on one shard (imports, first Ray Data pipeline) so the numbers below are the job's own.
@@ -235,9 +235,9 @@ def child_job(corpus: str, engine: str, out: str) -> dict:
 
 
 def child_worker_memory(work: str, shard_tokens: int, seed: int, read_batch_size: int) -> dict:
-    from raypack import pipeline
-    from raypack.config import make_config
-    from raypack.job import run_pack
+    from raypack.engine import pipeline
+    from raypack.pack.config import make_config
+    from raypack.pack.job import run_pack
     from raypack.sample import write_sample_corpus
 
     corpus = os.path.join(work, f"mem-{shard_tokens}")

@@ -30,8 +30,8 @@ import pyarrow.parquet as pq
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)  # raypack from this checkout
 
-from raypack.config import make_config  # noqa: E402
-from raypack.job import run_pack  # noqa: E402
+from raypack.pack.config import make_config  # noqa: E402
+from raypack.pack.job import run_pack  # noqa: E402
 
 BOUND = 1.5
 

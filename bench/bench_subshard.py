@@ -25,10 +25,10 @@ import time
 import numpy as np
 import pyarrow.parquet as pq
 
-from raypack.config import make_config
-from raypack.job import run_pack
-from raypack.packed import read_packed
-from raypack.plan import make_plan
+from raypack.pack.config import make_config
+from raypack.pack.job import run_pack
+from raypack.pack.plan import make_plan
+from raypack.packed.reader import read_packed
 from raypack.sample import write_sample_corpus
 
 

@@ -49,15 +49,15 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_tokenize import stdlib_texts, train_bpe  # noqa: E402
 
-from raypack.config import make_config  # noqa: E402
-from raypack.job import run_pack  # noqa: E402
-from raypack.tokenize_job import TextOptions  # noqa: E402
+from raypack.pack.config import make_config  # noqa: E402
+from raypack.pack.job import run_pack  # noqa: E402
+from raypack.tokenize.job import TextOptions  # noqa: E402
 
 _PEAK_SCRIPT = r"""
 import json, sys
-from raypack.shard_pack import current_rss_bytes
-from raypack.tokenize_tasks import TextTask, TokenizeSettings, load_worker_tokenizer, tokenize_task
-from raypack.tokenize_tasks import set_thread_env
+from raypack.pack.packer import current_rss_bytes
+from raypack.tokenize.tasks import TextTask, TokenizeSettings, load_worker_tokenizer, tokenize_task
+from raypack.tokenize.tasks import set_thread_env
 settings = TokenizeSettings(**json.loads(sys.argv[1]))
 set_thread_env(settings.num_threads)  # as the job's actor does, before the first encode
 tokenizer = load_worker_tokenizer(settings)
@@ -143,7 +143,7 @@ def floor_tokens_per_s(texts: list[str], tokenizer_path: Path, method: str = "en
 
 
 def job_tokens_per_s(text_dir: Path, tokenizer_path: Path, out: Path, workers: int) -> tuple[int, float]:
-    from raypack import pipeline
+    from raypack.engine import pipeline
 
     pipeline.init_ray(None)
     config = make_config(dict(inputs=[str(text_dir)], output=str(out), context_length=2048, num_workers=workers,
@@ -156,7 +156,7 @@ def worker_peak(shard: Path, repeat: int, root: Path, tokenizer_path: Path, num_
     base_texts = pq.read_table(shard).column("text").to_pylist()
     path = root / f"grown-{repeat}.parquet"
     pq.write_table(pa.table({"text": base_texts * repeat}), path, row_group_size=len(base_texts))  # one task
-    from raypack.text_tokenizers import load_tokenizer
+    from raypack.tokenize.tokenizers import load_tokenizer
 
     identity = load_tokenizer(str(tokenizer_path)).identity()
     settings = {"out_dir": str(root / f"peak-{repeat}"), "tokenizer": str(tokenizer_path),
@@ -214,14 +214,14 @@ def main() -> None:
                       f"{hf['tokens'] / hf['seconds'] / floor:.2f}x floor, {hf['windows']:,} windows  "
                       f"load {os.getloadavg()[0]:.2f}")
         if not args.no_stage:
-            from raypack.tokenize_job import TokenizeConfig, run_tokenize
+            from raypack.tokenize.job import TokenizeConfig, run_tokenize
 
             summary = run_tokenize(TokenizeConfig(inputs=(str(root / "text"),), output=str(root / "tok"),
                                                   num_workers=args.workers, text=TextOptions(tokenizer=str(tokenizer_path))))
             print(f"stage  tokenize alone, {args.workers} workers (Ray up):   {rate(job_tokens, summary.seconds)} = "
                   f"{job_tokens / summary.seconds / floor:.2f}x floor")
         if not args.no_peak:
-            from raypack.tokenize_tasks import rayon_threads
+            from raypack.tokenize.tasks import rayon_threads
 
             threads = rayon_threads(os.cpu_count() or 1, args.workers)  # what each of the job's workers gets
             for grow in map(int, args.peak_grow.split(",")):

@@ -1,4 +1,4 @@
-"""Tokens/s of raypack.text_tokenizers against the libraries' own batch encoders.
+"""Tokens/s of raypack.tokenize.tokenizers against the libraries' own batch encoders.
 
     PYTHONPATH=. .venv/bin/python bench/bench_tokenize.py [--mb 20] [--vocab 16000] [--batch-docs 256]
 
@@ -31,7 +31,7 @@ from pathlib import Path
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from raypack.text_tokenizers import HFTokenizer, TiktokenTokenizer, ids_to_list_array, token_dtype_for  # noqa: E402
+from raypack.tokenize.tokenizers import HFTokenizer, TiktokenTokenizer, ids_to_list_array, token_dtype_for  # noqa: E402
 
 from timing import time_interleaved  # noqa: E402
 

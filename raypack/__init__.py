@@ -1,7 +1,7 @@
 """raypack: pack tokenized corpora into fixed-length context windows, identically at any parallelism.
 
 The core (packing, masks, reading packed output) imports numpy and pyarrow only; Ray is
-imported by ``raypack.pipeline`` alone, when a job runs. Names below load on first use.
+imported by ``raypack.engine.pipeline`` alone, when a job runs. Names below load on first use.
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Chunks": "raypack.core",
-    "StreamPacker": "raypack.core",
-    "pack_sequences": "raypack.core",
-    "build_intra_document_mask": "raypack.masks",
-    "build_bool_mask": "raypack.masks",
-    "cu_seqlens": "raypack.masks",
-    "position_ids": "raypack.masks",
-    "loss_mask": "raypack.masks",
-    "PackedDataset": "raypack.packed",
-    "read_packed": "raypack.packed",
+    "Chunks": "raypack.rules.core",
+    "StreamPacker": "raypack.rules.core",
+    "pack_sequences": "raypack.rules.core",
+    "build_intra_document_mask": "raypack.rules.masks",
+    "build_bool_mask": "raypack.rules.masks",
+    "cu_seqlens": "raypack.rules.masks",
+    "position_ids": "raypack.rules.masks",
+    "loss_mask": "raypack.rules.masks",
+    "PackedDataset": "raypack.packed.reader",
+    "read_packed": "raypack.packed.reader",
     "InputError": "raypack.errors",
 }
 

@@ -28,25 +28,25 @@ A batch (``B`` chunks of ``L`` positions) is a dict of CPU tensors:
                                     also -100, so no position learns to predict the next
                                     document's first token (the usual packing caveat).
   ``position_ids``  (B, L) int64    0 at the start of every segment, +1 per position
-                                    (``raypack.masks.position_ids``). A document continuing
+                                    (``raypack.rules.masks.position_ids``). A document continuing
                                     from the previous chunk restarts at 0 in the new chunk,
                                     which matches what its mask lets it see.
 
 plus the attention information, in the form asked for (``attention=``):
 
   ``"additive"``  ``attention_mask`` (B, L, L) float (default float32): 0.0 allowed, -inf
-                  elsewhere; ``raypack.masks.build_intra_document_mask``. O(L^2) per chunk.
+                  elsewhere; ``raypack.rules.masks.build_intra_document_mask``. O(L^2) per chunk.
   ``"bool"``      ``attention_mask`` (B, L, L) bool, True allowed; ``build_bool_mask``. O(L^2).
   ``"varlen"``    ``cu_seqlens`` (S + 1,) int32 over the flattened (B * L,) batch,
                   ``max_seqlen`` (int) and ``num_segments`` (int, S), flash-attn style;
-                  ``raypack.masks.cu_seqlens``. O(L). With ``max_segments=N`` the shape is
+                  ``raypack.rules.masks.cu_seqlens``. O(L). With ``max_segments=N`` the shape is
                   fixed: ``cu_seqlens`` is (N + 1,), the S real boundaries then zero-length
                   segments (the last offset repeated), and ``max_seqlen`` is L; a batch with
                   S > N raises ValueError (segments are never merged).
   ``"flex"``      ``block_mask``: a FlexAttention ``BlockMask`` (B, 1, L, L) whose mask_mod is
                   the rule over ``doc_ids`` (:func:`build_block_mask`). O(L + L^2 / block^2).
 
-All four follow the one mask rule of :mod:`raypack.masks` (j <= i, same doc id, not padding);
+All four follow the one mask rule of :mod:`raypack.rules.masks` (j <= i, same doc id, not padding);
 tests/test_torch_data.py checks each against it with real kernels. Padding rows allow
 nothing: see ``padding_attends_self`` in :func:`build_batch` and docs/TRAINING.md.
 
@@ -68,7 +68,9 @@ import numpy.typing as npt
 import torch
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
-from raypack.masks import (
+from raypack.mix.dataset import MixedDataset
+from raypack.packed.reader import PackedDataset, read_packed
+from raypack.rules.masks import (
     PAD_ID,
     build_bool_mask,
     build_intra_document_mask,
@@ -76,8 +78,6 @@ from raypack.masks import (
     pad_cu_seqlens,
     position_ids,
 )
-from raypack.mixed import MixedDataset
-from raypack.packed import PackedDataset, read_packed
 
 __all__ = [
     "ATTENTION_FORMS",
@@ -110,7 +110,7 @@ _MASK_DTYPES = (*_NUMPY_MASK_DTYPES, torch.bfloat16)
 
 class PackedTorchDataset(torch.utils.data.Dataset):
     """Map-style dataset over a packed output directory (or an open :class:`PackedDataset`); a mix
-    (raypack.mixed) works the same, its items adding ``"source"``.
+    (raypack.mix.dataset) works the same, its items adding ``"source"``.
 
     ``ds[i]`` -> ``{"input_ids": (L,) token dtype, "doc_ids": (L,) int64}`` numpy arrays
     (read-only views of the memory-mapped file where possible; :func:`collate_packed` copies
@@ -323,7 +323,7 @@ def _as_batch(input_ids: npt.ArrayLike, doc_ids: npt.ArrayLike) -> tuple[np.ndar
 
 
 def _as_doc_ids(doc_ids: npt.ArrayLike) -> np.ndarray:
-    """(B, L) int64 doc ids, or raise (the input rules of raypack.masks, batches only)."""
+    """(B, L) int64 doc ids, or raise (the input rules of raypack.rules.masks, batches only)."""
     docs = np.asarray(doc_ids)
     if docs.ndim != 2:
         raise ValueError(f"doc_ids has shape {docs.shape}; it must be (B, L), one row per chunk")

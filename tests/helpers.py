@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from hypothesis import strategies as st
 
-from raypack.config import make_config
-from raypack.job import run_pack
+from raypack.pack.config import make_config
+from raypack.pack.job import run_pack
 
 # ----------------------------------------------------------------------------- shards and outputs
 
@@ -123,9 +123,9 @@ def pack_one(path, out, strategy: str, read_batch_tokens: int, read_batch_size: 
              token_offset: int = 0):
     """Pack the one shard ``path`` into the new directory ``out`` with pack_shard (best_fit: its
     count first, window 2); the ShardResult."""
-    from raypack.formats import inspect_shard
-    from raypack.shard_pack import count_shard_chunks, pack_shard
-    from raypack.tasks import PackSettings, ShardTask
+    from raypack.inputs.formats import inspect_shard
+    from raypack.pack.packer import count_shard_chunks, pack_shard
+    from raypack.pack.tasks import PackSettings, ShardTask
 
     info = inspect_shard(str(path))
     settings = PackSettings(out_dir=str(out), context_length=2048, pad_token=0, token_dtype="int32",

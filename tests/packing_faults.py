@@ -3,8 +3,8 @@ on one shard, as a crash or a bad shard would."""
 
 from __future__ import annotations
 
-import raypack.job as job
-import raypack.shard_pack as shard_pack
+import raypack.pack.job as job
+import raypack.pack.packer as shard_pack
 
 
 def fail_at_shard(monkeypatch, index: int, error: BaseException) -> list[int]:

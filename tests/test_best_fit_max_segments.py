@@ -9,11 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from raypack.best_fit import BestFitChunkCounter, best_fit_decreasing, pack_best_fit
 from raypack.cli import main
-from raypack.config import make_config
 from raypack.errors import InputError
-from raypack.masks import cu_seqlens, pad_cu_seqlens
+from raypack.pack.config import make_config
+from raypack.rules.best_fit import BestFitChunkCounter, best_fit_decreasing, pack_best_fit
+from raypack.rules.masks import cu_seqlens, pad_cu_seqlens
 from raypack.verify import verify_output
 
 from helpers import pack, read_output, write_shards
@@ -54,7 +54,7 @@ def naive_limited_best_fit(docs: list[list[int]], c: int, window: int, k: int) -
 
 
 def segments_per_chunk(doc_ids: np.ndarray) -> list[int]:
-    """The collate's count for each chunk alone (raypack.masks.cu_seqlens: runs of one id, padding included)."""
+    """The collate's count for each chunk alone (raypack.rules.masks.cu_seqlens: runs of one id, padding included)."""
     return [cu_seqlens(row).cu_seqlens.size - 1 for row in doc_ids]
 
 
@@ -107,7 +107,7 @@ def test_without_a_limit_nothing_changes(lengths):
     assert big_n == n and np.array_equal(big_bins, bins)  # a limit never reached: the same layout
 
 
-@pytest.mark.slow  # imports torch (the property above checks raypack.masks.pad_cu_seqlens, which the collate calls)
+@pytest.mark.slow  # imports torch (the property above checks raypack.rules.masks.pad_cu_seqlens, the collate's)
 def test_collate_refuses_a_chunk_with_more_segments():
     torch_data = pytest.importorskip("raypack.torch_data")
     docs = [[1, 1], [2, 2], [3, 3], [4, 4], [5]]

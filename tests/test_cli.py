@@ -13,8 +13,8 @@ import pytest
 import raypack
 import raypack.cli
 from raypack.cli import main
-from raypack.config import PackConfig, load_config
-from raypack.packed import read_packed
+from raypack.pack.config import PackConfig, load_config
+from raypack.packed.reader import read_packed
 from raypack.sample import write_sample_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -212,7 +212,7 @@ def test_stats_plot_has_fixed_axes(packed, tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     from matplotlib.figure import Figure
 
-    from raypack.stats import packing_stats, plot_stats
+    from raypack.cli.stats import packing_stats, plot_stats
 
     seen = []
     savefig = Figure.savefig

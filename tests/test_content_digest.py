@@ -14,7 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from raypack.content_digest import (
+from raypack.errors import InputError
+from raypack.packed.manifest import load_manifest
+from raypack.packed.reader import read_packed
+from raypack.packed.writer import FORMAT_VERSION, files_sha256
+from raypack.rules.content_digest import (
     CONTENT_GROUP_CHUNKS,
     ContentHasher,
     RangeDigester,
@@ -23,10 +27,6 @@ from raypack.content_digest import (
     content_header,
     range_layout,
 )
-from raypack.errors import InputError
-from raypack.manifest import load_manifest
-from raypack.output import FORMAT_VERSION, files_sha256
-from raypack.packed import read_packed
 from raypack.verify import VerifyError, verify_output
 
 from helpers import file_digests, pack, random_corpus, read_output, sharded_corpora, write_shards

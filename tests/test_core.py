@@ -1,4 +1,4 @@
-"""raypack.core against the rules: literal cases, properties against the naive reference in
+"""raypack.rules.core against the rules: literal cases, properties against the naive reference in
 tests/reference.py, streaming and sharded invariants, and every validation rule.
 
 Layers, in order: literal tiny arrays written by hand; pack_sequences vs naive_pack over all
@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from raypack.core import (
+from raypack.rules.core import (
     Chunks,
     Fragment,
     StreamPacker,

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from raypack.cli import main
-from raypack.config import make_config
-from raypack.dry_run import dry_run
+from raypack.pack.config import make_config
+from raypack.pack.dry_run import dry_run
 
 from helpers import pack, random_corpus, write_shards
 

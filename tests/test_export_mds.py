@@ -26,15 +26,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from raypack import output
 from raypack.cli import main
-from raypack.core import Chunks, concat_chunks
 from raypack.errors import InputError
 from raypack.export import mds, mds_format
 from raypack.export.mds import export_mds, verify_mds, write_part
 from raypack.export.mds_format import decode_shard, load_index, write_index
-from raypack.packed import read_packed
-from raypack.tokenized import build_tokenized_manifest, part_file_name, save_tokenized_manifest
+from raypack.packed import writer as output
+from raypack.packed.reader import read_packed
+from raypack.rules.core import Chunks, concat_chunks
+from raypack.tokenize.corpus import build_tokenized_manifest, part_file_name, save_tokenized_manifest
 
 from helpers import pack, random_corpus, write_shards
 

@@ -25,8 +25,8 @@ from raypack.errors import InputError
 from raypack.export import EXPORTERS, ExportMismatch
 from raypack.export.job import run_export, verify_export
 from raypack.export.megatron import index_bytes
-from raypack.fs import resolve_filesystem
-from raypack.tokenized import build_tokenized_manifest, part_file_name, save_tokenized_manifest
+from raypack.io.fs import resolve_filesystem
+from raypack.tokenize.corpus import build_tokenized_manifest, part_file_name, save_tokenized_manifest
 
 from helpers import pack, write_shards
 

@@ -33,8 +33,8 @@ from typing import NamedTuple
 
 import pytest
 
-from raypack.config import make_config
-from raypack.job import run_pack
+from raypack.pack.config import make_config
+from raypack.pack.job import run_pack
 from raypack.sample import write_sample_corpus
 
 pytestmark = pytest.mark.slow  # killed workers and removed Ray nodes: minutes, not seconds

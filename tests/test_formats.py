@@ -1,4 +1,4 @@
-"""raypack.formats: token batches in file order, exact round trips, and validation messages."""
+"""raypack.inputs.formats: token batches in file order, exact round trips, and validation messages."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raypack.errors import InputError
-from raypack.formats import check_tokens_fit, inspect_shard, iter_token_batches, validate_token_batch
+from raypack.inputs.formats import check_tokens_fit, inspect_shard, iter_token_batches, validate_token_batch
 
 I32 = pa.list_(pa.int32())
 FORMATS = ["parquet", "arrow", "jsonl"]

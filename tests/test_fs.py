@@ -1,11 +1,11 @@
-"""raypack.fs: the one URI test, the one-line error text, local paths resolved."""
+"""raypack.io.fs: the one URI test, the one-line error text, local paths resolved."""
 
 from __future__ import annotations
 
 import pyarrow.fs as pafs
 import pytest
 
-from raypack.fs import error_text, is_uri, resolve_filesystem
+from raypack.io.fs import error_text, is_uri, resolve_filesystem
 
 
 @pytest.mark.parametrize("path", ["s3://bucket/key", "file:///abs", "gs://b", "memory://x/y", "s3+x.y-z://b"])

@@ -16,13 +16,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import raypack.job as job
-import raypack.publish as publish
-from raypack.config import make_config
+import raypack.pack.job as job
+import raypack.pack.publish as publish
 from raypack.errors import InputError
-from raypack.job import run_pack
-from raypack.lock import LocalLock
-from raypack.publish import staging_dir
+from raypack.io.lock import LocalLock
+from raypack.pack.config import make_config
+from raypack.pack.job import run_pack
+from raypack.pack.publish import staging_dir
 from raypack.sample import write_sample_corpus
 from raypack.verify import verify_output
 
@@ -140,7 +140,7 @@ def test_a_second_run_on_the_same_output_is_refused_while_the_first_plans(tmp_pa
 
 HOLD_LOCK = """
 import sys, time
-from raypack.lock import LocalLock
+from raypack.io.lock import LocalLock
 LocalLock(sys.argv[1], what="output").acquire()
 print("locked", flush=True)
 time.sleep(60)

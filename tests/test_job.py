@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from raypack.core import pack_sequences
+from raypack.rules.core import pack_sequences
 
 from helpers import file_digests, pack, random_corpus, read_output, sharded_corpora, write_shards
 

@@ -87,7 +87,7 @@ def test_ray_engine_equals_reference_and_local_bytes(ray_session, tmp_path, work
 
 
 def test_resume_finishes_a_best_fit_run_byte_identically(tmp_path, monkeypatch):
-    import raypack.job as job
+    import raypack.pack.job as job
 
     docs = random_corpus(3, 200, 30)
     shard_dir = write_shards(tmp_path, docs, [50, 100, 150])
@@ -106,7 +106,7 @@ def test_resume_finishes_a_best_fit_run_byte_identically(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="simulated crash"):
         pack(tmp_path, shard_dir, name="out", **options)
     monkeypatch.setattr(job, "pack_shard", real)
-    from raypack.config import make_config
+    from raypack.pack.config import make_config
 
     config = make_config(dict(inputs=[shard_dir], output=str(tmp_path / "out"), context_length=8, pad_token=0,
                               read_batch_size=3, chunks_per_record_batch=2, **options))

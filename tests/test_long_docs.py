@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from raypack.cli import main
-from raypack.config import make_config
+from raypack.cli.stats import packing_stats
 from raypack.errors import InputError
-from raypack.long_docs import CutCounts, PieceFilter, count_cut, keep_prefixes, kept_lengths
-from raypack.stats import packing_stats
+from raypack.pack.config import make_config
+from raypack.rules.long_docs import CutCounts, PieceFilter, count_cut, keep_prefixes, kept_lengths
 from raypack.verify import VerifyError, verify_output
 
 from helpers import pack, read_output, write_shards
@@ -245,9 +245,9 @@ def test_bad_long_docs_is_one_line(tmp_path, capsys):
 
 def test_resume_with_another_policy_repacks(tmp_path):
     """A task's record holds its settings: a resume under another policy reuses none of it."""
-    from raypack.plan import make_plan, place_counts, settings_for
-    from raypack.resume import load_verified_result
-    from raypack.shard_pack import count_task, pack_shard
+    from raypack.pack.packer import count_task, pack_shard
+    from raypack.pack.plan import make_plan, place_counts, settings_for
+    from raypack.pack.resume import load_verified_result
 
     docs = [list(range(1, n + 1)) for n in (3, 20, 5)]
     shard_dir = write_shards(tmp_path, docs, [])
@@ -269,7 +269,7 @@ def test_resume_with_another_policy_repacks(tmp_path):
 @pytest.mark.parametrize("long_docs", ["truncate", "drop"])
 def test_long_documents_read_in_pieces(tmp_path, monkeypatch, strategy, long_docs):
     """Documents longer than C read page by page (continued pieces): the policy holds across pieces."""
-    import raypack.token_pieces as token_pieces
+    import raypack.inputs.token_pieces as token_pieces
 
     continued = []
     original = token_pieces.iter_row_group_pieces
@@ -291,7 +291,7 @@ def test_long_documents_read_in_pieces(tmp_path, monkeypatch, strategy, long_doc
 
 
 def test_summary_and_dry_run_say_what_was_left_out(tmp_path):
-    from raypack.dry_run import dry_run
+    from raypack.pack.dry_run import dry_run
 
     docs = [list(range(1, n + 1)) for n in (3, 20, 5, 9)]
     shard_dir = write_shards(tmp_path, docs, [])

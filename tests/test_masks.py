@@ -1,4 +1,4 @@
-"""Tests for raypack.masks: literal cases, properties against a naive reference, validation.
+"""Tests for raypack.rules.masks: literal cases, properties against a naive reference, validation.
 
 The reference below applies the rule of the masks module docstring verbatim, one (i, j) pair
 at a time: i may attend to j iff j <= i and doc_ids[j] == doc_ids[i] and doc_ids[i] != -1.
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from raypack import masks
-from raypack.masks import (
+from raypack.rules import masks
+from raypack.rules.masks import (
     VarlenInfo,
     build_bool_mask,
     build_intra_document_mask,

@@ -1,5 +1,5 @@
-"""raypack mix: the order's rules as properties (raypack.mix, pure), then the mix output end to end
-(raypack.mixed: read_packed, batches, torch, verify, stats, CLI refusals) over tiny packed outputs."""
+"""raypack mix: the order's rules as properties (raypack.mix.order, pure), then the mix output end to end
+(raypack.mix.dataset: read_packed, batches, torch, verify, stats, CLI refusals) over tiny packed outputs."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from raypack.cli import main
 from raypack.errors import InputError
-from raypack.mix import MixOrder, apportion, permute, permute_array, round_keys
-from raypack.mixed import MixedDataset, load_mix_config, run_mix
-from raypack.packed import read_packed
+from raypack.mix.dataset import MixedDataset, load_mix_config, run_mix
+from raypack.mix.order import MixOrder, apportion, permute, permute_array, round_keys
+from raypack.packed.reader import read_packed
 
 from helpers import pack, read_output, write_shards
 
@@ -397,7 +397,7 @@ def test_each_pass_has_its_own_permutation():
 
 
 def test_readers_of_packed_outputs_only_refuse_a_mix_in_one_line(capsys, tmp_path, outputs):
-    from raypack.manifest import load_manifest
+    from raypack.packed.manifest import load_manifest
 
     out = mix(tmp_path, [(outputs["a"], 1)], 5)
     with pytest.raises(InputError, match="a mix .* not a packed output"):

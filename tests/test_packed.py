@@ -1,4 +1,4 @@
-"""raypack.packed: read_packed against output written by hand (docs/FORMAT.md) from pack_sequences, so the
+"""raypack.packed.reader: read_packed against output written by hand (docs/FORMAT.md) from pack_sequences, so the
 reader is tested independently of the job: every chunk, every range, every batch size."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raypack.content_digest import CONTENT_GROUP_CHUNKS
-from raypack.core import pack_sequences
 from raypack.errors import InputError
-from raypack.output import CHUNK_FILE_VERSION, FORMAT_VERSION, chunk_file_name
-from raypack.packed import load_manifest, read_packed
+from raypack.packed.reader import load_manifest, read_packed
+from raypack.packed.writer import CHUNK_FILE_VERSION, FORMAT_VERSION, chunk_file_name
+from raypack.rules.content_digest import CONTENT_GROUP_CHUNKS
+from raypack.rules.core import pack_sequences
 
 from reference import naive_content_sha256
 
@@ -210,7 +210,7 @@ def test_iter_batches_rejects_bad_batch_size(packed):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_masks_are_built_from_doc_ids(packed, dtype):
-    masks = pytest.importorskip("raypack.masks")
+    masks = pytest.importorskip("raypack.rules.masks")
     ds, _, doc_ids, _ = packed
     batches = list(ds.iter_batches(6, with_mask=True, mask_dtype=dtype))
     mask = np.concatenate([b["attention_mask"] for b in batches])
@@ -362,7 +362,7 @@ def test_wrong_context_length_in_file(packed):
 
 
 def test_bounded_open_files_and_close(packed, monkeypatch):
-    monkeypatch.setattr("raypack.packed.MAX_OPEN_FILES", 2)
+    monkeypatch.setattr("raypack.packed.reader.MAX_OPEN_FILES", 2)
     ds, input_ids, doc_ids, sizes = packed
     first = ds[0]["input_ids"]
     open_counts = []

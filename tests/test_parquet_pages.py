@@ -1,4 +1,4 @@
-"""The page-level Parquet reader (raypack.parquet_pages) gives exactly pyarrow's rows, in pieces
+"""The page-level Parquet reader (raypack.inputs.parquet_pages) gives exactly pyarrow's rows, in pieces
 of at most ``max_tokens`` tokens, for files written with many writer options; it refuses
 malformed pages with one InputError line and hands unsupported encodings back to pyarrow; a
 shard whose long document is read in pieces packs to the same bytes as whole-document reading."""
@@ -14,12 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import raypack.page_streams as page_streams
-import raypack.parquet_pages as parquet_pages
-import raypack.token_pieces as token_pieces
+import raypack.inputs.parquet_pages as parquet_pages
+import raypack.inputs.parquet_pages.page_streams as page_streams
+import raypack.inputs.token_pieces as token_pieces
 from raypack.errors import InputError
-from raypack.parquet_pages import Unsupported, iter_row_group_pieces
-from raypack.token_pieces import iter_token_pieces
+from raypack.inputs.parquet_pages import Unsupported, iter_row_group_pieces
+from raypack.inputs.token_pieces import iter_token_pieces
 
 from helpers import pack_one
 

@@ -16,10 +16,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raypack.config import make_config
 from raypack.errors import InputError
-from raypack.job import run_pack
-from raypack.publish import staging_dir
+from raypack.pack.config import make_config
+from raypack.pack.job import run_pack
+from raypack.pack.publish import staging_dir
 from raypack.sample import write_sample_corpus
 
 from helpers import tree_digest
@@ -188,7 +188,7 @@ def bump_fragment_token(record: dict) -> None:
 def test_record_with_a_flipped_fragment_token_is_repacked(tmp_path, corpus, clean_run, monkeypatch, caplog):
     staging = crash_at(monkeypatch, 5, config(tmp_path, corpus))
     edit_record(record_of(staging, 3), bump_fragment_token)
-    with caplog.at_level(logging.INFO, logger="raypack.resume"):
+    with caplog.at_level(logging.INFO, logger="raypack.pack.resume"):
         assert resume(monkeypatch, config(tmp_path, corpus)) == [3, 5]
     assert tree_digest(tmp_path / "out") == clean_run
     assert [r.message for r in caplog.records if "shard 3" in r.message and "checksum" in r.message]
@@ -223,7 +223,7 @@ def test_record_of_another_version_is_repacked_even_with_a_valid_checksum(tmp_pa
                                                                         caplog):
     staging = crash_at(monkeypatch, 5, config(tmp_path, corpus))
     resign_record(record_of(staging, 1), lambda record: record.update(version=record["version"] + 1))
-    with caplog.at_level(logging.INFO, logger="raypack.resume"):
+    with caplog.at_level(logging.INFO, logger="raypack.pack.resume"):
         assert resume(monkeypatch, config(tmp_path, corpus)) == [1, 5]
     assert tree_digest(tmp_path / "out") == clean_run
     assert [r.message for r in caplog.records if "shard 1" in r.message and "has version" in r.message]
@@ -251,7 +251,7 @@ def test_record_with_a_flipped_chunk_digest_is_repacked(tmp_path, corpus, clean_
     again, so the manifest's content_sha256 stays the clean run's."""
     staging = crash_at(monkeypatch, 5, config(tmp_path, corpus))
     edit_record(record_of(staging, 2), flip_digest)
-    with caplog.at_level(logging.INFO, logger="raypack.resume"):
+    with caplog.at_level(logging.INFO, logger="raypack.pack.resume"):
         assert resume(monkeypatch, config(tmp_path, corpus)) == [2, 5]
     assert tree_digest(tmp_path / "out") == clean_run
     assert [r.message for r in caplog.records if "shard 2" in r.message and "checksum" in r.message]
@@ -262,7 +262,7 @@ def test_record_with_misshapen_digests_is_repacked_even_with_a_valid_checksum(tm
     staging = crash_at(monkeypatch, 5, config(tmp_path, corpus))
     resign_record(record_of(staging, 1),
                   lambda record: record["result"]["file"].update(digests=record["result"]["file"]["digests"][64:]))
-    with caplog.at_level(logging.INFO, logger="raypack.resume"):
+    with caplog.at_level(logging.INFO, logger="raypack.pack.resume"):
         assert resume(monkeypatch, config(tmp_path, corpus)) == [1, 5]
     assert tree_digest(tmp_path / "out") == clean_run
     assert [r.message for r in caplog.records if "shard 1" in r.message and "range digests" in r.message]
@@ -318,7 +318,7 @@ def test_shard_rewritten_in_place_at_an_end_is_repacked(tmp_path, big_corpus, mo
 
 def test_known_limit_same_size_same_mtime_change_in_the_middle_is_kept_without_verify_inputs(
         tmp_path, big_corpus, monkeypatch):
-    """Documented limit (README, raypack/resume.py): only the ends are hashed by default, so the
+    """Documented limit (README, raypack/pack/resume.py): only the ends are hashed by default, so the
     stale shard is kept and the output is the old content's, not the new one's."""
     local, first = copy_corpus(big_corpus, tmp_path)
     run_pack(big_config(tmp_path, local, "old"), engine="local")
@@ -369,7 +369,7 @@ def test_verify_inputs_on_the_command_line():
 
 
 def test_parquet_footer_is_part_of_the_identity_however_large(tmp_path):
-    from raypack.resume import EDGE_BYTES, sampled_identity
+    from raypack.pack.resume import EDGE_BYTES, sampled_identity
 
     path = str(tmp_path / "wide.parquet")
     tokens = np.random.default_rng(0).integers(0, 1 << 30, 1 << 19)

@@ -24,16 +24,16 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from raypack.config import make_config
-from raypack.core import Chunks
 from raypack.errors import InputError
-from raypack.fs import clear_filesystem_cache, resolve_filesystem
-from raypack.job import run_pack
-from raypack.output import ChunkFileWriter, chunk_schema
-from raypack.packed import read_packed
-from raypack.resume import RESULTS_DIR
+from raypack.inputs.shards import discover_shards
+from raypack.io.fs import clear_filesystem_cache, resolve_filesystem
+from raypack.pack.config import make_config
+from raypack.pack.job import run_pack
+from raypack.pack.resume import RESULTS_DIR
+from raypack.packed.reader import read_packed
+from raypack.packed.writer import ChunkFileWriter, chunk_schema
+from raypack.rules.core import Chunks
 from raypack.sample import write_sample_corpus
-from raypack.shards import discover_shards
 from raypack.verify import verify_output
 
 from packing_faults import fail_at_shard
@@ -166,7 +166,7 @@ def test_read_packed_and_verify_over_s3(s3, local_run):
 def test_a_mix_on_s3_over_an_s3_and_a_local_source(s3, local_run):
     """raypack mix publishes a manifest alone under the prefix, records the S3 source by URI and the
     local one by absolute path, reads back the sources' chunks and verifies."""
-    from raypack.mixed import load_mix_config, run_mix
+    from raypack.mix.dataset import load_mix_config, run_mix
 
     run_pack(s3_config(s3, "mix-src"), engine="local")
     sources = [(f"s3://{BUCKET}/mix-src", 2), (local_run[0], 1)]
@@ -342,7 +342,7 @@ def test_s3_resume_after_inputs_changed_holds_exactly_the_manifest(s3, monkeypat
 
 
 def test_s3_lock_object_refuses_a_live_owner_and_takes_over_a_dead_one(s3):
-    from raypack.lock import ObjectStoreLock
+    from raypack.io.lock import ObjectStoreLock
 
     key = f"locked/{ObjectStoreLock.NAME}"
     s3.client.put_object(Bucket=BUCKET, Key=key, Body=json.dumps({"host": "elsewhere", "pid": 1, "started": "x"}))

@@ -1,4 +1,4 @@
-"""raypack.shards and raypack.formats counts: discovery order, cheap counts, offsets and the common token type."""
+"""raypack.inputs.shards and formats counts: discovery order, cheap counts, offsets and the common token type."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raypack.errors import InputError
-from raypack.formats import ShardInfo, _footer_null_counts_exact, inspect_shard, shard_format
-from raypack.fs import resolve_filesystem
-from raypack.shards import ShardPlan, common_token_type, discover_shards, plan_offsets
+from raypack.inputs.formats import ShardInfo, _footer_null_counts_exact, inspect_shard, shard_format
+from raypack.inputs.shards import ShardPlan, common_token_type, discover_shards, plan_offsets
+from raypack.io.fs import resolve_filesystem
 
 I32 = pa.list_(pa.int32())
 

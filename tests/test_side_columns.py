@@ -20,12 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from raypack.cli import main
-from raypack.config import make_config
+from raypack.cli.stats import packing_stats
 from raypack.errors import InputError
-from raypack.job import run_pack
-from raypack.manifest import check_manifest
-from raypack.packed import read_packed
-from raypack.stats import packing_stats
+from raypack.pack.config import make_config
+from raypack.pack.job import run_pack
+from raypack.packed.manifest import check_manifest
+from raypack.packed.reader import read_packed
 from raypack.verify import VerifyError, verify_output
 
 from helpers import file_digests
@@ -269,7 +269,7 @@ def test_verify_finds_a_changed_fill(tmp_path):
 
 def test_verify_structure_checks_the_fill_on_padding(tmp_path):
     """A side value other than the fill on a padding position is named (the file's bytes and hash aside)."""
-    from raypack.manifest import load_manifest, resolve_output
+    from raypack.packed.manifest import load_manifest, resolve_output
     from raypack.verify import structure_class
     from raypack.verify.blocks import iter_blocks
 
@@ -434,9 +434,9 @@ def test_cli_flag_toml_and_refusals(tmp_path, capsys):
 
 
 def test_resume_treats_other_side_columns_as_another_job():
-    from raypack.resume import _fragment_from_dict, _fragment_to_dict, _output_settings
-    from raypack.side_columns import SideColumn, combine, opaque
-    from raypack.tasks import PackSettings
+    from raypack.pack.resume import _fragment_from_dict, _fragment_to_dict, _output_settings
+    from raypack.pack.tasks import PackSettings
+    from raypack.rules.side_columns import SideColumn, combine, opaque
 
     base = dict(out_dir="o", context_length=4, pad_token=0, token_dtype="int32", token_column="input_ids",
                 read_batch_size=0, read_batch_tokens=8, chunks_per_record_batch=2, strategy="concat")
@@ -447,7 +447,7 @@ def test_resume_treats_other_side_columns_as_another_job():
     settings = [_output_settings(s) for s in (plain, mask, other_fill)]
     assert len({json.dumps(s, sort_keys=True) for s in settings}) == 3
     assert _output_settings(mask) == json.loads(json.dumps(_output_settings(mask)))  # survives the JSON record
-    from raypack.core import Fragment
+    from raypack.rules.core import Fragment
 
     tokens = opaque(combine(np.array([5, 6], np.int32), [np.array([1, 0], np.int8)], mask.record_dtype))
     fragment = Fragment(3, tokens, np.array([7], np.int64), np.array([2], np.int32))
@@ -458,9 +458,9 @@ def test_resume_treats_other_side_columns_as_another_job():
 
 def test_fragments_travel_with_their_side_values():
     """A packer's edge fragments reach the driver as one Arrow row (the Ray engine's transport)."""
-    from raypack.core import Fragment
-    from raypack.side_columns import SideColumn, combine, opaque, packed_dtype, record_dtype
-    from raypack.tasks import ShardResult, result_to_table, table_to_results
+    from raypack.pack.tasks import ShardResult, result_to_table, table_to_results
+    from raypack.rules.core import Fragment
+    from raypack.rules.side_columns import SideColumn, combine, opaque, packed_dtype, record_dtype
 
     columns = [SideColumn("loss_mask", "bool", 0), SideColumn("labels", "int64", -100)]
     record = record_dtype("int32", columns)

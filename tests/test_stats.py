@@ -8,10 +8,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from raypack.cli import main
-from raypack.config import make_config
-from raypack.core import pack_sequences
-from raypack.job import run_pack
-from raypack.stats import NUM_BINS, packing_stats
+from raypack.cli.stats import NUM_BINS, packing_stats
+from raypack.pack.config import make_config
+from raypack.pack.job import run_pack
+from raypack.rules.core import pack_sequences
 
 from reference import naive_best_fit
 
@@ -89,7 +89,7 @@ def test_stats_cli(small_output, capsys):
 
 def test_stats_plot(small_output, tmp_path):
     pytest.importorskip("matplotlib")
-    from raypack.stats import plot_stats
+    from raypack.cli.stats import plot_stats
 
     png = plot_stats(packing_stats(small_output), str(tmp_path / "stats.png"))
     assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"

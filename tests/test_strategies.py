@@ -17,12 +17,13 @@ from hypothesis import strategies as st
 
 from raypack import strategies
 from raypack.cli import build_parser, main
-from raypack.config import config_keys, make_config
-from raypack.dry_run import dry_run
+from raypack.cli.stats import packing_stats
 from raypack.errors import InputError
-from raypack.manifest import load_manifest
-from raypack.plan import make_plan, settings_for
-from raypack.stats import packing_stats
+from raypack.pack.config import config_keys, make_config
+from raypack.pack.dry_run import dry_run
+from raypack.pack.plan import make_plan, settings_for
+from raypack.pack.tasks import PackSettings
+from raypack.packed.manifest import load_manifest
 from raypack.strategies import (
     STRATEGIES,
     configured_strategy,
@@ -33,7 +34,6 @@ from raypack.strategies import (
 )
 from raypack.strategies.best_fit import BestFit
 from raypack.strategies.concat import Concat
-from raypack.tasks import PackSettings
 
 from helpers import file_digests, pack, random_corpus, write_shards
 

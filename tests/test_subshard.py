@@ -13,14 +13,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import raypack.job as job
-from raypack import shard_pack
+import raypack.pack.job as job
 from raypack.cli import main
-from raypack.config import make_config
 from raypack.errors import InputError
-from raypack.job import run_pack
-from raypack.plan import make_plan, split_units
-from raypack.publish import staging_dir
+from raypack.pack import packer as shard_pack
+from raypack.pack.config import make_config
+from raypack.pack.job import run_pack
+from raypack.pack.plan import make_plan, split_units
+from raypack.pack.publish import staging_dir
 
 from helpers import file_digests, read_output
 from reference import naive_pack
@@ -159,7 +159,7 @@ def test_one_shard_in_tasks_gives_the_unsplit_chunks(tmp_path, fmt):
 def test_long_documents_read_by_pages_inside_split_tasks(tmp_path, monkeypatch, strategy):
     """Row groups of documents longer than read_batch_tokens go through the page reader, and a
     task covers only its row groups: the split run gives the whole run's chunks."""
-    import raypack.token_pieces as token_pieces
+    import raypack.inputs.token_pieces as token_pieces
 
     rng = np.random.default_rng(5)
     docs = [rng.integers(1, 1000, n).tolist() for n in (900, 3, 1500, 0, 700, 1200, 5, 800)]
@@ -365,9 +365,9 @@ def test_progress_counts_tasks_when_a_shard_is_split(tmp_path, caplog):
     path = write_parquet(tmp_path / "in" / "one.parquet", docs, [30] * 4)
     num_tasks = len(make_plan(config([path], tmp_path / "out", task_tokens=300)).tasks)
     assert num_tasks > 1
-    with caplog.at_level("INFO", logger="raypack.progress"):
+    with caplog.at_level("INFO", logger="raypack.io.progress"):
         run_pack(config([path], tmp_path / "out", task_tokens=300), engine="local")
         run_pack(config([path], tmp_path / "whole", task_tokens=0), engine="local")
-    lines = [r.getMessage() for r in caplog.records if r.name == "raypack.progress"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "raypack.io.progress"]
     assert lines[-2].startswith(f"packed {num_tasks}/{num_tasks} tasks (1 shard), ")
     assert lines[-1].startswith("packed 1/1 shards, ")

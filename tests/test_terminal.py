@@ -17,8 +17,8 @@ import pytest
 
 from raypack.cli import main
 from raypack.errors import InputError, WorkerError
-from raypack.progress import Progress
-from raypack.terminal import interrupted_line
+from raypack.io.progress import Progress
+from raypack.io.terminal import interrupted_line
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -80,7 +80,7 @@ def test_bad_text_inside_a_ray_tokenizer_is_one_line(ray_session, tmp_path, caps
 
 
 def test_a_worker_failure_that_is_not_bad_input_is_one_line_naming_rays_logs():
-    from raypack.job import on_ray
+    from raypack.pack.job import on_ray
 
     def crash(pipeline):
         raise RuntimeError("The actor died unexpectedly before finishing this task.\n  more detail")
@@ -136,7 +136,7 @@ def test_token_mode_without_a_token_is_one_line_and_no_staging(tmp_path):
 
 
 def test_connect_hint_names_the_token_variables():
-    from raypack.pipeline import _connect_hint
+    from raypack.engine.pipeline import _connect_hint
 
     hint = _connect_hint("10.0.0.1:6379", ConnectionError("InvalidAuthToken: no token\nretrying"))
     assert "\n" not in hint and "RAY_AUTH_MODE=token" in hint and "RAY_AUTH_TOKEN_PATH" in hint
@@ -197,7 +197,7 @@ def test_a_closed_pipe_ends_quietly(tmp_path, command):
 def test_progress_is_at_most_one_line_a_second(caplog):
     now = [0.0]
     progress = Progress("packed", 16, "shards", clock=lambda: now[0])
-    with caplog.at_level("INFO", logger="raypack.progress"):
+    with caplog.at_level("INFO", logger="raypack.io.progress"):
         for k in range(16):
             now[0] = 0.4 * (k + 1)
             progress.add(600_000)

@@ -1,4 +1,4 @@
-"""raypack.text_readers: every row read exactly once and in order, whatever the split; bad input."""
+"""raypack.inputs.text_readers: every row read exactly once and in order, whatever the split; bad input."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raypack.errors import InputError
-from raypack.text_readers import (
+from raypack.inputs.text_readers import (
     iter_jsonl_texts,
     iter_parquet_texts,
     jsonl_byte_range_tasks,

@@ -1,4 +1,4 @@
-"""raypack.text_tokenizers: ids equal the tokenizer's own encode, token for token; errors."""
+"""raypack.tokenize.tokenizers: ids equal the tokenizer's own encode, token for token; errors."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raypack import text_tokenizers
 from raypack.errors import InputError
-from raypack.text_tokenizers import (
+from raypack.tokenize import tokenizers as text_tokenizers
+from raypack.tokenize.tokenizers import (
     TIKTOKEN_ENCODINGS,
     ids_to_list_array,
     load_rank_file,

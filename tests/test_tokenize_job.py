@@ -15,13 +15,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import raypack.tokenize_job as tokenize_job
+import raypack.tokenize.job as tokenize_job
 from raypack.cli import main
-from raypack.config import make_config
-from raypack.job import run_pack
-from raypack.plan import make_plan
-from raypack.tokenize_job import TextOptions, TokenizeConfig, run_tokenize
-from raypack.tokenize_tasks import rayon_threads
+from raypack.pack.config import make_config
+from raypack.pack.job import run_pack
+from raypack.pack.plan import make_plan
+from raypack.tokenize.job import TextOptions, TokenizeConfig, run_tokenize
+from raypack.tokenize.tasks import rayon_threads
 
 from helpers import CORPUS, train_byte_level_bpe
 from packing_faults import fail_at_shard
@@ -126,7 +126,7 @@ def test_token_dtype_wider_than_auto(tmp_path, text_dir, tok):
 
 def test_tiktoken_through_the_job(tmp_path, text_dir):
     tiktoken = pytest.importorskip("tiktoken")
-    from raypack.text_tokenizers import load_tokenizer
+    from raypack.tokenize.tokenizers import load_tokenizer
 
     encoding = load_tokenizer("tiktoken:cl100k_base")._encoding
     out = str(tmp_path / "tt")
@@ -264,7 +264,7 @@ def test_documents_do_not_depend_on_the_task_split(tmp_path, text_dir, tok):
 
 
 def test_byte_pieces_literal():
-    from raypack.tokenize_tasks import _byte_pieces
+    from raypack.tokenize.tasks import _byte_pieces
 
     texts = pa.array(["ab", "cde", "", "f", "ghijkl", "m"]).slice(1)  # a slice: offsets do not start at 0
     assert [p.to_pylist() for p in _byte_pieces(texts, 4)] == [["cde", "", "f"], ["ghijkl"], ["m"]]
@@ -435,7 +435,7 @@ def test_tokenize_and_pack_with_tokenizer_on_s3(tmp_path, text_dir, tok):
     """Text in S3, outputs in S3: same bytes as locally; a one-run pack leaves no _tokenized/ objects."""
     pytest.importorskip("moto.server", reason="moto[server] is not installed")
     boto3 = pytest.importorskip("boto3")
-    from raypack.fs import clear_filesystem_cache
+    from raypack.io.fs import clear_filesystem_cache
 
     from s3_server import moto_server, s3_environment
 

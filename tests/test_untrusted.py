@@ -15,11 +15,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raypack.config import make_config
+from raypack.cli.stats import packing_stats
 from raypack.errors import InputError
-from raypack.job import run_pack
-from raypack.packed import read_packed
-from raypack.stats import packing_stats
+from raypack.pack.config import make_config
+from raypack.pack.job import run_pack
+from raypack.packed.reader import read_packed
 from raypack.verify import VerifyError, verify_output
 
 C = 8
@@ -258,7 +258,7 @@ def test_reader_opened_before_an_overwrite_never_sees_the_new_bytes(tmp_path, ou
 
 
 def test_manifest_is_one_read_only_type_that_loads_checks_and_saves(tmp_path):
-    from raypack.manifest import Manifest
+    from raypack.packed.manifest import Manifest
 
     out = tmp_path / "out"
     pack(out, write_corpus(tmp_path / "corpus", seed=1))

@@ -17,9 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from raypack.config import make_config
-from raypack.job import run_pack
-from raypack.output import chunk_file_name
+from raypack.pack.config import make_config
+from raypack.pack.job import run_pack
+from raypack.packed.writer import chunk_file_name
 from raypack.verify import VerifyError, VerifyReport, verify_output
 
 from reference import naive_content_sha256

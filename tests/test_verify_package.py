@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raypack.best_fit import best_fit_decreasing, split_items
-from raypack.config import make_config
-from raypack.job import run_pack
-from raypack.manifest import load_manifest
+from raypack.pack.config import make_config
+from raypack.pack.job import run_pack
+from raypack.packed.manifest import load_manifest
+from raypack.rules.best_fit import best_fit_decreasing, split_items
 from raypack.strategies import STRATEGIES
 from raypack.verify import VerifyError, verify_output
 from raypack.verify.best_fit import BestFitStructure

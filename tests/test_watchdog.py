@@ -1,4 +1,4 @@
-"""The per-shard progress deadline (raypack.watchdog): a packer that makes no progress is
+"""The per-shard progress deadline (raypack.pack.watchdog): a packer that makes no progress is
 reported (shard, process, how long) and, when asked, ended so that Ray restarts it."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import subprocess
 import sys
 import time
 
-from raypack.watchdog import STALL_EXIT_CODE, ProgressWatchdog
+from raypack.pack.watchdog import STALL_EXIT_CODE, ProgressWatchdog
 
 
 def test_a_stalled_shard_is_reported_once_per_timeout(caplog):
-    caplog.set_level(logging.WARNING, logger="raypack.watchdog")
+    caplog.set_level(logging.WARNING, logger="raypack.pack.watchdog")
     with ProgressWatchdog("shard /data/a.parquet", 0.2) as dog:
         time.sleep(1.0)
     assert 2 <= dog.stalls <= 5
@@ -36,7 +36,7 @@ def test_zero_turns_it_off():
 
 STALL = """
 import logging, time
-from raypack.watchdog import ProgressWatchdog
+from raypack.pack.watchdog import ProgressWatchdog
 logging.basicConfig(level=logging.INFO, format="%(message)s")
 with ProgressWatchdog("shard s", 0.2, restart=True):
     time.sleep(30)
@@ -51,9 +51,9 @@ def test_restart_ends_the_process_after_saying_why():
 
 
 def test_a_packer_stuck_on_a_shard_is_named_in_a_run(tmp_path, monkeypatch, caplog):
-    import raypack.shard_pack as shard_pack
-    from raypack.config import make_config
-    from raypack.job import run_pack
+    import raypack.pack.packer as shard_pack
+    from raypack.pack.config import make_config
+    from raypack.pack.job import run_pack
     from raypack.sample import write_sample_corpus
 
     write_sample_corpus(str(tmp_path / "c"), num_shards=3, docs_per_shard=20, mean_doc_len=10, seed=1)
@@ -66,7 +66,7 @@ def test_a_packer_stuck_on_a_shard_is_named_in_a_run(tmp_path, monkeypatch, capl
             yield item
 
     monkeypatch.setattr(shard_pack, "iter_token_pieces", slow_on_shard_1)
-    caplog.set_level(logging.WARNING, logger="raypack.watchdog")
+    caplog.set_level(logging.WARNING, logger="raypack.pack.watchdog")
     config = make_config(dict(inputs=[str(tmp_path / "c")], output=str(tmp_path / "out"), context_length=16,
                               progress_timeout_s=0.25))
     run_pack(config, engine="local")

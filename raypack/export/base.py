@@ -9,7 +9,7 @@ A format is one module with one :class:`Exporter` subclass, registered by one li
      ``write_part(part, batches)`` for each source part, by the exporter's ``unit``:
      "documents": a :class:`Part` per source shard, ``batches`` its whole documents in order
      (:class:`DocumentBatch`); "chunks" (packed sources only, any strategy): a :class:`ChunkPart`
-     per chunk file, ``batches`` its chunks in order (:class:`raypack.core.Chunks` views, the
+     per chunk file, ``batches`` its chunks in order (:class:`raypack.rules.core.Chunks` views, the
      source's dtype). It returns a small picklable result;
   3. driver: ``finalize(results)`` with the results in part order; it publishes the output so that
      nothing is readable until all of it is (the last file written is the commit); on any error
@@ -17,7 +17,7 @@ A format is one module with one :class:`Exporter` subclass, registered by one li
   4. ``verify(source)`` (``--verify`` / ``--verify-only``) compares a published output with its source
      and returns report lines, raising :class:`ExportMismatch` at the first difference.
 
-Exporters are pure numpy/pyarrow and do their I/O through :mod:`raypack.fs` (any filesystem).
+Exporters are pure numpy/pyarrow and do their I/O through :mod:`raypack.io.fs` (any filesystem).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from typing import Any, ClassVar, Iterator
 import numpy as np
 import numpy.typing as npt
 
-from raypack.core import Chunks
 from raypack.errors import InputError
 from raypack.export.sources import ChunkPart, DocumentBatch, Part, Source
+from raypack.rules.core import Chunks
 
 
 class ExportMismatch(Exception):

@@ -4,7 +4,7 @@ Parallelism: one part per source shard (per chunk file for a chunk exporter); ``
 writes parts in a local ``ProcessPoolExecutor`` (spawned processes; the exporter and the source
 are pickled to them), ``workers == 1`` in this process. No Ray: exporting is reading and writing
 bytes, which a few local processes saturate on one machine; a Ray version would put the pool in
-raypack/pipeline.py and keep this lifecycle. There is no ``--resume``: a failed export leaves
+raypack/engine/pipeline.py and keep this lifecycle. There is no ``--resume``: a failed export leaves
 nothing and is rerun.
 """
 
@@ -24,9 +24,9 @@ from raypack.errors import InputError
 from raypack.export import exporter_class
 from raypack.export.base import Exporter, resolve_token_dtype
 from raypack.export.sources import ChunkPart, Part, Source, open_source
-from raypack.fs import resolve_filesystem
-from raypack.lock import LocalLock
-from raypack.progress import Progress
+from raypack.io.fs import resolve_filesystem
+from raypack.io.lock import LocalLock
+from raypack.io.progress import Progress
 
 log = logging.getLogger(__name__)
 

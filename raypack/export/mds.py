@@ -8,7 +8,7 @@ it is not a dataset. Shards close at the first sample that would pass ``size_lim
 (counted as MDSWriter does: 4 bytes per sample beyond its own, plus the header), so a shard's
 bytes depend only on the part's chunks and the options, not on which process wrote it. On any
 error the shards written are removed and no index is written. Files go through
-:class:`raypack.output.AtomicFile`, so any filesystem the job supports (local, ``s3://``, ...).
+:class:`raypack.packed.writer.AtomicFile`, so any filesystem the job supports (local, ``s3://``, ...).
 
 Two drivers: :func:`export_mds` (Python, parts in order in this process) and :class:`MdsExporter`
 (the ``raypack export`` seam: parts in a local process pool with ``--workers``).
@@ -25,7 +25,6 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow.fs as pafs
 
-from raypack.core import Chunks, concat_chunks
 from raypack.errors import InputError
 from raypack.export.base import Exporter, ExportMismatch, cast_tokens
 from raypack.export.mds_format import (
@@ -48,9 +47,10 @@ from raypack.export.mds_format import (
     write_index,
 )
 from raypack.export.sources import ChunkPart, Source
-from raypack.fs import resolve_filesystem
-from raypack.output import AtomicFile
-from raypack.packed import PackedDataset, read_packed
+from raypack.io.fs import resolve_filesystem
+from raypack.packed.reader import PackedDataset, read_packed
+from raypack.packed.writer import AtomicFile
+from raypack.rules.core import Chunks, concat_chunks
 
 log = logging.getLogger(__name__)
 

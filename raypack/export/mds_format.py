@@ -17,7 +17,7 @@ Columns of every sample (MDS keeps them sorted by name):
 The segments are the packed format's (docs/FORMAT.md): maximal runs of one doc id, so the
 dense per-position doc ids raypack's masks take are ``np.repeat(segment_doc_ids,
 segment_lengths)`` (-1 on padding), from which a trainer builds the block-diagonal causal mask
-(raypack.masks). A chunk always has at least one segment, as an MDS ndarray must.
+(raypack.rules.masks). A chunk always has at least one segment, as an MDS ndarray must.
 
 Bytes, exactly as mosaicml-streaming 0.13's ``MDSWriter`` writes them (proven in
 tests/test_export_mds.py by writing the same samples with it): a shard file is
@@ -42,10 +42,10 @@ import numpy.typing as npt
 import pyarrow.fs as pafs
 from numpy.lib.stride_tricks import as_strided
 
-from raypack.core import Chunks
 from raypack.errors import InputError
-from raypack.fs import error_text, resolve_filesystem
-from raypack.output import write_whole
+from raypack.io.fs import error_text, resolve_filesystem
+from raypack.packed.writer import write_whole
+from raypack.rules.core import Chunks
 
 INDEX_NAME = "index.json"
 DEFAULT_SIZE_LIMIT = 1 << 26
@@ -315,7 +315,7 @@ def decode_shard(data: Any, entry: dict[str, Any], where: str) -> Chunks:
 def read_shard(out_dir: str, entry: dict[str, Any]) -> Any:
     """The bytes of shard ``entry`` of ``out_dir`` (memory-mapped when local), opened only as a plain
     file directly inside the directory whose size is the entry's ``raw_data.bytes``."""
-    from raypack.manifest import _open_local, _open_remote
+    from raypack.packed.manifest import _open_local, _open_remote
 
     fs, base = resolve_filesystem(out_dir)
     path = posixpath.join(base.rstrip("/"), entry["raw_data"]["basename"])

@@ -47,8 +47,8 @@ import pyarrow.fs as pafs
 from raypack.errors import InputError
 from raypack.export.base import Exporter, ExportMismatch, cast_tokens
 from raypack.export.sources import DocumentBatch, Part, Source
-from raypack.fs import is_uri, resolve_filesystem
-from raypack.output import TMP_PREFIX, AtomicFile, write_whole
+from raypack.io.fs import is_uri, resolve_filesystem
+from raypack.packed.writer import TMP_PREFIX, AtomicFile, write_whole
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
 DTYPE_CODES = {"uint8": 1, "int8": 2, "int16": 3, "int32": 4, "int64": 5, "uint16": 8}

@@ -30,13 +30,13 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from raypack.core import Chunks
 from raypack.errors import InputError
-from raypack.fs import error_text, resolve_filesystem
-from raypack.manifest import load_manifest, side_columns_of
-from raypack.output import MANIFEST_NAME
+from raypack.io.fs import error_text, resolve_filesystem
+from raypack.packed.manifest import load_manifest, side_columns_of
+from raypack.packed.writer import MANIFEST_NAME
+from raypack.rules.core import Chunks
 from raypack.strategies import strategy_of_manifest
-from raypack.tokenized import TOKEN_COLUMN, load_tokenized_manifest, tokenized_inputs
+from raypack.tokenize.corpus import TOKEN_COLUMN, load_tokenized_manifest, tokenized_inputs
 
 BATCH_TOKENS = 4 << 20
 """About this many tokens per :class:`DocumentBatch` (memory); a longer document is one batch."""
@@ -103,7 +103,7 @@ class Source:
         self.path, self.kind, self.token_dtype, self.parts, self.files = path, kind, token_dtype, parts, files
         self.in_doc_order = in_doc_order
         self.extra_columns = extra_columns
-        """A packed output's side column names (raypack.side_columns), which no export holds."""
+        """A packed output's side column names (raypack.rules.side_columns), which no export holds."""
 
     @property
     def num_docs(self) -> int:
@@ -123,7 +123,7 @@ class Source:
 
     def chunk_parts(self) -> list[ChunkPart]:
         """A packed output's chunk files as parts, in order (reads the manifest, opens no chunk file)."""
-        from raypack.packed import read_packed
+        from raypack.packed.reader import read_packed
 
         if self.kind != "packed":
             raise ValueError(f"{self.path} is a {self.kind} source; only a packed output has chunks")
@@ -133,7 +133,7 @@ class Source:
 
     def chunks(self, part: ChunkPart) -> Iterator[Chunks]:
         """Part ``part``'s chunks in order, one :class:`Chunks` view per record batch (the source's dtype)."""
-        from raypack.packed import read_packed
+        from raypack.packed.reader import read_packed
 
         with read_packed(self.path) as ds:
             yield from ds.pieces(part.chunk_start, part.chunk_end)
@@ -221,7 +221,7 @@ def _list_batch(column: pa.ListArray, path: str) -> DocumentBatch:
 def _packed_batches(path: str, part: Part) -> Iterator[DocumentBatch]:
     """The part's documents read from the chunks: lengths from the segments, then the tokens in
     batches cut at document ends. Cost: one pass over the part's segments, one over its tokens."""
-    from raypack.packed import read_packed
+    from raypack.packed.reader import read_packed
 
     with read_packed(path) as ds:
         doc_lens = _packed_doc_lens(ds, part)

@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from raypack.errors import InputError
-from raypack.manifest import DEFAULT_STRATEGY, _show
+from raypack.packed.manifest import DEFAULT_STRATEGY, _show
 from raypack.strategies.base import PackingStrategy, StrategyFigures
 from raypack.strategies.best_fit import BestFit
 from raypack.strategies.concat import Concat
@@ -22,7 +22,7 @@ __all__ = ["DEFAULT_STRATEGY", "STRATEGIES", "PackingStrategy", "StrategyFigures
            "default_strategy", "make_strategy", "option_fields", "strategy_names", "strategy_of_manifest"]
 
 STRATEGIES: dict[str, type[PackingStrategy]] = {"concat": Concat, "best_fit": BestFit}
-# DEFAULT_STRATEGY (raypack.manifest): the strategy of a config without ``strategy`` and of a
+# DEFAULT_STRATEGY (raypack.packed.manifest): the strategy of a config without ``strategy`` and of a
 # manifest without ``"strategy"``.
 
 

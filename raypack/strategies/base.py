@@ -9,23 +9,23 @@ may give ``help``, ``metavar``, ``doc``, ``type`` (the CLI type when the default
 config is refused rather than the option ignored).
 
 What the rest of raypack asks of a strategy, and who asks:
-  - the shard packer (:meth:`make_shard_packer`; raypack.shard_pack) and, when
+  - the shard packer (:meth:`make_shard_packer`; raypack.pack.packer) and, when
     :attr:`needs_counting_pass`, the first pass that counts a shard's chunks from its document
-    lengths (:meth:`make_chunk_counter`; raypack.shard_pack.count_task, run by raypack.job and
-    raypack.pipeline);
-  - how many chunks a plan makes (:meth:`num_chunks`; raypack.plan) and where a large shard may
-    be split into tasks (:meth:`task_starts`; raypack.plan);
+    lengths (:meth:`make_chunk_counter`; raypack.pack.packer.count_task, run by raypack.pack.job and
+    raypack.engine.pipeline);
+  - how many chunks a plan makes (:meth:`num_chunks`; raypack.pack.plan) and where a large shard may
+    be split into tasks (:meth:`task_starts`; raypack.pack.plan);
   - its manifest fields, written once at top level (:meth:`manifest_fields`), read back
-    validated (:meth:`from_manifest`, :meth:`check_manifest`; raypack.manifest), and its extras in
-    each ``shards[k]`` row (:meth:`shard_row_extras`; raypack.assemble);
-  - the stats splitter (:meth:`make_split_finder`; raypack.stats), the dry-run figures
-    (:meth:`dry_run_figures`; raypack.dry_run), the summary's description (:meth:`describe`;
-    raypack.job);
+    validated (:meth:`from_manifest`, :meth:`check_manifest`; raypack.packed.manifest), and its extras in
+    each ``shards[k]`` row (:meth:`shard_row_extras`; raypack.pack.assemble);
+  - the stats splitter (:meth:`make_split_finder`; raypack.cli.stats), the dry-run figures
+    (:meth:`dry_run_figures`; raypack.pack.dry_run), the summary's description (:meth:`describe`;
+    raypack.pack.job);
   - the verify structure check, named by :attr:`verify_structure_name` and imported on demand
     (:meth:`verify_structure`), so that packing never imports verify. raypack.verify asks
     ``strategy_of_manifest(manifest).verify_structure()`` for the class it builds;
   - a fingerprint of its settings (:meth:`fingerprint`): equal exactly when name and options are.
-No Ray here; the per-strategy modules keep the token math in raypack.core / raypack.best_fit.
+No Ray here; the per-strategy modules keep the token math in raypack.rules.core / raypack.rules.best_fit.
 """
 
 from __future__ import annotations
@@ -40,19 +40,19 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
 import numpy as np
 
 from raypack.errors import InputError
-from raypack.manifest import _show
+from raypack.packed.manifest import _show
 
 if TYPE_CHECKING:
-    from raypack.core import Chunks, Fragment
-    from raypack.plan import Plan
-    from raypack.tasks import PackSettings, ShardTask
+    from raypack.pack.plan import Plan
+    from raypack.pack.tasks import PackSettings, ShardTask
+    from raypack.rules.core import Chunks, Fragment
 
 MAX_OPTION_INT = 1 << 53
-"""Largest integer option (as :data:`raypack.manifest.MAX_COUNT`): far inside int64 arithmetic."""
+"""Largest integer option (as :data:`raypack.packed.manifest.MAX_COUNT`): far inside int64 arithmetic."""
 
 
 class ShardPacker(Protocol):
-    """Packs one shard's documents in order (raypack.shard_pack drives it)."""
+    """Packs one shard's documents in order (raypack.pack.packer drives it)."""
 
     first_chunk: int
     """Global index of the first chunk this shard writes."""
@@ -74,7 +74,7 @@ class ChunkCounter(Protocol):
 
 
 class SplitFinder(Protocol):
-    """Finds split documents while raypack.stats streams an output's segment columns."""
+    """Finds split documents while raypack.cli.stats streams an output's segment columns."""
 
     def add(self, seg_ids: np.ndarray, seg_lens: np.ndarray, offsets: np.ndarray) -> None: ...
     def split_ids(self) -> np.ndarray: ...
@@ -174,7 +174,7 @@ class PackingStrategy:
         return strategy
 
     def check_manifest(self, manifest: dict[str, Any], where: str) -> None:
-        """Strategy-specific consistency of a manifest already checked by raypack.manifest."""
+        """Strategy-specific consistency of a manifest already checked by raypack.packed.manifest."""
 
     def shard_row_extras(self, task: ShardTask) -> dict[str, Any]:
         """Extra keys of the manifest's ``shards[k]`` row for ``task``."""
@@ -188,13 +188,13 @@ class PackingStrategy:
     def task_starts(self, unit_first_rows: np.ndarray) -> np.ndarray:
         """Which units (row groups, record batches) a task may start at, given each unit's first
         row in its shard ((n,) int64 -> (n,) bool; unit 0 is always allowed). A task starting
-        there must pack exactly like a shard whose documents start there (raypack.plan.shard_tasks).
+        there must pack exactly like a shard whose documents start there (raypack.pack.plan.shard_tasks).
         Default: every unit (a strategy whose chunks follow token offsets alone)."""
         return np.ones(unit_first_rows.shape, dtype=bool)
 
     def make_chunk_counter(self, context_length: int) -> ChunkCounter:
         """Counts the chunks a task packs into from its (kept) document lengths, pushed in order
-        (only when :attr:`needs_counting_pass`; raypack.shard_pack.count_task reads them)."""
+        (only when :attr:`needs_counting_pass`; raypack.pack.packer.count_task reads them)."""
         raise RuntimeError(f"internal error: strategy {self.name} has no counting pass")
 
     def num_chunks(self, plan: Plan) -> int:

@@ -1,5 +1,5 @@
 """``best_fit``: best-fit decreasing within windows of a shard's documents (rules and token math:
-raypack/best_fit.py). A document of at most C tokens is never cut; every chunk may end with padding.
+raypack/rules/best_fit.py). A document of at most C tokens is never cut; every chunk may end with padding.
 
 Windows never span shards, so a shard owns all of its chunks and has no edge fragments; how many
 it has is known only after best-fit packing its windows, so the driver first runs
@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from raypack.best_fit import BestFitChunkCounter, BestFitPacker
-from raypack.core import Chunks
 from raypack.errors import InputError
-from raypack.manifest import _int_field, _show
+from raypack.packed.manifest import _int_field, _show
+from raypack.rules.best_fit import BestFitChunkCounter, BestFitPacker
+from raypack.rules.core import Chunks
 from raypack.strategies.base import PackingStrategy, StrategyFigures, percent
 
 if TYPE_CHECKING:
-    from raypack.plan import Plan
-    from raypack.tasks import PackSettings, ShardTask
+    from raypack.pack.plan import Plan
+    from raypack.pack.tasks import PackSettings, ShardTask
 
 DRY_RUN_WINDOWS = (1024, 4096, 16384, 65536)
 """Windows whose padding ``--dry-run`` also reports, beside the configured one."""

@@ -3,7 +3,7 @@
 A shard owns every chunk that lies entirely inside its slice ``[token_offset, token_offset +
 num_tokens)`` of the global stream; the tokens before its first chunk boundary (its *head*) and
 after its last one (its *tail*) belong to chunks shared with neighbours and go back to the
-driver as :class:`~raypack.core.Fragment` s to stitch. The token math is raypack.core's.
+driver as :class:`~raypack.rules.core.Fragment` s to stitch. The token math is raypack.rules.core's.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from raypack.core import Chunks, StreamPacker, split_document_mask
+from raypack.rules.core import Chunks, StreamPacker, split_document_mask
 from raypack.strategies.base import PackingStrategy, StrategyFigures
 
 if TYPE_CHECKING:
-    from raypack.plan import Plan
-    from raypack.tasks import PackSettings, ShardTask
+    from raypack.pack.plan import Plan
+    from raypack.pack.tasks import PackSettings, ShardTask
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,9 +3,9 @@
 ``verify_output(out, inputs)`` streams the output with bounded memory and stops at the FIRST
 discrepancy, raising :class:`VerifyError` with a message naming it (file, chunk, position,
 doc id, expected vs found). numpy and pyarrow only, no Ray; the output is read with plain
-pyarrow, independently of ``raypack.packed``. Checks, in this order, one module each:
+pyarrow, independently of ``raypack.packed.reader``. Checks, in this order, one module each:
 
-  0. Manifest: it passes :func:`raypack.manifest.load_manifest` (format version 2 or 3, every field
+  0. Manifest: it passes :func:`raypack.packed.manifest.load_manifest` (format version 2 or 3, every field
      typed and in range, file names after their first chunk and hash, files tiling chunks
      ``0..n-1``; for best_fit also ``best_fit_window`` and the shards' chunk ranges).
   1. Files (:mod:`.files`): every listed file exists, no unlisted ``chunks-*.arrow`` does, each
@@ -40,8 +40,7 @@ import time
 from typing import Any, Sequence
 
 from raypack.errors import InputError
-from raypack.long_docs import DEFAULT_LONG_DOCS
-from raypack.manifest import (
+from raypack.packed.manifest import (
     MIX_KIND,
     load_manifest,
     long_docs_of,
@@ -50,7 +49,8 @@ from raypack.manifest import (
     side_columns_of,
     strategy_of,
 )
-from raypack.output import MANIFEST_NAME
+from raypack.packed.writer import MANIFEST_NAME
+from raypack.rules.long_docs import DEFAULT_LONG_DOCS
 from raypack.strategies import strategy_of_manifest
 from raypack.verify.files import check_files
 from raypack.verify.inputs import INPUT_BATCH_DOCS, compare_with_inputs, resolve_inputs
@@ -89,7 +89,7 @@ def verify_output(
     if isinstance(batch_chunks, bool) or not isinstance(batch_chunks, int) or batch_chunks < 1:
         raise ValueError(f"batch_chunks={batch_chunks!r} must be an integer >= 1")
     data, where = _read_json(out)
-    if isinstance(data, dict) and data.get("kind") == MIX_KIND:  # read through raypack.mixed: verify.mix
+    if isinstance(data, dict) and data.get("kind") == MIX_KIND:  # read through raypack.mix.dataset: verify.mix
         return verify_mix(out, data, where, inputs)
     manifest = _load_manifest(out)
     fs, base = resolve_output(out)
@@ -141,7 +141,7 @@ def _read_json(out: str) -> tuple[Any, str]:
 
 
 def _load_manifest(out: str) -> dict[str, Any]:
-    """The manifest, checked by :func:`raypack.manifest.load_manifest`; its InputError becomes a VerifyError."""
+    """The manifest, checked by :func:`raypack.packed.manifest.load_manifest`; its InputError becomes a VerifyError."""
     try:
         return load_manifest(out)
     except InputError as e:

@@ -1,7 +1,7 @@
-"""The best_fit structure check (manifest ``"strategy": "best_fit"``), after :mod:`raypack.best_fit`.
+"""The best_fit structure check (manifest ``"strategy": "best_fit"``), after :mod:`raypack.rules.best_fit`.
 
 ``BestFitStructure(manifest, keep_tokens=...)``: ``manifest`` as loaded by
-:func:`raypack.manifest.load_manifest` (which also checked ``best_fit_window``, N >= 0, and the
+:func:`raypack.packed.manifest.load_manifest` (which also checked ``best_fit_window``, N >= 0, and the
 shards' ``first_chunk``/``num_chunks``: ranges that tile the chunks in shard order). Checks:
 
   1. Per block: chunk indices and segment lengths as for every strategy; per chunk, documents first

@@ -21,9 +21,9 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from raypack.manifest import side_columns_of
-from raypack.output import CHUNK_FILE_VERSION, side_arrow_type
-from raypack.side_columns import SideColumn, combine, record_dtype
+from raypack.packed.manifest import side_columns_of
+from raypack.packed.writer import CHUNK_FILE_VERSION, side_arrow_type
+from raypack.rules.side_columns import SideColumn, combine, record_dtype
 from raypack.verify.files import open_file
 from raypack.verify.report import VerifyError
 
@@ -37,7 +37,7 @@ class Block(NamedTuple):
     """``n`` consecutive rows of one chunk file, decoded (views of the file where possible).
 
     chunk_indices: (n,) int64.  input_ids: (n, C) token dtype; with side columns, structured
-    records (raypack.side_columns.record_dtype) holding each token with its side values.
+    records (raypack.rules.side_columns.record_dtype) holding each token with its side values.
     segment_offsets: (n + 1,) int64 from 0.  segment_doc_ids: (S,) int64.  segment_lengths: (S,) int32.
     """
 

@@ -27,7 +27,7 @@ class ConcatStructure(Structure):
     """Checks concat blocks in global order and carries what spans them (last doc id, counts).
 
     ``ConcatStructure(manifest, keep_tokens=...)``: ``manifest`` as loaded by
-    :func:`raypack.manifest.load_manifest`; ``keep_tokens`` is accepted for the common constructor
+    :func:`raypack.packed.manifest.load_manifest`; ``keep_tokens`` is accepted for the common constructor
     and changes nothing (every piece is handed on at once, as views of its block).
     """
 

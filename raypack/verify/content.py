@@ -2,7 +2,7 @@
 
 Fed every block in global order by :func:`raypack.verify.structure.output_pieces`, after the
 block's file passed its sha256 check, so the digest is of the bytes the manifest vouches for.
-Definition: raypack.content_digest and docs/FORMAT.md. Cost: each chunk's bytes hashed once,
+Definition: raypack.rules.content_digest and docs/FORMAT.md. Cost: each chunk's bytes hashed once,
 three hashlib calls per chunk, O(1) memory. A version 2 manifest's ``content_sha256`` hashes the
 files' digests instead and is checked with them (:mod:`raypack.verify.files`).
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from raypack.content_digest import ContentHasher
-from raypack.manifest import side_columns_of
-from raypack.side_columns import split_fields
+from raypack.packed.manifest import side_columns_of
+from raypack.rules.content_digest import ContentHasher
+from raypack.rules.side_columns import split_fields
 from raypack.verify.blocks import Block
 from raypack.verify.report import VerifyError
 

@@ -1,7 +1,7 @@
 """Check 1, the files: listed ones present, none unlisted, sizes and sha256 as the manifest records
 (and, for a format version 2 manifest, its ``content_sha256`` from those sha256 digests).
 
-Every file is opened only through :func:`raypack.manifest.open_chunk_file` (a plain file directly
+Every file is opened only through :func:`raypack.packed.manifest.open_chunk_file` (a plain file directly
 inside the output directory: no symlink, even one whose target hashes right, no FIFO) and hashed
 streaming, ``HASH_BLOCK_BYTES`` at a time. Hashing comes before decoding, so nothing later decodes
 a file whose bytes are not the ones the manifest vouches for. Cost: one read of every byte.
@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from raypack.errors import InputError
-from raypack.manifest import open_chunk_file
-from raypack.output import CHUNK_FILE_RE, MANIFEST_NAME, files_sha256
+from raypack.packed.manifest import open_chunk_file
+from raypack.packed.writer import CHUNK_FILE_RE, MANIFEST_NAME, files_sha256
 from raypack.verify.report import VerifyError
 
 __all__ = ["HASH_BLOCK_BYTES", "check_files", "open_file"]
@@ -28,7 +28,7 @@ HASH_BLOCK_BYTES = 8 << 20
 
 
 def open_file(fs: pafs.FileSystem, base: str, entry: dict[str, Any]) -> pa.NativeFile:
-    """The manifest's file ``entry`` through :func:`raypack.manifest.open_chunk_file` (a plain file
+    """The manifest's file ``entry`` through :func:`raypack.packed.manifest.open_chunk_file` (a plain file
     directly inside ``base`` of ``num_bytes`` bytes); its InputError becomes a VerifyError."""
     try:
         return open_chunk_file(fs, base, entry["path"], entry["num_bytes"])

@@ -23,14 +23,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from raypack.core import cast_tokens, flatten_documents
 from raypack.errors import InputError
-from raypack.formats import SHARD_SUFFIXES, iter_document_batches, shard_format
-from raypack.fs import is_uri as fs_is_uri
-from raypack.fs import resolve_filesystem
-from raypack.manifest import CUT_KEYS, long_docs_of, side_columns_of
-from raypack.shards import discover_shards
-from raypack.side_columns import SideColumn, combine, record_dtype
+from raypack.inputs.formats import SHARD_SUFFIXES, iter_document_batches, shard_format
+from raypack.inputs.shards import discover_shards
+from raypack.io.fs import is_uri as fs_is_uri
+from raypack.io.fs import resolve_filesystem
+from raypack.packed.manifest import CUT_KEYS, long_docs_of, side_columns_of
+from raypack.rules.core import cast_tokens, flatten_documents
+from raypack.rules.side_columns import SideColumn, combine, record_dtype
 from raypack.verify.blocks import Piece
 from raypack.verify.report import VerifyError
 

@@ -1,9 +1,9 @@
-"""``raypack verify MIX``: a mix (raypack.mixed) is checked through its sources.
+"""``raypack verify MIX``: a mix (raypack.mix.dataset) is checked through its sources.
 
-  1. The mix's manifest passes :func:`raypack.mixed.check_mix_manifest` (fields typed and in
+  1. The mix's manifest passes :func:`raypack.mix.dataset.check_mix_manifest` (fields typed and in
      range, shares and passes equal to the rules' apportionment of its weights).
   2. Every source's manifest still records the ``content_sha256``, chunk count, context length,
-     token dtype and pad token the mix recorded (:func:`raypack.mixed.check_sources`): a source
+     token dtype and pad token the mix recorded (:func:`raypack.mix.dataset.check_sources`): a source
      that changed is one line naming it, since the mix's items would no longer be what it promised.
   3. Every source is verified as an output of its own, without its inputs
      (:func:`raypack.verify.verify_output` with ``inputs=[]``: every byte hashed, the structure
@@ -44,7 +44,7 @@ class MixVerifyReport:
 def verify_mix(out: str, data: Any, where: str, inputs: Sequence[str] | None = None) -> MixVerifyReport:
     """Check the mix at ``out`` (parsed manifest ``data`` read from ``where``); VerifyError at the first
     discrepancy. ``inputs`` must be None or empty: a mix has no inputs of its own."""
-    from raypack.mixed import check_mix_manifest, check_sources, source_location
+    from raypack.mix.dataset import check_mix_manifest, check_sources, source_location
     from raypack.verify import verify_output
 
     if inputs:

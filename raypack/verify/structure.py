@@ -1,7 +1,7 @@
 """Check 2, the structure: what every strategy's check shares, and the loop that drives one.
 
 A structure check is a class built as ``Check(manifest, *, keep_tokens)`` from a manifest that
-passed :func:`raypack.manifest.load_manifest` (``keep_tokens``: the pieces it returns will be
+passed :func:`raypack.packed.manifest.load_manifest` (``keep_tokens``: the pieces it returns will be
 compared with the inputs, so a check that holds chunks back must keep their tokens too). It is fed
 every block in global order by :func:`output_pieces` and turns them into the output's non-padding
 stream of :class:`~raypack.verify.blocks.Piece` s, in doc id order:
@@ -26,9 +26,9 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import pyarrow.fs as pafs
 
-from raypack.manifest import side_columns_of
-from raypack.output import MANIFEST_NAME
-from raypack.side_columns import pad_record
+from raypack.packed.manifest import side_columns_of
+from raypack.packed.writer import MANIFEST_NAME
+from raypack.rules.side_columns import pad_record
 from raypack.verify.blocks import Block, Piece, iter_blocks, row_of_segment
 from raypack.verify.content import ContentCheck
 from raypack.verify.report import VerifyError
@@ -44,7 +44,7 @@ class Structure:
         columns = side_columns_of(manifest)
         self.pad_token = pad_record(manifest["pad_token"], columns, manifest["token_dtype"]) if columns \
             else manifest["pad_token"]
-        """The pad token, or with side columns the padding's record (raypack.side_columns)."""
+        """The pad token, or with side columns the padding's record (raypack.rules.side_columns)."""
         self.keep_tokens = keep_tokens
         self.window: int | None = None
         """Documents per packing window (0: a whole shard); None for a strategy without windows."""

@@ -1,7 +1,7 @@
 """Where things lie in a best_fit output, and how verify's messages name them.
 
 :class:`WindowMap` holds the per-shard and per-file arrays of a best_fit manifest (as loaded by
-:func:`raypack.manifest.load_manifest`): which shard and which window a doc id belongs to, which
+:func:`raypack.packed.manifest.load_manifest`): which shard and which window a doc id belongs to, which
 shard's chunk range holds a chunk, and the labels messages use for a doc id, a window, a chunk
 position. Windows are numbered globally, shard after shard: shard k's rows ``[w*N, (w+1)*N)`` are
 its window w (N = ``best_fit_window``; N=0: the whole shard, one window, none for an empty shard).

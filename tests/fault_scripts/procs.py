@@ -104,7 +104,7 @@ def staging_dirs(output: str) -> list[str]:
 
 
 def final_name(tmp_path: str) -> str:
-    """``.tmp-<uuid hex>-chunks-N.arrow`` -> ``chunks-N-`` (see raypack.output: the final name
+    """``.tmp-<uuid hex>-chunks-N.arrow`` -> ``chunks-N-`` (see raypack.packed.writer: the final name
     adds the file's hash)."""
     base = os.path.basename(tmp_path)
     assert base.startswith(TMP_PREFIX), base

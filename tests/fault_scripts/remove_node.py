@@ -33,8 +33,8 @@ from ray.cluster_utils import Cluster
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import procs  # noqa: E402
 
-from raypack.config import make_config  # noqa: E402
-from raypack.job import run_pack  # noqa: E402
+from raypack.pack.config import make_config  # noqa: E402
+from raypack.pack.job import run_pack  # noqa: E402
 
 
 def raylet_pid(node) -> int:

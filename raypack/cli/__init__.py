@@ -1,0 +1,391 @@
+"""Command line: ``raypack pack``, ``tokenize``, ``verify``, ``stats``, ``export``, ``mix``. Bad input: exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import logging
+import sys
+from typing import Any, Mapping, Sequence
+
+from raypack import __version__
+from raypack.errors import InputError
+from raypack.pack.config import TOKEN_DTYPES, PackConfig, flag_of, load_config
+from raypack.strategies import DEFAULT_STRATEGY, STRATEGIES, option_fields, strategy_names
+
+DESCRIPTION = "Pack tokenized corpora into fixed-length context windows with Ray Data, identically at any parallelism."
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="raypack", description=DESCRIPTION,
+                                     epilog="raypack COMMAND --help shows a command's flags and their defaults")
+    parser.add_argument("--version", action="version", version=f"raypack {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    pack = commands.add_parser("pack", help="pack sharded tokenized corpora into fixed-length chunks")
+    pack.add_argument("--config", help="a TOML config (configs/*.toml); flags override its keys")
+    pack.add_argument("--input", dest="inputs", action="append", metavar="PATH",
+                      help="shard file, directory or glob (repeatable; order kept)")
+    pack.add_argument("--output", help="output directory")
+    pack.add_argument("--context-length", type=int, metavar="C",
+                      help="tokens per chunk (required, or context_length in --config)")
+    pack.add_argument("--pad-token", type=int, metavar="ID", help="token id that fills the end of the last chunk")
+    pack.add_argument("--token-column", metavar="NAME", help="the inputs' column (or key) of token ids")
+    pack.add_argument("--token-dtype", metavar="DTYPE",
+                      help=f"the output's token type, one of {', '.join(TOKEN_DTYPES)} (auto: the narrowest type "
+                           "every input's type fits in)")
+    pack.add_argument("--extra-columns", type=_comma_list, metavar="NAME[=FILL],...",
+                      help="per-token list columns of the inputs (integers or bools, one value per token) packed "
+                           "with the tokens, e.g. loss_mask,labels=-100 (FILL: the value on padding, default 0)")
+    pack.add_argument("--workers", dest="num_workers", type=int, help="packer actors")
+    pack.add_argument("--read-batch-size", type=int,
+                      help="documents per record batch read (0: from each shard's mean document length)")
+    pack.add_argument("--read-batch-tokens", type=int, metavar="TOKENS",
+                      help="tokens a packer takes at once (memory): per read batch with read batch size 0, "
+                           "and at most per slice of a long document")
+    pack.add_argument("--long-docs", metavar="split|truncate|drop",
+                      help="a document longer than C: split it across chunks, truncate it to its first C tokens, "
+                           "or drop it")
+    pack.add_argument("--chunks-per-record-batch", type=int, metavar="N", help="chunks per Arrow record batch written")
+    pack.add_argument("--task-tokens", type=int, metavar="TOKENS",
+                      help="split a larger Parquet / Arrow IPC shard into tasks of whole row groups / record "
+                           "batches of at least this many tokens (0: one task per shard)")
+    pack.add_argument("--worker-num-cpus", type=float, metavar="CPUS", help="CPUs each packer actor reserves")
+    _add_strategy_arguments(pack)
+    pack.add_argument("--dry-run", action="store_true",
+                      help="print what every strategy would give on a sample; write nothing")
+    pack.add_argument("--sample-docs", type=int, metavar="N",
+                      help="with --dry-run: the first N documents of the stream (0: all)")
+    pack.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded local Ray)")
+    pack.add_argument("--overwrite", action="store_true", default=None, help="replace a non-empty output directory")
+    pack.add_argument("--resume", action="store_true",
+                      help="finish an interrupted run: keep shards whose output verifies, pack the rest")
+    pack.add_argument("--progress-timeout", dest="progress_timeout_s", type=float, metavar="SECONDS",
+                      help="report a packer that makes no progress on its shard for this long (0: never)")
+    pack.add_argument("--restart-stalled", action="store_true", default=None,
+                      help="on Ray, also end a stalled packer so that Ray restarts it and packs its shard again")
+    pack.add_argument("--verify-inputs", action="store_true", default=None,
+                      help="identify inputs by the sha256 of all their bytes, not only size and first/last MiB "
+                           "(and Parquet footer): costs one more full read of every shard when packing, and of "
+                           "every kept shard on --resume; a record made without it is not reused with it")
+    pack.add_argument("--local", action="store_true", help="pack in this process, without Ray")
+    pack.add_argument("--tokenizer", metavar="SPEC",
+                      help="the inputs are text: tokenize them first (tokenizer.json, its directory, or tiktoken:NAME)")
+    _add_text_arguments(pack)
+    text_defaults = {k: v for k, v in _text_defaults().items() if k in _TEXT_ARGUMENTS}
+    _show_defaults(pack, {**text_defaults, "sample_docs": _sample_docs_default(), **PackConfig().to_dict()})
+    tokenize = commands.add_parser("tokenize", help="tokenize text (Parquet or JSON Lines) into a tokenized corpus")
+    tokenize.add_argument("--input", dest="inputs", action="append", metavar="PATH", required=True,
+                          help="text file, directory or glob (repeatable; order kept)")
+    tokenize.add_argument("--output", required=True, help="output directory")
+    tokenize.add_argument("--tokenizer", metavar="SPEC", required=True,
+                          help="a tokenizer.json, a directory holding one, or tiktoken:NAME")
+    tokenize.add_argument("--token-dtype", default=_text_defaults()["token_dtype"],
+                          help="auto (narrowest holding the vocabulary), uint8, uint16, uint32")
+    tokenize.add_argument("--workers", dest="num_workers", type=int, default=_tokenize_defaults()["num_workers"],
+                          help="tokenizer actors")
+    tokenize.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded local Ray)")
+    tokenize.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    tokenize.add_argument("--resume", action="store_true",
+                          help="finish an interrupted run: keep tasks whose output verifies")
+    tokenize.add_argument("--local", action="store_true", help="tokenize in this process, without Ray")
+    _add_text_arguments(tokenize)
+    for sub in (pack, tokenize):
+        sub.add_argument("-v", "--verbose", action="store_true", help="also show Ray's own logs on the terminal")
+    _show_defaults(tokenize, _text_defaults())
+    verify = commands.add_parser("verify", help="audit a packed output against its manifest and its inputs")
+    verify.add_argument("output", metavar="OUT", help="packed output directory")
+    verify.add_argument("--input", dest="inputs", action="append", metavar="PATH",
+                        help="input shards to compare with (default: the manifest's shards, if present)")
+    verify.add_argument("--no-inputs", action="store_true", help="check the output alone")
+    verify.add_argument("--token-column", help="token column of the inputs (default: the manifest's)")
+    stats = commands.add_parser("stats", help="how well an output packed: padding, split documents, fragments")
+    stats.add_argument("output", metavar="OUT", help="packed output directory")
+    stats.add_argument("--plot", metavar="PNG", help=f"also write a plot (needs {PLOT_EXTRA})")
+    _add_export_parser(commands)
+    _add_mix_parser(commands)
+    return parser
+
+
+def _add_mix_parser(commands) -> None:
+    mix = commands.add_parser("mix", help="an index-only training order over packed outputs: weighted shares, "
+                                          "passes and a seeded shuffle (docs/MIX.md)")
+    mix.add_argument("--config", help="a TOML config: output, num_chunks, seed, [[sources]] path and weight")
+    mix.add_argument("--source", dest="sources", action="append", metavar="OUT",
+                     help="a packed output (repeatable, order kept; replaces the config's sources)")
+    mix.add_argument("--weight", dest="weights", action="append", metavar="W",
+                     help="the weight of the --source at the same place (positive; need not sum to 1)")
+    mix.add_argument("--num-chunks", type=int, metavar="N", help="items of the mix")
+    mix.add_argument("--seed", type=int, help="the order's seed, 0..2**64-1 (default: 0)")
+    mix.add_argument("--output", help="the mix directory (holds a manifest only)")
+    mix.add_argument("--overwrite", action="store_true", default=None, help="replace an existing output")
+
+
+def _run_mix(args: argparse.Namespace) -> int:
+    from raypack.mix.dataset import load_mix_config, run_mix
+
+    sources = args.sources or []
+    weights = args.weights or []
+    if len(sources) != len(weights):
+        raise InputError(f"{len(sources)} --source but {len(weights)} --weight; give one --weight after each --source")
+    pairs = [(path, _number(text)) for path, text in zip(sources, weights)] or None
+    config = load_mix_config(args.config, sources=pairs, output=args.output, num_chunks=args.num_chunks,
+                             seed=args.seed, overwrite=args.overwrite)
+    print("\n".join(run_mix(config).lines()))
+    return 0
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError as e:
+        raise InputError(f"--weight {text}: not a number") from e
+
+
+def _add_export_parser(commands) -> None:
+    from raypack.export import EXPORTERS
+
+    export = commands.add_parser("export", help="write a tokenized corpus or a packed output in another format")
+    export.add_argument("source", metavar="SRC", help="a tokenized corpus (raypack tokenize) or a packed output")
+    export.add_argument("--format", required=True,
+                        help="; ".join(f"{name}: {cls.summary}" for name, cls in EXPORTERS.items()))
+    export.add_argument("--output", required=True, help="where to write (the format says what: a prefix, a directory)")
+    export.add_argument("--token-dtype", metavar="DTYPE", help="the exported token type (default: the source's)")
+    export.add_argument("--workers", type=int, default=1, help="local processes writing parts (default: 1)")
+    export.add_argument("--overwrite", action="store_true", help="replace an existing export")
+    export.add_argument("--verify", action="store_true", help="after writing, compare the export with its source")
+    export.add_argument("--verify-only", action="store_true",
+                        help="write nothing: compare an existing export with its source")
+
+
+PLOT_EXTRA = 'pip install "raypack[plot]"'
+
+
+def _comma_list(text: str) -> tuple[str, ...]:
+    """``a,b=1`` -> ``("a", "b=1")`` (empty items dropped)."""
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+def _show_defaults(parser: argparse.ArgumentParser, defaults: Mapping[str, Any]) -> None:
+    """Append ``(default: X)`` to every flag's help that names no default, X taken from ``defaults`` by
+    the flag's dest, else from the flag's own default; flags without one (None, "", ()) are left as they are."""
+    for action in parser._actions:
+        if action.dest == "help" or "default" in (action.help or "") or "required" in (action.help or ""):
+            continue
+        value = defaults.get(action.dest, action.default)
+        if value is None or value == "" or (isinstance(value, (list, tuple)) and not value):
+            continue
+        shown = ("on" if value else "off") if isinstance(value, bool) else value
+        action.help = f"{action.help} (default: {shown})" if action.help else f"default: {shown}"
+
+
+def _text_defaults() -> dict[str, Any]:
+    """TextOptions' field defaults by name (the text flags of pack and tokenize)."""
+    from raypack.tokenize.job import TextOptions
+
+    return {f.name: f.default for f in dataclasses.fields(TextOptions) if f.default is not dataclasses.MISSING}
+
+
+def _tokenize_defaults() -> dict[str, Any]:
+    from raypack.tokenize.job import TokenizeConfig
+
+    return {f.name: f.default for f in dataclasses.fields(TokenizeConfig) if f.default is not dataclasses.MISSING}
+
+
+def _sample_docs_default() -> int:
+    from raypack.pack.dry_run import dry_run
+
+    return inspect.signature(dry_run).parameters["sample_docs"].default
+
+
+def _add_strategy_arguments(pack: argparse.ArgumentParser) -> None:
+    """``--strategy`` with the registered names, and one flag per strategy option (its key with dashes)."""
+    pack.add_argument("--strategy", choices=strategy_names(),
+                      help="; ".join(f"{name}{' (default)' if name == DEFAULT_STRATEGY else ''}: {cls.summary}"
+                                     for name, cls in STRATEGIES.items()))
+    for key, (_, field) in option_fields().items():
+        kind = field.metadata.get("type", type(field.default))  # a default of None names its type; a bool: a switch
+        how = {"action": "store_true", "default": None} if kind is bool else {"type": kind,
+                                                                               "metavar": field.metadata.get("metavar")}
+        pack.add_argument("--" + key.replace("_", "-"), *field.metadata.get("aliases", ()),
+                          help=field.metadata.get("help"), **how)
+
+
+_TEXT_ARGUMENTS = ("text_column", "bos", "eos", "task_rows", "task_bytes")
+
+
+def _add_text_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--text-column", help="the text column (Parquet) or key (JSON Lines)")
+    parser.add_argument("--bos", metavar="TOKEN|ID", help="a token (or, if digits, an id) put before every document")
+    parser.add_argument("--eos", metavar="TOKEN|ID", help="a token (or, if digits, an id) put after every document")
+    parser.add_argument("--task-rows", type=int,
+                        help="Parquet: rows per tokenize task (whole row groups)")
+    parser.add_argument("--task-bytes", type=int, help="JSON Lines: bytes per tokenize task")
+
+
+def _text_options(args: argparse.Namespace, token_dtype: str = "auto"):
+    from raypack.tokenize.job import TextOptions
+
+    given = {k: getattr(args, k) for k in _TEXT_ARGUMENTS if getattr(args, k) is not None}
+    return TextOptions(tokenizer=args.tokenizer, token_dtype=token_dtype, **given)
+
+
+def _refuse_contradictions(args: argparse.Namespace, rules: Sequence[tuple[str, str, str]]) -> None:
+    """Raise InputError naming the first pair of flags (dest, dest) given together, with ``why``."""
+    for first, second, why in rules:
+        if _given(args, first) and _given(args, second):
+            raise InputError(f"{flag_of(first)} and {flag_of(second)} cannot be used together: {why}")
+
+
+def _given(args: argparse.Namespace, dest: str) -> bool:
+    """Whether the flag was on the command line (the flags that matter here default to None or False)."""
+    value = getattr(args, dest)
+    return value is not None and value is not False
+
+
+_RERUN_RULES = (
+    ("resume", "overwrite", "--resume keeps the finished part of an output, --overwrite replaces it; pass one"),
+    ("local", "address", "--local runs without Ray, --address names a Ray cluster; pass one"),
+)
+_PACK_RULES = (
+    *_RERUN_RULES,
+    ("dry_run", "resume", "--dry-run writes nothing, so there is nothing to resume; drop --resume"),
+    ("dry_run", "overwrite", "--dry-run writes nothing, so there is nothing to overwrite; drop --overwrite"),
+    ("dry_run", "address", "--dry-run reads its sample in this process, without Ray; drop --address"),
+)
+
+
+def _run_tokenize(args: argparse.Namespace) -> int:
+    from raypack.tokenize.job import TokenizeConfig, run_tokenize
+
+    _refuse_contradictions(args, _RERUN_RULES)
+    if args.num_workers < 1:
+        raise InputError(f"--workers={args.num_workers} must be >= 1")
+    config = TokenizeConfig(inputs=tuple(args.inputs), output=args.output, text=_text_options(args, args.token_dtype),
+                            num_workers=args.num_workers, overwrite=args.overwrite, address=args.address)
+    summary = run_tokenize(config, engine="local" if args.local else "ray", resume=args.resume)
+    print("\n".join(summary.lines()))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Bad input: one line, exit 2. A Ray worker that failed otherwise: one line, exit 1. Ctrl-C: one
+    line with the ``--resume`` command, exit 130. A closed stdout (``| head``): quiet, exit 141."""
+    from raypack.errors import WorkerError
+    from raypack.io.terminal import RAY_VERBOSE, interrupted_line, silence_stdout
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    RAY_VERBOSE.set(bool(vars(args).pop("verbose", False)))
+    try:
+        runners = {"pack": _run_pack, "verify": _run_verify, "stats": _run_stats, "tokenize": _run_tokenize,
+                   "export": _run_export, "mix": _run_mix}
+        code = runners[args.command](args)
+        sys.stdout.flush()  # a closed pipe shows here, not in Python's flush at exit
+        return code
+    except InputError as e:
+        print(f"raypack: error: {e}", file=sys.stderr)
+        return 2
+    except WorkerError as e:
+        print(f"raypack: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as e:
+        print(interrupted_line(argv, getattr(e, "kept", None)), file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        silence_stdout()
+        return 141
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from raypack.verify import VerifyError, verify_output
+
+    _refuse_contradictions(args, (
+        ("no_inputs", "inputs", "--no-inputs checks the output alone; drop one"),
+        ("no_inputs", "token_column", "--token-column names the inputs' column, which --no-inputs does not read"),
+    ))
+    inputs = [] if args.no_inputs else args.inputs
+    try:
+        report = verify_output(args.output, inputs, token_column=args.token_column)
+    except VerifyError as e:
+        print(f"raypack: verify failed: {e}", file=sys.stderr)
+        return 1
+    print("\n".join(report.lines()))
+    return 0
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    from raypack.export import ExportMismatch
+    from raypack.export.job import run_export, verify_export
+
+    _refuse_contradictions(args, (
+        ("verify_only", "overwrite", "--verify-only writes nothing; drop --overwrite"),
+        ("verify_only", "verify", "--verify-only already verifies; drop --verify"),
+    ))
+    try:
+        if args.verify_only:
+            lines = verify_export(args.source, args.format, args.output, token_dtype=args.token_dtype)
+        else:
+            lines = run_export(args.source, args.format, args.output, token_dtype=args.token_dtype,
+                               workers=args.workers, overwrite=args.overwrite, verify=args.verify).lines()
+    except ExportMismatch as e:
+        print(f"raypack: verify failed: {e}", file=sys.stderr)
+        return 1
+    print("\n".join(lines))
+    return 0
+
+
+def _run_stats(args: argparse.Namespace) -> int:
+    from raypack.cli.stats import packing_stats, plot_stats
+    from raypack.mix.dataset import MixStats
+
+    report = packing_stats(args.output)
+    print("\n".join(report.lines()))
+    if args.plot and isinstance(report, MixStats):
+        raise InputError(f"--plot draws a packed output's fragments; {args.output} is a mix (its sources have plots)")
+    if args.plot:
+        try:
+            print(f"plot written to {plot_stats(report, args.plot)}")
+        except ImportError as e:
+            raise InputError(f"--plot needs matplotlib ({e}); {PLOT_EXTRA}") from e
+    return 0
+
+
+def _pack_text_options(config, args: argparse.Namespace):
+    from raypack.tokenize.job import TextOptions
+
+    given = {k: getattr(args, k) for k in ("task_rows", "task_bytes") if getattr(args, k) is not None}
+    return TextOptions(tokenizer=config.tokenizer, text_column=config.text_column, bos=config.bos, eos=config.eos,
+                       **given)
+
+
+def _run_pack(args: argparse.Namespace) -> int:
+    from raypack.pack.job import run_pack
+
+    _refuse_contradictions(args, _PACK_RULES)
+    if args.sample_docs is not None and not args.dry_run:
+        raise InputError("--sample-docs applies only with --dry-run; add --dry-run or drop --sample-docs")
+    skip = ("command", "config", "local", "resume", "dry_run", "sample_docs", "task_rows", "task_bytes")
+    overrides = {k: v for k, v in vars(args).items() if k not in skip}
+    config = load_config(args.config, required=("context_length",), **overrides)  # tokenizer etc.: flags or TOML
+    text = _pack_text_options(config, args) if config.tokenizer else None
+    if text is None and (any(getattr(args, k) is not None for k in _TEXT_ARGUMENTS)
+                         or (config.text_column, config.bos, config.eos) != ("text", None, None)):
+        raise InputError("--text-column, --bos, --eos, --task-rows and --task-bytes need --tokenizer")
+    if args.dry_run:
+        from raypack.pack.dry_run import dry_run
+
+        if text is not None:
+            raise InputError("--dry-run reads tokenized shards; run raypack tokenize first, "
+                             "then pack --dry-run over its output")
+
+        sample_docs = _sample_docs_default() if args.sample_docs is None else args.sample_docs
+        if sample_docs < 0:
+            raise InputError(f"--sample-docs={sample_docs} must be >= 0 (0: every document)")
+        print("\n".join(dry_run(config, sample_docs=sample_docs).lines()))
+        return 0
+    summary = run_pack(config, engine="local" if args.local else "ray", resume=args.resume, text=text)
+    print("\n".join(summary.lines()))
+    return 0
+

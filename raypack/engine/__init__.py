@@ -1,0 +1,1 @@
+"""The Ray Data engine: the only place that imports Ray."""

@@ -1,0 +1,393 @@
+"""The Ray Data engine: the only module that imports Ray.
+
+One task (a shard, or a range of a large shard's row groups or record batches: raypack.pack.plan) is
+one row of a dataset built with ``from_items`` (one block per task), mapped by a pool of
+stateful packer actors with ``batch_size=1``: each call streams one whole task in order, so the
+carry between record batches never leaves the actor, and Ray's block shaping, scheduling order
+and retries cannot change what is packed. Actors write their own chunk files (kept out of the
+object store) and return one small Arrow row: counts, the file written and
+the edge fragments. Actors reserve a fraction of a CPU so that Ray Data's read and output
+tasks can always be scheduled beside them (whole-CPU actors deadlock a 2-CPU machine).
+Each actor holds its next task queued (two calls in flight; it runs them one after the
+other), so it starts that task as soon as it ends one instead of waiting for the driver's
+scheduling loop to notice and dispatch.
+
+Terminal: quiet unless ``-v`` (:func:`init_ray`). Bad input met by an actor comes back as an
+error row (``task_index``, ``error``), not as an exception through Ray, and the driver raises it
+as one InputError once the pipeline has ended. Without ``-v`` the workers' own output, including
+the packers' watchdog warnings (raypack.pack.watchdog), lands only in Ray's worker logs
+(:func:`logs_dir`, files ``worker-*.err``); the driver prints that directory once.
+
+It also holds the Ray side of reading packed output back: :func:`packed_to_ray_dataset`
+(``PackedDataset.to_ray_dataset``), one read task per chunk file, and :func:`mixed_to_ray_dataset`
+(``MixedDataset.to_ray_dataset``), one read task per range of a mix's items.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import operator
+import os
+import sys
+from dataclasses import asdict
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import ray
+
+from raypack.errors import InputError
+from raypack.io.terminal import RAY_VERBOSE
+from raypack.pack.packer import count_task, pack_shard
+from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts, result_to_table, table_to_results
+from raypack.packed.reader import PackedDataset, chunks_table, iter_file_tables
+from raypack.rules.core import Chunks
+from raypack.rules.long_docs import CutCounts
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 15.0
+"""How long connecting to a cluster may take before the run stops with one line."""
+
+
+def init_ray(address: str | None = None, *, verbose: bool | None = None) -> None:
+    """Connect to ``address`` (or RAY_ADDRESS), else start an embedded local Ray.
+
+    Quiet unless ``verbose``: Ray's own log lines, the workers' output and Ray Data's progress
+    go to Ray's log files only (:func:`logs_dir`). A cluster that cannot be reached or refuses
+    the client's token raises :class:`InputError` naming the fix, within CONNECT_TIMEOUT_S.
+    ``verbose`` None: the CLI's ``-v`` (:data:`raypack.io.terminal.RAY_VERBOSE`).
+    """
+    if ray.is_initialized():
+        return
+    if verbose is None:
+        verbose = RAY_VERBOSE.get()
+    quiet = {"log_to_driver": verbose, "logging_level": logging.INFO if verbose else logging.ERROR}
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address and address not in ("auto", "local"):
+        _check_reachable(address)
+    if not verbose:
+        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")  # the driver's C++ core worker (E ... lines)
+    try:
+        with _stderr_off(not verbose):  # the core worker announces that level on fd 2 as it starts
+            if address:
+                ray.init(address=address, **quiet)
+            else:
+                ray.init(address="local", include_dashboard=False, **quiet)
+    except (ConnectionError, ray.exceptions.AuthenticationError) as e:  # the latter: token mode, no token
+        raise InputError(_connect_hint(address, e)) from None
+    context = ray.data.DataContext.get_current()  # first use of ray.data configures its loggers
+    if not verbose:
+        _quiet_console("ray.data")
+        log.info("Ray's logs are in %s (-v shows them here)", logs_dir())
+    context.enable_progress_bars = verbose
+    context.print_on_execution_start = verbose
+
+
+@contextlib.contextmanager
+def _stderr_off(off: bool) -> Iterator[None]:
+    """File descriptor 2 points at /dev/null inside (C++ lines too); Python's own exceptions still propagate."""
+    if not off:
+        yield
+        return
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _quiet_console(name: str) -> None:
+    """Raise the terminal handlers of logger ``name`` to ERROR; its file handlers keep everything."""
+    for handler in logging.getLogger(name).handlers:
+        if not isinstance(handler, logging.FileHandler) and "File" not in type(handler).__name__:
+            handler.setLevel(logging.ERROR)
+
+
+def _check_reachable(address: str) -> None:
+    """Fail fast (one line) when nothing listens at ``host:port`` (``ray://`` and others: Ray decides)."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    if "://" in address or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise InputError(f"no Ray cluster at --address {address} ({e.strerror or e}); start one with "
+                         f"`ray start --head`, check the address, or use --address auto on the head node") from None
+
+
+def _connect_hint(address: str | None, error: BaseException) -> str:
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    first = first.split(". ")[0]  # Ray's first sentence; the fix follows in ours
+    return (f"could not connect to the Ray cluster at {address or 'a new local instance'} ({first[:200]}); "
+            "check the address; if the cluster uses token authentication, set RAY_AUTH_MODE=token and "
+            "RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token (`ray get-auth-token` on the head "
+            "prints it), or run on the head node with --address auto")
+
+
+def logs_dir() -> str:
+    """Where this Ray session keeps its logs (on the head node), for messages to the user."""
+    node = getattr(ray._private.worker, "_global_node", None)
+    try:
+        return node.get_logs_dir_path()
+    except AttributeError:
+        return "/tmp/ray/session_latest/logs"
+
+
+def _error_table(index: int, error: InputError) -> pa.Table:
+    """The row an actor returns instead of raising bad input through Ray (tracebacks on the terminal)."""
+    return pa.table({"task_index": pa.array([index], pa.int64()), "error": [str(error)]})
+
+
+def _raise_first_error(errors: dict[int, str]) -> None:
+    """After the pipeline: bad input as one InputError, the lowest task's (what ``--local`` meets first)."""
+    if errors:
+        raise InputError(errors[min(errors)])
+
+
+def _blocks(blocks: Iterator[pa.Table], errors: dict[int, str]) -> Iterator[pa.Table]:
+    """The result blocks; error rows are taken out into ``errors`` (task index -> message)."""
+    for block in blocks:
+        if "error" in block.column_names:
+            errors.update(zip(block.column("task_index").to_pylist(), block.column("error").to_pylist()))
+        else:
+            yield block
+
+
+class ShardPackerActor:
+    """Packs whole tasks, one per call, in the order its rows list them."""
+
+    def __init__(self, settings: dict) -> None:
+        self.settings = PackSettings(**settings)
+        self.token_type = pa.from_numpy_dtype(np.dtype(self.settings.token_dtype))
+
+    def __call__(self, batch: pa.Table) -> Iterator[pa.Table]:
+        for row in batch.to_pylist():
+            try:
+                result = pack_shard(ShardTask(**row), self.settings)
+            except InputError as e:
+                yield _error_table(row["task_index"], e)
+            else:
+                yield result_to_table(result, self.token_type, self.settings.record_dtype)
+
+
+class ShardCounterActor:
+    """The first pass (best_fit's chunks, long_docs' cuts): counts each task from its document lengths."""
+
+    def __init__(self, settings: dict) -> None:
+        self.settings = PackSettings(**settings)
+
+    def __call__(self, batch: pa.Table) -> Iterator[pa.Table]:
+        for row in batch.to_pylist():
+            task = ShardTask(**row)
+            try:
+                counts = count_task(task, self.settings)
+            except InputError as e:
+                yield _error_table(task.task_index, e)
+            else:
+                yield pa.table({"task_index": [task.task_index], "num_chunks": [counts.num_chunks],
+                                **{key: [value] for key, value in counts.cut.as_dict().items()}})
+
+
+def pack_shards(
+    tasks: Sequence[ShardTask], settings: PackSettings, *, num_workers: int, worker_num_cpus: float,
+    on_result: Callable[[ShardResult], None] | None = None,
+) -> list[ShardResult]:
+    """Pack every shard on a pool of actors; results in shard order. ``on_result`` sees each as it arrives.
+
+    Bad input in any shard raises InputError once the pipeline has ended (the lowest shard's).
+    """
+    errors: dict[int, str] = {}
+    results = []
+    for block in _blocks(_map_shards(ShardPackerActor, tasks, settings, num_workers, worker_num_cpus), errors):
+        for result in table_to_results(block):
+            results.append(result)
+            if on_result is not None:
+                on_result(result)
+    _raise_first_error(errors)
+    return sorted(results, key=lambda r: r.task_index)
+
+
+def count_chunks(
+    tasks: Sequence[ShardTask], settings: PackSettings, *, num_workers: int, worker_num_cpus: float
+) -> list[TaskCounts]:
+    """The first pass: every task's counts (raypack.pack.packer.count_task), in task order."""
+    counts, errors = {}, {}
+    for block in _blocks(_map_shards(ShardCounterActor, tasks, settings, num_workers, worker_num_cpus), errors):
+        for row in block.to_pylist():
+            cut = CutCounts(*(row[key] for key in CutCounts._fields))
+            counts[row["task_index"]] = TaskCounts(row["num_chunks"], cut)
+    _raise_first_error(errors)
+    return [counts[t.task_index] for t in tasks]
+
+
+def _map_shards(actor_class: type, tasks: Sequence[ShardTask], settings: PackSettings, num_workers: int,
+                worker_num_cpus: float, in_flight: int = 2) -> Iterator[pa.Table]:
+    """Run ``actor_class`` over the tasks, one per call, on a pool of stateful actors, handed
+    out in the order given. ``in_flight``: calls queued per actor (1 hands each task to the
+    first actor that is free: best for long tasks of uneven size)."""
+    if not tasks:
+        return iter(())
+    dataset = ray.data.from_items([asdict(t) for t in tasks], override_num_blocks=len(tasks))
+    mapped = dataset.map_batches(
+        actor_class,
+        fn_constructor_kwargs={"settings": asdict(settings)},
+        batch_size=1,
+        batch_format="pyarrow",
+        compute=ray.data.ActorPoolStrategy(size=max(1, min(num_workers, len(tasks))),
+                                           max_tasks_in_flight_per_actor=in_flight),
+        num_cpus=worker_num_cpus,
+    )
+    return mapped.iter_batches(batch_size=None, batch_format="pyarrow")
+
+
+def original_error(error: BaseException) -> BaseException:
+    """The user's exception inside Ray's wrappers (RayTaskError, UserCodeException)."""
+    seen = set()
+    while id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, ray.exceptions.RayTaskError) and error.cause is not None:
+            error = error.cause
+        elif error.__cause__ is not None:
+            error = error.__cause__
+        else:
+            break
+    return error
+
+
+# ----------------------------------------------------------------------------- reading packed output
+
+
+def packed_to_ray_dataset(packed: PackedDataset, batch_rows: int | None = None) -> ray.data.Dataset:
+    """A ``ray.data.Dataset`` of ``packed``'s chunks in global order, one row per chunk.
+
+    Also ``packed.to_ray_dataset(batch_rows)``. Columns: ``input_ids``
+    fixed_size_list<token>[C] and ``doc_ids`` fixed_size_list<int64>[C]. One read task per
+    file; each yields one block per record batch, or blocks of ``batch_rows`` chunks. Order is
+    kept (``preserve_order`` is set on this dataset's own context, not globally). Masks are not
+    in the dataset; build them per batch. Ray's "numpy" batch format turns fixed_size_list
+    columns into object arrays of rows, so stack them first::
+
+        from raypack.rules.masks import build_intra_document_mask
+        for batch in ds.to_ray_dataset().iter_batches(batch_size=8, batch_format="numpy"):
+            doc_ids = np.stack(batch["doc_ids"])         # (8, C) int64
+            mask = build_intra_document_mask(doc_ids)    # (8, C, C)
+    """
+    if batch_rows is not None and operator.index(batch_rows) < 1:
+        raise ValueError(f"batch_rows={batch_rows} must be >= 1 or None")
+    items = packed.file_items()
+    if not items:
+        return ray.data.from_arrow(chunks_table(Chunks.empty(packed.context_length, packed.token_dtype)))
+    dataset = ray.data.from_items(items, override_num_blocks=len(items))
+    dataset.context.execution_options.preserve_order = True
+    return dataset.map_batches(
+        _read_file_blocks, batch_size=1, batch_format="pyarrow",
+        fn_kwargs={"filesystem": packed.filesystem, "base": packed.base, "context_length": packed.context_length,
+                   "token_dtype": packed.token_dtype.name, "batch_rows": batch_rows,
+                   "extra_columns": tuple(tuple(c) for c in packed.extra_columns)},
+    )
+
+
+def _read_file_blocks(items: pa.Table, **options: Any) -> Iterator[pa.Table]:
+    """Ray map_batches function: the chunk tables of the files described by ``items``, in order."""
+    for item in items.to_pylist():
+        yield from iter_file_tables(item, **options)
+
+
+MIX_BLOCK_ROWS = 1024
+"""Items per block of :func:`mixed_to_ray_dataset` when ``batch_rows`` is None."""
+
+
+def mixed_to_ray_dataset(mixed, batch_rows: int | None = None) -> ray.data.Dataset:
+    """A ``ray.data.Dataset`` of a mix's items in its order (``MixedDataset.to_ray_dataset``).
+
+    Columns ``input_ids`` fixed_size_list<token>[C], ``doc_ids`` fixed_size_list<int64>[C] and
+    ``source`` int64. One read task per range of ``batch_rows`` items (default MIX_BLOCK_ROWS);
+    each task gets the dataset pickled without open files and reads its range with
+    ``get_batch`` (raypack.mix.dataset). Order is kept, as in :func:`packed_to_ray_dataset`.
+    """
+    rows = MIX_BLOCK_ROWS if batch_rows is None else operator.index(batch_rows)
+    if rows < 1:
+        raise ValueError(f"batch_rows={batch_rows} must be >= 1 or None")
+    starts = list(range(0, len(mixed), rows))
+    items = [{"start": s, "stop": min(s + rows, len(mixed))} for s in starts]
+    dataset = ray.data.from_items(items, override_num_blocks=len(items))
+    dataset.context.execution_options.preserve_order = True
+    return dataset.map_batches(_read_mix_ranges, batch_size=1, batch_format="pyarrow", fn_kwargs={"mixed": mixed})
+
+
+def _read_mix_ranges(items: pa.Table, mixed) -> Iterator[pa.Table]:
+    """Ray map_batches function: the item tables of the mix ranges described by ``items``, in order."""
+    for item in items.to_pylist():
+        batch = mixed.get_batch(item["start"], item["stop"])
+        table = _dense_table(batch["input_ids"], batch["doc_ids"])
+        yield table.append_column("source", pa.array(batch["source"], pa.int64()))
+    mixed.close()
+
+
+def _dense_table(input_ids: np.ndarray, doc_ids: np.ndarray) -> pa.Table:
+    """(n, C) tokens and doc ids as fixed_size_list columns, like :func:`raypack.packed.reader.chunks_table`."""
+    c = input_ids.shape[1]
+    return pa.table({
+        "input_ids": pa.FixedSizeListArray.from_arrays(pa.array(input_ids.reshape(-1)), c),
+        "doc_ids": pa.FixedSizeListArray.from_arrays(pa.array(doc_ids.reshape(-1)), c),
+    })
+
+
+# ----------------------------------------------------------------------------- tokenize
+
+
+class TextTokenizerActor:
+    """Tokenizes text tasks, one per call. Loads the tokenizer once, from its spec string."""
+
+    def __init__(self, settings: dict) -> None:
+        from raypack.tokenize.tasks import TokenizeSettings, load_worker_tokenizer, set_thread_env
+
+        self.settings = TokenizeSettings(**settings)
+        set_thread_env(self.settings.num_threads)  # before the tokenizer's pool first starts
+        self.tokenizer = load_worker_tokenizer(self.settings)
+
+    def __call__(self, batch: pa.Table) -> Iterator[pa.Table]:
+        from raypack.tokenize.tasks import TextTask, tokenize_task
+
+        for row in batch.to_pylist():
+            try:
+                result = tokenize_task(TextTask(**row), self.settings, self.tokenizer)
+            except InputError as e:
+                yield _error_table(row["task_index"], e)
+            else:
+                yield pa.Table.from_pylist([asdict(result)])
+
+
+def tokenize_texts(tasks: Sequence, settings, *, num_workers: int, worker_num_cpus: float,
+                   on_result: Callable | None = None) -> list:
+    """Run every text task (raypack.tokenize.tasks) on a pool of tokenizer actors, handed out in
+    the order given, one at a time to whichever actor is free; results in task order.
+
+    Each actor's tokenizer gets ``cluster CPUs // actors`` threads (rayon_threads says why).
+    """
+    from dataclasses import replace
+
+    from raypack.tokenize.tasks import TextResult, rayon_threads
+
+    num_actors = max(1, min(num_workers, len(tasks)))
+    cpus = ray.cluster_resources().get("CPU", os.cpu_count() or 1)
+    settings = replace(settings, num_threads=rayon_threads(cpus, num_actors))
+    errors: dict[int, str] = {}
+    results = []
+    for block in _blocks(_map_shards(TextTokenizerActor, tasks, settings, num_workers, worker_num_cpus, in_flight=1),
+                         errors):
+        for row in block.to_pylist():
+            results.append(TextResult(**row))
+            if on_result is not None:
+                on_result(results[-1])
+    _raise_first_error(errors)
+    return sorted(results, key=lambda r: r.task_index)

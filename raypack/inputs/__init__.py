@@ -1,0 +1,1 @@
+"""Reading inputs: shards of token lists (Parquet, JSON Lines, Arrow IPC), their counts, and raw texts."""

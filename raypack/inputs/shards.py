@@ -1,0 +1,228 @@
+"""Shards: discovery, global offsets and the common token type. pyarrow/numpy only, no Ray.
+
+The driver runs this before any worker starts:
+
+  1. ``discover_shards(inputs)`` lists the shard files in a fixed order: the order of the
+     inputs, each file/directory/glob expanded in sorted path order, duplicates dropped.
+  2. ``raypack.inputs.formats.inspect_shard(path)`` counts each shard's documents and tokens.
+  3. ``plan_offsets(infos)`` turns the counts into global offsets by a cumulative sum:
+     document ``i`` of shard ``k`` has global doc id ``doc_offsets[k] + i``, and shard ``k``'s
+     tokens start at global stream position ``token_offsets[k]``.
+
+Inputs may be local paths or URIs (:mod:`raypack.io.fs`). A shard path returned by
+``discover_shards`` is an absolute local path, or a URI when the input was one.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from typing import Iterator, NamedTuple, Sequence
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow.fs as pafs
+
+from raypack.errors import InputError
+from raypack.inputs.formats import ShardInfo, accepted_suffixes, shard_format
+from raypack.io.fs import check_bucket, is_uri, resolve_filesystem
+
+__all__ = [
+    "ShardPlan",
+    "common_token_type",
+    "discover_shards",
+    "plan_offsets",
+]
+
+_GLOB_MAGIC = re.compile(r"[*?\[]")
+
+
+# ---------------------------------------------------------------------------------------------
+# Discovery
+
+
+
+def discover_shards(inputs: Sequence[str] | str) -> list[str]:
+    """Shard paths, in a fixed order, for files, directories and globs.
+
+    Order: the order of ``inputs``, each input expanded in sorted path order; a path seen
+    before is dropped (the first occurrence keeps its place). A directory expands to every
+    shard file under it (recursive); a glob (``*``, ``?``, ``[...]``, and ``**`` for any
+    number of directories) must match the whole path, one path component per pattern
+    component. Expansion keeps only known shard suffixes and skips names starting with
+    ``_`` or ``.`` (``_SUCCESS``, ``.tmp/``) at any level below the directory or glob root.
+    A single string is taken as one input.
+    """
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if not inputs:
+        raise InputError("no inputs given; list shard files, directories or globs to pack")
+    seen: dict[str, None] = {}
+    for item in inputs:
+        for path in _expand_input(item):
+            seen.setdefault(path, None)
+    return list(seen)
+
+
+def _expand_input(item: str) -> list[str]:
+    if not isinstance(item, str) or not item:
+        raise InputError(f"input {item!r} must be a non-empty path string")
+    if _GLOB_MAGIC.search(item):
+        return _expand_glob(item)
+    fs, fs_path = resolve_filesystem(item)
+    return _expand_path(item, fs, fs_path)
+
+
+def _expand_path(item: str, fs: pafs.FileSystem, fs_path: str) -> list[str]:
+    info = fs.get_file_info(fs_path)
+    if info.type == pafs.FileType.NotFound:
+        check_bucket(fs, fs_path, f"input {item}")
+        raise InputError(f"input path not found: {item}; check the path (globs may use * ? [...])")
+    if info.type == pafs.FileType.File:
+        if shard_format(fs_path) is None:
+            raise InputError(
+                f"input file {item} has an unknown shard suffix; accepted: {accepted_suffixes()}"
+            )
+        return [_to_user_path(item, fs_path, fs_path)]
+    paths = sorted(_list_shard_files(fs, fs_path, recursive=True))
+    if not paths:
+        raise InputError(
+            f"input directory {item} holds no shard files (accepted suffixes: "
+            f"{accepted_suffixes()}; names starting with '_' or '.' are skipped)"
+        )
+    return [_to_user_path(item, fs_path, p) for p in paths]
+
+
+def _expand_glob(item: str) -> list[str]:
+    trimmed = item.rstrip("/")
+    parts = trimmed.split("/")
+    first_magic = next(i for i, part in enumerate(parts) if _GLOB_MAGIC.search(part))
+    base = "/".join(parts[:first_magic]) or ("/" if trimmed.startswith("/") else ".")
+    if is_uri(item) and first_magic < 3:
+        raise InputError(f"glob {item} must not put wildcards in the URI's bucket or host")
+    pattern_parts = parts[first_magic:]
+    fs, base_fs_path = resolve_filesystem(base)
+    if fs.get_file_info(base_fs_path).type != pafs.FileType.Directory:
+        check_bucket(fs, base_fs_path, f"input {item}")
+        raise InputError(f"glob {item} matched nothing: its base directory {base} does not exist")
+    recursive = len(pattern_parts) > 1 or "**" in pattern_parts
+    candidates = _list_shard_files(fs, base_fs_path, recursive=recursive)
+    matches = sorted(
+        p for p in candidates if _match_parts(pattern_parts, _relative_parts(base_fs_path, p))
+    )
+    if not matches:
+        raise InputError(
+            f"glob {item} matched no shard files (accepted suffixes: {accepted_suffixes()}; "
+            "names starting with '_' or '.' are skipped); check the pattern"
+        )
+    return [_to_user_path(base, base_fs_path, p) for p in matches]
+
+
+def _list_shard_files(fs: pafs.FileSystem, root: str, *, recursive: bool) -> Iterator[str]:
+    """Files under ``root`` with a shard suffix and no hidden component below ``root``."""
+    selector = pafs.FileSelector(root, recursive=recursive, allow_not_found=True)
+    for info in fs.get_file_info(selector):
+        if info.type != pafs.FileType.File or shard_format(info.path) is None:
+            continue
+        if any(part.startswith(("_", ".")) for part in _relative_parts(root, info.path)):
+            continue
+        yield info.path
+
+
+def _relative_parts(root: str, path: str) -> list[str]:
+    root = root.rstrip("/")
+    rel = path[len(root) :] if path.startswith(root) else path
+    return [part for part in rel.split("/") if part]
+
+
+def _match_parts(pattern: Sequence[str], parts: Sequence[str]) -> bool:
+    """Component-wise fnmatch; a ``**`` component matches zero or more components."""
+    if not pattern:
+        return not parts
+    head, rest = pattern[0], pattern[1:]
+    if head == "**":
+        return any(_match_parts(rest, parts[i:]) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], head) and _match_parts(rest, parts[1:])
+
+
+def _to_user_path(item: str, item_fs_path: str, fs_path: str) -> str:
+    """``fs_path`` written the way the input was: a local path, or a URI like ``item``."""
+    if not is_uri(item):
+        return fs_path
+    item = item.rstrip("/")
+    at = item.rfind(item_fs_path.rstrip("/")) if item_fs_path.strip("/") else -1
+    if at < 0:
+        return item[: item.index("://") + 3] + fs_path
+    return item[:at] + fs_path + item[at + len(item_fs_path.rstrip("/")) :]
+
+
+# ---------------------------------------------------------------------------------------------
+# Offsets and the common token type
+
+
+class ShardPlan(NamedTuple):
+    """Global offsets of shards in discovery order.
+
+    doc_offsets:   (n + 1,) int64; shard k holds global doc ids [doc_offsets[k], doc_offsets[k+1]).
+    token_offsets: (n + 1,) int64; shard k's tokens sit at stream positions
+                   [token_offsets[k], token_offsets[k+1]).
+    """
+
+    doc_offsets: npt.NDArray[np.int64]
+    token_offsets: npt.NDArray[np.int64]
+
+    @property
+    def num_docs(self) -> int:
+        return int(self.doc_offsets[-1])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_offsets[-1])
+
+
+def plan_offsets(infos: Sequence[ShardInfo]) -> ShardPlan:
+    """Exclusive cumulative sums of the shards' document and token counts, starting at 0."""
+    num_docs = np.array([info.num_docs for info in infos], dtype=np.int64)
+    num_tokens = np.array([info.num_tokens for info in infos], dtype=np.int64)
+    if (num_docs < 0).any() or (num_tokens < 0).any():
+        raise ValueError("shard counts must be >= 0")
+    return ShardPlan(_exclusive_cumsum(num_docs), _exclusive_cumsum(num_tokens))
+
+
+def _exclusive_cumsum(counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return offsets
+
+
+_INTEGER_BITS = {f"{sign}int{bits}": bits for sign in ("", "u") for bits in (8, 16, 32, 64)}
+
+
+def common_token_type(infos: Sequence[ShardInfo]) -> str:
+    """The narrowest integer type every shard's token type converts to without loss.
+
+    All signed: the widest; all unsigned: the widest; mixed: a signed type wide enough for
+    both (uint16 + int32 -> int32, uint32 + int32 -> int64). uint64 mixed with a signed type
+    has no such type and raises InputError naming a shard of each.
+    """
+    if not infos:
+        raise InputError("no shards to take a token type from; check the inputs")
+    for info in infos:
+        if info.token_type not in _INTEGER_BITS:
+            raise ValueError(f"shard {info.path} token_type={info.token_type!r} is not an integer type")
+    signed = [i for i in infos if not i.token_type.startswith("u")]
+    unsigned = [i for i in infos if i.token_type.startswith("u")]
+    widest_signed = max(signed, key=lambda i: _INTEGER_BITS[i.token_type], default=None)
+    widest_unsigned = max(unsigned, key=lambda i: _INTEGER_BITS[i.token_type], default=None)
+    if widest_unsigned is None:
+        return widest_signed.token_type
+    if widest_signed is None:
+        return widest_unsigned.token_type
+    bits = max(_INTEGER_BITS[widest_signed.token_type], 2 * _INTEGER_BITS[widest_unsigned.token_type])
+    if bits > 64:
+        raise InputError(
+            f"no integer type can hold both {widest_unsigned.token_type} (shard "
+            f"{widest_unsigned.path}) and {widest_signed.token_type} (shard {widest_signed.path}) "
+            "safely; re-write the shards with one token type (int64 holds ids < 2**63)"
+        )
+    return f"int{bits}"

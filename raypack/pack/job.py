@@ -1,0 +1,212 @@
+"""One packing run, start to finish: lock, plan, pack the shards, stitch, publish.
+
+How the output is locked, written and published (a local directory or an object-store
+prefix) is :mod:`raypack.pack.publish`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+
+from raypack.errors import InputError, WorkerError
+from raypack.io.progress import Progress
+from raypack.pack.assemble import check_coverage, count_stats, stitch_boundaries, write_boundaries
+from raypack.pack.config import PackConfig
+from raypack.pack.packer import count_task, current_rss_bytes, pack_shard
+from raypack.pack.plan import Plan, check_output_outside_inputs, make_plan, place_counts, settings_for
+from raypack.pack.publish import LocalOutput, ObjectStoreOutput, run_published
+from raypack.pack.resume import load_verified_result
+from raypack.pack.tasks import PackSettings, ShardResult, TaskCounts
+from raypack.packed.manifest import build_manifest, write_manifest
+from raypack.strategies import strategy_of_manifest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Summary:
+    output: str
+    manifest: dict
+    seconds: float
+    """Wall time of planning, packing and publishing (Ray start-up excluded)."""
+    peak_worker_rss_bytes: int = 0
+    """The largest peak resident memory of a packer actor while packing a shard; with the local
+    engine, the most packing added to this process's resident memory."""
+    pack_seconds: float = 0.0
+    """From the first task's start to the last task's end (excludes engine start-up)."""
+    engine: str = "ray"
+
+    def lines(self) -> list[str]:
+        c = self.manifest["counts"]
+        positions = c["chunks"] * self.manifest["context_length"]
+        pad_pct = 100.0 * c["padding_positions"] / positions if positions else 0.0
+        split_pct = 100.0 * c["split_documents"] / c["documents"] if c["documents"] else 0.0
+        rate = c["tokens"] / self.seconds if self.seconds > 0 else 0.0
+        strategy = strategy_of_manifest(self.manifest).describe()
+        return [
+            f"packed {self.output} ({strategy})",
+            f"  documents        {c['documents']:>14,}",
+            f"  tokens           {c['tokens']:>14,}",
+            f"  chunks           {c['chunks']:>14,}  of {self.manifest['context_length']} tokens",
+            f"  padding          {c['padding_positions']:>14,}  ({pad_pct:.3f}% of positions)",
+            f"  split documents  {c['split_documents']:>14,}  ({split_pct:.2f}% of documents)",
+            *_cut_lines(c),
+            f"  files            {len(self.manifest['files']):>14,}",
+            f"  time             {self.seconds:>14.2f}s  ({rate / 1e6:,.1f}M tokens/s, start-up included)",
+            f"  packing          {self.pack_seconds:>14.2f}s  (first task start to last task end)",
+            f"  peak packer RSS  {self.peak_worker_rss_bytes / 2**20:>14,.0f} MiB"
+            + ("  (added to this process)" if self.engine == "local" else ""),
+        ]
+
+
+def _cut_lines(counts: dict) -> list[str]:
+    """What ``long_docs`` truncate / drop left out (no line under split)."""
+    lines = []
+    if counts.get("documents_truncated"):
+        lines.append(f"  truncated        {counts['documents_truncated']:>14,}  documents "
+                     f"({counts['tokens_truncated']:,} tokens cut off)")
+    if counts.get("documents_dropped"):
+        lines.append(f"  dropped          {counts['documents_dropped']:>14,}  documents "
+                     f"({counts['tokens_dropped']:,} tokens)")
+    return lines
+
+
+def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False, text=None,
+             verbose: bool | None = None) -> Summary:
+    """Pack ``config.inputs`` into ``config.output``. ``engine``: "ray" or "local" (one process).
+
+    ``text`` (a :class:`raypack.tokenize.job.TextOptions`): the inputs are text, tokenized first
+    into the work directory (:func:`raypack.tokenize.job.tokenize_for_pack`). On Ray, connects
+    first (before any lock or staging directory); ``verbose`` shows Ray's own logs too.
+    Ctrl-C raises :class:`raypack.errors.Interrupted` naming the kept work directory.
+    """
+    start = time.perf_counter()
+    if engine not in ("ray", "local"):
+        raise ValueError(f"engine={engine!r} must be 'ray' or 'local'")
+    if not config.output:
+        raise InputError("no output given: pass --output DIR")
+    if engine == "ray":
+        connect_ray(config.address, verbose=verbose)
+
+    def plan() -> Plan | None:
+        if text is not None:
+            return None  # counts come from the tokenize stage, inside the work directory
+        planned = make_plan(config)
+        check_output_outside_inputs(config.output, planned)
+        return planned
+
+    def write(target, planned: Plan | None):
+        if planned is None:
+            from raypack.tokenize.job import tokenize_for_pack
+
+            planned = tokenize_for_pack(target.work_dir, config, text, engine, resume)
+        return _pack_into(target, config, planned, engine, resume)
+
+    manifest, results = run_published(config.output, overwrite=config.overwrite, resume=resume, plan=plan,
+                                      write=write)
+    return Summary(config.output, manifest, time.perf_counter() - start,
+                   max((r.peak_rss_bytes for r in results), default=0), _pack_seconds(results), engine)
+
+
+def _pack_seconds(results: list[ShardResult]) -> float:
+    timed = [r for r in results if r.finished_at]
+    return max(r.finished_at for r in timed) - min(r.started_at for r in timed) if timed else 0.0
+
+
+def _pack_into(target: LocalOutput | ObjectStoreOutput, config: PackConfig, plan: Plan, engine: str,
+               resume: bool) -> tuple[dict, list[ShardResult]]:
+    settings = settings_for(config, plan, target.work_dir)
+    if plan.needs_counting_pass:
+        plan = place_counts(plan, _count_tasks(plan, settings, config, engine))
+    results = _pack_shards(plan, settings, config, engine, resume)
+    boundary_runs = stitch_boundaries(results, plan, settings)
+    files = [r.file for r in results if r.file is not None] + write_boundaries(boundary_runs, settings)
+    files = check_coverage(files, plan.num_chunks)
+    target.sweep(keep={f.path for f in files})
+    manifest = build_manifest(config, plan, files, count_stats(results, plan))
+    write_manifest(target.work_dir, manifest)
+    return manifest, results
+
+
+def _pack_shards(plan: Plan, settings: PackSettings, config: PackConfig, engine: str, resume: bool) -> list[ShardResult]:
+    kept = {t.task_index: r for t in plan.tasks if resume and (r := load_verified_result(t, settings))}
+    todo = [t for t in plan.tasks if t.task_index not in kept]
+    if kept:
+        log.info("resume: %d of %d %s kept (verified), %d to pack", len(kept), len(plan.tasks),
+                 _unit(plan), len(todo))
+    if engine == "local" or not todo:
+        packed = _pack_locally(todo, settings, _unit(plan))
+    else:
+        packed = _pack_with_ray(todo, settings, config, _unit(plan))
+    return sorted([*kept.values(), *packed], key=lambda r: r.task_index)
+
+
+def _unit(plan: Plan) -> str:
+    """What the progress lines count: shards, or tasks when a shard was split into several."""
+    n = len(plan.shards)
+    return "shards" if len(plan.tasks) == n else f"tasks ({n} shard{'' if n == 1 else 's'})"
+
+
+def _count_tasks(plan: Plan, settings: PackSettings, config: PackConfig, engine: str) -> list[TaskCounts]:
+    """The first pass: each task's chunk count (if its strategy counts) and long_docs' cuts, from
+    document lengths alone."""
+    if engine == "local" or not plan.tasks:
+        return [count_task(t, settings) for t in plan.tasks]
+    return _on_ray(config, lambda pipeline: pipeline.count_chunks(
+        plan.tasks, settings, num_workers=config.num_workers, worker_num_cpus=config.worker_num_cpus),
+        "a chunk counter (the first pass)")
+
+
+def _pack_locally(tasks, settings: PackSettings, unit: str = "shards") -> list[ShardResult]:
+    """One process, task after task, with a progress line at most once a second."""
+    results, progress = [], Progress("packed", len(tasks), unit)
+    for task in tasks:
+        base = current_rss_bytes()  # this process also holds whatever its caller holds
+        result = pack_shard(task, settings)
+        results.append(replace(result, peak_rss_bytes=max(0, result.peak_rss_bytes - base)))
+        progress.add(result.num_tokens)
+    return results
+
+
+def _pack_with_ray(tasks, settings: PackSettings, config: PackConfig, unit: str = "shards") -> list[ShardResult]:
+    progress = Progress("packed", len(tasks), unit)
+    return _on_ray(config, lambda pipeline: pipeline.pack_shards(
+        tasks, settings, num_workers=config.num_workers, worker_num_cpus=config.worker_num_cpus,
+        on_result=lambda r: progress.add(r.num_tokens)), "a packer")
+
+
+def connect_ray(address: str | None, *, verbose: bool | None = None) -> None:
+    """Start or join Ray now, so that a cluster that cannot be reached fails before anything is written."""
+    from raypack.engine import pipeline
+
+    pipeline.init_ray(address, verbose=verbose)
+
+
+def _on_ray(config: PackConfig, run, what: str):
+    """``run(pipeline)`` on Ray. Bad input and OSError come out unwrapped; any other failure of
+    ``what`` (a worker that died, ...) as one :class:`WorkerError` line naming Ray's log directory."""
+    from raypack.engine import pipeline
+
+    pipeline.init_ray(config.address)
+    return on_ray(run, what)
+
+
+def on_ray(run, what: str):
+    from raypack.engine import pipeline
+
+    try:
+        return run(pipeline)
+    except Exception as e:
+        cause = pipeline.original_error(e)
+        if isinstance(cause, (InputError, OSError)):
+            raise cause from e
+        raise WorkerError(worker_failure(cause, what, pipeline.logs_dir())) from e
+
+
+def worker_failure(cause: BaseException, what: str, logs: str) -> str:
+    """One line: what failed, Ray's own first line about it, and where Ray's logs are."""
+    text = str(cause).strip()
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return f"{what} on Ray failed: {type(cause).__name__}: {first[:300]}; Ray's logs are in {logs}"

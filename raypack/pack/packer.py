@@ -1,0 +1,223 @@
+"""Pack one task (a shard, or a range of its row groups / record batches): stream its documents
+in order, write the complete chunks it owns to one file, and hand back the fragments at its edges
+for the driver to stitch. No Ray here.
+
+Which chunks a shard owns, and how its documents become chunks, is its strategy's
+(``settings.packing``, raypack.strategies): ``concat`` owns the chunks inside its slice of the
+global stream and returns edge fragments; a strategy with a counting pass (``best_fit``)
+owns all of its chunks from ``task.first_chunk``, counted first by :func:`count_shard_chunks`.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+
+import numpy as np
+import pyarrow as pa
+
+from raypack.errors import InputError
+from raypack.inputs.formats import check_tokens_fit
+from raypack.inputs.token_pieces import iter_token_pieces
+from raypack.pack.resume import identify_input, save_result
+from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts, read_batch_rows
+from raypack.pack.watchdog import ProgressWatchdog
+from raypack.packed.writer import ChunkFileWriter, chunk_schema
+from raypack.rules.core import cast_tokens, flatten_documents, iter_run_slices
+from raypack.rules.long_docs import CutCounts, PieceFilter, count_cut, kept_lengths
+from raypack.rules.side_columns import combine, opaque
+from raypack.strategies.base import ShardPacker
+
+
+def pack_shard(task: ShardTask, settings: PackSettings) -> ShardResult:
+    """Pack ``task``'s shard; its file appears (rename, or one upload) only when complete.
+
+    The input's identity for the resume record is taken first, so a file that changes while it
+    is packed is not recorded as the new version (cost: see raypack/pack/resume.py).
+    """
+    started_at = time.time()
+    reset_peak_rss()
+    identity = identify_input(task, settings)
+    dtype = np.dtype(settings.token_dtype)
+    packer = settings.packing.make_shard_packer(task, settings)
+    schema = chunk_schema(settings.context_length, pa.from_numpy_dtype(dtype), settings.pad_token,
+                          settings.extra_columns)
+    writer = ChunkFileWriter(settings.out_dir, packer.first_chunk, schema, settings.chunks_per_record_batch)
+    watchdog = ProgressWatchdog(task.describe(), settings.progress_timeout_s,
+                                restart=settings.restart_stalled)
+    try:
+        with watchdog:
+            counts = _stream_shard(task, settings, packer, writer, watchdog.beat)
+        last = packer.finish()
+        if last.num_chunks:
+            writer.write(last)
+        _check_counts(task, counts)
+        packer.check_num_chunks(task, writer.num_chunks)
+        written = writer.close() if writer.num_chunks else None
+        if written is None:
+            writer.abort()
+    except BaseException:
+        writer.abort()
+        raise
+    result = ShardResult(task.shard_index, written, packer.head, packer.tail, counts["docs"],
+                         counts["nonempty"], counts["tokens"], counts["split"], peak_rss_bytes(),
+                         started_at, time.time(), task.task_index)
+    save_result(task, settings, result, identity)
+    return result
+
+
+def count_shard_chunks(task: ShardTask, settings: PackSettings) -> int:
+    """The first pass of a strategy that has one: ``task``'s shard's chunks, from document lengths."""
+    return count_task(task, settings).num_chunks
+
+
+def count_task(task: ShardTask, settings: PackSettings) -> TaskCounts:
+    """The first pass (raypack.pack.plan.Plan.needs_counting_pass): ``task``'s chunks, when its strategy
+    counts them, and what ``long_docs`` leaves out, from document lengths alone (tokens are read
+    but not validated). Cost: one read of the task's token column; O(documents) numpy work."""
+    packing, c = settings.packing, settings.context_length
+    counter = packing.make_chunk_counter(c) if packing.needs_counting_pass else None
+    cut = CutCounts()
+    pieces = iter_token_pieces(task.path, task.format, settings.token_column, read_batch_rows(task, settings),
+                               settings.read_batch_tokens, validate=False, **task.read_range())
+    for piece in pieces:
+        cut += count_cut(piece.doc_lens, settings.long_docs, c)
+        if counter is not None:
+            counter.push(kept_lengths(piece.doc_lens, settings.long_docs, c))
+    return TaskCounts(counter.finish() if counter is not None else -1, cut)
+
+
+def _stream_shard(task: ShardTask, settings: PackSettings, packer: ShardPacker,
+                  writer: ChunkFileWriter, beat) -> dict[str, int]:
+    """Read, count and pack the shard's documents in order; ``beat()`` after each slice packed.
+
+    A document may arrive in consecutive pieces (a long one in a Parquet row group read page
+    by page): its continuation is pushed first, then the documents starting in the piece are
+    counted from their full lengths (so ``count_split`` sees each document once, at its start).
+    ``long_docs`` (raypack.rules.long_docs) is applied as the pieces are read: the packer sees each
+    document's kept prefix (empty when dropped) under its own id.
+    """
+    counts = {"docs": 0, "nonempty": 0, "tokens": 0, "split": 0}
+    cut, c = CutCounts(), settings.context_length
+    long_docs = PieceFilter(settings.long_docs, c)
+    pieces = iter_token_pieces(task.path, task.format, settings.token_column, read_batch_rows(task, settings),
+                               settings.read_batch_tokens, extra_columns=tuple(c.name for c in settings.extra_columns),
+                               **task.read_range())
+    for piece in pieces:
+        beat()
+        first_row = piece.first_row
+        tokens, lengths = flatten_documents(piece.docs)
+        if piece.sides:  # records of token + side values, so that long_docs cuts every column alike
+            tokens = _with_sides(tokens, lengths, piece.sides, task, settings, first_row)
+        tokens, lengths = long_docs.apply(tokens, lengths, piece.doc_lens, piece.continued)
+        if piece.continued:
+            num_continued = int(lengths[0])
+            if num_continued:  # a continuation left out entirely adds nothing to its open document
+                _push_checked(packer, writer, tokens[:num_continued], lengths[:1], task, settings, first_row, beat)
+            tokens, lengths, first_row = tokens[num_continued:], lengths[1:], first_row + 1
+        kept = kept_lengths(piece.doc_lens, settings.long_docs, c)
+        counts["docs"] += piece.doc_lens.size
+        counts["nonempty"] += int(np.count_nonzero(kept))
+        counts["tokens"] += int(piece.doc_lens.sum())
+        counts["split"] += packer.count_split(kept)
+        cut += count_cut(piece.doc_lens, settings.long_docs, c)
+        _check_not_past_plan(task, counts)
+        if lengths.size:
+            _push_checked(packer, writer, tokens, lengths, task, settings, first_row, beat)
+    _check_cut(task, cut)
+    return counts
+
+
+def _push_checked(packer: ShardPacker, writer: ChunkFileWriter, tokens: np.ndarray, lengths: np.ndarray,
+                  task: ShardTask, settings: PackSettings, first_row: int, beat) -> None:
+    """``_push_sliced`` the documents from shard row ``first_row``; a token that does not fit the
+    output dtype raises InputError naming its row."""
+    try:
+        _push_sliced(packer, writer, tokens, lengths, task.doc_offset + first_row - task.row_start,
+                     settings.read_batch_tokens, beat)
+    except ValueError as e:
+        check_tokens_fit(tokens, lengths, settings.token_dtype, path=task.path, first_row=first_row)
+        raise InputError(f"shard {task.path} rows {first_row}..{first_row + len(lengths) - 1}: {e}") from e
+
+
+def _with_sides(tokens: np.ndarray, lengths: np.ndarray, sides: tuple[pa.Array, ...], task: ShardTask,
+                settings: PackSettings, first_row: int) -> np.ndarray:
+    """Tokens (checked to fit the token dtype, InputError naming the row otherwise) and the side
+    columns' values as one array of the packed dtype (raypack.rules.side_columns). One copy of each."""
+    try:
+        values = [side.flatten().to_numpy(zero_copy_only=False) for side in sides]
+        return opaque(combine(cast_tokens(tokens, np.dtype(settings.token_dtype)), values, settings.record_dtype))
+    except ValueError as e:
+        check_tokens_fit(tokens, lengths, settings.token_dtype, path=task.path, first_row=first_row)
+        raise InputError(f"shard {task.path} rows {first_row}..{first_row + len(lengths) - 1}: {e}; the file changed "
+                         "during the run (rerun on a stable copy)") from e
+
+
+def _push_sliced(packer: ShardPacker, writer: ChunkFileWriter, tokens: np.ndarray,
+                 lengths: np.ndarray, first_doc_id: int, max_tokens: int, beat=lambda: None) -> None:
+    """Push a read batch in slices of at most ``max_tokens`` tokens (a long document across
+    several), so that beyond the reader's batch the packer holds O(max_tokens) tokens."""
+    for slice_tokens, run_lengths, slice_first_id in iter_run_slices(tokens, lengths, first_doc_id, max_tokens):
+        for chunks in packer.push_runs_parts(slice_tokens, run_lengths, slice_first_id):
+            if chunks.num_chunks:
+                writer.write(chunks)
+        beat()
+
+
+def reset_peak_rss() -> None:
+    """Start measuring a new peak: Linux resets VmHWM on ``5`` written to /proc/self/clear_refs.
+    Elsewhere (or where that is refused) the peak stays the process's lifetime peak."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process since :func:`reset_peak_rss` (else since it started)."""
+    return _proc_status_bytes("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def current_rss_bytes() -> int:
+    """Resident set size of this process now (0 where /proc is not available)."""
+    return _proc_status_bytes("VmRSS")
+
+
+def _proc_status_bytes(key: str) -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _check_not_past_plan(task: ShardTask, counts: dict[str, int]) -> None:
+    if counts["docs"] > task.num_docs or counts["tokens"] > task.num_tokens:
+        _raise_changed(task, counts)
+
+
+def _check_cut(task: ShardTask, cut: CutCounts) -> None:
+    """What ``long_docs`` left out must be what the counting pass found (the offsets follow from it)."""
+    if cut != task.cut:
+        raise InputError(f"{task.describe()}: the counting pass found {task.cut} but packing read {cut}; the "
+                         "file changed during the run (rerun on a stable copy)")
+
+
+def _check_counts(task: ShardTask, counts: dict[str, int]) -> None:
+    if counts["docs"] != task.num_docs or counts["tokens"] != task.num_tokens:
+        _raise_changed(task, counts)
+
+
+def _raise_changed(task: ShardTask, counts: dict[str, int]) -> None:
+    where = "" if task.is_whole_shard else f" rows {task.row_start}..{task.row_start + task.num_docs - 1}"
+    raise InputError(
+        f"shard {task.path}{where}: planned {task.num_docs} documents / {task.num_tokens} tokens but read "
+        f"{counts['docs']} / {counts['tokens']} so far; the file changed during the run or its "
+        f"metadata is wrong (rewrite it, or report the writer)"
+    )
+
+

@@ -1,0 +1,328 @@
+"""Where a run writes and how its output becomes visible: one writer, then one publish.
+
+Every run takes the output's lock first (:mod:`raypack.io.lock`), before it looks at the output,
+plans or writes, and holds it until the output is published or the run has failed; a second
+run on the same output gets one line naming the owner.
+
+A local directory (:class:`LocalOutput`): everything is written into a staging directory
+beside the output, ``.<name>.raypack-staging-partial``, and published by one atomic rename
+(``renameat2(RENAME_EXCHANGE)`` when an old output is there, so readers of the path see the
+old directory or the new one, never neither; a plain rename otherwise). So:
+  * bad input (found while planning or while packing) and a full disk leave nothing behind;
+  * ``overwrite`` replaces the old output only once the new one is complete;
+  * before publishing, everything in the staging directory that the manifest does not list is
+    removed (resume records, temporary files, chunk files of a layout that changed between a
+    crash and a resume): a published directory holds exactly the manifest and its files;
+  * a run that dies for any other reason (a crash, a lost cluster, Ctrl-C) keeps its staging
+    directory, and ``resume`` finishes it. A run that died *while publishing* is finished by
+    the next run on that output (:meth:`LocalOutput.recover`): a staging directory holding a
+    manifest is a complete output, published if it is newer than the one in place, else (the
+    old output swapped out by the exchange) deleted.
+  Where the exchange is not available (not Linux, or a filesystem that refuses it) the publish
+  is two renames, output -> ``.<name>.raypack-staging-old`` then staging -> output; a crash
+  between them is recovered the same way.
+
+An object-store prefix such as ``s3://bucket/out`` (:class:`ObjectStoreOutput`; any
+non-local filesystem): there is no rename, so the manifest is the commit marker. Data objects
+are written straight under the prefix (each appears only once its upload completes), the
+resume records under ``_results/``; then every object the new manifest does not list is
+deleted, and ``manifest.json`` is written last. Readers refuse a prefix without a manifest.
+``overwrite`` deletes the old manifest before packing starts, so the old output stops being
+readable before any of its objects is replaced. Bad input deletes everything under the
+prefix; any other failure keeps the work (no manifest) for ``resume``, exactly as locally.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import logging
+import os
+import posixpath
+import shutil
+from typing import Callable, TypeVar
+
+import pyarrow.fs as pafs
+
+from raypack.errors import InputError, Interrupted
+from raypack.io.fs import bucket_of, check_bucket, is_uri, resolve_filesystem
+from raypack.io.lock import LocalLock, ObjectStoreLock
+from raypack.pack.resume import RESULTS_DIR
+from raypack.packed.writer import CHUNK_FILE_RE, MANIFEST_NAME, TMP_PREFIX
+from raypack.tokenize.corpus import PART_FILE_RE, TOKENIZED_SUBDIR
+
+log = logging.getLogger(__name__)
+P = TypeVar("P")
+R = TypeVar("R")
+
+
+def run_published(output: str, *, overwrite: bool, resume: bool, plan: Callable[[], P],
+                  write: Callable[[LocalOutput | ObjectStoreOutput, P], R]) -> R:
+    """The life of every run that publishes an output (pack, tokenize), in one place:
+
+    1. take the output's lock (held to the end), finish a publish a dead run left half done,
+       refuse an output that is not free for this run;
+    2. ``plan()`` (bad input raises before anything is made);
+    3. make the work directory, ``write(target, planned)`` into ``target.work_dir``, publish;
+       bad input or a full disk leaves nothing (``after_failure``), anything else keeps the
+       work for ``--resume``; Ctrl-C raises :class:`~raypack.errors.Interrupted` naming it.
+    Returns what ``write`` returned.
+    """
+    target = output_target(output)
+    target.acquire()
+    try:
+        target.recover()
+        target.check_free(overwrite=overwrite, resume=resume)
+        planned = plan()
+        target.prepare(fresh=overwrite and not resume)
+        try:
+            result = write(target, planned)
+            target.publish()
+        except KeyboardInterrupt:
+            raise Interrupted(target.work_dir) from None
+        except BaseException as e:
+            target.after_failure(e)
+            raise
+    finally:
+        target.lock.release()
+    return result
+
+
+def staging_dir(output: str) -> str:
+    parent, name = os.path.split(os.path.abspath(output))
+    return os.path.join(parent, f".{name}.raypack-staging-partial")
+
+
+def output_target(output: str) -> LocalOutput | ObjectStoreOutput:
+    """How ``output`` (a local path or a URI) is written and published."""
+    if not is_uri(output):
+        return LocalOutput(output)
+    fs, base = resolve_filesystem(output)
+    if isinstance(fs, pafs.LocalFileSystem):
+        return LocalOutput(base)
+    return ObjectStoreOutput(output.rstrip("/"), fs, base)
+
+
+# ----------------------------------------------------------------------------- local
+
+
+class LocalOutput:
+    """A local directory, published by renaming a complete staging directory into its place."""
+
+    def __init__(self, output: str) -> None:
+        self.output = os.path.abspath(output)
+        self.work_dir = staging_dir(output)
+        """Where the run writes: the staging directory."""
+        self.old_dir = f"{self.work_dir[:-len('-partial')]}-old"
+        parent, name = os.path.split(self.output)
+        self.lock = LocalLock(os.path.join(parent, f".{name}.raypack-lock"), what=f"output {output}")
+
+    def acquire(self) -> None:
+        self.lock.acquire()
+
+    def recover(self) -> None:
+        """Finish a publish that a dead run left half done (call holding the lock)."""
+        staging, output, old = self.work_dir, self.output, self.old_dir
+        staged = os.path.join(staging, MANIFEST_NAME)
+        if os.path.isfile(staged):
+            published = os.path.join(output, MANIFEST_NAME)
+            if os.path.isfile(published) and os.stat(published).st_mtime_ns >= os.stat(staged).st_mtime_ns:
+                log.info("removing %s: an output replaced by an interrupted publish", staging)
+                shutil.rmtree(staging)
+            else:
+                log.info("finishing the interrupted publish of %s", output)
+                self.publish()
+        if os.path.isdir(old):
+            if not os.path.exists(output):
+                log.info("restoring %s: its replacement was never published", output)
+                os.replace(old, output)
+            else:
+                shutil.rmtree(old, ignore_errors=True)
+
+    def check_free(self, *, overwrite: bool, resume: bool) -> None:
+        out, staging = self.output, self.work_dir
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise InputError(f"output {out} exists and is not a directory")
+        if os.path.isdir(staging) and not (resume or overwrite):
+            raise InputError(f"an earlier run into {out} did not finish (its work is in {staging}); "
+                             f"pass --resume to finish it or --overwrite to start over")
+        if os.path.isdir(out) and os.listdir(out) and not overwrite:
+            if resume and os.path.exists(os.path.join(out, MANIFEST_NAME)) and not os.path.isdir(staging):
+                raise InputError(f"output {out} is already complete; nothing to resume")
+            raise InputError(f"output directory {out} is not empty; pass --overwrite to replace it "
+                             f"(the old output is removed only after the new one is complete)")
+
+    def prepare(self, *, fresh: bool) -> None:
+        if fresh:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+        os.makedirs(self.work_dir, exist_ok=True)
+
+    def sweep(self, keep: set[str]) -> None:
+        """Remove everything in the staging directory but the files in ``keep``: resume records,
+        temporary files of killed attempts, chunk files of an earlier layout."""
+        for entry in os.scandir(self.work_dir):
+            if entry.name in keep:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.remove(entry.path)
+
+    def publish(self) -> None:
+        """Make the complete staging directory the output: one atomic rename where possible."""
+        staging, output = self.work_dir, self.output
+        if not os.path.exists(output):
+            os.rename(staging, output)
+            return
+        if exchange_paths(staging, output):
+            shutil.rmtree(staging)  # now the old output
+            return
+        shutil.rmtree(self.old_dir, ignore_errors=True)  # no exchange here: two renames (see recover)
+        os.replace(output, self.old_dir)
+        os.replace(staging, output)
+        shutil.rmtree(self.old_dir, ignore_errors=True)
+
+    def after_failure(self, error: BaseException) -> None:
+        """Bad input and a full disk leave nothing; anything else keeps the work for --resume."""
+        staging = self.work_dir
+        if isinstance(error, InputError) or (isinstance(error, OSError) and error.errno == errno.ENOSPC):
+            shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(error, OSError):
+                raise InputError(f"writing the output failed: {error.strerror} ({error.filename or staging}); "
+                                 f"nothing was published; free space and run again") from error
+        elif os.path.isdir(staging):
+            log.error("the run failed; its finished shards are kept in %s: rerun with --resume to finish it", staging)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def exchange_paths(a: str, b: str) -> bool:
+    """Atomically swap two existing paths (Linux ``renameat2(RENAME_EXCHANGE)``).
+
+    Returns False where the platform or the filesystem cannot (then nothing changed).
+    """
+    renameat2 = _renameat2()
+    if renameat2 is None:
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EXDEV):
+        return False
+    raise OSError(err, os.strerror(err), a, None, b)
+
+
+def _renameat2():
+    if not os.uname().sysname == "Linux":
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        function = libc.renameat2
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    function.restype = ctypes.c_int
+    return function
+
+
+# ----------------------------------------------------------------------------- object store
+
+
+class ObjectStoreOutput:
+    """A prefix of an object store (any non-local filesystem). No rename: the manifest is the commit."""
+
+    def __init__(self, output: str, fs: pafs.FileSystem, base: str) -> None:
+        self.output = output
+        self.work_dir = output
+        """Where the run writes: the output prefix itself."""
+        self._fs = fs
+        self._base = base.rstrip("/")
+        self.lock = ObjectStoreLock(fs, posixpath.join(self._base, ObjectStoreLock.NAME), what=f"output {output}")
+
+    def acquire(self) -> None:
+        """Check the prefix can be an output, then take its lock."""
+        out = self.output
+        if self._base.strip("/") in ("", bucket_of(self._fs, self._base)):
+            raise InputError(f"output {out} is the root of a bucket or filesystem; give a prefix inside it "
+                             f"(e.g. {out.rstrip('/')}/packed), which the run may empty")
+        try:
+            check_bucket(self._fs, self._base, f"output {out}")
+        except OSError as e:
+            raise InputError(f"cannot reach the output {out} ({e}); check the credentials and the endpoint") from e
+        self.lock.acquire()
+
+    def recover(self) -> None:
+        """Nothing to recover: the manifest, written last, is the only commit."""
+
+    def check_free(self, *, overwrite: bool, resume: bool) -> None:
+        out = self.output
+        try:
+            if self._fs.get_file_info(self._base).type == pafs.FileType.File:
+                raise InputError(f"output {out} exists and is an object, not a prefix")
+            names = [n for n in self._names() if n != ObjectStoreLock.NAME]
+        except OSError as e:
+            raise InputError(f"cannot list the output {out} ({e}); check the credentials and the endpoint") from e
+        if not names or overwrite:
+            return
+        complete = MANIFEST_NAME in names
+        ours = all(_is_run_object(n) for n in names)
+        if resume and complete:
+            raise InputError(f"output {out} is already complete; nothing to resume")
+        if ours and not complete:
+            if resume:
+                return
+            raise InputError(f"an earlier run into {out} did not finish (its objects are there, without a "
+                             f"{MANIFEST_NAME}); pass --resume to finish it or --overwrite to start over")
+        raise InputError(f"output {out} is not empty (it holds {names[0]}, ...); pass --overwrite to replace it "
+                         f"(on an object store the old {MANIFEST_NAME} is deleted when packing starts, and "
+                         f"the old objects just before the new manifest is written)")
+
+    def prepare(self, *, fresh: bool) -> None:
+        if fresh:  # the old output stops being readable before any of its objects is replaced
+            self._delete([n for n in self._names() if n == MANIFEST_NAME or n.startswith(f"{RESULTS_DIR}/")])
+
+    def sweep(self, keep: set[str]) -> None:
+        """Delete every object the new manifest will not list: resume records, leftovers, an old output."""
+        self._delete([n for n in self._names() if n not in keep and n != ObjectStoreLock.NAME])
+
+    def publish(self) -> None:
+        """Nothing to do: the manifest, written last, published the output."""
+
+    def after_failure(self, error: BaseException) -> None:
+        """Bad input leaves nothing (everything under the prefix is deleted); anything else keeps the work."""
+        if isinstance(error, InputError):
+            try:
+                self._fs.delete_dir(self._base)  # the lock object too: releasing it tolerates that
+            except FileNotFoundError:
+                pass
+        else:
+            log.error("the run failed; its finished shards are kept under %s (no %s, so nothing is readable): "
+                      "rerun with --resume to finish it", self.output, MANIFEST_NAME)
+
+    def _names(self) -> list[str]:
+        """Every object under the prefix, relative to it, sorted."""
+        selector = pafs.FileSelector(self._base, recursive=True, allow_not_found=True)
+        return sorted(posixpath.relpath(i.path, self._base) for i in self._fs.get_file_info(selector)
+                      if i.type == pafs.FileType.File)
+
+    def _delete(self, names: list[str]) -> None:
+        if any(n.startswith(f"{RESULTS_DIR}/") for n in names):  # one bulk delete for the records
+            try:
+                self._fs.delete_dir(posixpath.join(self._base, RESULTS_DIR))
+            except FileNotFoundError:
+                pass
+        for name in names:
+            if not name.startswith(f"{RESULTS_DIR}/"):
+                try:
+                    self._fs.delete_file(posixpath.join(self._base, name))
+                except FileNotFoundError:
+                    pass
+
+
+def _is_run_object(name: str) -> bool:
+    """An object a raypack run writes under its output prefix."""
+    return (name == MANIFEST_NAME or name.startswith((f"{RESULTS_DIR}/", TMP_PREFIX, f"{TOKENIZED_SUBDIR}/"))
+            or CHUNK_FILE_RE.match(name) is not None or PART_FILE_RE.match(name) is not None)

@@ -1,0 +1,288 @@
+"""Durable per-task results, so an interrupted run can be finished instead of restarted.
+
+After a packer publishes a task's chunk file (a task is a shard, or a range of a shard's row
+groups or record batches: raypack.pack.plan) it records the task's result in
+``_results/task-NNNNNN.json`` in the directory it writes to (the staging directory; on an
+object store the output prefix itself). A record is one JSON object: a format version, the
+task, the settings that decide the output, the input file's identity (taken *before* the
+shard is packed), the counts, the chunk file's name and sha256 and the edge fragments (each
+shorter than ``context_length`` tokens), plus ``record_sha256``, the sha256 of the canonical
+JSON (sorted keys, no spaces) of everything else in the record.
+
+``--resume`` reuses a record only when, in this order: it parses, its ``record_sha256``
+matches and its version is this one; its task and settings equal this run's; the input file
+still has the recorded identity; the chunk file still hashes to the recorded sha256. Anything
+else packs the shard again, with one INFO line saying why (a missing record says nothing).
+
+What identifies an input file, and what it costs per shard, both when a packer records it and
+when ``--resume`` checks it:
+
+- always: its size and the sha256 of its first and last MiB (the whole file when it is at most
+  2 MiB) and, for Parquet, of its whole footer (the ``n`` bytes before the trailing
+  ``<n:uint32 LE>PAR1``, however large). Cost: at most 2 MiB read (two ranged reads) plus the
+  part of a Parquet footer that lies before the last MiB. Known limit: a change that keeps the
+  size and touches only bytes outside those ranges (the middle of a JSONL or Arrow shard, a
+  Parquet data page) is not seen. The modification time plays no part.
+- with ``verify_inputs`` (``--verify-inputs``): also the sha256 of all of its bytes. Cost: the
+  whole file read once more by the packer and once more by ``--resume`` for each record it
+  checks (4 MiB reads). A record written without it is not reused under ``--verify-inputs``.
+
+A checksum guards against damage (a torn write, a flipped bit, a stale copy), not against
+someone who rewrites a record on purpose and recomputes its checksum.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import posixpath
+from dataclasses import asdict, replace
+from typing import Any
+
+import numpy as np
+
+from raypack.io.fs import resolve_filesystem
+from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, asdict_file
+from raypack.packed.writer import CHUNK_FILE_RE, WrittenFile, write_whole
+from raypack.rules.content_digest import CONTENT_GROUP_CHUNKS, is_range_digests, range_layout
+from raypack.rules.core import Fragment
+from raypack.rules.side_columns import combine, opaque, split_fields
+
+log = logging.getLogger(__name__)
+
+RESULTS_DIR = "_results"
+RECORD_VERSION = 4
+"""1: the Arrow records (``shard-NNNNNN.arrow``) of earlier versions; 2: ``shard-NNNNNN.json``,
+one per shard; 3: either per-shard records with the chunk file's range digests
+(raypack.rules.content_digest) or per-task records without them. None is reused (the sweep removes them)."""
+EDGE_BYTES = 1 << 20
+"""Bytes hashed at each end of an input file for its identity."""
+READ_BYTES = 1 << 22
+"""Bytes per read when hashing a whole file."""
+_NOT_OUTPUT_SETTINGS = ("out_dir", "verify_inputs", "progress_timeout_s", "restart_stalled")
+
+
+class _Rejected(Exception):
+    """A record that exists but must not be reused; the message says why."""
+
+
+def record_name(task_index: int) -> str:
+    """The record's path relative to the directory the run writes to (one per task: a shard, or a
+    range of one; the task in the record says which)."""
+    return f"{RESULTS_DIR}/task-{task_index:06d}.json"
+
+
+def identify_input(task: ShardTask, settings: PackSettings) -> dict[str, Any]:
+    """``{"size", "edges_sha256"}`` of ``task.path`` and, with ``verify_inputs``, ``"sha256"``.
+
+    Cost: see the module docstring (at most 2 MiB plus a Parquet footer; the whole file when
+    ``settings.verify_inputs``).
+    """
+    identity = sampled_identity(task.path, task.format)
+    if settings.verify_inputs:
+        identity["sha256"] = file_sha256(task.path)
+    return identity
+
+
+def sampled_identity(path: str, fmt: str) -> dict[str, Any]:
+    """Size and sha256 of first MiB + last MiB (+ the Parquet footer bytes before the last MiB)."""
+    fs, fs_path = resolve_filesystem(path)
+    digest = hashlib.sha256()
+    with fs.open_input_file(fs_path) as f:
+        size = f.size()
+        head_end = min(size, EDGE_BYTES)
+        tail_start = max(size - EDGE_BYTES, head_end)
+        digest.update(_read_range(f, 0, head_end))
+        tail = _read_range(f, tail_start, size)
+        digest.update(tail)
+        if fmt == "parquet":
+            footer_start = _parquet_footer_start(size, tail)
+            for start in range(max(footer_start, head_end), tail_start, READ_BYTES):
+                digest.update(_read_range(f, start, min(start + READ_BYTES, tail_start)))
+    return {"size": size, "edges_sha256": digest.hexdigest()}
+
+
+def _parquet_footer_start(size: int, tail: bytes) -> int:
+    """Where the footer begins (``size`` when the file does not end like Parquet)."""
+    if len(tail) < 8 or tail[-4:] != b"PAR1":
+        return size
+    footer_len = int.from_bytes(tail[-8:-4], "little")
+    return max(size - 8 - footer_len, 0)
+
+
+def _read_range(f, start: int, end: int) -> bytes:
+    f.seek(start)
+    data = f.read(end - start)
+    if len(data) != end - start:
+        raise OSError(f"short read: {len(data)} of {end - start} bytes at offset {start}")
+    return data
+
+
+def file_sha256(path: str) -> str:
+    """sha256 of every byte of ``path`` (no decompression); reads the whole file in 4 MiB blocks."""
+    fs, fs_path = resolve_filesystem(path)
+    digest = hashlib.sha256()
+    with fs.open_input_stream(fs_path, compression=None) as f:
+        while block := f.read(READ_BYTES):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def save_result(task: ShardTask, settings: PackSettings, result: ShardResult, identity: dict[str, Any]) -> None:
+    """Record ``result`` durably (written whole or not at all). ``identity``: from
+    :func:`identify_input`, taken before the shard was read for packing."""
+    body = {"version": RECORD_VERSION, "task": asdict(task), "settings": _output_settings(settings),
+            "input": identity, "result": _result_to_dict(result, settings)}
+    record = {**body, "record_sha256": hashlib.sha256(_canonical(body)).hexdigest()}
+    write_whole(settings.out_dir, record_name(task.task_index), _canonical(record), make_dirs=True)
+
+
+def load_verified_result(task: ShardTask, settings: PackSettings) -> ShardResult | None:
+    """The recorded result of ``task`` if every check in the module docstring passes, else None.
+
+    Cost: reads the record, the input's identity (whole input with ``verify_inputs``) and the
+    whole chunk file.
+    """
+    fs, base = resolve_filesystem(settings.out_dir)
+    try:
+        data = _read_record(fs, posixpath.join(base, record_name(task.task_index)))
+        result = None if data is None else _check_record(data, task, settings, fs, base)
+    except _Rejected as e:
+        log.info("resume: %s is packed again: its record %s %s", task.describe(), record_name(task.task_index), e)
+        return None
+    return None if result is None else replace(result, started_at=0.0, finished_at=0.0)  # not packed by this run
+
+
+def _read_record(fs, path: str) -> bytes | None:
+    """The record's bytes; None when there is none (the shard never finished)."""
+    try:
+        with fs.open_input_stream(path, compression=None) as source:
+            return source.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise _Rejected(f"cannot be read ({e})") from e
+
+
+def _check_record(data: bytes, task: ShardTask, settings: PackSettings, fs, base: str) -> ShardResult:
+    body = _parse_record(data)
+    try:
+        same_run = body["task"] == asdict(task) and body["settings"] == _output_settings(settings)
+        recorded_input = dict(body["input"])
+        result = _result_from_dict(body["result"], settings)
+    except (KeyError, TypeError, ValueError, OverflowError) as e:
+        raise _Rejected(f"is malformed ({e!r})") from e
+    if not same_run:
+        raise _Rejected("was made for another task or other settings")
+    _check_input(recorded_input, task, settings)
+    if result.file is not None and not CHUNK_FILE_RE.match(result.file.path):
+        raise _Rejected(f"names {result.file.path!r}, which is not a chunk file name")
+    if result.file is not None and not _digests_fit(result.file):
+        raise _Rejected(f"holds range digests that do not fit chunks {result.file.first_chunk}.."
+                        f"{result.file.first_chunk + result.file.num_chunks - 1}")
+    if result.file is not None and not _file_intact(fs, posixpath.join(base, result.file.path), result.file.sha256):
+        raise _Rejected(f"names chunk file {result.file.path}, which is missing or no longer hashes to its sha256")
+    return result
+
+
+def _parse_record(data: bytes) -> dict[str, Any]:
+    """The record's body, once its checksum and version check."""
+    try:
+        record = json.loads(data)
+        claimed = record.pop("record_sha256")
+        actual = hashlib.sha256(_canonical(record)).hexdigest()
+    except (ValueError, TypeError, KeyError, AttributeError) as e:  # UnicodeDecodeError is a ValueError
+        raise _Rejected(f"does not parse ({type(e).__name__})") from e
+    if claimed != actual:
+        raise _Rejected(f"fails its checksum (record_sha256 {str(claimed)[:16]}..., content {actual[:16]}...)")
+    if record.get("version") != RECORD_VERSION:
+        raise _Rejected(f"has version {record.get('version')!r}, not {RECORD_VERSION}")
+    return record
+
+
+def _check_input(recorded: dict[str, Any], task: ShardTask, settings: PackSettings) -> None:
+    """Cheap identity first; the full sha256 only when asked for and the cheap one agrees."""
+    sampled = sampled_identity(task.path, task.format)
+    if {k: recorded.get(k) for k in sampled} != sampled:
+        raise _Rejected(f"was made from another {task.path}: size or first/last MiB (or Parquet footer) differ")
+    if not settings.verify_inputs:
+        return
+    if "sha256" not in recorded:
+        raise _Rejected("holds no full input sha256 (recorded without --verify-inputs)")
+    if recorded["sha256"] != file_sha256(task.path):
+        raise _Rejected(f"was made from another {task.path}: its full sha256 differs (--verify-inputs)")
+
+
+def _output_settings(settings: PackSettings) -> dict[str, Any]:
+    """The settings that decide the output, as JSON values (side columns only when there are any,
+    so tokens-only records keep their form); another ``extra_columns`` is another job."""
+    out = {k: v for k, v in asdict(settings).items() if k not in _NOT_OUTPUT_SETTINGS}
+    columns = out.pop("extra_columns")
+    if columns:
+        out["extra_columns"] = [list(c) for c in columns]
+    return out
+
+
+def _canonical(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _result_to_dict(result: ShardResult, settings: PackSettings) -> dict[str, Any]:
+    return {"shard_index": result.shard_index, "task_index": result.task_index, "file": asdict_file(result.file),
+            "head": _fragment_to_dict(result.head, settings), "tail": _fragment_to_dict(result.tail, settings),
+            "num_docs": result.num_docs, "num_nonempty_docs": result.num_nonempty_docs,
+            "num_tokens": result.num_tokens, "num_split_docs": result.num_split_docs,
+            "peak_rss_bytes": result.peak_rss_bytes}
+
+
+def _result_from_dict(d: dict[str, Any], settings: PackSettings) -> ShardResult:
+    file = d["file"]
+    return ShardResult(int(d["shard_index"]), None if file is None else WrittenFile(**file),
+                       _fragment_from_dict(d["head"], settings), _fragment_from_dict(d["tail"], settings),
+                       int(d["num_docs"]), int(d["num_nonempty_docs"]), int(d["num_tokens"]),
+                       int(d["num_split_docs"]), int(d["peak_rss_bytes"]), task_index=int(d["task_index"]))
+
+
+def _fragment_to_dict(frag: Fragment | None, settings: PackSettings) -> dict[str, Any] | None:
+    """A fragment as JSON; with side columns their values go under ``"sides"`` by name."""
+    if frag is None:
+        return None
+    tokens, sides = split_fields(frag.input_ids, settings.record_dtype)
+    out = {"start": int(frag.start), "input_ids": tokens.tolist(),
+           "segment_doc_ids": frag.segment_doc_ids.tolist(), "segment_lengths": frag.segment_lengths.tolist()}
+    if sides:
+        out["sides"] = {name: values.tolist() for name, values in zip(settings.record_dtype.names[1:], sides)}
+    return out
+
+
+def _fragment_from_dict(d: dict[str, Any] | None, settings: PackSettings) -> Fragment | None:
+    if d is None:
+        return None
+    record = settings.record_dtype
+    tokens = np.asarray(d["input_ids"], dtype=settings.token_dtype)
+    if settings.extra_columns:
+        sides = [np.asarray(d["sides"][name], dtype=record[name]) for name in record.names[1:]]
+        tokens = opaque(combine(tokens, sides, record))
+    return Fragment(int(d["start"]), tokens, np.asarray(d["segment_doc_ids"], dtype=np.int64),
+                    np.asarray(d["segment_lengths"], dtype=np.int32))
+
+
+def _digests_fit(file: WrittenFile) -> bool:
+    """Whether the file's range digests have the shape its chunk range asks for (their values are
+    vouched for by the record's checksum, like the rest of it)."""
+    first, count = file.first_chunk, file.num_chunks
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (first, count)):
+        return False
+    return is_range_digests(file.digests, range_layout(first, first + count, CONTENT_GROUP_CHUNKS))
+
+
+def _file_intact(fs, path: str, sha256: str) -> bool:
+    digest = hashlib.sha256()
+    try:
+        with fs.open_input_stream(path, compression=None) as f:
+            while block := f.read(READ_BYTES):
+                digest.update(block)
+    except OSError:
+        return False
+    return digest.hexdigest() == sha256

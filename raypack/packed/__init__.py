@@ -1,0 +1,1 @@
+"""The packed output format: its writer, its manifest and its reader."""

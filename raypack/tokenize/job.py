@@ -1,0 +1,249 @@
+"""One tokenize run: text files in, a tokenized corpus out (:mod:`raypack.tokenize.corpus`).
+
+``raypack tokenize`` (:func:`run_tokenize`) locks, stages and publishes its output exactly like
+``raypack pack`` (:mod:`raypack.pack.publish`). ``raypack pack --tokenizer`` (:func:`tokenize_for_pack`)
+runs the same stage into ``_tokenized/`` inside the pack's own work directory and packs over
+it, so ``--resume`` reuses finished tokenize tasks and the final sweep removes the corpus.
+
+Why two stages: a document's token count is known only once it is tokenized, and chunk
+boundaries are global offsets computed from every count before packing (:mod:`raypack.pack.plan`).
+So the job tokenizes everything first, writing each task's ids to disk and sending its counts
+to the driver, then packs those files. Cost over packing a ready tokenized corpus: the
+tokenize time itself, plus writing and reading the tokenized corpus once (zstd Parquet, about
+``bytes per token x tokens``, e.g. 2 bytes/token before compression for a vocabulary under
+65,536), which lives on disk until the pack's output is published.
+
+The driver plans (lists files, reads Parquet footers and JSONL sizes, loads the tokenizer once
+for its identity, BOS/EOS ids and vocabulary size); tasks run on the local process or on a Ray
+actor pool (:func:`raypack.engine.pipeline.tokenize_texts`); the driver then writes the manifest.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
+from typing import Any
+
+from raypack.errors import InputError
+from raypack.inputs.formats import shard_format
+from raypack.inputs.shards import discover_shards
+from raypack.inputs.text_readers import jsonl_byte_range_tasks, parquet_row_group_tasks
+from raypack.io.progress import Progress
+from raypack.pack.plan import Plan, check_output_outside_inputs, make_plan
+from raypack.pack.publish import run_published
+from raypack.tokenize.corpus import TOKENIZED_SUBDIR, build_tokenized_manifest, save_tokenized_manifest
+from raypack.tokenize.tasks import (
+    TextResult,
+    TextTask,
+    TokenizeSettings,
+    load_verified_record,
+    tokenize_task,
+)
+from raypack.tokenize.tokenizers import load_tokenizer, token_dtype_for
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextOptions:
+    """The options that decide the tokenized corpus (shared by ``tokenize`` and ``pack --tokenizer``)."""
+
+    tokenizer: str
+    text_column: str = "text"
+    bos: str | int | None = None
+    eos: str | int | None = None
+    token_dtype: str = "auto"
+    task_rows: int = 65536
+    """Parquet: consecutive row groups are merged into one task until it holds this many rows."""
+    task_bytes: int = 64 << 20
+    """JSONL: nominal bytes per task (compressed JSONL: one task per file)."""
+    row_group_tokens: int = 1 << 20
+    row_group_docs: int = 65536
+    batch_rows: int = 1024
+    """Texts read at once (memory); no effect on the output."""
+    batch_bytes: int = 1 << 20
+    """Bytes of text encoded at once (memory); no effect on the output."""
+
+    def __post_init__(self) -> None:
+        if not self.tokenizer:
+            raise InputError("no tokenizer given: pass --tokenizer (a tokenizer.json, its directory, or tiktoken:NAME)")
+        for name in ("task_rows", "task_bytes", "row_group_tokens", "row_group_docs", "batch_rows", "batch_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"{name}={value!r} must be an integer >= 1")
+
+    def output_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items() if k not in ("batch_rows", "batch_bytes")}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizeConfig:
+    inputs: tuple[str, ...]
+    output: str
+    text: TextOptions
+    num_workers: int = 2
+    worker_num_cpus: float = 0.5
+    overwrite: bool = False
+    address: str | None = None
+
+
+@dataclass(frozen=True)
+class TokenizeSummary:
+    output: str
+    manifest: dict
+    seconds: float
+
+    def lines(self) -> list[str]:
+        c = self.manifest["counts"]
+        rate = c["tokens"] / self.seconds if self.seconds > 0 else 0.0
+        return [
+            f"tokenized {self.output} ({self.manifest['tokenizer']['kind']}, vocabulary "
+            f"{self.manifest['tokenizer']['vocab_size']:,}, {self.manifest['token_dtype']})",
+            f"  documents  {c['documents']:>14,}",
+            f"  tokens     {c['tokens']:>14,}",
+            f"  shards     {c['shards']:>14,}",
+            f"  time       {self.seconds:>14.2f}s  ({rate / 1e6:,.2f}M tokens/s, start-up included)",
+        ]
+
+
+def parse_token(value: str | int | None) -> str | int | None:
+    """A ``--bos``/``--eos`` value: digits are an id, anything else a token string."""
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return value
+
+
+def run_tokenize(config: TokenizeConfig, *, engine: str = "ray", resume: bool = False,
+                 verbose: bool | None = None) -> TokenizeSummary:
+    """Tokenize ``config.inputs`` into ``config.output``, published atomically like ``run_pack``.
+
+    On Ray, connects before taking the lock (``verbose``: Ray's own logs too); Ctrl-C raises
+    :class:`raypack.errors.Interrupted` naming the kept work directory."""
+    start = time.perf_counter()
+    if not config.output:
+        raise InputError("no output given: pass --output DIR")
+    if engine == "ray":
+        from raypack.pack.job import connect_ray
+
+        connect_ray(config.address, verbose=verbose)
+
+    def plan() -> list[TextTask]:
+        tasks = plan_text_tasks(config.inputs, config.text)
+        _check_outside(config.output, tasks)
+        return tasks
+
+    def write(target, tasks: list[TextTask]) -> dict:
+        manifest = tokenize_into(target.work_dir, config, tasks, engine, resume)
+        target.sweep(keep={s["path"] for s in manifest["shards"]})
+        save_tokenized_manifest(target.work_dir, manifest)
+        return manifest
+
+    manifest = run_published(config.output, overwrite=config.overwrite, resume=resume, plan=plan, write=write)
+    return TokenizeSummary(config.output, manifest, time.perf_counter() - start)
+
+
+def tokenize_for_pack(work_dir: str, pack_config, text: TextOptions, engine: str, resume: bool) -> Plan:
+    """``pack --tokenizer``: tokenize into ``work_dir/_tokenized`` and plan the pack over it.
+
+    Same plan (counts, offsets, token dtype) as ``make_plan`` over a ``raypack tokenize`` output
+    made with the same options, so the packed output is byte-identical.
+    """
+    tasks = plan_text_tasks(pack_config.inputs, text)
+    _check_outside(pack_config.output, tasks)
+    directory = f"{work_dir.rstrip('/')}/{TOKENIZED_SUBDIR}"
+    config = TokenizeConfig(inputs=pack_config.inputs, output=directory, text=text,
+                            num_workers=pack_config.num_workers, worker_num_cpus=pack_config.worker_num_cpus,
+                            address=pack_config.address)
+    if "://" not in directory:
+        os.makedirs(directory, exist_ok=True)
+    manifest = tokenize_into(directory, config, tasks, engine, resume)
+    save_tokenized_manifest(directory, manifest)
+    return replace(make_plan(replace(pack_config, inputs=(directory,))), text_inputs=True)
+
+
+def plan_text_tasks(inputs: tuple[str, ...], text: TextOptions) -> list[TextTask]:
+    """Every task, in input order: Parquet row-group ranges, JSONL byte ranges. Footers and sizes only."""
+    if not inputs:
+        raise InputError("no input given: pass --input PATH (a text file, a directory or a glob)")
+    tasks: list[TextTask] = []
+    for path in discover_shards(list(inputs)):
+        fmt = shard_format(path)
+        if fmt == "parquet":
+            groups = parquet_row_group_tasks(path, target_rows=text.task_rows)
+            ranges = [(g.row_group_start, g.row_group_end, g.num_bytes) for g in groups]
+        elif fmt == "jsonl":
+            ranges = [(start, end, end - start) for start, end in jsonl_byte_range_tasks(path, text.task_bytes)]
+        else:
+            raise InputError(f"text input {path} is {fmt}; give text as Parquet (a string column) or JSON Lines")
+        first = len(tasks)
+        tasks.extend(TextTask(first + k, path, fmt, start, end, size) for k, (start, end, size) in enumerate(ranges))
+    return tasks
+
+
+def _check_outside(output: str, tasks: list[TextTask]) -> None:
+    shards = tuple(SimpleNamespace(path=p) for p in dict.fromkeys(t.path for t in tasks))
+    check_output_outside_inputs(output, SimpleNamespace(shards=shards))
+
+
+def tokenize_into(out_dir: str, config: TokenizeConfig, tasks: list[TextTask], engine: str,
+                  resume: bool) -> dict[str, Any]:
+    """Run every task into ``out_dir``; return the corpus manifest (not yet written)."""
+    tokenizer = load_tokenizer(config.text.tokenizer)
+    identity = tokenizer.identity()
+    text = config.text
+    bos_id, eos_id = (None if t is None else tokenizer.token_id(parse_token(t)) for t in (text.bos, text.eos))
+    token_dtype = token_dtype_for(tokenizer.vocab_size, text.token_dtype).name
+    settings = TokenizeSettings(out_dir, text.tokenizer, identity["sha256"], text.text_column, token_dtype,
+                                bos_id, eos_id, text.row_group_tokens, text.row_group_docs, text.batch_rows,
+                                text.batch_bytes)
+    results = _run_tasks(tasks, settings, config, engine, resume, tokenizer)
+    shards = [{"path": r.path, "num_docs": r.num_docs, "num_tokens": r.num_tokens, "num_bytes": r.num_bytes,
+               "sha256": r.sha256, "source": {"path": t.path, "format": t.format, "start": t.start, "end": t.end}}
+              for t, r in zip(tasks, results)]
+    options = {**text.output_dict(), "bos_id": bos_id, "eos_id": eos_id, "inputs": list(config.inputs)}
+    return build_tokenized_manifest(shards, token_dtype, identity, options)
+
+
+def _run_tasks(tasks: list[TextTask], settings: TokenizeSettings, config: TokenizeConfig, engine: str,
+               resume: bool, tokenizer) -> list[TextResult]:
+    kept = {t.task_index: r for t in tasks if resume and (r := load_verified_record(t, settings))}
+    todo = [t for t in tasks if t.task_index not in kept]
+    if kept:
+        log.info("resume: %d of %d text tasks kept (verified), %d to tokenize", len(kept), len(tasks), len(todo))
+    if engine == "local" or not todo:
+        done = _tokenize_locally(todo, settings, tokenizer)
+    else:
+        done = _tokenize_with_ray(todo, settings, config)
+    return sorted([*kept.values(), *done], key=lambda r: r.task_index)
+
+
+def _tokenize_locally(tasks: list[TextTask], settings: TokenizeSettings, tokenizer) -> list[TextResult]:
+    """One process, task after task; the tokenizer's own threads use every core."""
+    results, progress = [], Progress("tokenized", len(tasks), "tasks")
+    for task in tasks:
+        results.append(tokenize_task(task, settings, tokenizer))
+        progress.add(results[-1].num_tokens)
+    return results
+
+
+def dispatch_order(tasks: list[TextTask]) -> list[TextTask]:
+    """The largest tasks first (ties in input order), so the tasks still running when the
+    others have finished are short ones and no worker idles long at the end (longest
+    processing time first). The output does not depend on the order: each task writes its own
+    part file, and results are put back in task order."""
+    return sorted(tasks, key=lambda t: (-t.text_bytes, t.task_index))
+
+
+def _tokenize_with_ray(tasks: list[TextTask], settings: TokenizeSettings, config: TokenizeConfig) -> list[TextResult]:
+    from raypack.engine.pipeline import init_ray
+    from raypack.pack.job import on_ray
+
+    init_ray(config.address)
+    progress = Progress("tokenized", len(tasks), "tasks")
+    largest_first = dispatch_order(tasks)
+    return on_ray(lambda pipeline: pipeline.tokenize_texts(
+        largest_first, settings, num_workers=config.num_workers, worker_num_cpus=config.worker_num_cpus,
+        on_result=lambda r: progress.add(r.num_tokens)), "a tokenizer")

@@ -1,0 +1,298 @@
+"""One tokenize task: a range of a text file in, one Parquet part file of token ids out. No Ray.
+
+A task is row groups ``[start, end)`` of a Parquet file or the JSONL lines of nominal byte
+range ``[start, end)`` (line-aligned by :mod:`raypack.inputs.text_readers`), so one huge text file is
+spread over many workers. The driver numbers tasks in input order; task k writes
+``part-{k:06d}.parquet`` and returns its counts. Nothing a task writes depends on the worker,
+the read batch size or the thread count:
+
+  * documents are encoded in batches of ``batch_rows`` texts (a tokenizer's ids for one text
+    do not depend on its batch);
+  * row groups close at fixed document boundaries: the first boundary where the row group
+    holds ``row_group_tokens`` tokens or ``row_group_docs`` documents, a function of the
+    document sequence alone;
+  * the Parquet writer's options are fixed (zstd, no dictionary, statistics on).
+
+Memory per task: one read batch of texts, the encodings of at most ``batch_bytes`` of it, and
+at most one row group of ids (about ``row_group_tokens`` ids plus one piece): flat in the
+size of the task and in the length of its documents (but a single text is encoded whole).
+
+After a part file is complete a record ``_results/text-NNNNNN.json`` (checksummed JSON, as
+:mod:`raypack.pack.resume` writes for packing) holds the task, the settings that decide the
+bytes, the input's sampled identity and the result; ``--resume`` reuses a task when its
+record checks, its input still has that identity and the part file still hashes to its
+recorded sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import posixpath
+from dataclasses import asdict, dataclass
+from typing import Any, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from raypack.errors import InputError
+from raypack.inputs.text_readers import iter_jsonl_texts, iter_parquet_texts
+from raypack.io.fs import resolve_filesystem
+from raypack.pack.resume import RESULTS_DIR, sampled_identity
+from raypack.packed.writer import AtomicFile, HashingSink, write_whole
+from raypack.tokenize.corpus import TOKEN_COLUMN, part_file_name
+from raypack.tokenize.tokenizers import TextTokenizer, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+RECORD_VERSION = 1
+PARQUET_WRITE_OPTIONS = {"compression": "zstd", "use_dictionary": False, "write_statistics": True}
+"""Fixed, so a part file's bytes depend only on its documents."""
+_NOT_OUTPUT_SETTINGS = ("out_dir", "tokenizer", "batch_rows", "batch_bytes", "num_threads")
+
+
+@dataclass(frozen=True)
+class TextTask:
+    """Row groups [start, end) of a Parquet file, or JSONL nominal byte range [start, end)."""
+
+    task_index: int
+    path: str
+    format: str
+    start: int
+    end: int
+    text_bytes: int = 0
+    """Planning's estimate of the task's text (footer or byte range): its cost, for scheduling."""
+
+
+@dataclass(frozen=True)
+class TokenizeSettings:
+    """What every tokenize worker shares; the tokenizer travels as its spec string."""
+
+    out_dir: str
+    tokenizer: str
+    """The spec (a tokenizer.json path or tiktoken:NAME); each worker loads it once."""
+    tokenizer_sha256: str
+    """What the driver loaded; a worker whose file differs refuses to run."""
+    text_column: str
+    token_dtype: str
+    bos_id: int | None = None
+    eos_id: int | None = None
+    row_group_tokens: int = 1 << 20
+    row_group_docs: int = 65536
+    batch_rows: int = 1024
+    """Texts read at once; no effect on the output."""
+    batch_bytes: int = 1 << 20
+    """Bytes of text encoded at once (a read batch is cut into pieces of at most this many
+    bytes, or one longer text): the tokenizer's per-token objects, about 100 bytes a token,
+    stay bounded however long the documents. No effect on the output."""
+    num_threads: int = 0
+    """Tokenizer threads per worker (0: the library's default, all cores); no effect on the output."""
+
+
+@dataclass(frozen=True)
+class TextResult:
+    task_index: int
+    path: str
+    """The part file's name, relative to the output."""
+    num_docs: int
+    num_tokens: int
+    num_bytes: int
+    sha256: str
+
+
+def record_name(task_index: int) -> str:
+    return f"{RESULTS_DIR}/text-{task_index:06d}.json"
+
+
+def load_worker_tokenizer(settings: TokenizeSettings) -> TextTokenizer:
+    """Load the tokenizer from its spec, once per worker, and check it is the driver's."""
+    tokenizer = load_tokenizer(settings.tokenizer)
+    sha256 = tokenizer.identity()["sha256"]
+    if sha256 != settings.tokenizer_sha256:
+        raise InputError(f"tokenizer {settings.tokenizer} on this worker has sha256 {sha256[:16]}..., the driver's "
+                         f"has {settings.tokenizer_sha256[:16]}...; give every node the same file")
+    if settings.num_threads and hasattr(tokenizer, "num_threads"):
+        tokenizer.num_threads = settings.num_threads
+    return tokenizer
+
+
+def tokenize_task(task: TextTask, settings: TokenizeSettings, tokenizer: TextTokenizer) -> TextResult:
+    """Tokenize ``task``'s texts into its part file, then record the result durably."""
+    identity = sampled_identity(task.path, task.format)
+    token_type = pa.from_numpy_dtype(np.dtype(settings.token_dtype))
+    pieces = (piece for _, texts in _iter_texts(task, settings) for piece in _byte_pieces(texts, settings.batch_bytes))
+    id_lists = (_encode(piece, tokenizer, settings, token_type) for piece in pieces)
+    result = write_part(settings.out_dir, task.task_index, id_lists, token_type, settings)
+    save_record(task, settings, result, identity)
+    return result
+
+
+def _iter_texts(task: TextTask, settings: TokenizeSettings) -> Iterator[tuple[int, pa.Array]]:
+    if task.format == "parquet":
+        return iter_parquet_texts(task.path, settings.text_column, (task.start, task.end), settings.batch_rows)
+    return iter_jsonl_texts(task.path, settings.text_column, task.start, task.end, settings.batch_rows)
+
+
+def _byte_pieces(texts: pa.Array, max_bytes: int) -> Iterator[pa.Array]:
+    """Consecutive slices of ``texts`` of at most ``max_bytes`` bytes of text each (a longer
+    text alone). Cost: O(texts) numpy on the offsets."""
+    offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum(pc.binary_length(texts).to_numpy(zero_copy_only=False), out=offsets[1:])
+    start = 0
+    while start < len(texts):
+        end = int(np.searchsorted(offsets, offsets[start] + max_bytes, side="right")) - 1
+        end = max(end, start + 1)
+        yield texts.slice(start, end - start)
+        start = end
+
+
+def _encode(texts: pa.Array, tokenizer: TextTokenizer, settings: TokenizeSettings, token_type: pa.DataType) -> pa.Array:
+    ids = tokenizer.encode_batch(texts, bos_id=settings.bos_id, eos_id=settings.eos_id)
+    return ids.cast(pa.list_(token_type)) if ids.type != pa.list_(token_type) else ids
+
+
+def write_part(out_dir: str, task_index: int, id_lists: Iterator[pa.Array], token_type: pa.DataType,
+               settings: TokenizeSettings) -> TextResult:
+    """Write the list arrays ``id_lists`` (in order) as ``part-{task_index:06d}.parquet``, whole."""
+    name = part_file_name(task_index)
+    schema = pa.schema([pa.field(TOKEN_COLUMN, pa.list_(token_type))])
+    file = AtomicFile(out_dir, name, make_dirs=True)
+    sink = HashingSink(file)
+    num_docs = num_tokens = 0
+    try:
+        with pq.ParquetWriter(pa.PythonFile(sink, mode="w"), schema, **PARQUET_WRITE_OPTIONS) as writer:
+            for group in _row_groups(id_lists, settings.row_group_tokens, settings.row_group_docs):
+                writer.write_table(pa.table([group], schema=schema), row_group_size=len(group))
+                num_docs += len(group)
+                num_tokens += group.offsets[-1].as_py() - group.offsets[0].as_py()
+        sink.finish()
+        file.commit()
+    except BaseException:
+        try:
+            sink.finish()
+        except BaseException:  # noqa: BLE001 - already handling an error
+            pass
+        file.abort()
+        raise
+    return TextResult(task_index, name, num_docs, num_tokens, sink.num_bytes, sink.sha256.hexdigest())
+
+
+def _row_groups(id_lists: Iterator[pa.Array], max_tokens: int, max_docs: int) -> Iterator[pa.Array]:
+    """Regroup a stream of list arrays into row groups cut at fixed document boundaries.
+
+    A row group ends after the first document that brings it to ``max_tokens`` tokens, or at
+    ``max_docs`` documents, whichever comes first; the last one holds what remains (at least
+    one document, unless there are none). Cost: O(documents) numpy per input array.
+    """
+    pending: pa.Array | None = None
+    for ids in id_lists:
+        pending = ids if pending is None else pa.concat_arrays([pending, ids])
+        start = 0
+        lens = np.diff(pending.offsets.to_numpy()).astype(np.int64)
+        while (end := _group_end(lens, start, max_tokens, max_docs)) is not None:
+            yield pending.slice(start, end - start)
+            start = end
+        pending = pending.slice(start)
+    if pending is not None and len(pending):
+        yield pending
+
+
+def _group_end(lens: np.ndarray, start: int, max_tokens: int, max_docs: int) -> int | None:
+    """End of the row group starting at document ``start``, or None if it is not complete yet."""
+    if start + max_docs <= len(lens):
+        limit = start + max_docs
+    else:
+        limit = len(lens)
+    reached = np.flatnonzero(np.cumsum(lens[start:limit]) >= max_tokens)
+    if reached.size:
+        return start + int(reached[0]) + 1
+    return limit if limit - start == max_docs else None
+
+
+# ----------------------------------------------------------------------------- resume records
+
+
+def output_settings(settings: TokenizeSettings) -> dict[str, Any]:
+    """The settings that decide a part file's bytes."""
+    return {k: v for k, v in asdict(settings).items() if k not in _NOT_OUTPUT_SETTINGS}
+
+
+def _canonical(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def save_record(task: TextTask, settings: TokenizeSettings, result: TextResult, identity: dict[str, Any]) -> None:
+    body = {"version": RECORD_VERSION, "task": asdict(task), "settings": output_settings(settings),
+            "input": identity, "result": asdict(result)}
+    record = {**body, "record_sha256": hashlib.sha256(_canonical(body)).hexdigest()}
+    write_whole(settings.out_dir, record_name(task.task_index), _canonical(record), make_dirs=True)
+
+
+def load_verified_record(task: TextTask, settings: TokenizeSettings) -> TextResult | None:
+    """The recorded result of ``task`` if its record, its input and its part file all check.
+
+    Cost: reads the record, at most 2 MiB of the input (plus a Parquet footer) and the whole
+    part file.
+    """
+    fs, base = resolve_filesystem(settings.out_dir)
+    try:
+        with fs.open_input_stream(posixpath.join(base, record_name(task.task_index)), compression=None) as f:
+            record = json.loads(f.read())
+        claimed = record.pop("record_sha256")
+        result = TextResult(**record["result"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+        log.info("resume: text task %d is tokenized again: its record does not parse (%s)", task.task_index, e)
+        return None
+    why = _rejection(record, claimed, task, settings, result, fs, base)
+    if why:
+        log.info("resume: text task %d (%s) is tokenized again: %s", task.task_index, task.path, why)
+        return None
+    return result
+
+
+def _rejection(record: dict[str, Any], claimed: str, task: TextTask, settings: TokenizeSettings,
+               result: TextResult, fs, base: str) -> str | None:
+    if hashlib.sha256(_canonical(record)).hexdigest() != claimed:
+        return "its record fails its checksum"
+    if record.get("version") != RECORD_VERSION or record.get("task") != asdict(task) \
+            or record.get("settings") != output_settings(settings):
+        return "its record was made for another version, task or settings"
+    if record.get("input") != sampled_identity(task.path, task.format):
+        return f"{task.path} changed (size or first/last MiB differ)"
+    if (result.path != part_file_name(task.task_index)
+            or not _file_hashes_to(fs, posixpath.join(base, result.path), result.sha256)):
+        return f"its part file {result.path} is missing or no longer hashes to its sha256"
+    return None
+
+
+def _file_hashes_to(fs, path: str, sha256: str) -> bool:
+    digest = hashlib.sha256()
+    try:
+        with fs.open_input_stream(path, compression=None) as f:
+            while block := f.read(4 << 20):
+                digest.update(block)
+    except OSError:
+        return False
+    return digest.hexdigest() == sha256
+
+
+def rayon_threads(num_cpus: float, num_workers: int) -> int:
+    """Tokenizer threads per worker: the CPUs shared evenly by the workers, at least 1.
+
+    HF ``tokenizers`` runs each ``encode_batch`` on its own Rayon pool, by default one thread
+    per core of the machine; N workers on C cores would run N*C threads that fight for C
+    cores (context switches, cache thrash). C // N threads each keep every core busy once.
+    """
+    return max(1, int(num_cpus) // max(1, num_workers))
+
+
+def set_thread_env(num_threads: int) -> None:
+    """Size the tokenizer's thread pool for this process (before its first encode)."""
+    if num_threads:
+        os.environ["RAYON_NUM_THREADS"] = str(num_threads)
