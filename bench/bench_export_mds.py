@@ -33,9 +33,9 @@ from typing import Callable
 import numpy as np
 
 from raypack.export.mds import export_mds
+from raypack.outputs import read_packed
 from raypack.pack.config import make_config
 from raypack.pack.job import run_pack
-from raypack.packed.reader import read_packed
 from raypack.sample import write_sample_corpus
 
 

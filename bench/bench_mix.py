@@ -23,9 +23,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raypack.mix.dataset import load_mix_config, run_mix
+from raypack.outputs import read_packed
 from raypack.pack.config import make_config
 from raypack.pack.job import run_pack
-from raypack.packed.reader import read_packed
 
 from timing import time_interleaved
 

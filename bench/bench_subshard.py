@@ -25,10 +25,10 @@ import time
 import numpy as np
 import pyarrow.parquet as pq
 
+from raypack.outputs import read_packed
 from raypack.pack.config import make_config
 from raypack.pack.job import run_pack
 from raypack.pack.plan import make_plan
-from raypack.packed.reader import read_packed
 from raypack.sample import write_sample_corpus
 
 

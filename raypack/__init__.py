@@ -21,7 +21,7 @@ _EXPORTS = {
     "position_ids": "raypack.rules.masks",
     "loss_mask": "raypack.rules.masks",
     "PackedDataset": "raypack.packed.reader",
-    "read_packed": "raypack.packed.reader",
+    "read_packed": "raypack.outputs",
     "InputError": "raypack.errors",
 }
 

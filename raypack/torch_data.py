@@ -69,7 +69,8 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 from raypack.mix.dataset import MixedDataset
-from raypack.packed.reader import PackedDataset, read_packed
+from raypack.outputs import read_packed
+from raypack.packed.reader import PackedDataset
 from raypack.rules.masks import (
     PAD_ID,
     build_bool_mask,

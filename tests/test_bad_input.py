@@ -135,7 +135,7 @@ def test_mixed_token_dtypes_are_widened_safely(capsys, tmp_path):
     write_parquet(d / "a.parquet", [[1, 2]], pa.list_(pa.int32()))
     write_parquet(d / "b.parquet", [[2**40]], pa.list_(pa.int64()))
     run(capsys, tmp_path, "--input", str(d), expect=0)
-    from raypack.packed.reader import read_packed
+    from raypack.outputs import read_packed
 
     ds = read_packed(str(tmp_path / "out"))
     assert ds[0]["input_ids"].dtype == np.int64 and ds[0]["input_ids"][2] == 2**40

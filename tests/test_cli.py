@@ -13,8 +13,8 @@ import pytest
 import raypack
 import raypack.cli
 from raypack.cli import main
+from raypack.outputs import read_packed
 from raypack.pack.config import PackConfig, load_config
-from raypack.packed.reader import read_packed
 from raypack.sample import write_sample_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from raypack.errors import InputError
+from raypack.outputs import read_packed
 from raypack.packed.manifest import load_manifest
-from raypack.packed.reader import read_packed
 from raypack.packed.writer import FORMAT_VERSION, files_sha256
 from raypack.rules.content_digest import (
     CONTENT_GROUP_CHUNKS,

@@ -31,8 +31,8 @@ from raypack.errors import InputError
 from raypack.export import mds, mds_format
 from raypack.export.mds import export_mds, verify_mds, write_part
 from raypack.export.mds_format import decode_shard, load_index, write_index
+from raypack.outputs import read_packed
 from raypack.packed import writer as output
-from raypack.packed.reader import read_packed
 from raypack.rules.core import Chunks, concat_chunks
 from raypack.tokenize.corpus import build_tokenized_manifest, part_file_name, save_tokenized_manifest
 

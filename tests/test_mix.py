@@ -20,7 +20,7 @@ from raypack.cli import main
 from raypack.errors import InputError
 from raypack.mix.dataset import MixedDataset, load_mix_config, run_mix
 from raypack.mix.order import MixOrder, apportion, permute, permute_array, round_keys
-from raypack.packed.reader import read_packed
+from raypack.outputs import read_packed
 
 from helpers import pack, read_output, write_shards
 

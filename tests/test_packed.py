@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raypack.errors import InputError
-from raypack.packed.reader import load_manifest, read_packed
+from raypack.outputs import read_packed
+from raypack.packed.manifest import load_manifest
 from raypack.packed.writer import CHUNK_FILE_VERSION, FORMAT_VERSION, chunk_file_name
 from raypack.rules.content_digest import CONTENT_GROUP_CHUNKS
 from raypack.rules.core import pack_sequences

@@ -27,10 +27,10 @@ import pytest
 from raypack.errors import InputError
 from raypack.inputs.shards import discover_shards
 from raypack.io.fs import clear_filesystem_cache, resolve_filesystem
+from raypack.outputs import read_packed
 from raypack.pack.config import make_config
 from raypack.pack.job import run_pack
 from raypack.pack.resume import RESULTS_DIR
-from raypack.packed.reader import read_packed
 from raypack.packed.writer import ChunkFileWriter, chunk_schema
 from raypack.rules.core import Chunks
 from raypack.sample import write_sample_corpus

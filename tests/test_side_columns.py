@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 from raypack.cli import main
 from raypack.cli.stats import packing_stats
 from raypack.errors import InputError
+from raypack.outputs import read_packed
 from raypack.pack.config import make_config
 from raypack.pack.job import run_pack
 from raypack.packed.manifest import check_manifest
-from raypack.packed.reader import read_packed
 from raypack.verify import VerifyError, verify_output
 
 from helpers import file_digests

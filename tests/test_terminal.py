@@ -80,7 +80,7 @@ def test_bad_text_inside_a_ray_tokenizer_is_one_line(ray_session, tmp_path, caps
 
 
 def test_a_worker_failure_that_is_not_bad_input_is_one_line_naming_rays_logs():
-    from raypack.pack.job import on_ray
+    from raypack.engine.session import on_ray
 
     def crash(pipeline):
         raise RuntimeError("The actor died unexpectedly before finishing this task.\n  more detail")

@@ -22,9 +22,9 @@ from hypothesis import example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from torch.nn.attention.flex_attention import create_block_mask, create_mask, flex_attention  # noqa: E402
 
+from raypack.outputs import read_packed  # noqa: E402
 from raypack.pack.config import make_config  # noqa: E402
 from raypack.pack.job import run_pack  # noqa: E402
-from raypack.packed.reader import read_packed  # noqa: E402
 from raypack.rules.masks import build_bool_mask, build_intra_document_mask, pad_cu_seqlens  # noqa: E402
 from raypack.torch_data import (  # noqa: E402
     ATTENTION_FORMS,

@@ -17,9 +17,9 @@ import pytest
 
 from raypack.cli.stats import packing_stats
 from raypack.errors import InputError
+from raypack.outputs import read_packed
 from raypack.pack.config import make_config
 from raypack.pack.job import run_pack
-from raypack.packed.reader import read_packed
 from raypack.verify import VerifyError, verify_output
 
 C = 8

@@ -21,8 +21,9 @@ import numpy.typing as npt
 
 from raypack.errors import InputError
 from raypack.mix.dataset import MixStats, is_mix, mix_stats
+from raypack.outputs import read_packed
 from raypack.packed.manifest import long_docs_of, read_manifest_json, resolve_output
-from raypack.packed.reader import PackedDataset, read_packed
+from raypack.packed.reader import PackedDataset
 from raypack.packed.writer import MANIFEST_NAME
 from raypack.rules.long_docs import DEFAULT_LONG_DOCS
 from raypack.strategies import strategy_of_manifest

@@ -31,7 +31,7 @@ import operator
 import os
 import sys
 from dataclasses import asdict
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -41,9 +41,12 @@ from raypack.errors import InputError
 from raypack.io.terminal import RAY_VERBOSE
 from raypack.pack.packer import count_task, pack_shard
 from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts, result_to_table, table_to_results
-from raypack.packed.reader import PackedDataset, chunks_table, iter_file_tables
+from raypack.packed.chunk_files import chunks_table, iter_file_tables
 from raypack.rules.core import Chunks
 from raypack.rules.long_docs import CutCounts
+
+if TYPE_CHECKING:
+    from raypack.packed.reader import PackedDataset
 
 log = logging.getLogger(__name__)
 
@@ -334,7 +337,7 @@ def _read_mix_ranges(items: pa.Table, mixed) -> Iterator[pa.Table]:
 
 
 def _dense_table(input_ids: np.ndarray, doc_ids: np.ndarray) -> pa.Table:
-    """(n, C) tokens and doc ids as fixed_size_list columns, like :func:`raypack.packed.reader.chunks_table`."""
+    """(n, C) tokens and doc ids as fixed_size_list columns, like :func:`raypack.packed.chunk_files.chunks_table`."""
     c = input_ids.shape[1]
     return pa.table({
         "input_ids": pa.FixedSizeListArray.from_arrays(pa.array(input_ids.reshape(-1)), c),

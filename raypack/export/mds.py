@@ -48,7 +48,8 @@ from raypack.export.mds_format import (
 )
 from raypack.export.sources import ChunkPart, Source
 from raypack.io.fs import resolve_filesystem
-from raypack.packed.reader import PackedDataset, read_packed
+from raypack.outputs import read_packed
+from raypack.packed.reader import PackedDataset
 from raypack.packed.writer import AtomicFile
 from raypack.rules.core import Chunks, concat_chunks
 

@@ -315,11 +315,11 @@ def decode_shard(data: Any, entry: dict[str, Any], where: str) -> Chunks:
 def read_shard(out_dir: str, entry: dict[str, Any]) -> Any:
     """The bytes of shard ``entry`` of ``out_dir`` (memory-mapped when local), opened only as a plain
     file directly inside the directory whose size is the entry's ``raw_data.bytes``."""
-    from raypack.packed.manifest import _open_local, _open_remote
+    from raypack.io.untrusted import open_local_file, open_remote_file
 
     fs, base = resolve_filesystem(out_dir)
     path = posixpath.join(base.rstrip("/"), entry["raw_data"]["basename"])
-    source, size = _open_local(path) if isinstance(fs, pafs.LocalFileSystem) else _open_remote(fs, path)
+    source, size = open_local_file(path) if isinstance(fs, pafs.LocalFileSystem) else open_remote_file(fs, path)
     with source:
         if size != entry["raw_data"]["bytes"]:
             raise InputError(f"{path}: {size} bytes, index.json says {entry['raw_data']['bytes']}; {DAMAGED}")

@@ -123,7 +123,7 @@ class Source:
 
     def chunk_parts(self) -> list[ChunkPart]:
         """A packed output's chunk files as parts, in order (reads the manifest, opens no chunk file)."""
-        from raypack.packed.reader import read_packed
+        from raypack.outputs import read_packed
 
         if self.kind != "packed":
             raise ValueError(f"{self.path} is a {self.kind} source; only a packed output has chunks")
@@ -133,7 +133,7 @@ class Source:
 
     def chunks(self, part: ChunkPart) -> Iterator[Chunks]:
         """Part ``part``'s chunks in order, one :class:`Chunks` view per record batch (the source's dtype)."""
-        from raypack.packed.reader import read_packed
+        from raypack.outputs import read_packed
 
         with read_packed(self.path) as ds:
             yield from ds.pieces(part.chunk_start, part.chunk_end)
@@ -221,7 +221,7 @@ def _list_batch(column: pa.ListArray, path: str) -> DocumentBatch:
 def _packed_batches(path: str, part: Part) -> Iterator[DocumentBatch]:
     """The part's documents read from the chunks: lengths from the segments, then the tokens in
     batches cut at document ends. Cost: one pass over the part's segments, one over its tokens."""
-    from raypack.packed.reader import read_packed
+    from raypack.outputs import read_packed
 
     with read_packed(path) as ds:
         doc_lens = _packed_doc_lens(ds, part)

@@ -209,7 +209,7 @@ def _inspect_parquet(fs: pafs.FileSystem, fs_path: str, path: str, column: str) 
         parquet_file = open_parquet(source, path)
         value_type = token_value_type(parquet_file.schema_arrow, column, path)
         metadata = parquet_file.metadata
-        leaf = _token_leaf_index(parquet_file.schema, column)
+        leaf = token_leaf_index(parquet_file.schema, column)
         trusted = leaf is not None and _footer_null_counts_exact(metadata.created_by)
         unit_tokens, method = [], "parquet-footer"
         for group in range(metadata.num_row_groups):
@@ -224,7 +224,7 @@ def _inspect_parquet(fs: pafs.FileSystem, fs_path: str, path: str, column: str) 
                      unit_docs, tuple(unit_tokens))
 
 
-def _token_leaf_index(schema: pq.ParquetSchema, column: str) -> int | None:
+def token_leaf_index(schema: pq.ParquetSchema, column: str) -> int | None:
     """Index of the one leaf column under ``column`` with one repetition level, else None."""
     leaves = [
         i
@@ -552,7 +552,7 @@ def _parquet_columns(fs, fs_path: str, path: str, columns: tuple[str, ...], batc
                 yield tuple(batch.columns)
 
 
-def _parquet_batches(parquet_file: pq.ParquetFile, path: str, column: str, batch_size: int,
+def parquet_batches(parquet_file: pq.ParquetFile, path: str, column: str, batch_size: int,
                      row_groups: list[int] | None = None) -> Iterator[pa.Array]:
     """pyarrow's reader: ``column`` of ``row_groups`` (all by default), ``batch_size`` rows at a time."""
     for batch in _parquet_record_batches(parquet_file, path, (column,), batch_size, row_groups):

@@ -18,10 +18,10 @@ import pyarrow.parquet as pq
 from raypack.errors import InputError
 from raypack.inputs.formats import (
     JSON_BLOCK_SIZE,
-    _parquet_batches,
-    _token_leaf_index,
     iter_document_batches,
     open_parquet,
+    parquet_batches,
+    token_leaf_index,
     token_value_type,
     validate_token_batch,
 )
@@ -103,7 +103,7 @@ def reads_by_pages(row_group: pq.RowGroupMetaData, leaf: int | None, max_tokens:
 
 def _row_group_pieces(source: pa.NativeFile, parquet_file: pq.ParquetFile, group: int, column: str,
                       first_row: int, batch_size: int, max_tokens: int, path: str) -> Iterator[TokenPiece]:
-    leaf = _token_leaf_index(parquet_file.schema, column)
+    leaf = token_leaf_index(parquet_file.schema, column)
     if reads_by_pages(parquet_file.metadata.row_group(group), leaf, max_tokens):
         pieces = iter_row_group_pieces(source, parquet_file, group, column, first_row, max_tokens, path)
         try:
@@ -114,7 +114,7 @@ def _row_group_pieces(source: pa.NativeFile, parquet_file: pq.ParquetFile, group
             yield first
             yield from pieces
             return
-    for lists in _parquet_batches(parquet_file, path, column, batch_size, row_groups=[group]):
+    for lists in parquet_batches(parquet_file, path, column, batch_size, row_groups=[group]):
         for start in range(0, len(lists), batch_size):
             docs = lists.slice(start, batch_size)
             yield TokenPiece(first_row, docs, False, np.diff(docs.offsets.to_numpy()).astype(np.int64))

@@ -35,9 +35,10 @@ import tomllib
 
 from raypack.errors import InputError
 from raypack.io.fs import is_uri
+from raypack.io.untrusted import MAX_COUNT, int_field, is_hex, show, token_dtype_field
 from raypack.mix.order import ORDER_NAME, MixOrder, apportion
-from raypack.packed.manifest import MAX_COUNT, MIX_KIND, _int_field, _is_hex, _show, _token_dtype, write_manifest
-from raypack.packed.reader import BatchReads, PackedDataset, read_packed
+from raypack.packed.manifest import MIX_KIND, read_manifest_json, write_manifest
+from raypack.packed.reader import BatchReads, PackedDataset, open_packed
 
 __all__ = ["MIX_FORMAT_VERSION", "MixConfig", "MixedDataset", "MixStats", "MixSummary", "check_mix_manifest",
            "check_sources", "is_mix", "load_mix_config", "mix_stats", "open_mix", "run_mix"]
@@ -133,7 +134,7 @@ def _toml_sources(sources: Any, where: str) -> list[tuple[str, Any]]:
     out = []
     for k, table in enumerate(sources):
         if not isinstance(table, dict) or sorted(table) != ["path", "weight"]:
-            raise InputError(f"{where}: sources[{k}]={_show(table)} must hold exactly path and weight")
+            raise InputError(f"{where}: sources[{k}]={show(table)} must hold exactly path and weight")
         out.append((table["path"], table["weight"]))
     return out
 
@@ -171,9 +172,10 @@ def run_mix(config: MixConfig) -> MixSummary:
 
 
 def _open_source(path: str, k: int) -> PackedDataset:
-    ds = read_packed(path)
-    if not isinstance(ds, PackedDataset):
+    data, where = read_manifest_json(path)
+    if is_mix(data):
         raise InputError(f"source {k} ({path}) is itself a mix; a mix of mixes is not supported: list its sources")
+    ds = open_packed(path, data, where)
     if len(ds) == 0:
         raise InputError(f"source {k} ({path}) holds no chunks; a mix draws chunks from every source: drop it")
     return ds
@@ -245,18 +247,18 @@ def check_mix_manifest(data: Any, where: str) -> None:
     mix manifest: every field typed and in range, shares equal to the rule's apportionment of
     num_chunks by the weights, passes = share // num_chunks. O(sources)."""
     if not is_mix(data) or data.get("format_version") != MIX_FORMAT_VERSION:
-        raise InputError(f"{where}: format_version={_show(data.get('format_version'))} of a mix is not "
+        raise InputError(f"{where}: format_version={show(data.get('format_version'))} of a mix is not "
                          f"{MIX_FORMAT_VERSION}; read it with the raypack version that wrote it")
     if data.get("order") != ORDER_NAME:
-        raise InputError(f"{where}: order={_show(data.get('order'))}, this reader computes {ORDER_NAME!r} only")
-    _int_field(data, "context_length", where, 1)
-    dtype = _token_dtype(data, where)
-    _int_field(data, "pad_token", where, int(np.iinfo(dtype).min), int(np.iinfo(dtype).max))
-    num_chunks = _int_field(data, "num_chunks", where, 1)
-    _int_field(data, "seed", where, 0, MAX_SEED)
+        raise InputError(f"{where}: order={show(data.get('order'))}, this reader computes {ORDER_NAME!r} only")
+    int_field(data, "context_length", where, 1)
+    dtype = token_dtype_field(data, where)
+    int_field(data, "pad_token", where, int(np.iinfo(dtype).min), int(np.iinfo(dtype).max))
+    num_chunks = int_field(data, "num_chunks", where, 1)
+    int_field(data, "seed", where, 0, MAX_SEED)
     sources = data.get("sources")
     if not isinstance(sources, list) or not 1 <= len(sources) <= MAX_SOURCES:
-        raise InputError(f"{where}: sources={_show(sources)}, expected a list of 1..{MAX_SOURCES} sources; {_DAMAGED}")
+        raise InputError(f"{where}: sources={show(sources)}, expected a list of 1..{MAX_SOURCES} sources; {_DAMAGED}")
     for k, entry in enumerate(sources):
         _check_source_entry(entry, f"{where}: sources[{k}]")
     shares = apportion([s["weight"] for s in sources], num_chunks)
@@ -268,17 +270,17 @@ def check_mix_manifest(data: Any, where: str) -> None:
 
 def _check_source_entry(entry: Any, label: str) -> None:
     if not isinstance(entry, dict) or any(key not in entry for key in _SOURCE_KEYS):
-        raise InputError(f"{label}={_show(entry)} lacks one of {', '.join(_SOURCE_KEYS)}; {_DAMAGED}")
+        raise InputError(f"{label}={show(entry)} lacks one of {', '.join(_SOURCE_KEYS)}; {_DAMAGED}")
     if not isinstance(entry["path"], str) or not entry["path"] or "\0" in entry["path"]:
-        raise InputError(f"{label}: path={_show(entry['path'])}, expected a path; {_DAMAGED}")
-    if not _is_hex(entry["content_sha256"], 64):
-        raise InputError(f"{label}: content_sha256={_show(entry['content_sha256'])}, expected 64 hex digits; "
+        raise InputError(f"{label}: path={show(entry['path'])}, expected a path; {_DAMAGED}")
+    if not is_hex(entry["content_sha256"], 64):
+        raise InputError(f"{label}: content_sha256={show(entry['content_sha256'])}, expected 64 hex digits; "
                          f"{_DAMAGED}")
     if not isinstance(entry["strategy"], str):
-        raise InputError(f"{label}: strategy={_show(entry['strategy'])}, expected a string; {_DAMAGED}")
-    _int_field(entry, "num_chunks", label, 1)
-    _int_field(entry, "share", label)
-    _int_field(entry, "passes", label)
+        raise InputError(f"{label}: strategy={show(entry['strategy'])}, expected a string; {_DAMAGED}")
+    int_field(entry, "num_chunks", label, 1)
+    int_field(entry, "share", label)
+    int_field(entry, "passes", label)
     check_weight(entry["weight"], label)
 
 

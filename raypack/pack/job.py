@@ -10,7 +10,8 @@ import logging
 import time
 from dataclasses import dataclass, replace
 
-from raypack.errors import InputError, WorkerError
+from raypack.engine.session import connect_ray, on_ray
+from raypack.errors import InputError
 from raypack.io.progress import Progress
 from raypack.pack.assemble import check_coverage, count_stats, stitch_boundaries, write_boundaries
 from raypack.pack.config import PackConfig
@@ -177,13 +178,6 @@ def _pack_with_ray(tasks, settings: PackSettings, config: PackConfig, unit: str 
         on_result=lambda r: progress.add(r.num_tokens)), "a packer")
 
 
-def connect_ray(address: str | None, *, verbose: bool | None = None) -> None:
-    """Start or join Ray now, so that a cluster that cannot be reached fails before anything is written."""
-    from raypack.engine import pipeline
-
-    pipeline.init_ray(address, verbose=verbose)
-
-
 def _on_ray(config: PackConfig, run, what: str):
     """``run(pipeline)`` on Ray. Bad input and OSError come out unwrapped; any other failure of
     ``what`` (a worker that died, ...) as one :class:`WorkerError` line naming Ray's log directory."""
@@ -191,22 +185,3 @@ def _on_ray(config: PackConfig, run, what: str):
 
     pipeline.init_ray(config.address)
     return on_ray(run, what)
-
-
-def on_ray(run, what: str):
-    from raypack.engine import pipeline
-
-    try:
-        return run(pipeline)
-    except Exception as e:
-        cause = pipeline.original_error(e)
-        if isinstance(cause, (InputError, OSError)):
-            raise cause from e
-        raise WorkerError(worker_failure(cause, what, pipeline.logs_dir())) from e
-
-
-def worker_failure(cause: BaseException, what: str, logs: str) -> str:
-    """One line: what failed, Ray's own first line about it, and where Ray's logs are."""
-    text = str(cause).strip()
-    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
-    return f"{what} on Ray failed: {type(cause).__name__}: {first[:300]}; Ray's logs are in {logs}"

@@ -37,11 +37,7 @@ What is NOT checked here: the chunk files' bytes, nor ``content_sha256`` against
 from __future__ import annotations
 
 import json
-import mmap
-import numbers
-import os
 import posixpath
-import stat
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -51,16 +47,27 @@ import pyarrow.fs as pafs
 
 from raypack.errors import InputError
 from raypack.io.fs import check_bucket, resolve_filesystem
+from raypack.io.untrusted import (
+    DAMAGED,
+    MAX_COUNT,
+    int_field,
+    is_hex,
+    one_line,
+    open_local_file,
+    open_remote_file,
+    show,
+    token_dtype_field,
+)
 from raypack.packed.writer import CHUNK_FILE_RE, FORMAT_VERSION, MANIFEST_NAME, WrittenFile, content_sha256, write_whole
 from raypack.rules.content_digest import CONTENT_GROUP_CHUNKS
 from raypack.rules.core import MAX_CONTEXT_LENGTH
 from raypack.rules.long_docs import DEFAULT_LONG_DOCS, LONG_DOCS, CutCounts
 from raypack.rules.side_columns import RESERVED_NAMES, SIDE_TYPES, SideColumn
+from raypack.strategies import DEFAULT_STRATEGY, PackingStrategy, strategy_of_manifest
 
 if TYPE_CHECKING:
     from raypack.pack.config import PackConfig
     from raypack.pack.plan import Plan
-    from raypack.strategies import PackingStrategy
 
 __all__ = ["COUNT_KEYS", "FILE_KEYS", "MAX_CONTEXT_LENGTH", "MAX_COUNT", "MAX_MANIFEST_BYTES", "Manifest",
            "build_manifest", "write_manifest",
@@ -71,8 +78,6 @@ __all__ = ["COUNT_KEYS", "FILE_KEYS", "MAX_CONTEXT_LENGTH", "MAX_COUNT", "MAX_MA
 """Largest context length a manifest may claim (16M tokens). Today's longest windows are ~2**20;
 the cap keeps a chunk's (C,) arrays, a (C, C) mask's size and ``chunk * C`` position arithmetic
 far inside int64 for any chunk count below ``MAX_COUNT``, so no reader arithmetic overflows."""
-MAX_COUNT = 1 << 53
-"""Largest count, byte size or number of positions (``chunks * context_length``) a manifest may claim."""
 MAX_MANIFEST_BYTES = 256 << 20
 """A larger ``manifest.json`` is refused unread (a million files take ~250 bytes each)."""
 COUNT_KEYS = ("documents", "tokens", "chunks", "padding_positions", "split_documents")
@@ -81,15 +86,10 @@ CUT_KEYS = CutCounts._fields
 when the manifest's ``long_docs`` is not split."""
 FILE_KEYS = ("path", "first_chunk", "num_chunks", "num_bytes", "sha256")
 SHARD_KEYS = ("num_docs", "num_tokens", "doc_offset", "token_offset")
-DEFAULT_STRATEGY = "concat"
-"""The strategy of a manifest without ``strategy``, and of a config without one (raypack.strategies)."""
-TOKEN_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 READABLE_FORMAT_VERSIONS = (2, FORMAT_VERSION)
 """Versions this reader reads: 2 differs from 3 only in what ``content_sha256`` hashes."""
-DAMAGED = "the output was replaced or damaged"
 MIX_KIND = "mix"
 """``kind`` of a mix's manifest (raypack.mix.dataset): an index over packed outputs, no chunk files."""
-_HEX = frozenset("0123456789abcdef")
 
 
 # ----------------------------------------------------------------------------- loading
@@ -191,7 +191,7 @@ def load_manifest(path: str) -> Manifest:
 
     Raises InputError when the directory or its manifest is missing, unreadable, larger than
     MAX_MANIFEST_BYTES, not JSON, or fails :func:`check_manifest` (a mix's manifest fails it:
-    read a mix with :func:`raypack.packed.reader.read_packed`).
+    read a mix with :func:`raypack.outputs.read_packed`).
     """
     data, manifest_path = read_manifest_json(path)
     return Manifest.from_dict(data, manifest_path)
@@ -214,13 +214,13 @@ def read_manifest_json(path: str) -> tuple[Any, str]:
         with filesystem.open_input_stream(manifest_path) as f:
             text = f.read(MAX_MANIFEST_BYTES + 1)
     except (OSError, pa.ArrowException) as e:
-        raise InputError(f"{manifest_path}: unreadable ({_one_line(e)})") from e
+        raise InputError(f"{manifest_path}: unreadable ({one_line(e)})") from e
     if len(text) > MAX_MANIFEST_BYTES:
         raise InputError(f"{manifest_path}: larger than {MAX_MANIFEST_BYTES} bytes; not a raypack manifest")
     try:
         manifest = json.loads(text)
     except (ValueError, RecursionError) as e:
-        raise InputError(f"{manifest_path}: not valid JSON ({_one_line(e)}); {DAMAGED}") from e
+        raise InputError(f"{manifest_path}: not valid JSON ({one_line(e)}); {DAMAGED}") from e
     return manifest, manifest_path
 
 
@@ -243,18 +243,18 @@ def check_manifest(manifest: Any, where: str) -> None:
                          "read it with raypack.read_packed, or give one of its sources")
     version = manifest.get("format_version")
     if isinstance(version, bool) or not isinstance(version, int) or version not in READABLE_FORMAT_VERSIONS:
-        raise InputError(f"{where}: format_version={_show(version)} is not supported (this reader reads versions "
+        raise InputError(f"{where}: format_version={show(version)} is not supported (this reader reads versions "
                          f"{', '.join(map(str, READABLE_FORMAT_VERSIONS))}); read it with the raypack version that "
                          "wrote it")
-    context_length = _int_field(manifest, "context_length", where, 1, MAX_CONTEXT_LENGTH)
-    dtype = _token_dtype(manifest, where)
-    _int_field(manifest, "pad_token", where, int(np.iinfo(dtype).min), int(np.iinfo(dtype).max))
+    context_length = int_field(manifest, "context_length", where, 1, MAX_CONTEXT_LENGTH)
+    dtype = token_dtype_field(manifest, where)
+    int_field(manifest, "pad_token", where, int(np.iinfo(dtype).min), int(np.iinfo(dtype).max))
     counts = _check_counts(manifest, context_length, where)
-    if not _is_hex(manifest.get("content_sha256"), 64):
-        raise InputError(f"{where}: content_sha256={_show(manifest.get('content_sha256'))}, expected 64 lowercase "
+    if not is_hex(manifest.get("content_sha256"), 64):
+        raise InputError(f"{where}: content_sha256={show(manifest.get('content_sha256'))}, expected 64 lowercase "
                          f"hex digits; {DAMAGED}")
     if version >= 3:
-        _int_field(manifest, "content_group_chunks", where, 1)
+        int_field(manifest, "content_group_chunks", where, 1)
     _check_files(manifest.get("files"), context_length * dtype.itemsize, counts["chunks"], where)
     _check_long_docs(manifest, where)
     _check_shards(manifest, counts, where)
@@ -274,63 +274,28 @@ def _check_extra_columns(manifest: dict[str, Any], where: str) -> None:
         return
     columns = manifest["extra_columns"]
     if not isinstance(columns, list) or not columns:
-        raise InputError(f"{where}: extra_columns={_show(columns)}, expected a non-empty list; {DAMAGED}")
+        raise InputError(f"{where}: extra_columns={show(columns)}, expected a non-empty list; {DAMAGED}")
     names = set()
     for k, entry in enumerate(columns):
         label = f"{where}: extra_columns[{k}]"
         if not isinstance(entry, dict) or set(entry) != {"name", "type", "fill"}:
-            raise InputError(f"{label}={_show(entry)}, expected {{name, type, fill}}; {DAMAGED}")
+            raise InputError(f"{label}={show(entry)}, expected {{name, type, fill}}; {DAMAGED}")
         name, type_name = entry["name"], entry["type"]
         if not isinstance(name, str) or not name or name in RESERVED_NAMES or name in names:
-            raise InputError(f"{label}: name={_show(name)} is empty, reserved or repeated; {DAMAGED}")
+            raise InputError(f"{label}: name={show(name)} is empty, reserved or repeated; {DAMAGED}")
         names.add(name)
         if not isinstance(type_name, str) or type_name not in SIDE_TYPES:
-            raise InputError(f"{label}: type={_show(type_name)}, expected one of {', '.join(SIDE_TYPES)}; {DAMAGED}")
+            raise InputError(f"{label}: type={show(type_name)}, expected one of {', '.join(SIDE_TYPES)}; {DAMAGED}")
         low, high = (0, 1) if type_name == "bool" else (int(np.iinfo(type_name).min), int(np.iinfo(type_name).max))
-        _int_field(entry, "fill", label, low, high)
-
-
-def _show(value: Any, limit: int = 80) -> str:
-    """``repr(value)`` on one line, cut to about ``limit`` characters."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split())[:300]
-
-
-def _int_field(obj: dict[str, Any], key: str, where: str, minimum: int = 0, maximum: int = MAX_COUNT,
-               prefix: str = "") -> int:
-    """``obj[key]`` when it is an int (not a bool) in ``[minimum, maximum]``, else InputError
-    naming ``where`` and ``{prefix}{key}``."""
-    value = obj.get(key)
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InputError(f"{where}: {prefix}{key}={_show(value)}, expected an integer; {DAMAGED}")
-    if not minimum <= value <= maximum:
-        raise InputError(f"{where}: {prefix}{key}={_show(value)}, expected an integer in {minimum}..{maximum}; "
-                         f"{DAMAGED}")
-    return int(value)
-
-
-def _is_hex(value: Any, length: int) -> bool:
-    return isinstance(value, str) and len(value) == length and _HEX.issuperset(value)
-
-
-def _token_dtype(manifest: dict[str, Any], where: str) -> np.dtype:
-    name = manifest.get("token_dtype")
-    if not isinstance(name, str) or name not in TOKEN_DTYPES:
-        raise InputError(f"{where}: token_dtype={_show(name)} is not an integer dtype (one of "
-                         f"{', '.join(TOKEN_DTYPES)}); {DAMAGED}")
-    return np.dtype(name)
+        int_field(entry, "fill", label, low, high)
 
 
 def _check_counts(manifest: dict[str, Any], context_length: int, where: str) -> dict[str, int]:
     counts = manifest.get("counts")
     if not isinstance(counts, dict):
-        raise InputError(f"{where}: counts={_show(counts)}, expected an object with {', '.join(COUNT_KEYS)}; {DAMAGED}")
-    values = {key: _int_field(counts, key, where, prefix="counts.") for key in COUNT_KEYS}
-    values.update({key: _int_field(counts, key, where, prefix="counts.") for key in CUT_KEYS if key in counts})
+        raise InputError(f"{where}: counts={show(counts)}, expected an object with {', '.join(COUNT_KEYS)}; {DAMAGED}")
+    values = {key: int_field(counts, key, where, prefix="counts.") for key in COUNT_KEYS}
+    values.update({key: int_field(counts, key, where, prefix="counts.") for key in CUT_KEYS if key in counts})
     positions = values["chunks"] * context_length
     if positions > MAX_COUNT:
         raise InputError(f"{where}: counts.chunks={values['chunks']} of context_length={context_length} make "
@@ -351,25 +316,25 @@ def _check_long_docs(manifest: dict[str, Any], where: str) -> None:
     """``long_docs`` one of LONG_DOCS (none: split); other than split, ``counts`` has the cut counts."""
     value = manifest.get("long_docs", DEFAULT_LONG_DOCS)
     if not isinstance(value, str) or value not in LONG_DOCS:
-        raise InputError(f"{where}: long_docs={_show(value)}, expected one of {', '.join(LONG_DOCS)}; {DAMAGED}")
+        raise InputError(f"{where}: long_docs={show(value)}, expected one of {', '.join(LONG_DOCS)}; {DAMAGED}")
     if value != DEFAULT_LONG_DOCS:
         for key in CUT_KEYS:
-            _int_field(manifest["counts"], key, where, prefix="counts.")
+            int_field(manifest["counts"], key, where, prefix="counts.")
 
 
 def _check_files(files: Any, min_bytes_per_chunk: int, num_chunks: int, where: str) -> None:
     """Entries well typed, named by CHUNK_FILE_RE after their first chunk and hash, tiling
     ``[0, num_chunks)`` in order, each large enough for its chunks' tokens."""
     if not isinstance(files, list):
-        raise InputError(f"{where}: files={_show(files)}, expected a list; {DAMAGED}")
+        raise InputError(f"{where}: files={show(files)}, expected a list; {DAMAGED}")
     next_chunk = 0
     for k, entry in enumerate(files):
         if not isinstance(entry, dict) or any(key not in entry for key in FILE_KEYS):
-            raise InputError(f"{where}: files[{k}]={_show(entry)} lacks one of {', '.join(FILE_KEYS)}; {DAMAGED}")
-        label = f"{where}: files[{k}] ({_show(entry['path'])})"
-        first = _int_field(entry, "first_chunk", label)
-        count = _int_field(entry, "num_chunks", label, 1)
-        num_bytes = _int_field(entry, "num_bytes", label)
+            raise InputError(f"{where}: files[{k}]={show(entry)} lacks one of {', '.join(FILE_KEYS)}; {DAMAGED}")
+        label = f"{where}: files[{k}] ({show(entry['path'])})"
+        first = int_field(entry, "first_chunk", label)
+        count = int_field(entry, "num_chunks", label, 1)
+        num_bytes = int_field(entry, "num_bytes", label)
         _check_file_name(entry, first, label)
         if first != next_chunk:
             raise InputError(f"{label}: first_chunk={first}, expected {next_chunk}; the files must cover the chunks "
@@ -387,8 +352,8 @@ def _check_files(files: Any, min_bytes_per_chunk: int, num_chunks: int, where: s
 
 def _check_file_name(entry: dict[str, Any], first: int, label: str) -> None:
     path, sha256 = entry["path"], entry["sha256"]
-    if not _is_hex(sha256, 64):
-        raise InputError(f"{label}: sha256={_show(sha256)}, expected 64 lowercase hex digits; {DAMAGED}")
+    if not is_hex(sha256, 64):
+        raise InputError(f"{label}: sha256={show(sha256)}, expected 64 lowercase hex digits; {DAMAGED}")
     match = CHUNK_FILE_RE.fullmatch(path) if isinstance(path, str) else None
     if match is None:
         raise InputError(f"{label}: path is not a chunk file name chunks-{{first_chunk:012d}}-{{sha256[:16]}}.arrow "
@@ -404,22 +369,22 @@ def _check_shards(manifest: dict[str, Any], counts: dict[str, int], where: str) 
     if shards is None:
         return
     if not isinstance(shards, list):
-        raise InputError(f"{where}: shards={_show(shards)}, expected a list; {DAMAGED}")
+        raise InputError(f"{where}: shards={show(shards)}, expected a list; {DAMAGED}")
     docs = tokens = 0
     cut = [0] * len(CUT_KEYS)
     for k, entry in enumerate(shards):
         label = f"{where}: shards[{k}]"
         if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
-            raise InputError(f"{label}={_show(entry)} lacks a path; {DAMAGED}")
-        label = f"{label} ({_show(entry['path'])})"
-        num_docs, num_tokens, doc_offset, token_offset = (_int_field(entry, key, label) for key in SHARD_KEYS)
+            raise InputError(f"{label}={show(entry)} lacks a path; {DAMAGED}")
+        label = f"{label} ({show(entry['path'])})"
+        num_docs, num_tokens, doc_offset, token_offset = (int_field(entry, key, label) for key in SHARD_KEYS)
         for key, found, expected in (("doc_offset", doc_offset, docs), ("token_offset", token_offset, tokens)):
             if found != expected:
                 raise InputError(f"{label}: {key}={found}, expected {expected} (the sum over earlier shards); {DAMAGED}")
         if not isinstance(entry.get("format", ""), str):
-            raise InputError(f"{label}: format={_show(entry['format'])}, expected a string; {DAMAGED}")
+            raise InputError(f"{label}: format={show(entry['format'])}, expected a string; {DAMAGED}")
         docs, tokens = docs + num_docs, tokens + num_tokens
-        cut = [c + (_int_field(entry, key, label) if key in counts else 0) for c, key in zip(cut, CUT_KEYS)]
+        cut = [c + (int_field(entry, key, label) if key in counts else 0) for c, key in zip(cut, CUT_KEYS)]
         if docs > counts["documents"] or tokens > counts["tokens"]:
             break  # reported below
     for key, total in (("documents", docs), ("tokens", tokens), *zip(CUT_KEYS, cut)):
@@ -431,11 +396,9 @@ def _check_shards(manifest: dict[str, Any], counts: dict[str, int], where: str) 
 def _check_strategy(manifest: dict[str, Any], where: str) -> None:
     """``strategy`` registered (none: concat), its options and its own fields valid: asked of the
     strategy (raypack.strategies), which reads them back from the top level."""
-    from raypack.strategies import strategy_of_manifest  # the strategies use this module's field checks
-
     config = manifest.get("config", {})
     if not isinstance(config, dict):
-        raise InputError(f"{where}: config={_show(config)}, expected an object; {DAMAGED}")
+        raise InputError(f"{where}: config={show(config)}, expected an object; {DAMAGED}")
     strategy_of_manifest(manifest, where)
 
 
@@ -456,55 +419,17 @@ def open_chunk_file(filesystem: pafs.FileSystem, base: str, name: str, num_bytes
     file, or of another size.
     """
     if not isinstance(name, str) or CHUNK_FILE_RE.fullmatch(name) is None:
-        raise InputError(f"{base}: {_show(name)} is not a chunk file name; only plain files named "
+        raise InputError(f"{base}: {show(name)} is not a chunk file name; only plain files named "
                          "chunks-{first_chunk:012d}-{sha256[:16]}.arrow inside the output are read")
     path = f"{base}/{name}"
     if isinstance(filesystem, pafs.LocalFileSystem):
-        source, size = _open_local(path)
+        source, size = open_local_file(path)
     else:
-        source, size = _open_remote(filesystem, path)
+        source, size = open_remote_file(filesystem, path)
     if size != num_bytes:
         source.close()
         raise InputError(f"{path}: {size} bytes, the manifest says num_bytes={num_bytes}; {DAMAGED}")
     return source
-
-
-def _missing(path: str) -> InputError:
-    return InputError(f"{path}: listed in the manifest but missing; {DAMAGED}")
-
-
-def _open_local(path: str) -> tuple[pa.NativeFile, int]:
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-                     | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError as e:
-        raise _missing(path) from e
-    except OSError as e:  # ELOOP: a symlink
-        kind = "a symbolic link" if os.path.islink(path) else f"unreadable ({_one_line(e)})"
-        raise InputError(f"{path}: {kind}; only plain files directly inside the output directory are read") from e
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise InputError(f"{path}: not a plain file (mode {stat.filemode(info.st_mode)}); only plain files "
-                             "directly inside the output directory are read")
-        if info.st_size == 0:
-            return pa.BufferReader(b""), 0
-        mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-    except OSError as e:
-        raise InputError(f"{path}: unreadable ({_one_line(e)})") from e
-    finally:
-        os.close(fd)  # the mapping keeps the file itself alive, even once it is unlinked
-    return pa.BufferReader(pa.py_buffer(mapped)), info.st_size
-
-
-def _open_remote(filesystem: pafs.FileSystem, path: str) -> tuple[pa.NativeFile, int]:
-    try:
-        source = filesystem.open_input_file(path)
-        return source, source.size()
-    except FileNotFoundError as e:
-        raise _missing(path) from e
-    except (OSError, pa.ArrowException) as e:
-        raise InputError(f"{path}: unreadable ({_one_line(e)}); {DAMAGED}") from e
 
 
 # ----------------------------------------------------------------------------- building and saving

@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from raypack.errors import InputError
-from raypack.packed.manifest import DEFAULT_STRATEGY, _show
+from raypack.io.untrusted import show
 from raypack.strategies.base import PackingStrategy, StrategyFigures
 from raypack.strategies.best_fit import BestFit
 from raypack.strategies.concat import Concat
@@ -22,8 +22,8 @@ __all__ = ["DEFAULT_STRATEGY", "STRATEGIES", "PackingStrategy", "StrategyFigures
            "default_strategy", "make_strategy", "option_fields", "strategy_names", "strategy_of_manifest"]
 
 STRATEGIES: dict[str, type[PackingStrategy]] = {"concat": Concat, "best_fit": BestFit}
-# DEFAULT_STRATEGY (raypack.packed.manifest): the strategy of a config without ``strategy`` and of a
-# manifest without ``"strategy"``.
+DEFAULT_STRATEGY = "concat"
+"""The strategy of a config without ``strategy`` and of a manifest without ``"strategy"``."""
 
 
 def strategy_names() -> tuple[str, ...]:
@@ -69,6 +69,6 @@ def strategy_of_manifest(manifest: Mapping[str, Any], where: str = "manifest.jso
     naming ``where`` when the name is unknown or an option or the strategy's own fields are bad."""
     name = manifest.get("strategy", DEFAULT_STRATEGY)
     if not isinstance(name, str) or name not in STRATEGIES:
-        raise InputError(f"{where}: strategy={_show(name)} is unknown; expected one of "
+        raise InputError(f"{where}: strategy={show(name)} is unknown; expected one of "
                          f"{', '.join(strategy_names())} (no strategy: {DEFAULT_STRATEGY})")
     return STRATEGIES[name].from_manifest(dict(manifest), where)

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
 import numpy as np
 
 from raypack.errors import InputError
-from raypack.packed.manifest import _show
+from raypack.io.untrusted import show
 
 if TYPE_CHECKING:
     from raypack.pack.plan import Plan
@@ -144,7 +144,7 @@ class PackingStrategy:
         """Raise ValueError naming the option's key unless it is an int (not bool) in ``[least, 2**53]``."""
         value = getattr(self, field_name)
         if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= MAX_OPTION_INT:
-            raise ValueError(f"{self.option_key(field_name)}={_show(value)} must be an integer >= {least} "
+            raise ValueError(f"{self.option_key(field_name)}={show(value)} must be an integer >= {least} "
                              f"(at most 2**53)")
 
     def fingerprint(self) -> str:

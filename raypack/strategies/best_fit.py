@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from raypack.errors import InputError
-from raypack.packed.manifest import _int_field, _show
+from raypack.io.untrusted import int_field, show
 from raypack.rules.best_fit import BestFitChunkCounter, BestFitPacker
 from raypack.rules.core import Chunks
 from raypack.strategies.base import PackingStrategy, StrategyFigures, percent
@@ -83,13 +83,13 @@ class BestFit(PackingStrategy):
         """The shards are listed and their chunk ranges tile ``[0, counts.chunks)`` in shard order."""
         shards = manifest.get("shards")
         if not isinstance(shards, list):
-            raise InputError(f"{where}: shards={_show(shards)}; a best_fit manifest must list its shards (their "
+            raise InputError(f"{where}: shards={show(shards)}; a best_fit manifest must list its shards (their "
                              "chunk ranges and windows)")
         next_chunk, num_chunks = 0, manifest["counts"]["chunks"]
         for k, entry in enumerate(shards):
             label = f"{where}: shards[{k}] ({entry['path']})"
-            first = _int_field(entry, "first_chunk", label)
-            count = _int_field(entry, "num_chunks", label)
+            first = int_field(entry, "first_chunk", label)
+            count = int_field(entry, "num_chunks", label)
             if first != next_chunk:
                 raise InputError(f"{label}: first_chunk={first}, expected {next_chunk}; best_fit shard chunk ranges "
                                  "tile the chunks in shard order (shard k's chunks follow shard k-1's)")

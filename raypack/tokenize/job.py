@@ -126,7 +126,7 @@ def run_tokenize(config: TokenizeConfig, *, engine: str = "ray", resume: bool = 
     if not config.output:
         raise InputError("no output given: pass --output DIR")
     if engine == "ray":
-        from raypack.pack.job import connect_ray
+        from raypack.engine.session import connect_ray
 
         connect_ray(config.address, verbose=verbose)
 
@@ -239,7 +239,7 @@ def dispatch_order(tasks: list[TextTask]) -> list[TextTask]:
 
 def _tokenize_with_ray(tasks: list[TextTask], settings: TokenizeSettings, config: TokenizeConfig) -> list[TextResult]:
     from raypack.engine.pipeline import init_ray
-    from raypack.pack.job import on_ray
+    from raypack.engine.session import on_ray
 
     init_ray(config.address)
     progress = Progress("tokenized", len(tasks), "tasks")

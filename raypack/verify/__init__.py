@@ -35,36 +35,17 @@ loop runs per token, document or segment.
 
 from __future__ import annotations
 
-import posixpath
 import time
 from typing import Any, Sequence
 
 from raypack.errors import InputError
-from raypack.packed.manifest import (
-    MIX_KIND,
-    load_manifest,
-    long_docs_of,
-    read_manifest_json,
-    resolve_output,
-    side_columns_of,
-    strategy_of,
-)
-from raypack.packed.writer import MANIFEST_NAME
-from raypack.rules.long_docs import DEFAULT_LONG_DOCS
-from raypack.strategies import strategy_of_manifest
-from raypack.verify.files import check_files
-from raypack.verify.inputs import INPUT_BATCH_DOCS, compare_with_inputs, resolve_inputs
-from raypack.verify.long_docs import check_document_lengths
+from raypack.packed.manifest import MIX_KIND, read_manifest_json
+from raypack.verify.inputs import INPUT_BATCH_DOCS
 from raypack.verify.mix import MixVerifyReport, verify_mix
+from raypack.verify.output import structure_class, verify_packed
 from raypack.verify.report import VerifyError, VerifyReport
-from raypack.verify.structure import Structure, output_pieces
 
-__all__ = ["INPUT_BATCH_DOCS", "VerifyError", "VerifyReport", "verify_output"]
-
-def structure_class(manifest: dict) -> type[Structure]:
-    """The structure check of the manifest's strategy, from the strategy registry
-    (``PackingStrategy.verify_structure``), built as ``cls(manifest, keep_tokens=...)``."""
-    return strategy_of_manifest(manifest).verify_structure()
+__all__ = ["INPUT_BATCH_DOCS", "VerifyError", "VerifyReport", "structure_class", "verify_output"]
 
 
 def verify_output(
@@ -91,58 +72,12 @@ def verify_output(
     data, where = _read_json(out)
     if isinstance(data, dict) and data.get("kind") == MIX_KIND:  # read through raypack.mix.dataset: verify.mix
         return verify_mix(out, data, where, inputs)
-    manifest = _load_manifest(out)
-    fs, base = resolve_output(out)
-    manifest_path = posixpath.join(base, MANIFEST_NAME)
-    num_bytes = check_files(fs, base, manifest)
-    shards = resolve_inputs(manifest, inputs, manifest_path)
-    strategy = strategy_of(manifest)
-    structure = structure_class(manifest)(manifest, keep_tokens=shards is not None)
-    pieces = output_pieces(fs, base, manifest, structure, batch_chunks)
-    if long_docs_of(manifest) != DEFAULT_LONG_DOCS:
-        pieces = check_document_lengths(pieces, manifest["context_length"], long_docs_of(manifest))
-    if shards is None:
-        for _ in pieces:
-            pass
-    else:
-        column = token_column or (manifest.get("config") or {}).get("token_column") or "input_ids"
-        compare_with_inputs(pieces, shards, column, manifest, manifest_path)
-    return VerifyReport(
-        output=out, num_files=len(manifest["files"]), num_bytes=num_bytes,
-        num_chunks=structure.next_chunk, context_length=structure.context_length,
-        num_tokens=structure.num_tokens, num_padding_positions=structure.num_padding,
-        num_documents=manifest["counts"]["documents"], num_split_documents=structure.num_split,
-        num_segments=structure.num_segments, content_sha256=manifest["content_sha256"],
-        inputs_compared=shards is not None, num_shards=len(shards or ()),
-        seconds=time.perf_counter() - start, strategy=strategy,
-        best_fit_window=structure.window,
-        input_paths=tuple(shard.path for shard in shards or ()),
-        long_docs=long_docs_of(manifest), long_doc_counts=_long_doc_counts(manifest),
-        extra_columns=tuple(f"{c.name} {c.type} fill={c.fill}" for c in side_columns_of(manifest)),
-    )
-
-
-def _long_doc_counts(manifest: dict[str, Any]) -> tuple[int, int]:
-    """(documents, tokens) the manifest says were truncated or dropped ((0, 0) under split)."""
-    counts = manifest["counts"]
-    policy = long_docs_of(manifest)
-    if policy == DEFAULT_LONG_DOCS:
-        return 0, 0
-    return counts.get(f"documents_{policy}ped" if policy == "drop" else "documents_truncated", 0), \
-        counts.get("tokens_dropped" if policy == "drop" else "tokens_truncated", 0)
+    return verify_packed(out, inputs, token_column=token_column, batch_chunks=batch_chunks, start=start)
 
 
 def _read_json(out: str) -> tuple[Any, str]:
     """The parsed, unchecked manifest and its path (a mix or a packed output?); InputError -> VerifyError."""
     try:
         return read_manifest_json(out)
-    except InputError as e:
-        raise VerifyError(str(e)) from e
-
-
-def _load_manifest(out: str) -> dict[str, Any]:
-    """The manifest, checked by :func:`raypack.packed.manifest.load_manifest`; its InputError becomes a VerifyError."""
-    try:
-        return load_manifest(out)
     except InputError as e:
         raise VerifyError(str(e)) from e

@@ -45,7 +45,7 @@ def verify_mix(out: str, data: Any, where: str, inputs: Sequence[str] | None = N
     """Check the mix at ``out`` (parsed manifest ``data`` read from ``where``); VerifyError at the first
     discrepancy. ``inputs`` must be None or empty: a mix has no inputs of its own."""
     from raypack.mix.dataset import check_mix_manifest, check_sources, source_location
-    from raypack.verify import verify_output
+    from raypack.verify.output import verify_packed
 
     if inputs:
         raise InputError(f"{out} is a mix: it has no inputs of its own; verify each source with its inputs "
@@ -61,7 +61,7 @@ def verify_mix(out: str, data: Any, where: str, inputs: Sequence[str] | None = N
     for k, entry in enumerate(data["sources"]):
         path = source_location(out, entry["path"])
         try:
-            reports.append((path, verify_output(path, [])))
+            reports.append((path, verify_packed(path, [])))
         except VerifyError as e:
             raise VerifyError(f"source {k} of the mix {out}: {e}") from e
     return MixVerifyReport(out, data, tuple(reports))

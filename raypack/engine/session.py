@@ -1,0 +1,35 @@
+"""Starting or joining Ray, and running a stage's tasks on it with failures as one line.
+
+Ray itself is imported only when these are called (:mod:`raypack.engine.pipeline`), so the stages'
+run modules (raypack.pack.job, raypack.tokenize.job) import this one freely.
+"""
+
+from __future__ import annotations
+
+from raypack.errors import InputError, WorkerError
+
+
+def connect_ray(address: str | None, *, verbose: bool | None = None) -> None:
+    """Start or join Ray now, so that a cluster that cannot be reached fails before anything is written."""
+    from raypack.engine import pipeline
+
+    pipeline.init_ray(address, verbose=verbose)
+
+
+def on_ray(run, what: str):
+    from raypack.engine import pipeline
+
+    try:
+        return run(pipeline)
+    except Exception as e:
+        cause = pipeline.original_error(e)
+        if isinstance(cause, (InputError, OSError)):
+            raise cause from e
+        raise WorkerError(worker_failure(cause, what, pipeline.logs_dir())) from e
+
+
+def worker_failure(cause: BaseException, what: str, logs: str) -> str:
+    """One line: what failed, Ray's own first line about it, and where Ray's logs are."""
+    text = str(cause).strip()
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return f"{what} on Ray failed: {type(cause).__name__}: {first[:300]}; Ray's logs are in {logs}"
