@@ -7,8 +7,11 @@ Every test that uses ``ray_session`` is marked ``slow`` here, so ``make test-fas
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
+
+from tiers import starts_ray_or_s3
 
 
 def pytest_collection_modifyitems(config, items):
@@ -30,3 +33,47 @@ def ray_session():
     ctx.print_on_execution_start = False
     yield ray
     ray.shutdown()
+
+
+# ----------------------------------------------------------------------------- the fast tier's promise
+# `make test-fast` (-m "not slow") starts no Ray, no S3 server and no subprocess that starts Ray.
+# An audit hook sees every process a test starts; while a test not marked slow runs, one that
+# would start Ray (gcs_server, raylet, `ray start`, a raypack run without --local) or an S3
+# server (moto) is refused, and the test fails naming what it started.
+
+_FAST_TEST: list[str] = []
+def _audit(event: str, args) -> None:
+    if event == "subprocess.Popen" and _FAST_TEST:
+        what = starts_ray_or_s3(args[1])
+        if what is not None:
+            raise RuntimeError(f"{_FAST_TEST[0]} is in the fast tier but starts {what}: mark it @pytest.mark.slow "
+                               "(tests/conftest.py)")
+
+
+sys.addaudithook(_audit)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_starts_no_ray(request):
+    """Tests not marked slow: no Ray in this process either (ray.init refused; Ray left running fails)."""
+    if request.node.get_closest_marker("slow") is not None:
+        yield
+        return
+    _FAST_TEST[:] = [request.node.nodeid]
+    ray = sys.modules.get("ray")
+    saved = getattr(ray, "init", None)
+    if ray is not None:
+        ray.init = _refuse_ray_init
+    try:
+        yield
+    finally:
+        _FAST_TEST.clear()
+        if ray is not None:
+            ray.init = saved
+    ray = sys.modules.get("ray")
+    if ray is not None and getattr(ray, "is_initialized", lambda: False)():
+        pytest.fail(f"{request.node.nodeid} is in the fast tier but left Ray running: mark it @pytest.mark.slow")
+
+
+def _refuse_ray_init(*args, **kwargs):
+    raise RuntimeError("a test in the fast tier called ray.init: mark it @pytest.mark.slow (tests/conftest.py)")

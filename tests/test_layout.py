@@ -44,3 +44,20 @@ def test_ray_fault_and_s3_tests_are_marked_slow(request):
             or "test_s3.py" in item.nodeid) and item.get_closest_marker("slow") is None
     ]
     assert unmarked == []
+
+
+def test_the_fast_tier_guard_knows_ray_s3_servers_and_ray_runs():
+    """tests/conftest.py refuses these in tests not marked slow (the classifier it asks)."""
+    import sys
+
+    from tiers import starts_ray_or_s3
+
+    py = sys.executable
+    assert starts_ray_or_s3([py, "-m", "moto.server", "-H", "127.0.0.1", "-p", "5000"]) == "an S3 server (moto)"
+    assert starts_ray_or_s3(["/x/ray/core/src/ray/gcs/gcs_server", "--port=1"]) == "Ray"
+    assert starts_ray_or_s3(["/venv/bin/ray", "start", "--head"]) == "Ray"
+    assert starts_ray_or_s3([py, "-m", "raypack.cli", "pack", "--input", "a"]) == "a raypack run on Ray (no --local)"
+    assert starts_ray_or_s3([py, "jobs/pack.py", "--input", "a"]) == "a raypack run on Ray (no --local)"
+    assert starts_ray_or_s3([py, "-m", "raypack.cli", "pack", "--input", "a", "--local"]) is None
+    assert starts_ray_or_s3([py, "-m", "raypack.cli", "verify", "out"]) is None
+    assert starts_ray_or_s3(["git", "status"]) is None

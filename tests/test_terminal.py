@@ -101,6 +101,7 @@ def run_cli(*args, timeout=120, **kwargs):
                           timeout=timeout, env=env, cwd=REPO, **kwargs)
 
 
+@pytest.mark.slow  # starts Ray or an S3 server: not the fast tier (tests/conftest.py)
 def test_unreachable_address_fails_fast_with_one_line_and_no_staging(tmp_path):
     root = corpus(tmp_path, [[5, 6]])
     start = time.monotonic()
@@ -113,6 +114,7 @@ def test_unreachable_address_fails_fast_with_one_line_and_no_staging(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["in"]
 
 
+@pytest.mark.slow  # starts Ray or an S3 server: not the fast tier (tests/conftest.py)
 def test_token_mode_without_a_token_is_one_line_and_no_staging(tmp_path):
     """RAY_AUTH_MODE=token, no token anywhere (a HOME without ~/.ray/auth_token): Ray's
     AuthenticationError becomes one line naming the variables, exit 2, before any staging dir."""

@@ -197,6 +197,7 @@ def test_both_routes_record_the_tokenizer_in_the_packed_manifest(tmp_path, text_
     assert "tokenizer" not in plain.manifest  # token inputs: no key, manifest bytes as before
 
 
+@pytest.mark.slow  # starts Ray or an S3 server: not the fast tier (tests/conftest.py)
 def test_pack_refuses_corpora_tokenized_differently(tmp_path, text_dir, tok, capsys):
     first = tokenize(tmp_path, text_dir, tok, name="a", eos="<eos>")
     second = tokenize(tmp_path, text_dir, tok, name="b")
@@ -431,6 +432,7 @@ def test_sample_text_mode_feeds_tokenize(tmp_path, tok, capsys, fmt):
 # ----------------------------------------------------------------------------- object store
 
 
+@pytest.mark.slow  # starts Ray or an S3 server: not the fast tier (tests/conftest.py)
 def test_tokenize_and_pack_with_tokenizer_on_s3(tmp_path, text_dir, tok):
     """Text in S3, outputs in S3: same bytes as locally; a one-run pack leaves no _tokenized/ objects."""
     pytest.importorskip("moto.server", reason="moto[server] is not installed")
