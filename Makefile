@@ -22,6 +22,7 @@ MDS_READER_PKGS := mosaicml-streaming==0.13.0 catalogue==2.0.10 Brotli==1.2.1 py
 .PHONY: demo lint test test-fast bench clean
 
 $(STAMP): pyproject.toml Makefile
+	@$(PYTHON) -c 'import sys; v = sys.version.split()[0]; sys.exit(0 if sys.version_info >= (3, 11) else f"raypack needs Python >= 3.11 (stdlib tomllib); $(PYTHON) is {v}: run make PYTHON=python3.11 (or newer)")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH_FROM)"$(TORCH_PIN)"   # the CPU build first; the [torch] range keeps it
