@@ -177,3 +177,19 @@ def test_verify_exit_codes(capsys, tmp_path, shards):
     capsys.readouterr()
     assert main(["verify", str(tmp_path / "out")]) == 1
     assert "sha256" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["pack", "tokenize"])
+def test_a_working_directory_holding_a_clone_is_one_line_before_ray(tmp_path, monkeypatch, capsys, command):
+    """Run from the folder that holds a clone, ./raypack is the repository: Ray's workers would
+    import it instead of the installed package. One line naming the folder and the fix, before
+    Ray starts (the fast tier refuses ray.init) and before anything is written."""
+    (tmp_path / "raypack" / "raypack").mkdir(parents=True)  # a clone: ./raypack/raypack/...
+    write_parquet(tmp_path / "in" / "part-0.parquet", [[1, 2, 3]])
+    monkeypatch.chdir(tmp_path)
+    args = (["pack", "--context-length", "4"] if command == "pack"
+            else ["tokenize", "--tokenizer", "tiktoken:cl100k_base"])
+    assert main([*args, "--input", "in", "--output", "out"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds a folder named raypack" in err[0] and "run from another directory" in err[0], err
+    assert sorted(os.listdir(tmp_path)) == ["in", "raypack"]

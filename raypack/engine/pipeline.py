@@ -31,6 +31,7 @@ import operator
 import os
 import sys
 from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -64,6 +65,7 @@ def init_ray(address: str | None = None, *, verbose: bool | None = None) -> None
     """
     if ray.is_initialized():
         return
+    check_cwd_does_not_shadow()
     if verbose is None:
         verbose = RAY_VERBOSE.get()
     quiet = {"log_to_driver": verbose, "logging_level": logging.INFO if verbose else logging.ERROR}
@@ -86,6 +88,21 @@ def init_ray(address: str | None = None, *, verbose: bool | None = None) -> None
         log.info("Ray's logs are in %s (-v shows them here)", logs_dir())
     context.enable_progress_bars = verbose
     context.print_on_execution_start = verbose
+
+
+def check_cwd_does_not_shadow(cwd: str | None = None) -> None:
+    """Raise InputError when the working directory holds a ``raypack/`` folder that is not this package.
+
+    Ray's workers put the driver's working directory first on ``sys.path``: run from the folder
+    that holds a clone, they would import the clone's top folder as a namespace package instead of
+    the installed raypack and die with an ImportError. Checked before Ray starts or anything is written.
+    """
+    folder = Path(cwd or os.getcwd()) / "raypack"
+    installed = Path(__file__).resolve().parent.parent
+    if folder.is_dir() and folder.resolve() != installed:
+        raise InputError(f"the working directory holds a folder named raypack ({folder}) that Ray's workers would "
+                         f"import instead of the installed raypack ({installed}); run from another directory "
+                         f"(e.g. cd {folder})")
 
 
 @contextlib.contextmanager
