@@ -26,7 +26,7 @@ from raypack.pack.publish import staging_dir
 from raypack.sample import write_sample_corpus
 from raypack.verify import verify_output
 
-from helpers import tree_digest
+from helpers import file_digests, tree_digest
 from packing_faults import fail_at_shard
 
 
@@ -272,3 +272,21 @@ def test_an_old_output_moved_aside_is_restored_when_its_replacement_never_came(t
     with pytest.raises(InputError, match="not empty"):
         run_pack(config(tmp_path, [corpus]), engine="local")
     assert tree_digest(tmp_path / "out") == before and not os.path.exists(old)
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_an_output_that_is_a_symlink_to_a_directory_publishes_into_that_directory(tmp_path, corpus, existing):
+    """The link stays a link; the run and every later run (--overwrite) write the directory it names."""
+    real = tmp_path / "disk" / "out"
+    real.mkdir(parents=True)
+    (tmp_path / "link").symlink_to(real, target_is_directory=True)
+    if existing:
+        run_pack(config(tmp_path, [corpus], name="link"), engine="local")
+    for _ in range(2):
+        run_pack(config(tmp_path, [corpus], name="link", overwrite=True), engine="local")
+        assert os.path.islink(tmp_path / "link") and os.path.isfile(real / "manifest.json")
+        verify_output(str(tmp_path / "link"), [])
+    run_pack(config(tmp_path, [corpus], name="plain"), engine="local")
+    assert file_digests(str(real)) == file_digests(str(tmp_path / "plain"))
+    assert sorted(os.listdir(tmp_path)) == ["corpus", "disk", "link", "plain"]
+    assert sorted(os.listdir(tmp_path / "disk")) == ["out"]  # no staging or lock left beside it

@@ -111,6 +111,8 @@ class LocalOutput:
     """A local directory, published by renaming a complete staging directory into its place."""
 
     def __init__(self, output: str) -> None:
+        if os.path.islink(output):  # publish into the directory it names; the link stays
+            output = os.path.realpath(output)
         self.output = os.path.abspath(output)
         self.work_dir = staging_dir(output)
         """Where the run writes: the staging directory."""
