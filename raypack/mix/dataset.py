@@ -25,13 +25,13 @@ import math
 import numbers
 import operator
 import os
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import numpy.typing as npt
-import tomllib
 
 from raypack.errors import InputError
 from raypack.io.fs import is_uri

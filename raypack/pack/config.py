@@ -13,12 +13,12 @@ Every key has a ``raypack pack`` flag, so none is TOML-only: the flag is the key
 from __future__ import annotations
 
 import dataclasses
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
-import tomllib
 
 from raypack.errors import InputError
 from raypack.rules.core import validate_context_length, validate_pad_token
