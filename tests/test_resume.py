@@ -20,6 +20,7 @@ from raypack.errors import InputError
 from raypack.pack.config import make_config
 from raypack.pack.job import run_pack
 from raypack.pack.publish import staging_dir
+from raypack.pack.resume import record_name
 from raypack.sample import write_sample_corpus
 
 from helpers import tree_digest
@@ -80,6 +81,26 @@ def test_resume_repacks_a_damaged_file(tmp_path, corpus, clean_run, monkeypatch)
     run_pack(config(tmp_path, corpus), engine="local", resume=True)
     assert len(packed) == 2  # the damaged shard and the one that crashed
     assert 5 in packed
+    assert tree_digest(tmp_path / "out") == clean_run
+
+
+@pytest.mark.parametrize("what", ["chunks", "record"])
+def test_resume_repacks_a_shard_whose_file_was_replaced_by_a_fifo(tmp_path, corpus, clean_run, monkeypatch, what):
+    """A FIFO under a recorded chunk file's name (or a record's) would block a read forever: it is
+    not opened; the shard is packed again and the output equals a clean run."""
+    fail_at_shard(monkeypatch, 5, RuntimeError("crash"))
+    with pytest.raises(RuntimeError):
+        run_pack(config(tmp_path, corpus), engine="local")
+    staging = staging_dir(str(tmp_path / "out"))
+    if what == "chunks":
+        victim = os.path.join(staging, sorted(p for p in os.listdir(staging) if p.startswith("chunks-"))[1])
+    else:
+        victim = os.path.join(staging, record_name(1))
+    os.remove(victim)
+    os.mkfifo(victim)
+    packed = fail_at_shard(monkeypatch, -1, RuntimeError("unused"))
+    run_pack(config(tmp_path, corpus), engine="local", resume=True)
+    assert len(packed) == 2 and 5 in packed  # the shard whose file became a FIFO and the one that crashed
     assert tree_digest(tmp_path / "out") == clean_run
 
 

@@ -36,11 +36,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import posixpath
+import stat
 from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
+import pyarrow.fs as pafs
 
 from raypack.io.fs import resolve_filesystem
 from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, asdict_file
@@ -156,6 +159,10 @@ def load_verified_result(task: ShardTask, settings: PackSettings) -> ShardResult
 
 def _read_record(fs, path: str) -> bytes | None:
     """The record's bytes; None when there is none (the shard never finished)."""
+    if not _is_plain_file(fs, path):
+        if not _exists(fs, path):
+            return None
+        raise _Rejected("is not a plain file (a FIFO, a link, a directory?)")
     try:
         with fs.open_input_stream(path, compression=None) as source:
             return source.read()
@@ -278,6 +285,8 @@ def _digests_fit(file: WrittenFile) -> bool:
 
 
 def _file_intact(fs, path: str, sha256: str) -> bool:
+    if not _is_plain_file(fs, path):  # a FIFO would block the read
+        return False
     digest = hashlib.sha256()
     try:
         with fs.open_input_stream(path, compression=None) as f:
@@ -286,3 +295,19 @@ def _file_intact(fs, path: str, sha256: str) -> bool:
     except OSError:
         return False
     return digest.hexdigest() == sha256
+
+
+def _is_plain_file(fs, path: str) -> bool:
+    """Whether ``path`` is a regular file, links not followed (local); a file (object store). No open."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        try:
+            return stat.S_ISREG(os.lstat(path).st_mode)
+        except OSError:
+            return False
+    return fs.get_file_info(path).type == pafs.FileType.File
+
+
+def _exists(fs, path: str) -> bool:
+    if isinstance(fs, pafs.LocalFileSystem):
+        return os.path.lexists(path)
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
