@@ -348,3 +348,23 @@ def test_verify_finds_a_changed_token(tmp_path, capsys):
 def test_registry_is_the_cli_choice():
     assert set(EXPORTERS) == {"megatron", "mds"}
     assert all(cls.name == name for name, cls in EXPORTERS.items())
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    import errno
+
+    import raypack.export.megatron as megatron
+
+    src = write_tokenized(tmp_path, DOCS, cuts=[3])
+    real = megatron.MegatronExporter.write_part
+
+    def full(self, part, batches):
+        if part.index == 1:
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "ds.bin"))
+        return real(self, part, batches)
+
+    monkeypatch.setattr(megatron.MegatronExporter, "write_part", full)
+    assert main(["export", src, "--format", "megatron", "--output", str(tmp_path / "ds")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "No space left on device" in err[0] and "nothing was published" in err[0], err
+    assert sorted(os.listdir(tmp_path)) == ["tokens"]

@@ -10,6 +10,7 @@ nothing and is rerun.
 
 from __future__ import annotations
 
+import errno
 import logging
 import multiprocessing
 import posixpath
@@ -119,10 +120,17 @@ def _write(exporter: Exporter, source: Source, workers: int) -> int:
     try:
         results = _run_parts(exporter, source, parts, workers, progress)
         exporter.finalize(source, results)
-    except BaseException:
+    except BaseException as e:
         exporter.abort()
+        if isinstance(e, OSError) and e.errno in _DISK_ERRORS:
+            raise InputError(f"writing the export failed: {e.strerror} ({e.filename or exporter.describe()}); "
+                             "nothing was published; free space (or fix the permission) and run again") from e
         raise
     return len(parts)
+
+
+_DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES})
+"""Errors writing an export that the user fixes on the disk: one line, not a traceback (pack does the same)."""
 
 
 def _run_parts(exporter: Exporter, source: Source, parts: list[Part] | list[ChunkPart], workers: int,
