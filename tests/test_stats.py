@@ -93,3 +93,15 @@ def test_stats_plot(small_output, tmp_path):
 
     png = plot_stats(packing_stats(small_output), str(tmp_path / "stats.png"))
     assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_is_one_line_before_the_report(small_output, tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    from raypack.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    assert main(["stats", small_output, "--plot", str(tmp_path / "s.png")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and 'raypack[plot]' in err, (out, err)
