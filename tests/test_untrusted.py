@@ -4,6 +4,7 @@ what is wrong, fast, without opening anything the manifest should not name."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -274,3 +275,48 @@ def test_manifest_is_one_read_only_type_that_loads_checks_and_saves(tmp_path):
     before = (out / "manifest.json").read_bytes()
     manifest.save(str(out))
     assert (out / "manifest.json").read_bytes() == before
+
+
+def _patch_list_offsets(out: str, row: int, value: int) -> None:
+    """Rewrite the first chunk file with offset ``row`` of both segment columns set to ``value`` (alike,
+    so they still agree with each other; unvalidated),
+    then make its name, sha256 and size in the manifest match, as an attacker would."""
+    manifest = manifest_of(out)
+    entry = manifest["files"][0]
+    path = os.path.join(out, entry["path"])
+    with pa.memory_map(path) as source:
+        reader = pa.ipc.open_file(source)
+        batches = [reader.get_batch(k) for k in range(reader.num_record_batches)]
+        schema = reader.schema
+    first = batches[0]
+    columns = []
+    for name in schema.names:
+        lists = first.column(name)
+        if name in ("segment_doc_ids", "segment_lengths"):
+            offsets = np.array(lists.offsets, dtype=np.int32)
+            offsets[row] = value
+            lists = pa.Array.from_buffers(lists.type, len(lists), [None, pa.py_buffer(offsets.tobytes())],
+                                          children=[lists.values])
+        columns.append(lists)
+    batches[0] = pa.RecordBatch.from_arrays(columns, schema=schema)
+    os.remove(path)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    data = sink.getvalue().to_pybytes()
+    digest = hashlib.sha256(data).hexdigest()
+    entry.update(path=f"chunks-{entry['first_chunk']:012d}-{digest[:16]}.arrow", sha256=digest, num_bytes=len(data))
+    with open(os.path.join(out, entry["path"]), "wb") as f:
+        f.write(data)
+    save(out, manifest)
+
+
+@pytest.mark.parametrize("tool", ["reader", "stats"])
+@pytest.mark.parametrize("row, value", [(1, 10**6), (1, -5)])  # the last offset pyarrow checks itself
+def test_patched_list_offsets_are_one_line_naming_the_file(out, tool, row, value):
+    """Offsets that index past their values (or go backwards) are refused before they are used
+    (they were an IndexError traceback)."""
+    _patch_list_offsets(out, row, value)
+    name = first_name(manifest_of(out))
+    fails(tool, out, rf"{name}: segment_doc_ids: list offsets out of order or past the \d+ values")

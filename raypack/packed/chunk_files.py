@@ -53,9 +53,17 @@ def _same_type(found: pa.DataType, expected: pa.DataType) -> bool:
     return found == expected
 
 
-def list_column(column: pa.ListArray) -> tuple[np.ndarray, np.ndarray]:
-    """``(offsets from 0, values)`` of a list column, read through its offsets (slice-safe)."""
+def list_column(column: pa.ListArray, where: str = "a list column") -> tuple[np.ndarray, np.ndarray]:
+    """``(offsets from 0, values)`` of a list column, read through its offsets (slice-safe).
+
+    The offsets are checked against the values they index before any is used (a file whose
+    offsets were edited would otherwise index past its values): non-decreasing, inside
+    ``[0, len(values)]``. One vectorised pass over the (rows + 1,) offsets; InputError naming ``where``.
+    """
     offsets = column.offsets.to_numpy(zero_copy_only=True).astype(np.int64)
+    if offsets.size == 0 or offsets[0] < 0 or offsets[-1] > len(column.values) or np.any(np.diff(offsets) < 0):
+        raise InputError(f"{where}: list offsets out of order or past the {len(column.values)} values they index; "
+                         f"{_DAMAGED}")
     start, stop = int(offsets[0]), int(offsets[-1])
     values = column.values.slice(start, stop - start).to_numpy(zero_copy_only=True)
     return offsets - start, values
@@ -84,8 +92,8 @@ def _decode(batch: pa.RecordBatch, path: str, context_length: int, side_names: t
     """A record batch as :class:`Chunks`; tokens (and side columns ``side_names``, in ``sides``)
     are zero-copy views of the batch."""
     input_ids = _fixed_rows(batch, "input_ids", path, context_length)
-    offsets, seg_ids = list_column(batch.column("segment_doc_ids"))
-    len_offsets, seg_lens = list_column(batch.column("segment_lengths"))
+    offsets, seg_ids = list_column(batch.column("segment_doc_ids"), f"{path}: segment_doc_ids")
+    len_offsets, seg_lens = list_column(batch.column("segment_lengths"), f"{path}: segment_lengths")
     if not np.array_equal(offsets, len_offsets) or np.any(_row_sums(offsets, seg_lens) != context_length):
         raise InputError(
             f"{path}: segment_doc_ids/segment_lengths do not describe chunks of {context_length} "
