@@ -193,3 +193,15 @@ def test_a_working_directory_holding_a_clone_is_one_line_before_ray(tmp_path, mo
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "holds a folder named raypack" in err[0] and "run from another directory" in err[0], err
     assert sorted(os.listdir(tmp_path)) == ["in", "raypack"]
+
+
+@pytest.mark.parametrize("command", ["pack", "tokenize"])
+def test_a_mistyped_input_is_one_line_before_ray_starts(tmp_path, capsys, command):
+    """Not after an embedded Ray took seconds to start: the fast tier refuses ray.init, so a check
+    that came after it would fail here."""
+    args = (["pack", "--context-length", "4"] if command == "pack"
+            else ["tokenize", "--tokenizer", "tiktoken:cl100k_base"])
+    assert main([*args, "--input", str(tmp_path / "nope" / "*.parquet"), "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "matched nothing" in err[0], err
+    assert os.listdir(tmp_path) == []

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from raypack.engine.session import connect_ray, on_ray
 from raypack.errors import InputError
+from raypack.inputs.shards import discover_shards
 from raypack.io.progress import Progress
 from raypack.pack.assemble import check_coverage, count_stats, stitch_boundaries, write_boundaries
 from raypack.pack.config import PackConfig
@@ -89,6 +90,7 @@ def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False, t
     if not config.output:
         raise InputError("no output given: pass --output DIR")
     if engine == "ray":
+        discover_shards(config.inputs)  # a mistyped input is one line before Ray takes seconds to start
         connect_ray(config.address, verbose=verbose)
 
     def plan() -> Plan | None:

@@ -128,6 +128,7 @@ def run_tokenize(config: TokenizeConfig, *, engine: str = "ray", resume: bool = 
     if engine == "ray":
         from raypack.engine.session import connect_ray
 
+        discover_shards(list(config.inputs))  # a mistyped input is one line before Ray takes seconds to start
         connect_ray(config.address, verbose=verbose)
 
     def plan() -> list[TextTask]:
