@@ -19,6 +19,7 @@ from raypack.cli import main
 from raypack.errors import InputError, WorkerError
 from raypack.io.progress import Progress
 from raypack.io.terminal import interrupted_line
+from raypack.outputs import read_packed
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -220,3 +221,21 @@ def test_a_fresh_ray_run_shows_only_raypacks_lines(tmp_path):
     assert lines[0].startswith("Ray's logs are in ") and lines[0].endswith("(-v shows them here)"), proc.stderr
     assert len(lines) == 2 and lines[1].startswith("raypack: error: ") and "b.parquet row 1" in lines[1], proc.stderr
     assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
+@pytest.mark.slow
+def test_the_python_apis_ray_reads_are_as_quiet_as_the_cli(tmp_path):
+    """read_packed(out).to_ray_dataset() in a fresh script: Ray starts quietly (no INFO / WARNING /
+    C++ log lines on stderr), as under the CLI; the chunks come back in order."""
+    root = corpus(tmp_path, [[5, 6, 7]])
+    assert main(["pack", "--local", "--input", root, "--output", str(tmp_path / "out"), "--context-length", "2"]) == 0
+    script = ("import numpy as np\nfrom raypack import read_packed\n"
+              f"ds = read_packed({str(tmp_path / 'out')!r}).to_ray_dataset()\n"
+              "rows = ds.take_all()\nprint(len(rows), [list(r['input_ids']) for r in rows][:1])\n")
+    env = {**os.environ, "PYTHONPATH": REPO}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env,
+                          cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[0] == str(len(read_packed(str(tmp_path / "out")))), proc.stdout
+    noisy = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert noisy == [], proc.stderr

@@ -303,6 +303,7 @@ def packed_to_ray_dataset(packed: PackedDataset, batch_rows: int | None = None) 
     """
     if batch_rows is not None and operator.index(batch_rows) < 1:
         raise ValueError(f"batch_rows={batch_rows} must be >= 1 or None")
+    init_ray()  # as quiet as the CLI's Ray; a no-op when the caller already started or joined one
     items = packed.file_items()
     if not items:
         return ray.data.from_arrow(chunks_table(Chunks.empty(packed.context_length, packed.token_dtype)))
@@ -337,6 +338,7 @@ def mixed_to_ray_dataset(mixed, batch_rows: int | None = None) -> ray.data.Datas
     rows = MIX_BLOCK_ROWS if batch_rows is None else operator.index(batch_rows)
     if rows < 1:
         raise ValueError(f"batch_rows={batch_rows} must be >= 1 or None")
+    init_ray()
     starts = list(range(0, len(mixed), rows))
     items = [{"start": s, "stop": min(s + rows, len(mixed))} for s in starts]
     dataset = ray.data.from_items(items, override_num_blocks=len(items))
