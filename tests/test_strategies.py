@@ -237,10 +237,10 @@ def test_an_output_of_an_unregistered_strategy_is_refused(tmp_path, corpus, monk
 
 
 def test_verify_structure_hooks_import_lazily():
-    from raypack.verify.best_fit import BestFitStructure
-    from raypack.verify.concat import ConcatStructure
+    from raypack.strategies.best_fit.verify import BestFitStructure
+    from raypack.strategies.concat.verify import ConcatStructure
 
-    assert Concat.verify_structure_name == "raypack.verify.concat:ConcatStructure"
+    assert Concat.verify_structure_name == "raypack.strategies.concat.verify:ConcatStructure"
     assert Concat.verify_structure() is ConcatStructure
     assert BestFit.verify_structure() is BestFitStructure
 

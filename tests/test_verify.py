@@ -651,7 +651,7 @@ def test_best_fit_verify_streams_window_by_window(best_fit_outputs):
     """With one chunk per block, every piece compared with the inputs is exactly one window."""
     import pyarrow.fs as pafs
 
-    from raypack.verify.best_fit import BestFitStructure
+    from raypack.strategies.best_fit.verify import BestFitStructure
     from raypack.verify.structure import output_pieces
 
     out, _, docs = best_fit_outputs(BF_WINDOW)

@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 from raypack.pack.config import make_config
 from raypack.pack.job import run_pack
 from raypack.packed.manifest import load_manifest
-from raypack.rules.best_fit import best_fit_decreasing, split_items
 from raypack.strategies import STRATEGIES
+from raypack.strategies.best_fit.layout import expected_layout
+from raypack.strategies.best_fit.rules import best_fit_decreasing, split_items
+from raypack.strategies.best_fit.verify import BestFitStructure
+from raypack.strategies.concat.verify import ConcatStructure
 from raypack.verify import VerifyError, verify_output
-from raypack.verify.best_fit import BestFitStructure
-from raypack.verify.best_fit_layout import expected_layout
-from raypack.verify.concat import ConcatStructure
 from raypack.verify.structure import Structure
 
 C = 8

@@ -25,7 +25,7 @@ What the rest of raypack asks of a strategy, and who asks:
     (:meth:`verify_structure`), so that packing never imports verify. raypack.verify asks
     ``strategy_of_manifest(manifest).verify_structure()`` for the class it builds;
   - a fingerprint of its settings (:meth:`fingerprint`): equal exactly when name and options are.
-No Ray here; the per-strategy modules keep the token math in raypack.rules.core / raypack.rules.best_fit.
+No Ray here; the per-strategy modules keep the token math in raypack.rules.core / raypack.strategies.best_fit.rules.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ It counts as it goes: ``next_chunk`` (chunks read), ``num_tokens``, ``num_paddin
 ``num_split``, ``num_segments``, ``last_doc_id``; ``window`` is the documents per packing window
 the report shows (None: the strategy has none). :class:`Structure` is the base: those counts, the
 checks every strategy makes per block (chunk indices ``0..n-1``; segment lengths > 0 summing to C
-per chunk) and the final count check. Subclasses: :class:`raypack.verify.concat.ConcatStructure`
-and :class:`raypack.verify.best_fit.BestFitStructure`.
+per chunk) and the final count check. Subclasses: :class:`raypack.strategies.concat.verify.ConcatStructure`
+and :class:`raypack.strategies.best_fit.verify.BestFitStructure`.
 """
 
 from __future__ import annotations

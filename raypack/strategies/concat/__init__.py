@@ -27,7 +27,7 @@ class Concat(PackingStrategy):
 
     name = "concat"
     summary = "the exact rules: concatenate, cut every C tokens, pad only the last chunk"
-    verify_structure_name = "raypack.verify.concat:ConcatStructure"
+    verify_structure_name = "raypack.strategies.concat.verify:ConcatStructure"
     keeps_document_order = True
 
     def make_shard_packer(self, task: ShardTask, settings: PackSettings) -> ConcatShardPacker:

@@ -1,5 +1,5 @@
 """``best_fit``: best-fit decreasing within windows of a shard's documents (rules and token math:
-raypack/rules/best_fit.py). A document of at most C tokens is never cut; every chunk may end with padding.
+raypack/strategies/best_fit/rules.py). A document of at most C tokens is never cut; every chunk may end with padding.
 
 Windows never span shards, so a shard owns all of its chunks and has no edge fragments; how many
 it has is known only after best-fit packing its windows, so the driver first runs
@@ -17,9 +17,9 @@ import numpy as np
 
 from raypack.errors import InputError
 from raypack.io.untrusted import int_field, show
-from raypack.rules.best_fit import BestFitChunkCounter, BestFitPacker
 from raypack.rules.core import Chunks
 from raypack.strategies.base import PackingStrategy, StrategyFigures, percent
+from raypack.strategies.best_fit.rules import BestFitChunkCounter, BestFitPacker
 
 if TYPE_CHECKING:
     from raypack.pack.plan import Plan
@@ -45,7 +45,7 @@ class BestFit(PackingStrategy):
     name = "best_fit"
     summary = "never cut a document that fits a chunk (best-fit decreasing in windows of documents)"
     needs_counting_pass = True
-    verify_structure_name = "raypack.verify.best_fit:BestFitStructure"
+    verify_structure_name = "raypack.strategies.best_fit.verify:BestFitStructure"
 
     def __post_init__(self) -> None:
         self._check_int("window", 0)
