@@ -636,7 +636,8 @@ def test_best_fit_clean_output_verifies_with_and_without_inputs(best_fit_outputs
             assert (report.num_chunks, report.num_tokens, report.num_padding_positions, report.num_documents,
                     report.num_split_documents) == (counts["chunks"], counts["tokens"], counts["padding_positions"],
                                                     counts["documents"], counts["split_documents"])
-            assert (report.strategy, report.best_fit_window) == ("best_fit", window)
+            note = f"windows of {window:,} documents" if window else "windows of a whole shard"
+            assert (report.strategy, report.strategy_note) == ("best_fit", note)
     assert reports[0].num_tokens == sum(map(len, docs)) and reports[0].num_shards == 5
     assert any("best_fit" in line for line in reports[0].lines())
 

@@ -117,5 +117,8 @@ def test_report_shows_the_window_of_the_strategy_check(tmp_path, strategy):
     out = packed(tmp_path, strategy)
     report = verify_output(out)
     window = load_manifest(out).get("best_fit_window") if strategy == "best_fit" else None
-    assert (report.strategy, report.best_fit_window) == (strategy, window)
+    note = "" if window is None else f"windows of {window:,} documents" if window else "windows of a whole shard"
+    assert (report.strategy, report.strategy_note) == (strategy, note)
     assert strategy == "concat" or window is not None
+    line = next(line for line in report.lines() if line.startswith("  strategy "))
+    assert line == f"  strategy         {strategy:>14}" + (f"  ({note})" if note else "")

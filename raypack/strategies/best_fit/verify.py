@@ -67,10 +67,14 @@ class BestFitStructure(Structure):
         super().__init__(manifest, keep_tokens=keep_tokens)
         self._map = WindowMap(manifest)
         self.window = self._map.window
+        """Documents per window (0: a whole shard), as the manifest says."""
         self.max_segments = manifest.get("best_fit_max_segments")
         self._shard_tokens = np.zeros(len(manifest["shards"]), dtype=np.int64)
         self.last_window = -1
         self._pending: list[_Part] = []
+
+    def report_note(self) -> str:
+        return f"windows of {self.window:,} documents" if self.window else "windows of a whole shard"
 
     # --------------------------------------------------------------- per block
 
