@@ -1,4 +1,4 @@
-"""Issue 7: best-fit-decreasing packing (``raypack.rules.best_fit``) against concat and TRL's bfd.
+"""Issue 7: best-fit-decreasing packing (``raypack.strategies.best_fit.rules``) against concat and TRL's bfd.
 
     python bench/bench_best_fit.py                       # 20M tokens, C=2048: about 1-2 minutes here
     /work/benchvenv/bin/python bench/bench_best_fit.py --json /tmp/bfbench/best_fit.json
@@ -69,8 +69,8 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH_DIR)
 sys.path[:0] = [BENCH_DIR, REPO]  # bench_peers (the corpus), raypack from this checkout
 
-from raypack.rules.best_fit import BestFitPacker, best_fit_stats  # noqa: E402
 from raypack.rules.core import Chunks, concat_chunks  # noqa: E402
+from raypack.strategies.best_fit.rules import BestFitPacker, best_fit_stats  # noqa: E402
 
 import bench_peers as peers  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""raypack.rules.best_fit against its rules: literal cases, properties against the naive reference
+"""raypack.strategies.best_fit.rules against its rules: literal cases, properties against the naive reference
 (tests/reference.py ``naive_best_fit``, one item at a time), batch-split invariance, the
 promises best_fit makes (no short document cut, pieces in order, padding only at chunk ends),
 statistics from lengths alone, and bad input."""
@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from raypack.rules.best_fit import (
+from raypack.rules.masks import build_intra_document_mask
+from raypack.strategies.best_fit.rules import (
     BestFitChunkCounter,
     BestFitPacker,
     best_fit_decreasing,
@@ -19,7 +20,6 @@ from raypack.rules.best_fit import (
     pack_best_fit,
     split_items,
 )
-from raypack.rules.masks import build_intra_document_mask
 
 from reference import naive_best_fit
 

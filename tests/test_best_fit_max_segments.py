@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from raypack.cli import main
 from raypack.errors import InputError
 from raypack.pack.config import make_config
-from raypack.rules.best_fit import BestFitChunkCounter, best_fit_decreasing, pack_best_fit
 from raypack.rules.masks import cu_seqlens, pad_cu_seqlens
+from raypack.strategies.best_fit.rules import BestFitChunkCounter, best_fit_decreasing, pack_best_fit
 from raypack.verify import verify_output
 
 from helpers import pack, read_output, write_shards

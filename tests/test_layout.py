@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -25,6 +26,19 @@ def test_only_the_engine_imports_ray():
 def test_no_module_over_600_lines():
     sizes = {p.relative_to(PACKAGE).as_posix(): len(p.read_text().splitlines()) for p in _modules()}
     assert {name: n for name, n in sizes.items() if n > 600 and name not in TOO_LONG_FOR_NOW} == {}
+
+
+def test_a_strategys_own_rules_stay_pure():
+    """A strategy's rules.py (in its folder) is of the rules layer: numpy/pyarrow and raypack.rules alone."""
+    rules = sorted((PACKAGE / "strategies").glob("*/rules.py"))
+    assert [p.parent.name for p in rules] == ["best_fit"]
+    for path in rules:
+        imported = {node.module if isinstance(node, ast.ImportFrom) else alias.name
+                    for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, (ast.Import, ast.ImportFrom))
+                    for alias in node.names}
+        raypack = {name for name in imported if name.split(".")[0] == "raypack"}
+        assert raypack and all(name.startswith("raypack.rules.") for name in raypack), (path, raypack)
+        assert not imported & {"ray", "os", "pyarrow.fs", "pyarrow.parquet", "logging"}, (path, imported)
 
 
 def test_test_files_do_not_import_each_other():

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from raypack.rules.best_fit import BestFitPacker
 from raypack.rules.core import StreamPacker, concat_chunks, iter_run_slices
+from raypack.strategies.best_fit.rules import BestFitPacker
 
 from helpers import pack_one
 from reference import naive_best_fit, naive_pack

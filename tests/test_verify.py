@@ -636,7 +636,8 @@ def test_best_fit_clean_output_verifies_with_and_without_inputs(best_fit_outputs
             assert (report.num_chunks, report.num_tokens, report.num_padding_positions, report.num_documents,
                     report.num_split_documents) == (counts["chunks"], counts["tokens"], counts["padding_positions"],
                                                     counts["documents"], counts["split_documents"])
-            assert (report.strategy, report.best_fit_window) == ("best_fit", window)
+            note = f"windows of {window:,} documents" if window else "windows of a whole shard"
+            assert (report.strategy, report.strategy_note) == ("best_fit", note)
     assert reports[0].num_tokens == sum(map(len, docs)) and reports[0].num_shards == 5
     assert any("best_fit" in line for line in reports[0].lines())
 
@@ -651,7 +652,7 @@ def test_best_fit_verify_streams_window_by_window(best_fit_outputs):
     """With one chunk per block, every piece compared with the inputs is exactly one window."""
     import pyarrow.fs as pafs
 
-    from raypack.verify.best_fit import BestFitStructure
+    from raypack.strategies.best_fit.verify import BestFitStructure
     from raypack.verify.structure import output_pieces
 
     out, _, docs = best_fit_outputs(BF_WINDOW)

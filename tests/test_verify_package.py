@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 from raypack.pack.config import make_config
 from raypack.pack.job import run_pack
 from raypack.packed.manifest import load_manifest
-from raypack.rules.best_fit import best_fit_decreasing, split_items
 from raypack.strategies import STRATEGIES
+from raypack.strategies.best_fit.layout import expected_layout
+from raypack.strategies.best_fit.rules import best_fit_decreasing, split_items
+from raypack.strategies.best_fit.verify import BestFitStructure
+from raypack.strategies.concat.verify import ConcatStructure
 from raypack.verify import VerifyError, verify_output
-from raypack.verify.best_fit import BestFitStructure
-from raypack.verify.best_fit_layout import expected_layout
-from raypack.verify.concat import ConcatStructure
 from raypack.verify.structure import Structure
 
 C = 8
@@ -117,5 +117,8 @@ def test_report_shows_the_window_of_the_strategy_check(tmp_path, strategy):
     out = packed(tmp_path, strategy)
     report = verify_output(out)
     window = load_manifest(out).get("best_fit_window") if strategy == "best_fit" else None
-    assert (report.strategy, report.best_fit_window) == (strategy, window)
+    note = "" if window is None else f"windows of {window:,} documents" if window else "windows of a whole shard"
+    assert (report.strategy, report.strategy_note) == (strategy, note)
     assert strategy == "concat" or window is not None
+    line = next(line for line in report.lines() if line.startswith("  strategy "))
+    assert line == f"  strategy         {strategy:>14}" + (f"  ({note})" if note else "")

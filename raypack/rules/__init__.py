@@ -1,2 +1,3 @@
-"""The rules: pure numpy/pyarrow, no Ray, no I/O. Packing (concat, best_fit), long documents, masks,
-side columns, token checks and the content digest."""
+"""The rules: pure numpy/pyarrow, no Ray, no I/O. What every strategy shares: packing a stream
+(core: concat's exact rules, fragments), long documents, masks, side columns, token checks and the
+content digest. A rule only one strategy uses lives in its folder (raypack/strategies/best_fit/rules.py)."""

@@ -5,7 +5,7 @@ integer or bool type. Packing moves it with the tokens by the very same code: ri
 batch is read, the tokens and the side values become ONE numpy array of records (the record
 dtype: the field ``input_ids`` of the token dtype, then one field per side column, e.g.
 ``[("input_ids", "<i4"), ("loss_mask", "i1")]``), and the packers (raypack.rules.core,
-raypack.rules.best_fit) slice, join, gather and reshape it like a plain token array. Only what
+raypack.strategies.best_fit.rules) slice, join, gather and reshape it like a plain token array. Only what
 creates padding needs the *pad value* (:func:`pad_value`: the pad token, then each column's
 fill), and only the chunk writer splits the fields into columns again (:func:`split_fields`).
 With no side columns nothing here is used: the token arrays stay plain. The packers see the

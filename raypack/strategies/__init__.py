@@ -1,10 +1,11 @@
 """Packing strategies: the registry, the one place that maps a strategy's name to its class.
 
 A strategy is a frozen, keyword-only dataclass (:class:`~raypack.strategies.base.PackingStrategy`)
-in its own module; its fields are its options. Config validation, CLI choices and flags, the
-manifest's strategy fields, the plan's chunk count, the shard packer, stats, the dry run, the
-run summary and verify all ask the object this registry builds. Adding a strategy: write its
-module and add one line to :data:`STRATEGIES`.
+in its own folder (``concat/``, ``best_fit/``: the class, its verify structure check, its own
+rules); its fields are its options (:mod:`raypack.strategies.options`). Config validation, CLI
+choices and flags, the manifest's strategy fields, the plan's chunk count, the shard packer,
+stats, the dry run, the run summary and verify all ask the object this registry builds. Adding a
+strategy: write its folder and add one line to :data:`STRATEGIES`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from raypack.io.untrusted import show
 from raypack.strategies.base import PackingStrategy, StrategyFigures
 from raypack.strategies.best_fit import BestFit
 from raypack.strategies.concat import Concat
+from raypack.strategies.options import from_manifest, from_options, option_keys
 
 __all__ = ["DEFAULT_STRATEGY", "STRATEGIES", "PackingStrategy", "StrategyFigures", "configured_strategy",
            "default_strategy", "make_strategy", "option_fields", "strategy_names", "strategy_of_manifest"]
@@ -44,7 +46,7 @@ def make_strategy(name: str = DEFAULT_STRATEGY, **options: Any) -> PackingStrate
 
 def configured_strategy(name: str, options: Mapping[str, Any]) -> PackingStrategy:
     """Strategy ``name`` from options by key (``{"best_fit_window": 16}``); other strategies' keys are ignored."""
-    return strategy_class(name).from_options(dict(options))
+    return from_options(strategy_class(name), dict(options))
 
 
 def default_strategy() -> PackingStrategy:
@@ -57,7 +59,7 @@ def option_fields() -> dict[str, tuple[type[PackingStrategy], dataclasses.Field]
     for name, cls in STRATEGIES.items():
         if cls.name != name:
             raise RuntimeError(f"internal error: STRATEGIES[{name!r}] is {cls.__name__}, named {cls.name!r}")
-        for key, field in cls.option_keys().items():
+        for key, field in option_keys(cls).items():
             if key in fields:
                 raise RuntimeError(f"internal error: option {key} of {name} is also {fields[key][0].name}'s")
             fields[key] = (cls, field)
@@ -71,4 +73,4 @@ def strategy_of_manifest(manifest: Mapping[str, Any], where: str = "manifest.jso
     if not isinstance(name, str) or name not in STRATEGIES:
         raise InputError(f"{where}: strategy={show(name)} is unknown; expected one of "
                          f"{', '.join(strategy_names())} (no strategy: {DEFAULT_STRATEGY})")
-    return STRATEGIES[name].from_manifest(dict(manifest), where)
+    return from_manifest(STRATEGIES[name], dict(manifest), where)

@@ -7,7 +7,7 @@ pyarrow, independently of ``raypack.packed.reader``. Checks, in this order, one 
 
   0. Manifest: it passes :func:`raypack.packed.manifest.load_manifest` (format version 2 or 3, every field
      typed and in range, file names after their first chunk and hash, files tiling chunks
-     ``0..n-1``; for best_fit also ``best_fit_window`` and the shards' chunk ranges).
+     ``0..n-1``; the strategy's own options and fields, asked of the strategy).
   1. Files (:mod:`.files`): every listed file exists, no unlisted ``chunks-*.arrow`` does, each
      opened only as a plain file directly inside the directory, its size and sha256 (hashed
      streaming) as recorded; in format version 2, ``content_sha256`` is the sha256 of those digests,
@@ -16,10 +16,10 @@ pyarrow, independently of ``raypack.packed.reader``. Checks, in this order, one 
      decodes; :mod:`.structure` holds what every strategy checks: schema, row counts, no nulls,
      ``chunk_index`` ``0..n-1``, segment lengths > 0 summing to C, and the manifest's counts at
      the end; in format version 3, ``content_sha256`` recomputed from the decoded chunks,
-     :mod:`.content`). The strategy's own rules: :mod:`.concat` (doc ids along the output, padding only
-     at the very end) or :mod:`.best_fit` (per chunk and per window; the layout best-fit
-     decreasing must produce comes from :mod:`.best_fit_layout`). :data:`STRUCTURES` maps a
-     manifest's strategy to its check class.
+     :mod:`.content`). The strategy's own rules are its structure check, in its folder
+     (``raypack/strategies/NAME/verify.py``) and named by it (:func:`structure_class`:
+     ``PackingStrategy.verify_structure``); the check also gives the report its note beside the
+     strategy's name. Nothing in this package knows a strategy by name.
   3. Round trip (:mod:`.inputs`, when inputs are compared), in the same pass: the output's
      non-padding stream with dense doc ids equals the input documents concatenated in order, as
      the manifest's ``long_docs`` keeps them (truncate: first C tokens; drop: none of a longer
@@ -27,10 +27,10 @@ pyarrow, independently of ``raypack.packed.reader``. Checks, in this order, one 
      document in the output exceeds C tokens (:mod:`.long_docs`), inputs compared or not.
 
 Memory: ``batch_chunks * C`` output positions (tokens plus int64 doc ids), one input read batch
-of ``INPUT_BATCH_DOCS`` documents and, for best_fit, one window held back. Cost: every file is
-read twice (hash, then decode; the second read is usually served by the page cache), the inputs
-once, and O(tokens) numpy work plus three hashlib calls per chunk (the content digest); no Python
-loop runs per token, document or segment.
+of ``INPUT_BATCH_DOCS`` documents and what the strategy's check holds back (its docstring says
+how much). Cost: every file is read twice (hash, then decode; the second read is usually served
+by the page cache), the inputs once, and O(tokens) numpy work plus three hashlib calls per chunk
+(the content digest); no Python loop runs per token, document or segment.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def verify_packed(out: str, inputs: Sequence[str] | None = None, *, token_column
         num_segments=structure.num_segments, content_sha256=manifest["content_sha256"],
         inputs_compared=shards is not None, num_shards=len(shards or ()),
         seconds=time.perf_counter() - start, strategy=strategy,
-        best_fit_window=structure.window,
+        strategy_note=structure.report_note(),
         input_paths=tuple(shard.path for shard in shards or ()),
         long_docs=long_docs_of(manifest), long_doc_counts=_long_doc_counts(manifest),
         extra_columns=tuple(f"{c.name} {c.type} fill={c.fill}" for c in side_columns_of(manifest)),

@@ -31,9 +31,11 @@ class VerifyReport:
     num_shards: int
     """Input shards compared (0 when inputs were not compared)."""
     seconds: float
-    strategy: str = "concat"
-    best_fit_window: int | None = None
-    """Documents per best-fit window (0: a whole shard); None for concat."""
+    strategy: str
+    """The manifest's strategy (raypack.strategies)."""
+    strategy_note: str = ""
+    """Shown beside the strategy's name, in parentheses: its structure check's
+    :meth:`~raypack.verify.structure.Structure.report_note` ("": nothing)."""
     input_paths: tuple[str, ...] = ()
     """The input shards read, in order (empty when inputs were not compared)."""
     long_docs: str = "split"
@@ -55,9 +57,7 @@ class VerifyReport:
             f"verified {self.output}",
             f"  files            {self.num_files:>14,}  ({self.num_bytes:,} bytes, sha256 ok)",
             f"  chunks           {self.num_chunks:>14,}  of {self.context_length} tokens",
-            f"  strategy         {self.strategy:>14}" + (
-                f"  (windows of {self.best_fit_window:,} documents)" if self.best_fit_window
-                else "  (windows of a whole shard)" if self.best_fit_window == 0 else ""),
+            f"  strategy         {self.strategy:>14}" + (f"  ({self.strategy_note})" if self.strategy_note else ""),
             f"  tokens           {self.num_tokens:>14,}",
             f"  padding          {self.num_padding_positions:>14,}",
             f"  documents        {self.num_documents:>14,}",

@@ -11,11 +11,12 @@ stream of :class:`~raypack.verify.blocks.Piece` s, in doc id order:
   ``finish(manifest, where)``  compare the manifest's counts with what was read.
 
 It counts as it goes: ``next_chunk`` (chunks read), ``num_tokens``, ``num_padding``,
-``num_split``, ``num_segments``, ``last_doc_id``; ``window`` is the documents per packing window
-the report shows (None: the strategy has none). :class:`Structure` is the base: those counts, the
-checks every strategy makes per block (chunk indices ``0..n-1``; segment lengths > 0 summing to C
-per chunk) and the final count check. Subclasses: :class:`raypack.verify.concat.ConcatStructure`
-and :class:`raypack.verify.best_fit.BestFitStructure`.
+``num_split``, ``num_segments``, ``last_doc_id``; ``report_note()`` is what the report shows
+beside the strategy's name (e.g. its options as read). :class:`Structure` is the base: those
+counts, the checks every strategy makes per block (chunk indices ``0..n-1``; segment lengths > 0
+summing to C per chunk) and the final count check. A strategy's check subclasses it in the
+strategy's folder (``raypack/strategies/NAME/verify.py``), named by the strategy
+(``PackingStrategy.verify_structure``); this module knows none of them.
 """
 
 from __future__ import annotations
@@ -46,8 +47,6 @@ class Structure:
             else manifest["pad_token"]
         """The pad token, or with side columns the padding's record (raypack.rules.side_columns)."""
         self.keep_tokens = keep_tokens
-        self.window: int | None = None
-        """Documents per packing window (0: a whole shard); None for a strategy without windows."""
         self.num_chunks = sum(entry["num_chunks"] for entry in manifest["files"])
         self.next_chunk = 0
         self.last_doc_id = -1
@@ -60,6 +59,10 @@ class Structure:
     def flush(self) -> Sequence[Piece]:
         """Pieces still held back after the last block."""
         return ()
+
+    def report_note(self) -> str:
+        """What verify's report shows beside the strategy's name ("": nothing)."""
+        return ""
 
     def _row_label(self, block: Block, row: int) -> str:
         return f"{block.path} row {block.first_row + row} (chunk {self.next_chunk + row})"

@@ -1,8 +1,8 @@
 """The expected layout of best_fit windows: what best-fit decreasing must have produced.
 
-:func:`expected_layout` re-runs the packer's own rules (:func:`raypack.rules.best_fit.split_items`,
-:func:`raypack.rules.best_fit.best_fit_decreasing`) on the documents of some complete windows and
-returns, per piece, the chunk of its window it must land in. :mod:`raypack.verify.best_fit`
+:func:`expected_layout` re-runs the packer's own rules (:func:`raypack.strategies.best_fit.rules.split_items`,
+:func:`raypack.strategies.best_fit.rules.best_fit_decreasing`) on the documents of some complete windows and
+returns, per piece, the chunk of its window it must land in. :mod:`raypack.strategies.best_fit.verify`
 compares the chunks it read with that layout. Pure numpy: no file, no message.
 """
 
@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from raypack.rules.best_fit import best_fit_decreasing, split_items
+from raypack.strategies.best_fit.rules import best_fit_decreasing, split_items
 
 __all__ = ["ExpectedLayout", "expected_layout"]
 

@@ -3,7 +3,9 @@
 A shard owns every chunk that lies entirely inside its slice ``[token_offset, token_offset +
 num_tokens)`` of the global stream; the tokens before its first chunk boundary (its *head*) and
 after its last one (its *tail*) belong to chunks shared with neighbours and go back to the
-driver as :class:`~raypack.rules.core.Fragment` s to stitch. The token math is raypack.rules.core's.
+driver as :class:`~raypack.rules.core.Fragment` s to stitch. The token math is raypack.rules.core's
+(shared by every strategy); the verify structure check is :mod:`raypack.strategies.concat.verify`.
+The plan's chunk count is the protocol's default (tokens / C rounded up).
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from raypack.rules.core import Chunks, StreamPacker, split_document_mask
 from raypack.strategies.base import PackingStrategy, StrategyFigures
 
 if TYPE_CHECKING:
-    from raypack.pack.plan import Plan
     from raypack.pack.tasks import PackSettings, ShardTask
 
 
@@ -27,14 +28,11 @@ class Concat(PackingStrategy):
 
     name = "concat"
     summary = "the exact rules: concatenate, cut every C tokens, pad only the last chunk"
-    verify_structure_name = "raypack.verify.concat:ConcatStructure"
+    verify_structure_name = "raypack.strategies.concat.verify:ConcatStructure"
     keeps_document_order = True
 
     def make_shard_packer(self, task: ShardTask, settings: PackSettings) -> ConcatShardPacker:
         return ConcatShardPacker(task, settings)
-
-    def num_chunks(self, plan: Plan) -> int:
-        return -(-plan.num_packed_tokens // plan.context_length)
 
     def make_split_finder(self, context_length: int) -> ConcatSplits:
         return ConcatSplits()

@@ -1,4 +1,4 @@
-"""The best_fit structure check (manifest ``"strategy": "best_fit"``), after :mod:`raypack.rules.best_fit`.
+"""The best_fit structure check (manifest ``"strategy": "best_fit"``), after :mod:`raypack.strategies.best_fit.rules`.
 
 ``BestFitStructure(manifest, keep_tokens=...)``: ``manifest`` as loaded by
 :func:`raypack.packed.manifest.load_manifest` (which also checked ``best_fit_window``, N >= 0, and the
@@ -14,7 +14,7 @@ shards' ``first_chunk``/``num_chunks``: ranges that tile the chunks in shard ord
   2. Per window, once its last chunk is read: every document's segments, in chunk order, are
      full C-token chunks except the last (so a document of at most C tokens is one segment, a
      longer one its full pieces then its remainder); then the chunks are compared with the
-     expected layout (:func:`raypack.verify.best_fit_layout.expected_layout`, best-fit decreasing
+     expected layout (:func:`raypack.strategies.best_fit.layout.expected_layout`, best-fit decreasing
      re-run on the window's document lengths, with K if set): the same number of chunks, the same fill per chunk
      and the same segments ("not best-fit" otherwise). At the end: the counts (split_documents =
      documents longer than C) and each shard's num_tokens.
@@ -32,11 +32,11 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from raypack.verify.best_fit_layout import ExpectedLayout, expected_layout
+from raypack.strategies.best_fit.layout import ExpectedLayout, expected_layout
+from raypack.strategies.best_fit.windows import WindowMap
 from raypack.verify.blocks import Block, Piece, SegmentPlaces, segment_places
 from raypack.verify.report import VerifyError
 from raypack.verify.structure import Structure
-from raypack.verify.windows import WindowMap
 
 __all__ = ["BestFitStructure"]
 
@@ -67,10 +67,14 @@ class BestFitStructure(Structure):
         super().__init__(manifest, keep_tokens=keep_tokens)
         self._map = WindowMap(manifest)
         self.window = self._map.window
+        """Documents per window (0: a whole shard), as the manifest says."""
         self.max_segments = manifest.get("best_fit_max_segments")
         self._shard_tokens = np.zeros(len(manifest["shards"]), dtype=np.int64)
         self.last_window = -1
         self._pending: list[_Part] = []
+
+    def report_note(self) -> str:
+        return f"windows of {self.window:,} documents" if self.window else "windows of a whole shard"
 
     # --------------------------------------------------------------- per block
 

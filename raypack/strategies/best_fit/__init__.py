@@ -1,11 +1,16 @@
-"""``best_fit``: best-fit decreasing within windows of a shard's documents (rules and token math:
-raypack/rules/best_fit.py). A document of at most C tokens is never cut; every chunk may end with padding.
+"""``best_fit``: best-fit decreasing within windows of a shard's documents. A document of at most C
+tokens is never cut; every chunk may end with padding.
+
+This folder is the strategy: this module (options, packer hooks, manifest fields, report lines),
+its rules and token math (:mod:`.rules`, numpy only), and its verify structure check
+(:mod:`.verify`, with :mod:`.windows`, where things lie, and :mod:`.layout`, the layout best-fit
+decreasing must produce), imported only by raypack verify.
 
 Windows never span shards, so a shard owns all of its chunks and has no edge fragments; how many
-it has is known only after best-fit packing its windows, so the driver first runs
-:meth:`BestFit.count_shard_chunks` on every shard (document lengths only) and hands each shard
-its first chunk index. The manifest stores ``best_fit_window`` (top level) and each shard's
-``first_chunk`` / ``num_chunks``.
+it has is known only after best-fit packing its windows, so the driver first runs its counting
+pass on every task (:meth:`BestFit.make_chunk_counter`, from document lengths only;
+raypack.pack.packer.count_task) and hands each shard its first chunk index. The manifest stores
+``best_fit_window`` (top level) and each shard's ``first_chunk`` / ``num_chunks``.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ import numpy as np
 
 from raypack.errors import InputError
 from raypack.io.untrusted import int_field, show
-from raypack.rules.best_fit import BestFitChunkCounter, BestFitPacker
 from raypack.rules.core import Chunks
 from raypack.strategies.base import PackingStrategy, StrategyFigures, percent
+from raypack.strategies.best_fit.rules import BestFitChunkCounter, BestFitPacker
+from raypack.strategies.options import check_int_option
 
 if TYPE_CHECKING:
     from raypack.pack.plan import Plan
@@ -45,12 +51,12 @@ class BestFit(PackingStrategy):
     name = "best_fit"
     summary = "never cut a document that fits a chunk (best-fit decreasing in windows of documents)"
     needs_counting_pass = True
-    verify_structure_name = "raypack.verify.best_fit:BestFitStructure"
+    verify_structure_name = "raypack.strategies.best_fit.verify:BestFitStructure"
 
     def __post_init__(self) -> None:
-        self._check_int("window", 0)
+        check_int_option(self, "window", 0)
         if self.max_segments is not None:
-            self._check_int("max_segments", 2)
+            check_int_option(self, "max_segments", 2)
 
     def make_shard_packer(self, task: ShardTask, settings: PackSettings) -> BestFitShardPacker:
         return BestFitShardPacker(task, settings, self.window, self.max_segments)
