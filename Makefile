@@ -10,7 +10,7 @@ TORCH_PIN ?= torch==2.13.0
 # (used for the torch install alone; everything else still comes from the configured index).
 TORCH_INDEX ?=
 TORCH_FROM  := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX) )
-# The real MDS reader that tests/test_export_mds.py reads every export with (mosaicml-streaming,
+# The real MDS reader that tests/export/test_export_mds.py reads every export with (mosaicml-streaming,
 # in a child process), installed beside the venv, never into it: --no-deps, since its declared
 # requirements (transformers<5, numpy<2.2, torchvision, cloud SDKs) would pull the venv back; the
 # modules its reading path imports are these (pillow: its encodings import PIL) plus numpy, torch,

@@ -1,5 +1,5 @@
 """The real MDS library in a child process: reads exports with ``StreamingDataset`` and writes
-reference shards with ``MDSWriter`` (mosaicml-streaming, CPU only), for tests/test_export_mds.py.
+reference shards with ``MDSWriter`` (mosaicml-streaming, CPU only), for tests/export/test_export_mds.py.
 
 Run as ``python tests/mds_real.py READER_DIR``; READER_DIR holds mosaicml-streaming and the few
 packages its import chain needs (the Makefile installs them there with --no-deps, beside the venv,

@@ -3,7 +3,7 @@
 ``moto_server()`` starts ``python -m moto.server -H 127.0.0.1 -p PORT`` in a subprocess and
 stops it on exit; ``s3_environment(endpoint)`` points the standard AWS variables at it (dummy
 credentials, ``AWS_ENDPOINT_URL``, no profile or config file, no EC2 metadata look-ups, so no
-request ever leaves the loopback) and restores the environment afterwards. tests/test_s3.py
+request ever leaves the loopback) and restores the environment afterwards. tests/io/test_s3.py
 uses both through a module fixture, so ``make test`` (and with it .ci/run) starts and stops
 the server itself. Not a conftest: nothing here runs unless a test imports it.
 """

@@ -43,7 +43,7 @@ def test_a_strategys_own_rules_stay_pure():
 
 def test_test_files_do_not_import_each_other():
     """Shared builders live in tests/helpers.py (and reference.py, packing_faults.py, s3_server.py)."""
-    tests = sorted(Path(__file__).resolve().parent.glob("*.py"))
+    tests = sorted(Path(__file__).resolve().parent.rglob("*.py"))
     importers = [p.name for p in tests if re.search(r"^\s*(from|import) test_", p.read_text(), re.MULTILINE)]
     assert importers == []
 

@@ -20,7 +20,7 @@ segment_lengths)`` (-1 on padding), from which a trainer builds the block-diagon
 (raypack.rules.masks). A chunk always has at least one segment, as an MDS ndarray must.
 
 Bytes, exactly as mosaicml-streaming 0.13's ``MDSWriter`` writes them (proven in
-tests/test_export_mds.py by writing the same samples with it): a shard file is
+tests/export/test_export_mds.py by writing the same samples with it): a shard file is
 ``[num_samples: u32][offsets: u32 x (num_samples + 1)][config JSON][samples]``, offsets
 absolute in the file; a sample is ``[u32 size of segment_doc_ids][u32 size of
 segment_lengths]`` then the three columns in name order; a dynamic-shape 1-D ndarray is

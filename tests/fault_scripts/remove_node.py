@@ -4,7 +4,7 @@ machine, and the worker node hosting a packer is removed while that packer write
     python tests/fault_scripts/remove_node.py --input CORPUS --output OUT --report REPORT.json \
         --context-length 512 --read-batch-size 8
 
-Run by tests/test_faults.py as a subprocess (its own Ray, its own process tree). Writes a JSON
+Run by tests/pack/test_faults.py as a subprocess (its own Ray, its own process tree). Writes a JSON
 report of what happened and exits 0 only if the node was removed mid-shard and the job finished.
 
 Cluster: a head with 1 CPU and two worker nodes with 1 CPU each. The driver runs on the head,

@@ -44,7 +44,7 @@ from raypack.verify import verify_output
 
 from helpers import file_digests, pack, random_corpus, write_shards
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # ----------------------------------------------------------------------------- the toy's "folder"

@@ -500,7 +500,7 @@ def test_training_chat_example(tmp_path, monkeypatch):
     tok.add_special_tokens(["<|user|>", "<|assistant|>", "<|end|>"])
     assert isinstance(tok, tokenizers.Tokenizer)
     tok.save(str(tmp_path / "tokenizer.json"))
-    text = open(os.path.join(os.path.dirname(__file__), "..", "docs", "TRAINING.md")).read()
+    text = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "TRAINING.md")).read()
     section = text.split("## Chat data: train only on the assistant's replies", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     monkeypatch.chdir(tmp_path)

@@ -39,7 +39,7 @@ from raypack.tokenize.corpus import build_tokenized_manifest, part_file_name, sa
 from helpers import pack, random_corpus, write_shards
 
 READER_DIR = os.environ.get("RAYPACK_MDS_READER", os.path.join(sys.prefix, "mds-reader"))
-WORKER = os.path.join(os.path.dirname(__file__), "mds_real.py")
+WORKER = os.path.join(os.path.dirname(__file__), "..", "mds_real.py")
 
 
 # ----------------------------------------------------------------------------- the real library

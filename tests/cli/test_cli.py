@@ -17,7 +17,7 @@ from raypack.outputs import read_packed
 from raypack.pack.config import PackConfig, load_config
 from raypack.sample import write_sample_corpus
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "configs", "*.toml"))))

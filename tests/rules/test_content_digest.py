@@ -228,7 +228,7 @@ def test_version_3_needs_its_group_size(tmp_path, docs, edit):
 
 def test_format_md_recipe_recomputes_the_manifest(tmp_path, docs, monkeypatch):
     """The snippet in docs/FORMAT.md, run as printed, agrees with the manifest (it asserts so)."""
-    text = open(os.path.join(os.path.dirname(__file__), "..", "docs", "FORMAT.md")).read()
+    text = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "FORMAT.md")).read()
     code = re.search(r"## `content_sha256`.*?```python\n(.*?)```", text, re.S).group(1)
     shard_dir = write_shards(tmp_path, docs[:200], [60])
     pack(tmp_path, shard_dir)

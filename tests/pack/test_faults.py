@@ -39,7 +39,7 @@ from raypack.sample import write_sample_corpus
 
 pytestmark = pytest.mark.slow  # killed workers and removed Ray nodes: minutes, not seconds
 
-FAULT_SCRIPTS = Path(__file__).parent / "fault_scripts"
+FAULT_SCRIPTS = Path(__file__).parent.parent / "fault_scripts"
 
 
 def _load_procs():

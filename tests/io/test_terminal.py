@@ -21,7 +21,7 @@ from raypack.io.progress import Progress
 from raypack.io.terminal import interrupted_line
 from raypack.outputs import read_packed
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def write_parquet(path, docs, type=pa.list_(pa.int32())):

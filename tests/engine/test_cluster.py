@@ -21,7 +21,7 @@ import pytest
 
 from raypack.sample import write_sample_corpus
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 
 
