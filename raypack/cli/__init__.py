@@ -341,11 +341,11 @@ def _run_stats(args: argparse.Namespace) -> int:
     from raypack.cli.stats import packing_stats, plot_stats
     from raypack.mix.dataset import MixStats
 
-    if args.plot and importlib.util.find_spec("matplotlib") is None:  # before the report, not after it
-        raise InputError(f"--plot needs matplotlib, which is not installed; {PLOT_EXTRA}")
     report = packing_stats(args.output)
     if args.plot and isinstance(report, MixStats):
         raise InputError(f"--plot draws a packed output's fragments; {args.output} is a mix (its sources have plots)")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:  # before the report, not after it
+        raise InputError(f"--plot needs matplotlib, which is not installed; {PLOT_EXTRA}")
     print("\n".join(report.lines()))
     if args.plot:
         try:
