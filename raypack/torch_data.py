@@ -12,6 +12,8 @@ Pieces (docs/TRAINING.md shows each in a loop):
   * :func:`iter_ray_batches`: the streaming path, batches from a ``ray.data.Dataset`` of
     chunks with the attention information built per batch, in the consuming process.
   * :func:`build_block_mask` / :func:`document_mask_mod`: the FlexAttention form.
+  * :class:`GlobalBatchSampler` (raypack.training, torch-free; re-exported): a DataLoader
+    ``batch_sampler`` whose global batches survive a restart with another world size.
 
 A batch (``B`` chunks of ``L`` positions) is a dict of CPU tensors:
 
@@ -79,9 +81,11 @@ from raypack.rules.masks import (
     pad_cu_seqlens,
     position_ids,
 )
+from raypack.training.sampler import GlobalBatchSampler
 
 __all__ = [
     "ATTENTION_FORMS",
+    "GlobalBatchSampler",
     "IGNORE_INDEX",
     "PackedTorchDataset",
     "build_batch",

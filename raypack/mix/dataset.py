@@ -21,6 +21,8 @@ paths or URIs only. A relative path is resolved against the mix directory when r
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import numbers
 import operator
@@ -345,6 +347,15 @@ class MixedDataset(BatchReads):
 
     def __len__(self) -> int:
         return len(self.order)
+
+    @property
+    def content_sha256(self) -> str:
+        """A digest of what the mix reads in which order: its rules, seed and item count, and each
+        source's content_sha256, chunk count and share (sha256 of their canonical JSON). Not stored:
+        a mix manifest records its sources' digests, which this one hashes."""
+        fields = {"order": self.manifest["order"], "seed": self.manifest["seed"], "num_chunks": len(self),
+                  "sources": [[s["content_sha256"], s["num_chunks"], s["share"]] for s in self.manifest["sources"]]}
+        return hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
     def __repr__(self) -> str:
         return (f"MixedDataset({self.path!r}, chunks={len(self)}, sources={len(self.sources)}, "

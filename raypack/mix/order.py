@@ -19,17 +19,12 @@ these rules (docs/MIX.md):
      mixture (each source's count is hypergeometric around its share), and repeated copies of
      a chunk land at independent random places, not pass after pass.
 
-``permute(x, n, key)`` is a keyed bijection of [0, n): a Feistel network on the k-bit
-integers, 2**(k-1) < n <= 2**k (k >= 1), with halves of floor(k/2) and ceil(k/2) bits that
-swap widths every round, ROUNDS rounds; round r turns (L, R) into (R, L xor F_r(R)) with
-F_r(R) the top |L| bits of (a_r R + b_r) mod 2**64 (multiply-add-shift hashing, a_r odd).
-Values >= n walk the cycle (apply the network again) until they land in [0, n), which keeps
-it a bijection of [0, n) and takes fewer than 2 steps on average (2**k < 2n). The round keys
-(a_r, b_r) are splitmix64 hashes of (seed, stream, r, 0) (made odd) and (seed, stream, r, 1),
-stream (0,) for the interleave and (1, k, p) for pass p of source k. Cost per item: two
-permutations, O(ROUNDS) integer operations each, no state: item i depends on the seed and i
-alone, so a trainer resumes at step k without reading the first k items, and the index is 0
-bytes per chunk.
+``permute(x, n, key)`` is the keyed bijection of [0, n) in :mod:`raypack.rules.permutation` (a
+Feistel network with cycle walking, ROUNDS rounds; docs/MIX.md), its round keys splitmix64 hashes
+of (seed, stream, r, 0 | 1), stream (0,) for the interleave and (1, k, p) for pass p of source k.
+Cost per item: two permutations, O(ROUNDS) integer operations each, no state: item i depends on
+the seed and i alone, so a trainer resumes at step k without reading the first k items, and the
+index is 0 bytes per chunk.
 """
 
 from __future__ import annotations
@@ -42,18 +37,13 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from raypack.rules.permutation import ROUNDS, num_bits, permute, permute_array, round_keys, walk
+
 __all__ = ["ORDER_NAME", "ROUNDS", "Draws", "MixOrder", "apportion", "permute", "permute_array", "round_keys",
            "to_fraction"]
 
 ORDER_NAME = "feistel4-v1"
 """The name of these rules, recorded in a mix's manifest; a reader refuses any other."""
-ROUNDS = 4
-"""Feistel rounds per permutation (Luby-Rackoff: 4 rounds of random functions make a strong
-pseudo-random permutation; these rounds are hashes: docs/MIX.md, "How random", measures it)."""
-MASK64 = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15
-_MUL1 = 0xBF58476D1CE4E5B9
-_MUL2 = 0x94D049BB133111EB
 _INTERLEAVE = 0
 _PASS = 1
 
@@ -82,94 +72,6 @@ def apportion(weights: Sequence[float | int], total: int) -> list[int]:
     for k in by_remainder[:leftover]:
         shares[k] += 1
     return shares
-
-
-# ----------------------------------------------------------------------------- hashing
-
-
-def _mix64(z: int) -> int:
-    """splitmix64's finaliser of a 64-bit integer."""
-    z = ((z ^ (z >> 30)) * _MUL1) & MASK64
-    z = ((z ^ (z >> 27)) * _MUL2) & MASK64
-    return z ^ (z >> 31)
-
-
-def _hash_words(words: Sequence[int]) -> int:
-    """A 64-bit hash of a sequence of non-negative integers below 2**64."""
-    h = 0
-    for word in words:
-        h = _mix64(((h ^ word) + _GOLDEN) & MASK64)
-    return h
-
-
-def round_keys(seed: int, stream: Sequence[int]) -> tuple[tuple[int, int], ...]:
-    """The ROUNDS round keys (a, b) of permutation ``stream`` under ``seed``: a odd, both 64-bit."""
-    return tuple((_hash_words((seed, *stream, r, 0)) | 1, _hash_words((seed, *stream, r, 1))) for r in range(ROUNDS))
-
-
-def _bits(n: int) -> int:
-    """k with 2**(k-1) < n <= 2**k (k >= 1)."""
-    return max(1, (n - 1).bit_length())
-
-
-# ----------------------------------------------------------------------------- permutations
-
-
-def _feistel(x: int, bits: int, keys: tuple[tuple[int, int], ...]) -> int:
-    """One pass of the network over ``bits``-bit ``x``: per round (a, b), the right half R of
-    ``lo`` bits and the left half L of ``hi`` bits become (R, L xor F(R)), F(R) = the top ``hi``
-    bits of (a R + b) mod 2**64 (multiply-add-shift hashing)."""
-    hi, lo = bits >> 1, bits - (bits >> 1)
-    for a, b in keys:
-        right = x & ((1 << lo) - 1)
-        x = (right << hi) | ((x >> lo) ^ (((a * right + b) & MASK64) >> (64 - hi)))
-        hi, lo = lo, hi
-    return x
-
-
-def permute(x: int, n: int, keys: tuple[tuple[int, int], ...]) -> int:
-    """Position ``x`` of [0, n) under the keyed permutation (module docstring); scalar, ~µs."""
-    return _walk(x, n, _bits(n), keys)
-
-
-def _walk(x: int, n: int, bits: int, keys: tuple[tuple[int, int], ...]) -> int:
-    """:func:`permute` with ``bits`` = ``_bits(n)`` given (the per-item hot path)."""
-    if n <= 1:
-        return 0
-    x = _feistel(x, bits, keys)
-    while x >= n:
-        x = _feistel(x, bits, keys)
-    return x
-
-
-def _feistel_array(x: np.ndarray, bits: int, keys: tuple[tuple[int, int], ...]) -> np.ndarray:
-    """:func:`_feistel` over a uint64 array (wrapping arithmetic, the same bits)."""
-    hi, lo = bits >> 1, bits - (bits >> 1)
-    for a, b in keys:
-        right = x & np.uint64((1 << lo) - 1)
-        left = x >> np.uint64(lo)
-        if hi:  # a shift by 64 is undefined for uint64; F of a 0-bit half is 0
-            left ^= (right * np.uint64(a) + np.uint64(b)) >> np.uint64(64 - hi)
-        x = (right << np.uint64(hi)) | left
-        hi, lo = lo, hi
-    return x
-
-
-def permute_array(xs: npt.ArrayLike, n: int, keys: tuple[tuple[int, int], ...]) -> npt.NDArray[np.int64]:
-    """:func:`permute` of every element of ``xs`` (each in [0, n)); (len,) int64, equal to the
-    scalar one element for element. Vectorised: O(ROUNDS * len) per cycle-walking step, and
-    the steps continue only for the elements still outside [0, n)."""
-    xs = np.asarray(xs, dtype=np.int64)
-    if n <= 1:
-        return np.zeros(xs.shape, np.int64)
-    bits = _bits(n)
-    with np.errstate(over="ignore"):
-        x = _feistel_array(xs.astype(np.uint64), bits, keys)
-        out = x >= np.uint64(n)
-        while out.any():
-            x[out] = _feistel_array(x[out], bits, keys)
-            out = x >= np.uint64(n)
-    return x.astype(np.int64)
 
 
 # ----------------------------------------------------------------------------- the order
@@ -201,8 +103,8 @@ class MixOrder:
         self._slot_starts = [int(e) - m for e, m in zip(self.slot_ends, self.shares)]
         self._ends = self.slot_ends.tolist()
         self._interleave_keys = round_keys(self.seed, (_INTERLEAVE,))
-        self._bits = _bits(self.num_items)
-        self._source_bits = [_bits(n) for n in self.source_chunks]
+        self._bits = num_bits(self.num_items)
+        self._source_bits = [num_bits(n) for n in self.source_chunks]
         self._pass_keys: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {}
 
     def __len__(self) -> int:
@@ -223,11 +125,11 @@ class MixOrder:
         """The chunk of source ``k`` read by its draw ``j`` (rule 2)."""
         p, r = divmod(j, self.source_chunks[k])
         keys = self._pass_keys.get((k, p)) or self.pass_keys(k, p)
-        return _walk(r, self.source_chunks[k], self._source_bits[k], keys)
+        return walk(r, self.source_chunks[k], self._source_bits[k], keys)
 
     def locate(self, i: int) -> tuple[int, int]:
         """Item ``i`` (0 <= i < len) as (source, chunk of that source). Scalar: a few µs."""
-        slot = _walk(i, self.num_items, self._bits, self._interleave_keys)
+        slot = walk(i, self.num_items, self._bits, self._interleave_keys)
         k = bisect.bisect_right(self._ends, slot)
         return k, self.draw_chunk(k, slot - self._slot_starts[k])
 

@@ -118,6 +118,11 @@ class PackedDataset(BatchReads):
     def __len__(self) -> int:
         return self._num_chunks
 
+    @property
+    def content_sha256(self) -> str:
+        """The manifest's digest of the chunks' content (docs/FORMAT.md): equal outputs, equal digests."""
+        return self.manifest["content_sha256"]
+
     def __repr__(self) -> str:
         return (f"PackedDataset({self.path!r}, chunks={len(self)}, context_length={self.context_length}, "
                 f"token_dtype={self.token_dtype.name}, files={len(self._files)})")
