@@ -283,7 +283,7 @@ def test_training_example_runs_as_written(tmp_path, monkeypatch):
     """docs/TRAINING.md, "Training on many ranks": every python block of the section, in order, in one
     namespace (the doc asserts the loss goes down and the resumed run's losses equal the whole run's)."""
     pytest.importorskip("torch")
-    text = open(os.path.join(os.path.dirname(__file__), "..", "docs", "TRAINING.md")).read()
+    text = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "TRAINING.md")).read()
     section = text.split("## Training on many ranks", 1)[1].split("\n## ", 1)[0]
     blocks = [block.split("```", 1)[0] for block in section.split("```python\n")[1:]]
     assert len(blocks) >= 3
