@@ -60,6 +60,7 @@ def _fast_tier_starts_no_ray(request):
         yield
         return
     _FAST_TEST[:] = [request.node.nodeid]
+    was_running = _ray_running()  # a slow test's session Ray may be up already: only a new one counts
     ray = sys.modules.get("ray")
     saved = getattr(ray, "init", None)
     if ray is not None:
@@ -70,9 +71,13 @@ def _fast_tier_starts_no_ray(request):
         _FAST_TEST.clear()
         if ray is not None:
             ray.init = saved
-    ray = sys.modules.get("ray")
-    if ray is not None and getattr(ray, "is_initialized", lambda: False)():
+    if not was_running and _ray_running():
         pytest.fail(f"{request.node.nodeid} is in the fast tier but left Ray running: mark it @pytest.mark.slow")
+
+
+def _ray_running() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and bool(getattr(ray, "is_initialized", lambda: False)())
 
 
 def _refuse_ray_init(*args, **kwargs):

@@ -15,7 +15,7 @@ independent permutations for different streams. Cost: O(ROUNDS) integer operatio
 and walking step.
 
 Users: raypack.mix.order (streams (0,) and (1, k, p)) and raypack.rules.global_batches (stream
-(2, epoch)). The bits are pinned by tests/test_mix.py (a mix records them as "feistel4-v1").
+(2, epoch)). The bits are pinned by tests/mix/test_mix.py (a mix records them as "feistel4-v1").
 """
 
 from __future__ import annotations
