@@ -311,7 +311,7 @@ class _Backed:
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(0, 3000), min_size=1, max_size=3000), st.lists(st.integers(1, 400), max_size=12))
 def test_the_guard_sample_is_the_same_however_the_task_is_batched_and_stays_in_budget(lens, cuts):
-    """The sample depends on the document sequence only; its bytes stay within FREE_BYTES + 1/1000."""
+    """The sample depends on the document sequence only; its bytes stay within FREE_BYTES + BYTES_SHARE of the text."""
     texts = ["x" * n for n in lens]
     samples = []
     for batch_cuts in ([], cuts):
