@@ -119,6 +119,21 @@ def train_byte_level_bpe(texts: list[str], vocab_size: int):
     return tok
 
 
+def train_sentencepiece_style_bpe(texts: list[str], vocab_size: int):
+    """A SentencePiece-style BPE (Llama 2's shape) with ``tokenizers``: no pre-tokenizer, spaces
+    as "▁" and one prepended by the normalizer, byte fallback to <0xNN> for unseen characters."""
+    import tokenizers
+
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = tokenizers.normalizers.Sequence(
+        [tokenizers.normalizers.Prepend("▁"), tokenizers.normalizers.Replace(" ", "▁")])
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=vocab_size,
+                                             special_tokens=["<unk>", "<s>", "</s>", *byte_tokens])
+    tok.train_from_iterator(texts, trainer)
+    return tok
+
+
 def pack_one(path, out, strategy: str, read_batch_tokens: int, read_batch_size: int = 0, doc_offset: int = 5,
              token_offset: int = 0):
     """Pack the one shard ``path`` into the new directory ``out`` with pack_shard (best_fit: its

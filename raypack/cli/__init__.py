@@ -14,6 +14,7 @@ from raypack import __version__
 from raypack.errors import InputError
 from raypack.pack.config import TOKEN_DTYPES, PackConfig, flag_of, load_config
 from raypack.strategies import DEFAULT_STRATEGY, STRATEGIES, option_fields, strategy_names
+from raypack.tokenize.backends import BACKENDS, backend_names
 
 DESCRIPTION = "Pack tokenized corpora into fixed-length context windows with Ray Data, identically at any parallelism."
 
@@ -212,7 +213,7 @@ def _add_strategy_arguments(pack: argparse.ArgumentParser) -> None:
                           help=field.metadata.get("help"), **how)
 
 
-_TEXT_ARGUMENTS = ("text_column", "bos", "eos", "task_rows", "task_bytes")
+_TEXT_ARGUMENTS = ("text_column", "bos", "eos", "task_rows", "task_bytes", "tokenizer_backend")
 
 
 def _add_text_arguments(parser: argparse.ArgumentParser) -> None:
@@ -222,6 +223,10 @@ def _add_text_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task-rows", type=int,
                         help="Parquet: rows per tokenize task (whole row groups)")
     parser.add_argument("--task-bytes", type=int, help="JSON Lines: bytes per tokenize task")
+    parser.add_argument("--tokenizer-backend", choices=backend_names(),
+                        help="who computes the ids (the same ids whichever): auto, the fastest installed backend "
+                             "that can do the tokenizer, else the reference; "
+                             + "; ".join(f"{name}: {b.summary}" for name, b in BACKENDS.items()))
 
 
 def _text_options(args: argparse.Namespace, token_dtype: str = "auto"):
@@ -360,7 +365,7 @@ def _pack_text_options(config, args: argparse.Namespace):
 
     given = {k: getattr(args, k) for k in ("task_rows", "task_bytes") if getattr(args, k) is not None}
     return TextOptions(tokenizer=config.tokenizer, text_column=config.text_column, bos=config.bos, eos=config.eos,
-                       **given)
+                       tokenizer_backend=config.tokenizer_backend, **given)
 
 
 def _run_pack(args: argparse.Namespace) -> int:
@@ -374,8 +379,10 @@ def _run_pack(args: argparse.Namespace) -> int:
     config = load_config(args.config, required=("context_length",), **overrides)  # tokenizer etc.: flags or TOML
     text = _pack_text_options(config, args) if config.tokenizer else None
     if text is None and (any(getattr(args, k) is not None for k in _TEXT_ARGUMENTS)
-                         or (config.text_column, config.bos, config.eos) != ("text", None, None)):
-        raise InputError("--text-column, --bos, --eos, --task-rows and --task-bytes need --tokenizer")
+                         or (config.text_column, config.bos, config.eos, config.tokenizer_backend)
+                         != ("text", None, None, "auto")):
+        raise InputError("--text-column, --bos, --eos, --task-rows, --task-bytes and --tokenizer-backend need "
+                         "--tokenizer")
     if args.dry_run:
         from raypack.pack.dry_run import dry_run
 

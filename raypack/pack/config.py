@@ -32,6 +32,7 @@ from raypack.strategies import (
     strategy_class,
     strategy_names,
 )
+from raypack.tokenize.backends import check_backend_name
 
 OUTPUT_KEYS = ("inputs", "token_column", "token_dtype", "chunks_per_record_batch", "task_tokens")
 """Keys that decide the output's bytes, saved as the manifest's ``config``, that the manifest does
@@ -107,9 +108,13 @@ class PackConfig:
     """Text inputs: a token (or, if digits, an id) put before every document."""
     eos: str | int | None = None
     """Text inputs: a token (or, if digits, an id) put after every document."""
+    tokenizer_backend: str = "auto"
+    """Text inputs: who computes the ids (raypack.tokenize.backends): auto, reference or a
+    backend's name. Does not change the output; the manifest records which one ran."""
 
     def __post_init__(self) -> None:
         validate_context_length(self.context_length)
+        check_backend_name(self.tokenizer_backend)
         if self.token_dtype not in TOKEN_DTYPES:
             raise ValueError(f"token_dtype={self.token_dtype!r} must be one of {', '.join(TOKEN_DTYPES)}")
         if self.token_dtype != "auto":

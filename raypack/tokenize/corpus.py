@@ -43,9 +43,11 @@ def part_file_name(task_index: int) -> str:
 
 
 def build_tokenized_manifest(shards: list[dict[str, Any]], token_dtype: str, tokenizer: dict[str, Any],
-                             options: dict[str, Any]) -> dict[str, Any]:
+                             options: dict[str, Any], backend: dict[str, Any] | None = None) -> dict[str, Any]:
     """The manifest of a tokenized corpus. ``shards``: one dict per part file, in order, with
-    path, num_docs, num_tokens, num_bytes, sha256, source; doc_offset is added here."""
+    path, num_docs, num_tokens, num_bytes, sha256, source; doc_offset is added here. ``backend``:
+    name and version of the tokenizer backend that computed the ids (raypack.tokenize.backends),
+    a record only: the ids are the reference library's whichever ran."""
     doc_offset, rows = 0, []
     for shard in shards:
         rows.append({**shard, "doc_offset": doc_offset})
@@ -57,6 +59,7 @@ def build_tokenized_manifest(shards: list[dict[str, Any]], token_dtype: str, tok
         "token_column": TOKEN_COLUMN,
         "token_dtype": token_dtype,
         "tokenizer": tokenizer,
+        **({"backend": backend} if backend is not None else {}),
         "options": options,
         "counts": {"documents": doc_offset, "tokens": sum(s["num_tokens"] for s in shards), "shards": len(shards)},
         "shards": rows,
@@ -112,9 +115,11 @@ def tokenized_inputs(inputs: Sequence[str], token_column: str) -> list[ShardInfo
 
 
 def tokenizer_record(inputs: Sequence[str]) -> dict[str, Any] | None:
-    """``{"identity": ..., "options": ...}`` of the tokenized corpora in ``inputs`` (what the packed
-    manifest records under "tokenizer"), or None when the inputs are not tokenized corpora.
-    Cost: one manifest read per input. Raises InputError when two corpora differ in either."""
+    """``{"identity": ..., "options": ..., "backends": [...]}`` of the tokenized corpora in ``inputs``
+    (what the packed manifest records under "tokenizer"), or None when the inputs are not tokenized
+    corpora. ``backends``: the distinct tokenizer backends that made them, in input order (absent
+    when no manifest records one). Cost: one manifest read per input. Raises InputError when two
+    corpora differ in identity or options (not in backend: the ids do not depend on it)."""
     manifests = [load_tokenized_manifest(item) for item in inputs]
     if not manifests or any(m is None for m in manifests):
         return None
@@ -123,7 +128,9 @@ def tokenizer_record(inputs: Sequence[str]) -> dict[str, Any] | None:
         if record != records[0]:
             raise InputError(f"{item} was tokenized with another tokenizer or options than {inputs[0]}; "
                              f"pack corpora tokenized the same way, or tokenize them again together")
-    return records[0]
+    backends = [m["backend"] for m in manifests if isinstance(m.get("backend"), dict)]
+    distinct = [b for k, b in enumerate(backends) if b not in backends[:k]]
+    return {**records[0], **({"backends": distinct} if distinct else {})}
 
 
 def _source(source: Any) -> dict | None:

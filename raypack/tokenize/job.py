@@ -34,6 +34,7 @@ from raypack.inputs.text_readers import jsonl_byte_range_tasks, parquet_row_grou
 from raypack.io.progress import Progress
 from raypack.pack.plan import Plan, check_output_outside_inputs, make_plan
 from raypack.pack.publish import run_published
+from raypack.tokenize.backends import AUTO, check_backend_name, load_backed_tokenizer
 from raypack.tokenize.corpus import TOKENIZED_SUBDIR, build_tokenized_manifest, save_tokenized_manifest
 from raypack.tokenize.tasks import (
     TextResult,
@@ -42,7 +43,7 @@ from raypack.tokenize.tasks import (
     load_verified_record,
     tokenize_task,
 )
-from raypack.tokenize.tokenizers import load_tokenizer, token_dtype_for
+from raypack.tokenize.tokenizers import token_dtype_for
 
 log = logging.getLogger(__name__)
 
@@ -66,17 +67,21 @@ class TextOptions:
     """Texts read at once (memory); no effect on the output."""
     batch_bytes: int = 1 << 20
     """Bytes of text encoded at once (memory); no effect on the output."""
+    tokenizer_backend: str = AUTO
+    """Who computes the ids (raypack.tokenize.backends): auto, reference or a backend's name; no
+    effect on the output (the manifest records which one ran)."""
 
     def __post_init__(self) -> None:
         if not self.tokenizer:
             raise InputError("no tokenizer given: pass --tokenizer (a tokenizer.json, its directory, or tiktoken:NAME)")
+        check_backend_name(self.tokenizer_backend)
         for name in ("task_rows", "task_bytes", "row_group_tokens", "row_group_docs", "batch_rows", "batch_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"{name}={value!r} must be an integer >= 1")
 
     def output_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in vars(self).items() if k not in ("batch_rows", "batch_bytes")}
+        return {k: v for k, v in vars(self).items() if k not in ("batch_rows", "batch_bytes", "tokenizer_backend")}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,9 +104,11 @@ class TokenizeSummary:
     def lines(self) -> list[str]:
         c = self.manifest["counts"]
         rate = c["tokens"] / self.seconds if self.seconds > 0 else 0.0
+        backend = self.manifest.get("backend", {})
         return [
             f"tokenized {self.output} ({self.manifest['tokenizer']['kind']}, vocabulary "
-            f"{self.manifest['tokenizer']['vocab_size']:,}, {self.manifest['token_dtype']})",
+            f"{self.manifest['tokenizer']['vocab_size']:,}, {self.manifest['token_dtype']}, backend "
+            f"{backend.get('name')} {backend.get('version')})",
             f"  documents  {c['documents']:>14,}",
             f"  tokens     {c['tokens']:>14,}",
             f"  shards     {c['shards']:>14,}",
@@ -192,20 +199,20 @@ def _check_outside(output: str, tasks: list[TextTask]) -> None:
 def tokenize_into(out_dir: str, config: TokenizeConfig, tasks: list[TextTask], engine: str,
                   resume: bool) -> dict[str, Any]:
     """Run every task into ``out_dir``; return the corpus manifest (not yet written)."""
-    tokenizer = load_tokenizer(config.text.tokenizer)
+    tokenizer = load_backed_tokenizer(config.text.tokenizer, config.text.tokenizer_backend)
     identity = tokenizer.identity()
     text = config.text
     bos_id, eos_id = (None if t is None else tokenizer.token_id(parse_token(t)) for t in (text.bos, text.eos))
     token_dtype = token_dtype_for(tokenizer.vocab_size, text.token_dtype).name
     settings = TokenizeSettings(out_dir, text.tokenizer, identity["sha256"], text.text_column, token_dtype,
                                 bos_id, eos_id, text.row_group_tokens, text.row_group_docs, text.batch_rows,
-                                text.batch_bytes)
+                                text.batch_bytes, tokenizer_backend=tokenizer.backend)
     results = _run_tasks(tasks, settings, config, engine, resume, tokenizer)
     shards = [{"path": r.path, "num_docs": r.num_docs, "num_tokens": r.num_tokens, "num_bytes": r.num_bytes,
                "sha256": r.sha256, "source": {"path": t.path, "format": t.format, "start": t.start, "end": t.end}}
               for t, r in zip(tasks, results)]
     options = {**text.output_dict(), "bos_id": bos_id, "eos_id": eos_id, "inputs": list(config.inputs)}
-    return build_tokenized_manifest(shards, token_dtype, identity, options)
+    return build_tokenized_manifest(shards, token_dtype, identity, options, tokenizer.backend_record())
 
 
 def _run_tasks(tasks: list[TextTask], settings: TokenizeSettings, config: TokenizeConfig, engine: str,

@@ -44,15 +44,17 @@ from raypack.inputs.text_readers import iter_jsonl_texts, iter_parquet_texts
 from raypack.io.fs import resolve_filesystem
 from raypack.pack.resume import RESULTS_DIR, sampled_identity
 from raypack.packed.writer import AtomicFile, HashingSink, write_whole
+from raypack.tokenize.backends import load_backed_tokenizer
 from raypack.tokenize.corpus import TOKEN_COLUMN, part_file_name
-from raypack.tokenize.tokenizers import TextTokenizer, load_tokenizer
+from raypack.tokenize.guard import ReferenceGuard
+from raypack.tokenize.tokenizers import TextTokenizer, flat_to_list_array
 
 log = logging.getLogger(__name__)
 
 RECORD_VERSION = 1
 PARQUET_WRITE_OPTIONS = {"compression": "zstd", "use_dictionary": False, "write_statistics": True}
 """Fixed, so a part file's bytes depend only on its documents."""
-_NOT_OUTPUT_SETTINGS = ("out_dir", "tokenizer", "batch_rows", "batch_bytes", "num_threads")
+_NOT_OUTPUT_SETTINGS = ("out_dir", "tokenizer", "batch_rows", "batch_bytes", "num_threads", "tokenizer_backend")
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,9 @@ class TokenizeSettings:
     stay bounded however long the documents. No effect on the output."""
     num_threads: int = 0
     """Tokenizer threads per worker (0: the library's default, all cores); no effect on the output."""
+    tokenizer_backend: str = "reference"
+    """The backend the driver chose (never ``auto``: every worker uses the same one); no effect on
+    the output (the ids are the reference's, checked on a sample: raypack.tokenize.guard)."""
 
 
 @dataclass(frozen=True)
@@ -109,14 +114,15 @@ def record_name(task_index: int) -> str:
 
 
 def load_worker_tokenizer(settings: TokenizeSettings) -> TextTokenizer:
-    """Load the tokenizer from its spec, once per worker, and check it is the driver's."""
-    tokenizer = load_tokenizer(settings.tokenizer)
+    """Load the tokenizer from its spec with the driver's backend, once per worker, and check it is
+    the driver's."""
+    tokenizer = load_backed_tokenizer(settings.tokenizer, settings.tokenizer_backend)
     sha256 = tokenizer.identity()["sha256"]
     if sha256 != settings.tokenizer_sha256:
         raise InputError(f"tokenizer {settings.tokenizer} on this worker has sha256 {sha256[:16]}..., the driver's "
                          f"has {settings.tokenizer_sha256[:16]}...; give every node the same file")
-    if settings.num_threads and hasattr(tokenizer, "num_threads"):
-        tokenizer.num_threads = settings.num_threads
+    if settings.num_threads and hasattr(tokenizer.reference, "num_threads"):
+        tokenizer.reference.num_threads = settings.num_threads
     return tokenizer
 
 
@@ -124,8 +130,9 @@ def tokenize_task(task: TextTask, settings: TokenizeSettings, tokenizer: TextTok
     """Tokenize ``task``'s texts into its part file, then record the result durably."""
     identity = sampled_identity(task.path, task.format)
     token_type = pa.from_numpy_dtype(np.dtype(settings.token_dtype))
+    guard = ReferenceGuard(tokenizer, lambda k: document_name(task, k))
     pieces = (piece for _, texts in _iter_texts(task, settings) for piece in _byte_pieces(texts, settings.batch_bytes))
-    id_lists = (_encode(piece, tokenizer, settings, token_type) for piece in pieces)
+    id_lists = (_encode(piece, tokenizer, settings, token_type, guard) for piece in pieces)
     result = write_part(settings.out_dir, task.task_index, id_lists, token_type, settings)
     save_record(task, settings, result, identity)
     return result
@@ -150,8 +157,19 @@ def _byte_pieces(texts: pa.Array, max_bytes: int) -> Iterator[pa.Array]:
         start = end
 
 
-def _encode(texts: pa.Array, tokenizer: TextTokenizer, settings: TokenizeSettings, token_type: pa.DataType) -> pa.Array:
-    ids = tokenizer.encode_batch(texts, bos_id=settings.bos_id, eos_id=settings.eos_id)
+def document_name(task: TextTask, k: int) -> str:
+    """Document ``k`` (from 0, in order) of ``task``, for an error message."""
+    unit = "row groups" if task.format == "parquet" else "bytes"
+    where = f"{unit} [{task.start}, {task.end})"
+    return f"{task.path}: document {k} of {where} (tokenize task {task.task_index})"
+
+
+def _encode(texts: pa.Array, tokenizer: TextTokenizer, settings: TokenizeSettings, token_type: pa.DataType,
+            guard: ReferenceGuard) -> pa.Array:
+    """The ids of ``texts`` as list<token_type>, [bos] + ids + [eos]; the guard checks its sample."""
+    flat = tokenizer.encode_flat(texts)
+    guard.check(texts, flat)
+    ids = flat_to_list_array(flat, np.dtype(settings.token_dtype), bos_id=settings.bos_id, eos_id=settings.eos_id)
     return ids.cast(pa.list_(token_type)) if ids.type != pa.list_(token_type) else ids
 
 

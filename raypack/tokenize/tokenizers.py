@@ -14,10 +14,13 @@
     document's ids equal ``tiktoken.get_encoding(NAME).encode_ordinary(text)``: special-token
     text in a document is ordinary text.
 
-``encode_batch`` returns one list<uintN> array (N from ``token_dtype_for``): offsets plus one
-flat numpy values array, with the optional BOS/EOS ids placed by index arithmetic. The
-libraries hand back one Python list of ids per document; flattening those costs a few percent
-of the encode itself (bench/bench_tokenize.py measures both).
+``encode_flat`` returns the ids of a batch as ``FlatIds`` (one flat uint32 array plus offsets);
+``encode_batch`` turns that into one list<uintN> array (N from ``token_dtype_for``) with the
+optional BOS/EOS ids placed by index arithmetic. These two adapters are the *reference*
+encoders: the libraries hand back one Python list of ids per document, and flattening those
+costs a few percent of the encode itself (bench/bench_tokenize.py measures both). A faster
+encoder for the same tokenizer is a backend (:mod:`raypack.tokenize.backends`), proven to give
+the same ids.
 
 ``tokenizers`` and ``tiktoken`` are imported only when a tokenizer of their kind is loaded; a
 missing one is an InputError naming the extra (``pip install "raypack[text]"``).
@@ -33,9 +36,10 @@ import importlib.util
 import itertools
 import os
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from raypack.errors import InputError
@@ -44,10 +48,16 @@ __all__ = [
     "TEXT_EXTRA",
     "TIKTOKEN_ENCODINGS",
     "TOKENIZER_KINDS",
+    "Encoder",
+    "FlatIds",
     "HFTokenizer",
     "TextTokenizer",
     "TiktokenTokenizer",
+    "check_texts",
+    "encode_with",
+    "flat_to_list_array",
     "ids_to_list_array",
+    "lists_to_flat",
     "load_tokenizer",
     "token_dtype_for",
 ]
@@ -56,11 +66,30 @@ TEXT_EXTRA = 'pip install "raypack[text]"'
 TOKEN_DTYPES = ("uint8", "uint16", "uint32")
 
 
+class FlatIds(NamedTuple):
+    """The ids of n documents: document i is ``values[offsets[i]:offsets[i + 1]]``."""
+
+    values: npt.NDArray[np.uint32]
+    """All ids, document after document; uint32 (or narrower), every id < the vocabulary size."""
+    offsets: npt.NDArray[np.int64]
+    """n + 1 int64 offsets into values, offsets[0] == 0, non-decreasing."""
+
+
+class Encoder(Protocol):
+    """Texts to ids: what a backend provides (the reference adapters are encoders too)."""
+
+    def encode_flat(self, texts: pa.StringArray | pa.LargeStringArray) -> FlatIds:
+        """The ids of each text, no BOS/EOS; a null text is an InputError naming its row."""
+        ...
+
+
 class TextTokenizer(Protocol):
     """What the tokenize stage asks of a tokenizer."""
 
     kind: str
     vocab_size: int  # every id it can produce is < vocab_size
+    library: str
+    """The reference library that defines its ids (``tokenizers``, ``tiktoken``)."""
 
     def identity(self) -> dict[str, Any]:
         """kind, name or file, vocab_size, sha256 of the tokenizer or rank file: for manifests."""
@@ -68,6 +97,10 @@ class TextTokenizer(Protocol):
 
     def token_id(self, token: str | int) -> int:
         """The id of a token string the vocabulary holds, or an int id < vocab_size."""
+        ...
+
+    def encode_flat(self, texts: pa.StringArray | pa.LargeStringArray) -> FlatIds:
+        """The ids of each text (no BOS/EOS), as ``Encoder.encode_flat``."""
         ...
 
     def encode_batch(
@@ -106,15 +139,31 @@ def ids_to_list_array(
     """``[bos] + ids + [eos]`` per document as one list<dtype> array (large_list past 2**31 ids).
 
     id_lists: n sequences of ints, each < 2**(8*itemsize). Cost: one pass over the ids into a
-    flat numpy array (np.fromiter over the chained lists), then O(n) numpy for offsets and
-    BOS/EOS positions.
+    flat numpy array (np.fromiter over the chained lists), then ``flat_to_list_array``.
     """
+    return flat_to_list_array(lists_to_flat(id_lists, dtype), dtype, bos_id=bos_id, eos_id=eos_id)
+
+
+def lists_to_flat(id_lists: Sequence[Sequence[int]], dtype: np.dtype = np.dtype(np.uint32)) -> FlatIds:
+    """One Python list of ids per document (what the reference libraries return) as FlatIds."""
     body_lens = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
-    num_extra = (bos_id is not None) + (eos_id is not None)
     offsets = np.zeros(len(id_lists) + 1, dtype=np.int64)
-    np.cumsum(body_lens + num_extra, out=offsets[1:])
-    body = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=dtype, count=int(body_lens.sum()))
-    values = _with_bos_eos(body, offsets, bos_id, eos_id) if num_extra else body
+    np.cumsum(body_lens, out=offsets[1:])
+    values = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=dtype, count=int(offsets[-1]))
+    return FlatIds(values, offsets)
+
+
+def flat_to_list_array(flat: FlatIds, dtype: np.dtype, *, bos_id: int | None = None,
+                       eos_id: int | None = None) -> pa.ListArray | pa.LargeListArray:
+    """``[bos] + ids + [eos]`` per document of ``flat`` as one list<dtype> array (large_list past
+    2**31 ids). Cost: O(ids) numpy (a cast to dtype, and a spread when BOS/EOS are given); the
+    arrays become Arrow buffers without a copy."""
+    values = flat.values if flat.values.dtype == dtype else flat.values.astype(dtype)
+    offsets = flat.offsets
+    num_extra = (bos_id is not None) + (eos_id is not None)
+    if num_extra:
+        offsets = offsets + num_extra * np.arange(len(offsets), dtype=np.int64)
+        values = _with_bos_eos(values, offsets, bos_id, eos_id)
     if offsets[-1] < 2**31:
         return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
     return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
@@ -134,13 +183,24 @@ def _with_bos_eos(body: np.ndarray, offsets: np.ndarray, bos_id: int | None, eos
     return values
 
 
-def _texts_to_list(texts: pa.Array) -> list[str]:
-    """Python strs of a string/large_string array; a null is an InputError naming its row."""
+def check_texts(texts: pa.Array) -> None:
+    """A string/large_string array of valid UTF-8 without nulls; else an InputError naming the row."""
     if not pa.types.is_string(texts.type) and not pa.types.is_large_string(texts.type):
         raise TypeError(f"texts must be a string or large_string array, not {texts.type}")
     if texts.null_count:
         row = int(np.flatnonzero(texts.is_null().to_numpy(zero_copy_only=False))[0])
         raise InputError(f"text row {row} is null; every document must be a string (an empty text is \"\")")
+    try:
+        texts.validate(full=True)  # O(bytes), fast: every backend then sees valid UTF-8
+    except pa.ArrowInvalid as e:
+        row = str(e).rsplit(" ", 1)[-1]
+        raise InputError(f"text row {row} is not valid UTF-8 (e.g. an encoded lone surrogate); write the "
+                         f"text as UTF-8 (Python: str.encode('utf-8', 'replace'))") from e
+
+
+def _texts_to_list(texts: pa.Array) -> list[str]:
+    """Python strs of a string/large_string array (checked by ``check_texts``)."""
+    check_texts(texts)
     return texts.to_pylist()
 
 
@@ -175,6 +235,7 @@ class HFTokenizer:
     """A ``tokenizer.json`` through ``tokenizers.Tokenizer``; threads: its Rayon pool (RAYON_NUM_THREADS)."""
 
     kind = "hf"
+    library = "tokenizers"
 
     def __init__(self, path: Path) -> None:
         tokenizers = _import_extra("tokenizers", self.kind)
@@ -224,14 +285,16 @@ class HFTokenizer:
             )
         return token_id
 
+    def encode_flat(self, texts: pa.StringArray | pa.LargeStringArray) -> FlatIds:
+        """Cost: the library's encode plus a flatten of its lists (few %)."""
+        encodings = self._encode(_texts_to_list(texts), add_special_tokens=False)
+        return lists_to_flat([encoding.ids for encoding in encodings])
+
     def encode_batch(
         self, texts: pa.StringArray | pa.LargeStringArray, *, bos_id: int | None = None, eos_id: int | None = None
     ) -> pa.ListArray | pa.LargeListArray:
-        """list<uintN>, one row per text. Cost: the library's encode plus a flatten (few %)."""
-        bos_id, eos_id = (None if t is None else self.token_id(t) for t in (bos_id, eos_id))
-        encodings = self._encode(_texts_to_list(texts), add_special_tokens=False)
-        id_lists = [encoding.ids for encoding in encodings]
-        return ids_to_list_array(id_lists, token_dtype_for(self.vocab_size), bos_id=bos_id, eos_id=eos_id)
+        """list<uintN>, one row per text."""
+        return encode_with(self, self, texts, bos_id, eos_id)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,6 +364,7 @@ class TiktokenTokenizer:
     """``tiktoken:NAME``: encode_ordinary over ``num_threads`` threads (tiktoken releases the GIL)."""
 
     kind = "tiktoken"
+    library = "tiktoken"
 
     def __init__(self, name: str, *, num_threads: int | None = None) -> None:
         if name not in TIKTOKEN_ENCODINGS:
@@ -341,13 +405,23 @@ class TiktokenTokenizer:
                 f"another single token, or an integer id below {self.vocab_size}"
             ) from e
 
+    def encode_flat(self, texts: pa.StringArray | pa.LargeStringArray) -> FlatIds:
+        """encode_ordinary of each text."""
+        return lists_to_flat(self._encoding.encode_ordinary_batch(_texts_to_list(texts), num_threads=self.num_threads))
+
     def encode_batch(
         self, texts: pa.StringArray | pa.LargeStringArray, *, bos_id: int | None = None, eos_id: int | None = None
     ) -> pa.ListArray | pa.LargeListArray:
-        """list<uint32>, one row per text: encode_ordinary of each."""
-        bos_id, eos_id = (None if t is None else self.token_id(t) for t in (bos_id, eos_id))
-        id_lists = self._encoding.encode_ordinary_batch(_texts_to_list(texts), num_threads=self.num_threads)
-        return ids_to_list_array(id_lists, token_dtype_for(self.vocab_size), bos_id=bos_id, eos_id=eos_id)
+        """list<uintN>, one row per text."""
+        return encode_with(self, self, texts, bos_id, eos_id)
+
+
+def encode_with(tokenizer: TextTokenizer, encoder: Encoder, texts: pa.Array, bos_id: str | int | None,
+                eos_id: str | int | None) -> pa.ListArray | pa.LargeListArray:
+    """``encode_batch`` of ``tokenizer`` with the ids of ``encoder``: [bos] + ids + [eos] per text."""
+    bos_id, eos_id = (None if t is None else tokenizer.token_id(t) for t in (bos_id, eos_id))
+    flat = encoder.encode_flat(texts)
+    return flat_to_list_array(flat, token_dtype_for(tokenizer.vocab_size), bos_id=bos_id, eos_id=eos_id)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,137 @@
+"""Tokenizer backends: who computes a tokenizer's ids. One small protocol, a registry, ``auto``.
+
+A tokenizer (:mod:`raypack.tokenize.tokenizers`) is defined by its reference library: a
+``tokenizer.json`` by Hugging Face ``tokenizers``, ``tiktoken:NAME`` by ``tiktoken``. A backend
+is another encoder of the same tokenizer that must give the same ids, token for token
+(tests/test_tokenize_backends.py proves it on a varied corpus; each tokenize task re-checks a
+sample at run time, :mod:`raypack.tokenize.guard`). So the ids, the part files and
+``content_sha256`` never depend on the backend; the manifest records which one ran.
+
+``--tokenizer-backend`` (config ``tokenizer_backend``):
+
+  * ``auto`` (default): the first backend of ``AUTO_ORDER`` (fastest first, measured by
+    bench/bench_backends.py) that is installed and supports the tokenizer, else the reference,
+    with one INFO line saying why;
+  * ``reference``: the reference library itself;
+  * a backend's name (``gigatoken``): that one, or an InputError when it is not installed
+    (naming the extra) or cannot do this tokenizer (naming what it lacks).
+
+Adding a backend: a module with a class like ``GigatokenBackend`` (``name``, ``version()``,
+``encoder(tokenizer)``), one line in ``BACKENDS``, and its name in ``AUTO_ORDER`` once
+bench/bench_backends.py shows where it ranks and the backend tests pass for it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from raypack.errors import InputError
+from raypack.tokenize.backends.base import TokenizerBackend, Unsupported, package_version
+from raypack.tokenize.backends.gigatoken import GigatokenBackend
+from raypack.tokenize.backends.reference import ReferenceBackend
+from raypack.tokenize.tokenizers import TEXT_EXTRA, Encoder, FlatIds, TextTokenizer, encode_with, load_tokenizer
+
+__all__ = ["AUTO", "AUTO_ORDER", "BACKENDS", "BackedTokenizer", "TokenizerBackend", "Unsupported",
+           "backend_names", "check_backend_name", "load_backed_tokenizer", "select_encoder"]
+
+log = logging.getLogger(__name__)
+
+AUTO = "auto"
+
+
+BACKENDS: dict[str, TokenizerBackend] = {
+    GigatokenBackend.name: GigatokenBackend(),
+    ReferenceBackend.name: ReferenceBackend(),
+}
+AUTO_ORDER = (GigatokenBackend.name,)
+"""Backends ``auto`` tries, fastest first (BENCHMARKS.md, "Tokenizer backends")."""
+
+
+def backend_names() -> list[str]:
+    """``auto`` and every registered backend: the choices of ``--tokenizer-backend``."""
+    return [AUTO, *BACKENDS]
+
+
+def check_backend_name(name: str) -> str:
+    if name not in backend_names():
+        raise InputError(f"--tokenizer-backend {name!r} is not one of {', '.join(backend_names())}")
+    return name
+
+
+class BackedTokenizer:
+    """A tokenizer (``reference``: its identity, vocabulary and token ids) whose ids come from
+    the chosen backend's encoder. Satisfies ``TextTokenizer``."""
+
+    def __init__(self, reference: TextTokenizer, backend: str, encoder: Encoder) -> None:
+        self.reference = reference
+        self.backend = backend
+        self.encoder = encoder
+        self.kind = reference.kind
+        self.library = reference.library
+        self.vocab_size = reference.vocab_size
+
+    def identity(self) -> dict[str, Any]:
+        return self.reference.identity()
+
+    def backend_record(self) -> dict[str, Any]:
+        """``{"name", "version"}`` of the backend that computed the ids (for manifests)."""
+        if self.backend == ReferenceBackend.name:
+            return {"name": self.backend, "library": self.library, "version": package_version(self.library)}
+        return {"name": self.backend, "version": BACKENDS[self.backend].version()}
+
+    def token_id(self, token: str | int) -> int:
+        return self.reference.token_id(token)
+
+    def encode_flat(self, texts: pa.StringArray | pa.LargeStringArray) -> FlatIds:
+        flat = self.encoder.encode_flat(texts)
+        if flat.values.size and int(flat.values.max()) >= self.vocab_size:  # a backend bug, not bad input
+            raise RuntimeError(f"the {self.backend} backend returned id {int(flat.values.max())}, outside the "
+                               f"vocabulary [0, {self.vocab_size}); use --tokenizer-backend reference")
+        return FlatIds(flat.values.astype(np.uint32, copy=False), flat.offsets)
+
+    def encode_batch(self, texts: pa.StringArray | pa.LargeStringArray, *, bos_id: int | None = None,
+                     eos_id: int | None = None) -> pa.ListArray | pa.LargeListArray:
+        return encode_with(self, self, texts, bos_id, eos_id)
+
+
+def select_encoder(tokenizer: TextTokenizer, requested: str = AUTO) -> tuple[str, Encoder]:
+    """The backend ``requested`` (or ``auto``'s choice) for ``tokenizer``, and its encoder."""
+    check_backend_name(requested)
+    if requested == ReferenceBackend.name:
+        return requested, tokenizer
+    if requested != AUTO:
+        return requested, _explicit(BACKENDS[requested], tokenizer)
+    for name in AUTO_ORDER:
+        backend = BACKENDS[name]
+        if backend.version() is None:
+            log.info("tokenizer backend auto: %s is not installed (%s); using the reference, %s", name,
+                     TEXT_EXTRA, tokenizer.library)
+            return ReferenceBackend.name, tokenizer
+        try:
+            return name, backend.encoder(tokenizer)
+        except Unsupported as e:
+            log.info("tokenizer backend auto: %s cannot do this tokenizer (%s); using the reference, %s", name, e,
+                     tokenizer.library)
+    return ReferenceBackend.name, tokenizer
+
+
+def _explicit(backend: TokenizerBackend, tokenizer: TextTokenizer) -> Encoder:
+    if backend.version() is None:
+        raise InputError(f"--tokenizer-backend {backend.name}: the {backend.name!r} package is not installed; "
+                         f"{TEXT_EXTRA}, or use --tokenizer-backend auto")
+    try:
+        return backend.encoder(tokenizer)
+    except Unsupported as e:
+        raise InputError(f"--tokenizer-backend {backend.name} cannot encode this tokenizer exactly ({e}); "
+                         f"use --tokenizer-backend auto or reference") from e
+
+
+def load_backed_tokenizer(spec: str, backend: str = AUTO) -> BackedTokenizer:
+    """``load_tokenizer(spec)`` whose ids come from ``backend`` (``auto``: see the module doc)."""
+    reference = load_tokenizer(spec)
+    name, encoder = select_encoder(reference, backend)
+    return BackedTokenizer(reference, name, encoder)

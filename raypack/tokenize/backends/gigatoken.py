@@ -1,0 +1,124 @@
+"""The gigatoken backend (PyPI ``gigatoken``, Rust, MIT): byte-level BPE and SentencePiece-style BPE
+with byte fallback from a ``tokenizer.json``, and the tiktoken encodings from their rank files.
+
+What it cannot do is refused at load (``Unsupported``, so ``auto`` falls back to the reference):
+gigatoken itself raises for a normalizer, a pre-tokenizer (its pre-tokenizers are hand-written
+equivalents of the known split regexes) or a model it lacks (WordPiece, Unigram, ...), and this
+module refuses what gigatoken loads but encodes differently from ``tokenizers`` (found by
+tests/test_tokenize_backends.py): added tokens with ``single_word``.
+
+Ids without Python lists: the texts go in as an awkward array over the Arrow buffers (offsets
+widened to int64, the UTF-8 bytes borrowed), the ids come back as an awkward list array whose
+offsets and uint32 content are numpy arrays. tiktoken semantics are ``encode_ordinary``: the
+rank file is loaded without special tokens, so ``<|endoftext|>`` in a text is ordinary text.
+
+Threads: gigatoken's process-global Rayon pool (RAYON_NUM_THREADS, set per worker by
+:func:`raypack.tokenize.tasks.set_thread_env`); inside a multiprocessing worker or a forked child
+it encodes on the calling thread (gigatoken's own rule), which gives the same ids.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import tempfile
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from raypack.errors import InputError
+from raypack.tokenize.backends.base import Unsupported, package_version
+from raypack.tokenize.tokenizers import TEXT_EXTRA, TIKTOKEN_ENCODINGS, FlatIds, TextTokenizer, check_texts
+
+PRETOKENIZERS = {"cl100k_base": "gpt4", "o200k_base": "o200k"}
+"""gigatoken's name for the split pattern of each tiktoken encoding raypack knows."""
+
+
+class GigatokenBackend:
+    name = "gigatoken"
+    summary = "gigatoken (Rust): byte-level BPE, SentencePiece-style BPE with byte fallback, tiktoken encodings"
+
+    def version(self) -> str | None:
+        return package_version("gigatoken")
+
+    def encoder(self, tokenizer: TextTokenizer) -> GigatokenEncoder:
+        gigatoken = _import()
+        if tokenizer.kind == "hf":
+            return GigatokenEncoder(gigatoken.Tokenizer(_load_hf(tokenizer.path)))
+        if tokenizer.kind == "tiktoken" and tokenizer.name in PRETOKENIZERS:
+            return GigatokenEncoder(gigatoken.Tokenizer(_load_tiktoken(tokenizer.name, tokenizer.rank_file)))
+        raise Unsupported(f"no {tokenizer.kind} tokenizer {tokenizer.identity().get('name', '')}")
+
+
+def _import() -> Any:
+    try:
+        import gigatoken
+    except ImportError as e:
+        raise InputError(f"the gigatoken backend does not import ({e}); {TEXT_EXTRA}") from e
+    return gigatoken
+
+
+def _load_hf(path) -> Any:
+    from gigatoken.gigatoken_rs import load_hf_json
+
+    data = path.read_bytes()
+    try:
+        config = json.loads(data)
+    except ValueError as e:
+        raise Unsupported(f"{path} is not JSON") from e
+    single_word = [t.get("content") for t in config.get("added_tokens") or [] if t.get("single_word")]
+    if single_word:
+        raise Unsupported(f"added token {single_word[0]!r} is single_word, which gigatoken matches differently")
+    try:
+        return load_hf_json(data)
+    except (RuntimeError, ValueError) as e:  # gigatoken's way of saying what it lacks
+        raise Unsupported(" ".join(str(e).split("Location:")[0].split())) from e
+
+
+def _load_tiktoken(name: str, rank_file) -> Any:
+    """gigatoken reads an uncompressed rank file from a path: decompress it into a temporary file."""
+    from gigatoken.gigatoken_rs import BPETokenizer
+
+    contents = gzip.decompress(rank_file.read_bytes()) if rank_file.suffix == ".gz" else rank_file.read_bytes()
+    if hashlib.sha256(contents).hexdigest() != TIKTOKEN_ENCODINGS[name]["rank_sha256"]:
+        raise InputError(f"rank file {rank_file} does not have tiktoken's sha256; reinstall bpe-openai")
+    with tempfile.TemporaryDirectory(prefix="raypack-ranks-") as directory:
+        path = os.path.join(directory, f"{name}.tiktoken")
+        with open(path, "wb") as f:
+            f.write(contents)
+        try:
+            return BPETokenizer.from_tiktoken(path, PRETOKENIZERS[name], {})
+        except (RuntimeError, ValueError) as e:
+            raise Unsupported(" ".join(str(e).split("Location:")[0].split())) from e
+
+
+class GigatokenEncoder:
+    """``encode_flat`` through ``gigatoken.Tokenizer.encode_batch``, no Python object per document."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def encode_flat(self, texts: pa.StringArray | pa.LargeStringArray) -> FlatIds:
+        """Cost: the Rust encode, plus O(n) numpy for the offsets; ids are not copied."""
+        check_texts(texts)
+        if len(texts) == 0:
+            return FlatIds(np.zeros(0, dtype=np.uint32), np.zeros(1, dtype=np.int64))
+        layout = self.tokenizer.encode_batch(_awkward_strings(texts)).layout.to_ListOffsetArray64(True)
+        return FlatIds(np.asarray(layout.content.data), np.asarray(layout.offsets.data))
+
+
+def _awkward_strings(texts: pa.Array) -> Any:
+    """An awkward string array over ``texts``' buffers (gigatoken wants int64 offsets)."""
+    import awkward as ak
+
+    offsets_buffer, data_buffer = texts.buffers()[1:3]
+    width = np.int64 if pa.types.is_large_string(texts.type) else np.int32
+    offsets = np.frombuffer(offsets_buffer, dtype=width)[texts.offset:texts.offset + len(texts) + 1]
+    data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.zeros(0, dtype=np.uint8)
+    content = ak.contents.NumpyArray(data, parameters={"__array__": "char"})
+    strings = ak.contents.ListOffsetArray(ak.index.Index64(offsets.astype(np.int64)), content,
+                                          parameters={"__array__": "string"})
+    return ak.Array(strings)

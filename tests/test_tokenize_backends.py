@@ -1,0 +1,344 @@
+"""Tokenizer backends (raypack.tokenize.backends): every backend gives the reference library's ids,
+token for token; auto, its fallback and the refusals; the run-time guard (raypack.tokenize.guard).
+
+Lone surrogates: a Python str holding one cannot be written as UTF-8, so neither a JSONL line
+nor a Parquet string (both UTF-8) can carry one; Arrow bytes that encode one (CESU-8 style) are
+refused as invalid UTF-8 with the row named (test_invalid_utf8_is_one_line_naming_the_row).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import tokenizers
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from raypack.cli import main
+from raypack.errors import InputError
+from raypack.tokenize import backends as backends_module
+from raypack.tokenize.backends import AUTO_ORDER, BACKENDS, load_backed_tokenizer, select_encoder
+from raypack.tokenize.backends.gigatoken import GigatokenBackend, GigatokenEncoder
+from raypack.tokenize.guard import BYTES_SHARE, FREE_BYTES, ReferenceGuard, candidates
+from raypack.tokenize.job import TextOptions, TokenizeConfig, run_tokenize
+from raypack.tokenize.tokenizers import FlatIds, load_tokenizer
+
+from helpers import train_byte_level_bpe, train_sentencepiece_style_bpe
+
+FAST = [name for name in BACKENDS if name != "reference"]
+needs_gigatoken = pytest.mark.skipif(GigatokenBackend().version() is None,
+                                     reason="gigatoken is not installed (pip install 'raypack[text]')")
+
+
+# --------------------------------------------------------------------------------------- corpus
+
+
+def varied_corpus(seed: int = 0) -> list[str]:
+    """Documents of every kind the backends must agree on (a 1 MB one among them)."""
+    rng = random.Random(seed)
+    words = ["the", "packing", "of", "tokens", "isn't", "it's", "we'll", "Hello", "WORLD", "123", "4567", "3.14",
+             "naïve", "café", "Straße", "ǅemal", "x86_64", "__init__", "e-mail", "http://a.b/c?d=e"]
+    scripts = ["日本語のテキストです。", "中文文本，标点！", "한국어 문장", "مرحبا بالعالم، كيف حالك؟", "שלום עולם"]
+    scripts += ["👩‍👩‍👧‍👦 family", "🏳️‍🌈🇺🇳 flags", "👍🏽👍🏿", "e\u0301 combining",
+                "\u200bzero\u200dwidth", "Ωmega ∑ ∫ √"]
+    specials = ["<|endoftext|>", "<|fim_prefix|>", "<|endofprompt|>", "<s>", "</s>", "<unk>", "<bos>", "<eos>",
+                "<0x41>"]
+    spaces = [" ", "  ", "\t", "\n", "\r\n", "\n\n\n", "   \t ", "\u00a0", "\u3000", "\x0b", "\x0c"]
+    docs = ["", " ", "\n", "   \n\t  ", "\n\n\n\n", "\x00", "a\x00b", "\x00\x00 \x00", "<|endoftext|>", "<s></s>"]
+    for _ in range(300):
+        parts = [rng.choice([rng.choice(words), rng.choice(scripts), rng.choice(specials), rng.choice(spaces),
+                             chr(rng.randrange(0x20, 0x2FFF)), str(rng.randrange(10**6))])
+                 for _ in range(rng.randrange(1, 40))]
+        docs.append("".join(p + rng.choice(["", " ", " ", "\n"]) for p in parts))
+    prose = " ".join(rng.choice(words + scripts) for _ in range(40000))
+    docs.append((prose * (1 + (1 << 20) // len(prose)))[: 1 << 20])  # a 1 MB document
+    return docs
+
+
+CORPUS = varied_corpus()
+assert max(len(d.encode()) for d in CORPUS) >= 1 << 20 and "" in CORPUS
+
+
+@pytest.fixture(scope="module")
+def tokenizer_files(tmp_path_factory):
+    """spec by name: byte-level BPE (with an <|endoftext|> added special), SentencePiece-style BPE
+    with byte fallback, cl100k_base, o200k_base."""
+    root = tmp_path_factory.mktemp("toks")
+    train = [d for d in CORPUS if len(d) < 5000][:200]
+    byte_level = train_byte_level_bpe(train, 600)
+    byte_level.add_special_tokens(["<|endoftext|>"])
+    byte_level.save(str(root / "byte_level.json"))
+    train_sentencepiece_style_bpe(train, 800).save(str(root / "sp_byte_fallback.json"))
+    return {"byte_level": str(root / "byte_level.json"), "sp_byte_fallback": str(root / "sp_byte_fallback.json"),
+            "cl100k_base": "tiktoken:cl100k_base", "o200k_base": "tiktoken:o200k_base"}
+
+
+def assert_same_ids(got: FlatIds, want: FlatIds, texts: list[str]) -> None:
+    assert got.offsets.shape == want.offsets.shape
+    for k, text in enumerate(texts):
+        a = got.values[got.offsets[k]:got.offsets[k + 1]]
+        b = want.values[want.offsets[k]:want.offsets[k + 1]]
+        assert np.array_equal(a, b), f"document {k} ({text[:60]!r}): {a[:20]} vs {b[:20]}"
+
+
+# ------------------------------------------------------------------------------ token for token
+
+
+@needs_gigatoken
+@pytest.mark.parametrize("backend", FAST)
+@pytest.mark.parametrize("name", ["byte_level", "sp_byte_fallback", "cl100k_base", "o200k_base"])
+def test_every_backend_gives_the_reference_ids(tokenizer_files, name, backend):
+    reference = load_tokenizer(tokenizer_files[name])
+    encoder = BACKENDS[backend].encoder(reference)
+    long_doc = CORPUS[-1]
+    if name == "sp_byte_fallback":  # no pre-tokenizer: the reference merges the whole text at once (slow)
+        long_doc = long_doc[:100_000]
+    texts = CORPUS[:-1] + [long_doc]
+    got = FlatIds(np.zeros(0, np.uint32), np.zeros(1, np.int64))
+    for start in range(0, len(texts), 97):  # batches, and an Arrow slice that does not start at 0
+        batch = pa.array(["pad"] + texts[start:start + 97]).slice(1)
+        part, want = encoder.encode_flat(batch), reference.encode_flat(batch)
+        assert_same_ids(part, want, texts[start:start + 97])
+        got = FlatIds(np.concatenate([got.values, part.values]),
+                      np.concatenate([got.offsets, got.offsets[-1] + part.offsets[1:]]))
+    assert got.offsets[-1] > 100_000  # not vacuous: real ids were compared
+    large = encoder.encode_flat(pa.array(texts[:50], type=pa.large_string()))
+    assert_same_ids(large, reference.encode_flat(pa.array(texts[:50])), texts[:50])
+
+
+@needs_gigatoken
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.text(st.characters(blacklist_categories=("Cs",)), max_size=60), max_size=8))
+def test_random_unicode_gives_the_reference_ids(texts):
+    for reference, encoder in _hypothesis_pairs():
+        got = encoder.encode_flat(pa.array(texts, type=pa.string()))
+        assert_same_ids(got, reference.encode_flat(pa.array(texts, type=pa.string())), texts)
+
+
+_PAIRS: list = []
+
+
+def _hypothesis_pairs() -> list:
+    """(reference, gigatoken encoder) for a byte-level BPE and cl100k_base, loaded once (fixtures
+    do not mix with @given)."""
+    if not _PAIRS:
+        import tempfile
+
+        path = tempfile.mkdtemp(prefix="raypack-hyp-") + "/tok.json"
+        train_byte_level_bpe(CORPUS[:200], 500).save(path)
+        for spec in (path, "tiktoken:cl100k_base"):
+            reference = load_tokenizer(spec)
+            _PAIRS.append((reference, GigatokenBackend().encoder(reference)))
+    return _PAIRS
+
+
+@needs_gigatoken
+def test_ids_come_out_as_numpy_without_python_lists(tokenizer_files, monkeypatch):
+    reference = load_tokenizer(tokenizer_files["byte_level"])
+    encoder = GigatokenBackend().encoder(reference)
+    monkeypatch.setattr(type(encoder.tokenizer.backend), "encode_batch_list", None, raising=False)
+    flat = encoder.encode_flat(pa.array(CORPUS[:20]))
+    assert flat.values.dtype == np.uint32 and flat.offsets.dtype == np.int64 and flat.offsets[0] == 0
+    assert flat.values.base is not None  # a view of the backend's buffer, not a copy
+
+
+# ------------------------------------------------------------------------- auto, fallback, refusals
+
+
+def _unsupported_tokenizer(tmp_path, kind: str) -> str:
+    texts = CORPUS[10:200]
+    if kind == "nfkc":
+        tok = train_byte_level_bpe(texts, 400)
+        tok.normalizer = tokenizers.normalizers.NFKC()
+    elif kind == "wordpiece":
+        tok = tokenizers.Tokenizer(tokenizers.models.WordPiece(unk_token="[UNK]"))
+        tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+        tok.train_from_iterator(texts, tokenizers.trainers.WordPieceTrainer(vocab_size=300, special_tokens=["[UNK]"]))
+    else:  # an added token gigatoken loads but matches differently
+        tok = train_byte_level_bpe(texts, 400)
+        tok.add_tokens([tokenizers.AddedToken("<x>", single_word=True)])
+    path = tmp_path / f"{kind}.json"
+    tok.save(str(path))
+    return str(path)
+
+
+@needs_gigatoken
+def test_auto_takes_the_fast_backend_and_records_it(tokenizer_files):
+    tokenizer = load_backed_tokenizer(tokenizer_files["byte_level"])
+    assert AUTO_ORDER[0] == "gigatoken" and tokenizer.backend == "gigatoken"
+    assert isinstance(tokenizer.encoder, GigatokenEncoder)
+    assert tokenizer.backend_record() == {"name": "gigatoken", "version": GigatokenBackend().version()}
+    reference = load_backed_tokenizer(tokenizer_files["byte_level"], "reference")
+    assert reference.backend_record() == {"name": "reference", "library": "tokenizers",
+                                          "version": tokenizers.__version__}
+
+
+@needs_gigatoken
+@pytest.mark.parametrize("kind, lacks", [("nfkc", "NFKC"), ("wordpiece", "WordPiece"), ("single_word", "single_word")])
+def test_auto_falls_back_to_the_reference_with_one_info_line(tmp_path, caplog, kind, lacks):
+    path = _unsupported_tokenizer(tmp_path, kind)
+    with caplog.at_level(logging.INFO, logger="raypack.tokenize.backends"):
+        tokenizer = load_backed_tokenizer(path)
+    assert tokenizer.backend == "reference" and tokenizer.encoder is tokenizer.reference
+    lines = [r.getMessage() for r in caplog.records if r.name == "raypack.tokenize.backends"]
+    assert len(lines) == 1 and "\n" not in lines[0] and lacks in lines[0] and "tokenizers" in lines[0]
+
+
+@needs_gigatoken
+def test_single_word_needs_the_refusal(tmp_path):
+    """gigatoken loads a single_word added token but its ids differ: why the backend refuses it."""
+    from gigatoken.gigatoken_rs import load_hf_json
+
+    path = _unsupported_tokenizer(tmp_path, "single_word")
+    text = "Hello <x>world  <x> ok<x>"
+    raw = load_hf_json(open(path, "rb").read()).encode_batch([text]).tolist()[0]
+    assert raw != load_tokenizer(path)._tokenizer.encode(text, add_special_tokens=False).ids
+
+
+@needs_gigatoken
+def test_an_explicit_backend_that_cannot_do_the_tokenizer_is_refused(tmp_path, capsys):
+    path = _unsupported_tokenizer(tmp_path, "nfkc")
+    with pytest.raises(InputError, match=r"--tokenizer-backend gigatoken cannot encode this tokenizer exactly "
+                                         r"\(.*NFKC"):
+        select_encoder(load_tokenizer(path), "gigatoken")
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"text": ["a b c", "d e"]}), tmp_path / "in" / "in.parquet")
+    code = main(["tokenize", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
+                 "--tokenizer", path, "--tokenizer-backend", "gigatoken", "--local"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "NFKC" in err
+
+
+def test_a_backend_that_is_not_installed_names_the_extra(tokenizer_files, monkeypatch, caplog):
+    monkeypatch.setattr(GigatokenBackend, "version", lambda self: None)
+    with pytest.raises(InputError, match=r"'gigatoken' package is not installed; pip install \"raypack\[text\]\""):
+        load_backed_tokenizer(tokenizer_files["cl100k_base"], "gigatoken")
+    with caplog.at_level(logging.INFO, logger="raypack.tokenize.backends"):
+        assert load_backed_tokenizer(tokenizer_files["cl100k_base"]).backend == "reference"
+    assert "not installed" in caplog.text
+
+
+def test_an_unknown_backend_is_refused(capsys):
+    with pytest.raises(InputError, match="--tokenizer-backend 'fastest' is not one of auto, gigatoken, reference"):
+        TextOptions(tokenizer="tiktoken:cl100k_base", tokenizer_backend="fastest")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["tokenize", "--input", "x", "--output", "y", "--tokenizer", "t", "--tokenizer-backend", "fastest"])
+    assert exit_info.value.code == 2
+
+
+def test_pack_refuses_a_backend_without_a_tokenizer(tmp_path, capsys):
+    code = main(["pack", "--input", str(tmp_path), "--output", str(tmp_path / "o"), "--context-length", "8",
+                 "--tokenizer-backend", "reference", "--local"])
+    assert code == 2 and "--tokenizer-backend need --tokenizer" in capsys.readouterr().err
+
+
+def test_invalid_utf8_is_one_line_naming_the_row(tokenizer_files):
+    with pytest.raises(UnicodeEncodeError):
+        pa.array(["lone \ud800 surrogate"])  # a str with a lone surrogate cannot become UTF-8 at all
+    data = b"ok" + b"\xed\xa0\x80" + b"zz"  # the CESU-8 bytes of a lone surrogate
+    texts = pa.StringArray.from_buffers(3, pa.py_buffer(np.array([0, 2, 5, 7], np.int32).tobytes()), pa.py_buffer(data))
+    for backend in ["reference", *([n for n in FAST if BACKENDS[n].version()])]:
+        with pytest.raises(InputError, match="text row 1 is not valid UTF-8"):
+            load_backed_tokenizer(tokenizer_files["cl100k_base"], backend).encode_flat(texts)
+
+
+# ------------------------------------------------------------------------------- in a tokenize run
+
+
+def _tokenize(tmp_path, name: str, spec: str, backend: str, docs: list[str]):
+    source = tmp_path / "text"
+    source.mkdir(exist_ok=True)
+    if not (source / "in.parquet").exists():
+        pq.write_table(pa.table({"text": docs}), source / "in.parquet", row_group_size=64)
+    text = TextOptions(tokenizer=spec, eos="0", tokenizer_backend=backend, task_rows=128, batch_bytes=4096)
+    return run_tokenize(TokenizeConfig(inputs=(str(source),), output=str(tmp_path / name), text=text), engine="local")
+
+
+@needs_gigatoken
+def test_the_ids_and_content_sha256_do_not_depend_on_the_backend(tmp_path, tokenizer_files):
+    docs = [d for d in CORPUS if len(d) < 20000]
+    runs = {b: _tokenize(tmp_path, b, tokenizer_files["byte_level"], b, docs) for b in ("reference", "gigatoken")}
+    ref, fast = runs["reference"].manifest, runs["gigatoken"].manifest
+    assert fast["backend"]["name"] == "gigatoken" and ref["backend"]["name"] == "reference"
+    assert fast["content_sha256"] == ref["content_sha256"] and len(fast["shards"]) > 1
+    for a, b in zip(ref["shards"], fast["shards"]):
+        assert (tmp_path / "reference" / a["path"]).read_bytes() == (tmp_path / "gigatoken" / b["path"]).read_bytes()
+    assert {k for k in ref if ref[k] != fast[k]} == {"backend"}
+
+
+@needs_gigatoken
+def test_the_guard_refuses_a_backend_that_differs_naming_the_document(tmp_path, tokenizer_files, monkeypatch):
+    real = GigatokenEncoder.encode_flat
+
+    def off_by_one(self, texts):
+        flat = real(self, texts)
+        values = flat.values.copy()
+        values[flat.offsets[0]:flat.offsets[1]] ^= 1  # the first document of every batch
+        return FlatIds(values, flat.offsets)
+
+    monkeypatch.setattr(GigatokenEncoder, "encode_flat", off_by_one)
+    with pytest.raises(InputError, match=r"in\.parquet: document 0 of row groups \[0, 2\) \(tokenize task 0\) "
+                                         r"\(text .*\): the gigatoken tokenizer backend gives"):
+        _tokenize(tmp_path, "out", tokenizer_files["byte_level"], "gigatoken", ["first doc", *CORPUS[10:300]])
+
+
+class _Reference:
+    library = "ref"
+
+    def __init__(self):
+        self.calls = []
+
+    def encode_flat(self, texts):
+        self.calls.append(texts.to_pylist())
+        lens = np.array([len(t.encode()) for t in texts.to_pylist()], dtype=np.int64)
+        return FlatIds(np.zeros(int(lens.sum()), np.uint32), np.concatenate([[0], np.cumsum(lens)]))
+
+
+class _Backed:
+    backend = "fake"
+
+    def __init__(self):
+        self.reference = _Reference()
+        self.encoder = object()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 3000), min_size=1, max_size=3000), st.lists(st.integers(1, 400), max_size=12))
+def test_the_guard_sample_is_the_same_however_the_task_is_batched_and_stays_in_budget(lens, cuts):
+    """The sample depends on the document sequence only; its bytes stay within FREE_BYTES + BYTES_SHARE of the text."""
+    texts = ["x" * n for n in lens]
+    samples = []
+    for batch_cuts in ([], cuts):
+        tokenizer = _Backed()
+        guard = ReferenceGuard(tokenizer, str)
+        bounds = sorted({0, len(texts), *(c % len(texts) for c in batch_cuts)})
+        for start, end in zip(bounds, bounds[1:]):
+            batch = pa.array(texts[start:end])
+            lengths = np.array(lens[start:end], dtype=np.int64)
+            flat = FlatIds(np.zeros(int(lengths.sum()), np.uint32), np.concatenate([[0], np.cumsum(lengths)]))
+            guard.check(batch, flat)
+        samples.append([t for call in tokenizer.reference.calls for t in call])
+        assert guard.num_checked_bytes <= FREE_BYTES + BYTES_SHARE * sum(lens)
+        assert guard.num_docs == len(texts)
+    assert samples[0] == samples[1] and samples[0][0] == texts[0]  # document 0 is always checked (it is small)
+
+
+def test_the_guard_samples_about_one_document_in_1024():
+    rate = candidates(np.arange(1 << 20, dtype=np.int64)).mean()
+    assert 0.9 / 1024 < rate < 1.1 / 1024
+    assert json.dumps(candidates(np.arange(5)).tolist()) == "[true, false, false, false, false]"
+
+
+def test_the_reference_backend_is_not_checked(tokenizer_files):
+    tokenizer = load_backed_tokenizer(tokenizer_files["cl100k_base"], "reference")
+    assert ReferenceGuard(tokenizer, str).reference is None
+
+
+def test_backends_module_registers_in_one_place():
+    assert list(BACKENDS) == ["gigatoken", "reference"] and backends_module.backend_names()[0] == "auto"
