@@ -249,7 +249,7 @@ class HFTokenizer:
             ) from e
         tokenizer.no_padding()
         tokenizer.no_truncation()
-        self.path = path
+        self.path = Path(os.path.abspath(path))  # manifests name the file wherever the run was started
         self._tokenizer = tokenizer
         vocab = tokenizer.get_vocab(with_added_tokens=True)
         self.vocab_size = max(tokenizer.get_vocab_size(with_added_tokens=True), max(vocab.values(), default=-1) + 1)

@@ -63,6 +63,14 @@ def reference_ids(tok, texts):
 # Hugging Face tokenizer.json
 
 
+def test_a_relative_tokenizer_path_is_recorded_absolute(hf, monkeypatch):
+    """Manifests name the file itself, not the path as typed in some working directory."""
+    _, path = hf
+    monkeypatch.chdir(path.parent.parent)
+    identity = load_tokenizer(f"{path.parent.name}/{path.name}").identity()
+    assert identity["file"] == str(path) and identity["file"].startswith("/")
+
+
 def test_hf_vocab_is_bigger_than_a_byte(hf):
     tok, path = hf
     assert 300 < tok.get_vocab_size() <= 600  # merges happened, and ids need uint16

@@ -3,7 +3,7 @@
 A tokenizer (:mod:`raypack.tokenize.tokenizers`) is defined by its reference library: a
 ``tokenizer.json`` by Hugging Face ``tokenizers``, ``tiktoken:NAME`` by ``tiktoken``. A backend
 is another encoder of the same tokenizer that must give the same ids, token for token
-(tests/test_tokenize_backends.py proves it on a varied corpus; each tokenize task re-checks a
+(tests/tokenize/test_tokenize_backends.py proves it on a varied corpus; each tokenize task re-checks a
 sample at run time, :mod:`raypack.tokenize.guard`). So the ids, the part files and
 ``content_sha256`` never depend on the backend; the manifest records which one ran.
 

@@ -5,7 +5,7 @@ What it cannot do is refused at load (``Unsupported``, so ``auto`` falls back to
 gigatoken itself raises for a normalizer, a pre-tokenizer (its pre-tokenizers are hand-written
 equivalents of the known split regexes) or a model it lacks (WordPiece, Unigram, ...), and this
 module refuses what gigatoken loads but encodes differently from ``tokenizers`` (found by
-tests/test_tokenize_backends.py): added tokens with ``single_word``.
+tests/tokenize/test_tokenize_backends.py): added tokens with ``single_word``.
 
 Ids without Python lists: the texts go in as an awkward array over the Arrow buffers (offsets
 widened to int64, the UTF-8 bytes borrowed), the ids come back as an awkward list array whose
