@@ -109,7 +109,7 @@ def write_shard(path: str, kind: str, fmt: str, dtype: str, num_tokens: int, mea
 
 
 def child(args: argparse.Namespace) -> dict:
-    from raypack.inputs.formats import inspect_shard
+    from raypack.inputs.reading import inspect_shard
     from raypack.inputs.token_pieces import iter_token_pieces
     from raypack.pack.packer import count_shard_chunks, pack_shard, read_batch_rows
     from raypack.pack.tasks import PackSettings, ShardTask

@@ -3,7 +3,7 @@ pieces of at most ``max_tokens`` tokens (read page by page by :mod:`raypack.inpu
 
 What the packer and best_fit's counting pass read (:func:`iter_token_pieces`); every other
 format, and Parquet row groups of short documents, come whole from
-:func:`raypack.inputs.formats.iter_token_batches`.
+:func:`raypack.inputs.reading.iter_token_batches`.
 """
 
 from __future__ import annotations
@@ -16,17 +16,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raypack.errors import InputError
-from raypack.inputs.formats import (
-    JSON_BLOCK_SIZE,
-    iter_document_batches,
-    open_parquet,
-    parquet_batches,
-    token_leaf_index,
-    token_value_type,
-    validate_token_batch,
-)
+from raypack.inputs.base import token_value_type
+from raypack.inputs.parquet import ParquetFormat, open_parquet, token_leaf_index
 from raypack.inputs.parquet_pages import TokenPiece, Unsupported, iter_row_group_pieces
+from raypack.inputs.reading import JSON_BLOCK_SIZE, iter_document_batches
+from raypack.inputs.registry import format_named
 from raypack.io.fs import open_input_file, resolve_filesystem
+from raypack.rules.token_checks import validate_token_batch
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +61,7 @@ def iter_token_pieces(
     """
     whole = dict(units=units, first_row=first_row, rows=rows, json_block_size=json_block_size, validate=validate,
                  extra_columns=tuple(extra_columns))
-    if fmt != "parquet" or extra_columns or (rows is not None and rows[0] != first_row):
+    if not isinstance(format_named(fmt), ParquetFormat) or extra_columns or (rows is not None and rows[0] != first_row):
         yield from _whole_documents(path, fmt, column, batch_size, whole)
         return
     if max_tokens < 1:
@@ -114,7 +110,8 @@ def _row_group_pieces(source: pa.NativeFile, parquet_file: pq.ParquetFile, group
             yield first
             yield from pieces
             return
-    for lists in parquet_batches(parquet_file, path, column, batch_size, row_groups=[group]):
+    for batch in parquet_file.iter_batches(batch_size=batch_size, columns=[column], row_groups=[group]):
+        lists = batch.column(0)
         for start in range(0, len(lists), batch_size):
             docs = lists.slice(start, batch_size)
             yield TokenPiece(first_row, docs, False, np.diff(docs.offsets.to_numpy()).astype(np.int64))

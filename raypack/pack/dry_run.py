@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from raypack.inputs.formats import iter_token_batches
+from raypack.inputs.reading import iter_token_batches
 from raypack.pack.config import PackConfig
 from raypack.pack.plan import make_plan, settings_for
 from raypack.pack.tasks import PackSettings, read_batch_rows

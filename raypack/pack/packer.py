@@ -17,7 +17,6 @@ import numpy as np
 import pyarrow as pa
 
 from raypack.errors import InputError
-from raypack.inputs.formats import check_tokens_fit
 from raypack.inputs.token_pieces import iter_token_pieces
 from raypack.pack.resume import identify_input, save_result
 from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts, read_batch_rows
@@ -26,6 +25,7 @@ from raypack.packed.writer import ChunkFileWriter, chunk_schema
 from raypack.rules.core import cast_tokens, flatten_documents, iter_run_slices
 from raypack.rules.long_docs import CutCounts, PieceFilter, count_cut, kept_lengths
 from raypack.rules.side_columns import combine, opaque
+from raypack.rules.token_checks import check_tokens_fit
 from raypack.strategies.base import ShardPacker
 
 

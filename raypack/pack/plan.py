@@ -26,7 +26,8 @@ import numpy as np
 import numpy.typing as npt
 
 from raypack.errors import InputError
-from raypack.inputs.formats import ShardInfo, inspect_shard, shard_side_types
+from raypack.inputs.base import ShardInfo
+from raypack.inputs.reading import inspect_shard, shard_side_types
 from raypack.inputs.shards import common_token_type, discover_shards, plan_offsets
 from raypack.io.fs import is_uri
 from raypack.pack.config import PackConfig

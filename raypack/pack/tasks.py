@@ -76,7 +76,7 @@ class ShardTask:
         return self.unit_end < 0
 
     def read_range(self) -> dict[str, Any]:
-        """Keyword arguments of :func:`raypack.inputs.formats.iter_token_batches` that read this task's rows."""
+        """Keyword arguments of :func:`raypack.inputs.reading.iter_token_batches` that read this task's rows."""
         if self.is_whole_shard:
             return {}
         return {"units": (self.unit_start, self.unit_end), "first_row": self.unit_first_row,
