@@ -61,7 +61,7 @@ EDGE_BYTES = 1 << 20
 """Bytes hashed at each end of an input file for its identity."""
 READ_BYTES = 1 << 22
 """Bytes per read when hashing a whole file."""
-_NOT_OUTPUT_SETTINGS = ("out_dir", "verify_inputs", "progress_timeout_s", "restart_stalled")
+_NOT_OUTPUT_SETTINGS = ("out_dir", "verify_inputs", "progress_timeout_s", "restart_stalled", "max_document_tokens")
 
 
 class _Rejected(Exception):
