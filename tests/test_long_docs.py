@@ -135,7 +135,7 @@ def test_split_leaves_the_manifest_as_it_was(tmp_path):
 SPLITS = [  # (task_tokens, row_group_size, read_batch_size, read_batch_tokens): how the work is cut
     (0, None, 3, 1 << 20),
     (1, 2, 1, 1 << 20),  # one task per row group of two documents (best_fit: window 2 starts there)
-    (0, None, 0, 5),  # long row groups read page by page, documents in pieces of at most 5 tokens
+    (0, None, 0, 5),  # long documents fed to the packer in slices of at most 5 tokens
     (1, 2, 0, 3),
 ]
 
