@@ -1,6 +1,6 @@
-"""Packer memory with one huge document vs a normal corpus of the same size.
+"""Packer memory with one long document vs a normal corpus of the same size: what a document costs.
 
-    python bench/bench_long_doc.py       # 50M tokens, int32, concat + best_fit, Parquet + Arrow IPC
+    python bench/bench_long_doc.py --tokens 2000000,8000000 --sides 0,1 --formats parquet   # BENCHMARKS.md
     python bench/bench_long_doc.py --tokens 5000000 --dtypes int32,uint16 --strategies concat
 
 Each case packs one shard with :func:`raypack.pack.packer.pack_shard` in a fresh child process
@@ -13,10 +13,13 @@ a child of its own before):
   * added: peak RSS while packing minus the RSS just before (VmHWM - VmRSS);
   * peak: the absolute peak RSS of packing (VmHWM after the reset);
   * reader: added peak RSS of only reading the shard with the same read batches (no packing,
-    ``iter_token_pieces`` as the packer reads), measured the same way in the same kind of
+    ``iter_document_batches`` as the packer reads), measured the same way in the same kind of
     child: what the format reader itself holds.
 
-The table's ratio is long/normal of ``added``; ``seconds``, ``cpu s``: wall and CPU time of
+A document is read whole (pyarrow), so ``added`` of the long shard over its tokens is what one
+document costs a packer, in bytes per token (``B/token``; ``--sides 1`` adds a side column
+``loss_mask`` of int8, one value per token, packed with the tokens). The ratio is long/normal of
+``added``; ``seconds``, ``cpu s``: wall and CPU time of
 packing (both load-dependent, wall much more). Input token type = output token type (--dtypes).
 ``--compression``: the Parquet codec(s);
 ``--values phrases``: tokens drawn as repeated random phrases (copy-heavy for the codec, as real
@@ -91,13 +94,17 @@ def token_values(values: str, num_tokens: int, dtype: str) -> np.ndarray:
 
 
 def write_shard(path: str, kind: str, fmt: str, dtype: str, num_tokens: int, mean_len: int, values: str = "random",
-                compression: str = "snappy") -> None:
+                compression: str = "snappy", sides: int = 0) -> None:
     lengths = doc_lengths(kind, num_tokens, mean_len)
     values = token_values(values, num_tokens, dtype)
     offsets = np.zeros(lengths.size + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     lists = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
-    table = pa.table({"input_ids": lists})
+    columns = {"input_ids": lists}
+    if sides:
+        mask = (np.arange(num_tokens) % 3 != 0).astype(np.int8)
+        columns["loss_mask"] = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(mask))
+    table = pa.table(columns)
     if fmt == "parquet":
         pq.write_table(table, path, row_group_size=65536, compression=compression)
     else:
@@ -109,16 +116,18 @@ def write_shard(path: str, kind: str, fmt: str, dtype: str, num_tokens: int, mea
 
 
 def child(args: argparse.Namespace) -> dict:
-    from raypack.inputs.formats import inspect_shard
-    from raypack.inputs.token_pieces import iter_token_pieces
+    from raypack.inputs.reading import inspect_shard, iter_document_batches
     from raypack.pack.packer import count_shard_chunks, pack_shard, read_batch_rows
     from raypack.pack.tasks import PackSettings, ShardTask
+    from raypack.rules.side_columns import SideColumn
 
     info = inspect_shard(args.path, "input_ids")
+    sides = (SideColumn("loss_mask", "int8"),) if int(args.sides) else ()
     settings = PackSettings(out_dir=args.out, context_length=C, pad_token=0, token_dtype=args.dtype,
                             token_column="input_ids", read_batch_size=0, read_batch_tokens=args.read_batch_tokens,
                             chunks_per_record_batch=512, strategy=args.strategy,
-                            strategy_options={"best_fit_window": args.window} if args.strategy == "best_fit" else {})
+                            strategy_options={"best_fit_window": args.window} if args.strategy == "best_fit" else {},
+                            extra_columns=sides)
     task = ShardTask(0, args.path, info.format, 0, 0, info.num_docs, info.num_tokens)
     if args.count:
         return {"num_chunks": count_shard_chunks(task, settings)}
@@ -127,9 +136,9 @@ def child(args: argparse.Namespace) -> dict:
     before = reset_peak_rss()
     start, start_cpu = time.perf_counter(), time.process_time()
     if args.read_only:
-        for piece in iter_token_pieces(task.path, task.format, "input_ids", read_batch_rows(task, settings),
-                                       settings.read_batch_tokens):
-            del piece
+        for batch in iter_document_batches(task.path, task.format, "input_ids", read_batch_rows(task, settings),
+                                           extra_columns=tuple(c.name for c in sides)):
+            del batch
     else:
         pack_shard(task, settings)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
@@ -142,7 +151,7 @@ def run_child(path: str, out: str, dtype: str, strategy: str, args: argparse.Nam
               num_chunks: int = -1) -> dict:
     cmd = [sys.executable, __file__, "--child", "--path", path, "--out", out, "--dtype", dtype,
            "--strategy", strategy, "--window", str(args.window), "--read-batch-tokens", str(args.read_batch_tokens),
-           "--num-chunks", str(num_chunks)]
+           "--num-chunks", str(num_chunks), "--sides", str(args.sides)]
     if mode != "pack":
         cmd.append(f"--{mode}")
     env = dict(os.environ, **({"ARROW_DEFAULT_MEMORY_POOL": args.arrow_pool} if args.arrow_pool else {}))
@@ -155,7 +164,8 @@ def run_child(path: str, out: str, dtype: str, strategy: str, args: argparse.Nam
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=int, default=50_000_000)
+    parser.add_argument("--tokens", default="8000000", help="tokens per shard, comma-separated sizes")
+    parser.add_argument("--sides", default="0", help="side columns: 0 (none), 1 (an int8 loss_mask), or 0,1")
     parser.add_argument("--mean-len", type=int, default=683)
     parser.add_argument("--dtypes", default="int32")
     parser.add_argument("--strategies", default="concat,best_fit")
@@ -181,12 +191,18 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args)))
         return
-    mib = 1 << 20
-    print(f"one shard of {args.tokens:,} tokens; C={C}; read_batch_tokens={args.read_batch_tokens:,}; "
+    print(f"one shard of {args.tokens} tokens; C={C}; read_batch_tokens={args.read_batch_tokens:,}; "
           f"best_fit window {args.window:,}; Arrow pool {args.arrow_pool or pa.default_memory_pool().backend_name}; "
           f"{args.values} tokens; load average {os.getloadavg()[0]:.2f}")
-    print(f"{'format':14} {'dtype':12} {'strategy':9} {'corpus':7} {'reader MiB':>10} {'added MiB':>10} "
-          f"{'peak MiB':>9} {'ratio':>6} {'seconds':>7} {'cpu s':>6}")
+    print(f"{'tokens':>10} {'format':14} {'dtype':8} {'sides':5} {'strategy':9} {'corpus':7} {'reader MiB':>10} "
+          f"{'added MiB':>10} {'B/token':>7} {'peak MiB':>9} {'ratio':>6} {'seconds':>7} {'cpu s':>6}")
+    for num_tokens in map(int, args.tokens.split(",")):
+        for sides in map(int, args.sides.split(",")):
+            run_size(argparse.Namespace(**{**vars(args), "tokens": num_tokens, "sides": sides}))
+
+
+def run_size(args: argparse.Namespace) -> None:
+    mib = 1 << 20
     formats = [(fmt, codec) for fmt in args.formats.split(",")
                for codec in (args.compression.split(",") if fmt == "parquet" else [""])]
     with tempfile.TemporaryDirectory() as tmp:
@@ -195,7 +211,8 @@ def main() -> None:
                 paths = {}
                 for kind in ("normal", "long"):
                     paths[kind] = os.path.join(tmp, f"{kind}-{dtype}.{'parquet' if fmt == 'parquet' else 'arrow'}")
-                    write_shard(paths[kind], kind, fmt, dtype, args.tokens, args.mean_len, args.values, codec)
+                    write_shard(paths[kind], kind, fmt, dtype, args.tokens, args.mean_len, args.values, codec,
+                                args.sides)
                 for strategy in args.strategies.split(","):
                     added = {}
                     for kind in ("normal", "long"):
@@ -212,8 +229,9 @@ def main() -> None:
                         ratio = f"{added['long'] / added['normal']:.2f}x" if kind == "long" else ""
                         label = f"{dtype}>{args.cast_to}" if args.cast_to else dtype
                         name = f"{fmt}/{codec}" if codec else fmt
-                        print(f"{name:14} {label:12} {strategy:9} {kind:7} {reader['added'] / mib:10.0f} "
-                              f"{packed['added'] / mib:10.0f} {packed['peak'] / mib:9.0f} {ratio:>6} "
+                        print(f"{args.tokens:10,} {name:14} {label:8} {args.sides:5} {strategy:9} {kind:7} "
+                              f"{reader['added'] / mib:10.0f} {packed['added'] / mib:10.0f} "
+                              f"{packed['added'] / args.tokens:7.1f} {packed['peak'] / mib:9.0f} {ratio:>6} "
                               f"{packed['seconds']:7.1f} {packed['cpu_seconds']:6.1f}", flush=True)
                         shutil.rmtree(out)
                 for path in paths.values():

@@ -153,7 +153,7 @@ def synthetic_results(num_shards: int, context_length: int):
 
 
 def child_stitch(num_shards: int, out_dir: str, write: bool, repeats: int) -> dict:
-    from raypack.inputs.formats import ShardInfo
+    from raypack.inputs.base import ShardInfo
     from raypack.pack.assemble import count_stats, stitch_boundaries, write_boundaries
     from raypack.pack.config import make_config
     from raypack.pack.plan import Plan

@@ -4,8 +4,8 @@ Each shard holds ``docs_per_shard`` documents with log-normal lengths and unifor
 tokens in ``[0, vocab_size)``, in one column ``input_ids`` of type ``list<dtype>``. Shard
 ``k`` depends only on ``(seed, k)`` (its generator is child ``k`` of ``SeedSequence(seed)``)
 and its tokens do not depend on ``dtype`` or ``fmt``: the same corpus can be written in any
-format and dtype. Parquet and Arrow shards are built with numpy (offsets + values) and no
-per-token Python; JSONL loops per document.
+format and dtype (each registered input format writes its own, raypack.inputs.base.InputFormat.write).
+Documents are built with numpy (offsets + values) and no per-token Python; JSONL loops per document.
 
     python -m raypack.sample --output build/sample --shards 8 --docs-per-shard 2000 --context-length 512
 
@@ -16,7 +16,6 @@ of them non-ASCII, for ``raypack tokenize`` / ``raypack pack --tokenizer``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -25,14 +24,12 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from raypack.errors import InputError
+from raypack.inputs.registry import FORMATS, format_named
 
 __all__ = ["FORMATS", "TEXT_WORDS", "lognormal_lengths", "main", "write_sample_corpus", "write_sample_texts"]
 
-FORMATS = ("parquet", "jsonl", "arrow")
-_SHARD_NAME = re.compile(r"shard-\d{5,}\.(parquet|jsonl|arrow)")
 _MAX_LIST_VALUES = np.iinfo(np.int32).max
 
 
@@ -80,23 +77,8 @@ def _shard_documents(seed: np.random.SeedSequence, num_docs: int, mean_doc_len: 
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(tokens))
 
 
-def _write_jsonl(path: str, documents: pa.ListArray) -> None:
-    offsets = documents.offsets.to_numpy().tolist()
-    tokens = documents.flatten().to_numpy().tolist()
-    with open(path, "w") as f:
-        for start, end in zip(offsets[:-1], offsets[1:]):
-            f.write('{"input_ids": [' + ",".join(map(str, tokens[start:end])) + "]}\n")
-
-
 def _write_shard(path: str, documents: pa.ListArray, fmt: str, row_group_size: int | None) -> None:
-    table = pa.table({"input_ids": documents})
-    if fmt == "parquet":
-        pq.write_table(table, path, row_group_size=row_group_size)
-    elif fmt == "arrow":
-        with pa.ipc.new_file(path, table.schema) as writer:
-            writer.write_table(table, max_chunksize=row_group_size)
-    else:
-        _write_jsonl(path, documents)
+    format_named(fmt).write(path, pa.table({"input_ids": documents}), row_group_size)
 
 
 def _check_args(num_shards: int, docs_per_shard: int, mean_doc_len: float, vocab_size: int,
@@ -107,8 +89,7 @@ def _check_args(num_shards: int, docs_per_shard: int, mean_doc_len: float, vocab
         raise ValueError(f"docs_per_shard={docs_per_shard} must be >= 0")
     if not mean_doc_len > 0:
         raise ValueError(f"mean_doc_len={mean_doc_len} must be > 0")
-    if fmt not in FORMATS:
-        raise ValueError(f"fmt={fmt!r} must be one of {', '.join(FORMATS)}")
+    format_named(fmt)
     if dtype.kind not in "iu":
         raise ValueError(f"dtype={dtype.name} must be an integer dtype")
     if not 1 <= vocab_size <= int(np.iinfo(dtype).max) + 1:
@@ -119,7 +100,8 @@ def _check_args(num_shards: int, docs_per_shard: int, mean_doc_len: float, vocab
 
 def _check_no_stale_shards(output_dir: str, names: Sequence[str]) -> None:
     """Refuse to leave shards of an earlier, different sample beside the new ones."""
-    stale = sorted(n for n in os.listdir(output_dir) if _SHARD_NAME.fullmatch(n) and n not in names)
+    shard_name = re.compile(rf"shard-\d{{5,}}\.({'|'.join(map(re.escape, FORMATS))})")
+    stale = sorted(n for n in os.listdir(output_dir) if shard_name.fullmatch(n) and n not in names)
     if stale:
         raise InputError(
             f"{output_dir} already holds other shards ({', '.join(stale[:3])}{', ...' if len(stale) > 3 else ''}); "
@@ -196,8 +178,9 @@ def write_sample_texts(output_dir: str, *, num_shards: int, docs_per_shard: int,
     """Write ``num_shards`` text shards ``shard-00000.{fmt}``, ... (Parquet or JSONL, column/key
     ``text``) into ``output_dir``, for ``raypack tokenize`` and ``raypack pack --tokenizer``;
     deterministic for ``seed``. Returns their paths."""
-    if fmt not in ("parquet", "jsonl"):
-        raise ValueError(f"fmt={fmt!r} must be parquet or jsonl for text")
+    if not format_named(fmt).holds_text:
+        raise ValueError(f"fmt={fmt!r} must be one of {', '.join(n for n, f in FORMATS.items() if f.holds_text)} "
+                         "for text")
     _check_args(num_shards, docs_per_shard, mean_doc_words, 2, fmt, np.dtype("int32"), None)
     os.makedirs(output_dir, exist_ok=True)
     names = [f"shard-{k:05d}.{fmt}" for k in range(num_shards)]
@@ -206,11 +189,7 @@ def write_sample_texts(output_dir: str, *, num_shards: int, docs_per_shard: int,
     for name, shard_seed in zip(names, np.random.SeedSequence(seed).spawn(num_shards)):
         texts = _shard_texts(shard_seed, docs_per_shard, mean_doc_words)
         path = os.path.join(output_dir, name)
-        if fmt == "parquet":
-            pq.write_table(pa.table({"text": texts}), path)
-        else:
-            with open(path, "w", encoding="utf-8") as f:
-                f.writelines(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts.to_pylist())
+        format_named(fmt).write(path, pa.table({"text": texts}))
         paths.append(path)
     return paths
 
@@ -224,7 +203,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--context-length", type=int, required=True, help="context length the corpus is meant for")
     parser.add_argument("--mean-doc-len", type=float, default=None,
                         help="mean document length (default: context length / 3)")
-    parser.add_argument("--format", choices=FORMATS, default="parquet")
+    parser.add_argument("--format", choices=tuple(FORMATS), default="parquet")
     parser.add_argument("--dtype", default="int32", help="token dtype (default int32)")
     parser.add_argument("--vocab-size", type=int, default=50_000)
     parser.add_argument("--seed", type=int, default=0)

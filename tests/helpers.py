@@ -138,7 +138,7 @@ def pack_one(path, out, strategy: str, read_batch_tokens: int, read_batch_size: 
              token_offset: int = 0):
     """Pack the one shard ``path`` into the new directory ``out`` with pack_shard (best_fit: its
     count first, window 2); the ShardResult."""
-    from raypack.inputs.formats import inspect_shard
+    from raypack.inputs.reading import inspect_shard
     from raypack.pack.packer import count_shard_chunks, pack_shard
     from raypack.pack.tasks import PackSettings, ShardTask
 

@@ -72,3 +72,10 @@ def test_the_toy_tokenizer_backend_gives_the_references_ids(tmp_path, registries
                          for p in parts)
     ids = pq.read_table(outputs["sliced"] / parts[0]).column("input_ids").combine_chunks()
     assert len(ids) == len(texts) and np.asarray(ids.values).size > len(texts)  # 700 documents, many ids
+
+
+def test_the_input_format_example_is_the_tested_toy():
+    """The page shows the toy format that tests/inputs/test_input_formats.py packs: the same code."""
+    block = doc_block("SpaceSeparatedFormat").split("\n\n\nregistry.FORMATS")[0]
+    toy = (DOC.parent.parent / "tests" / "inputs" / "test_input_formats.py").read_text()
+    assert block.strip() and block.strip() in toy

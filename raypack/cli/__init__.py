@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--read-batch-tokens", type=int, metavar="TOKENS",
                       help="tokens a packer takes at once (memory): per read batch with read batch size 0, "
                            "and at most per slice of a long document")
+    pack.add_argument("--max-document-tokens", type=int, metavar="TOKENS",
+                      help="refuse a longer document (a packer reads a document whole; see BENCHMARKS.md for its "
+                           "memory per token)")
     pack.add_argument("--long-docs", metavar="split|truncate|drop",
                       help="a document longer than C: split it across chunks, truncate it to its first C tokens, "
                            "or drop it")

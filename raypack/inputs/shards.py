@@ -4,7 +4,7 @@ The driver runs this before any worker starts:
 
   1. ``discover_shards(inputs)`` lists the shard files in a fixed order: the order of the
      inputs, each file/directory/glob expanded in sorted path order, duplicates dropped.
-  2. ``raypack.inputs.formats.inspect_shard(path)`` counts each shard's documents and tokens.
+  2. ``raypack.inputs.reading.inspect_shard(path)`` counts each shard's documents and tokens.
   3. ``plan_offsets(infos)`` turns the counts into global offsets by a cumulative sum:
      document ``i`` of shard ``k`` has global doc id ``doc_offsets[k] + i``, and shard ``k``'s
      tokens start at global stream position ``token_offsets[k]``.
@@ -24,7 +24,8 @@ import numpy.typing as npt
 import pyarrow.fs as pafs
 
 from raypack.errors import InputError
-from raypack.inputs.formats import ShardInfo, accepted_suffixes, shard_format
+from raypack.inputs.base import ShardInfo
+from raypack.inputs.registry import accepted_suffixes, shard_format
 from raypack.io.fs import check_bucket, is_uri, resolve_filesystem
 
 __all__ = [

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from raypack.errors import InputError
+from raypack.inputs.base import DEFAULT_MAX_DOCUMENT_TOKENS
 from raypack.rules.core import validate_context_length, validate_pad_token
 from raypack.rules.long_docs import DEFAULT_LONG_DOCS, validate_long_docs
 from raypack.rules.side_columns import parse_side_spec
@@ -64,6 +65,10 @@ class PackConfig:
     document length so that a batch holds about ``read_batch_tokens`` tokens."""
     read_batch_tokens: int = 1 << 20
     """Target tokens per read batch when ``read_batch_size`` is 0: a packer's memory follows it."""
+    max_document_tokens: int = DEFAULT_MAX_DOCUMENT_TOKENS
+    """A document holding more tokens is refused (one line naming shard, row and length) before it is
+    read where the input allows (a Parquet footer, a JSON line's bytes): a packer reads a document
+    whole, at the bytes per token of BENCHMARKS.md ("One long document"). Does not change the output."""
     strategy: str = DEFAULT_STRATEGY
     """A registered packing strategy (raypack.strategies): ``concat``, the exact rules
     (concatenate, cut every C tokens, pad only the last chunk), or ``best_fit``, best-fit
@@ -129,7 +134,8 @@ class PackConfig:
             raise ValueError(f"unknown strategy option(s) {', '.join(unknown)}; valid are {', '.join(option_fields())}")
         self.strategies()  # every registered strategy's options are checked, the chosen one's or not
         self._refuse_options_of_other_strategies()
-        for name in ("read_batch_size", "read_batch_tokens", "chunks_per_record_batch", "num_workers", "task_tokens"):
+        for name in ("read_batch_size", "read_batch_tokens", "chunks_per_record_batch", "num_workers", "task_tokens",
+                     "max_document_tokens"):
             value = getattr(self, name)
             least = 0 if name in ("read_batch_size", "task_tokens") else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < least:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from raypack.inputs.formats import iter_token_batches
+from raypack.inputs.reading import iter_token_batches
 from raypack.pack.config import PackConfig
 from raypack.pack.plan import make_plan, settings_for
 from raypack.pack.tasks import PackSettings, read_batch_rows
@@ -84,7 +84,8 @@ def _sample_lengths(tasks, settings: PackSettings, sample_docs: int) -> list[npt
             break
         parts = []
         for _, docs in iter_token_batches(task.path, task.format, settings.token_column,
-                                          read_batch_rows(task, settings), validate=False):
+                                          read_batch_rows(task, settings), validate=False,
+                                          max_document_tokens=settings.max_document_tokens):
             parts.append(np.diff(docs.offsets.to_numpy()).astype(np.int64)[:remaining])
             remaining -= parts[-1].size
             if remaining == 0:

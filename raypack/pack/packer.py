@@ -17,15 +17,15 @@ import numpy as np
 import pyarrow as pa
 
 from raypack.errors import InputError
-from raypack.inputs.formats import check_tokens_fit
-from raypack.inputs.token_pieces import iter_token_pieces
+from raypack.inputs.reading import iter_document_batches
 from raypack.pack.resume import identify_input, save_result
 from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts, read_batch_rows
 from raypack.pack.watchdog import ProgressWatchdog
 from raypack.packed.writer import ChunkFileWriter, chunk_schema
 from raypack.rules.core import cast_tokens, flatten_documents, iter_run_slices
-from raypack.rules.long_docs import CutCounts, PieceFilter, count_cut, kept_lengths
+from raypack.rules.long_docs import CutCounts, count_cut, keep_prefixes, kept_lengths
 from raypack.rules.side_columns import combine, opaque
+from raypack.rules.token_checks import check_tokens_fit
 from raypack.strategies.base import ShardPacker
 
 
@@ -78,12 +78,14 @@ def count_task(task: ShardTask, settings: PackSettings) -> TaskCounts:
     packing, c = settings.packing, settings.context_length
     counter = packing.make_chunk_counter(c) if packing.needs_counting_pass else None
     cut = CutCounts()
-    pieces = iter_token_pieces(task.path, task.format, settings.token_column, read_batch_rows(task, settings),
-                               settings.read_batch_tokens, validate=False, **task.read_range())
-    for piece in pieces:
-        cut += count_cut(piece.doc_lens, settings.long_docs, c)
+    batches = iter_document_batches(task.path, task.format, settings.token_column, read_batch_rows(task, settings),
+                                    validate=False, max_document_tokens=settings.max_document_tokens,
+                                    **task.read_range())
+    for batch in batches:
+        lengths = np.diff(batch.tokens.offsets.to_numpy()).astype(np.int64)
+        cut += count_cut(lengths, settings.long_docs, c)
         if counter is not None:
-            counter.push(kept_lengths(piece.doc_lens, settings.long_docs, c))
+            counter.push(kept_lengths(lengths, settings.long_docs, c))
     return TaskCounts(counter.finish() if counter is not None else -1, cut)
 
 
@@ -91,39 +93,32 @@ def _stream_shard(task: ShardTask, settings: PackSettings, packer: ShardPacker,
                   writer: ChunkFileWriter, beat) -> dict[str, int]:
     """Read, count and pack the shard's documents in order; ``beat()`` after each slice packed.
 
-    A document may arrive in consecutive pieces (a long one in a Parquet row group read page
-    by page): its continuation is pushed first, then the documents starting in the piece are
-    counted from their full lengths (so ``count_split`` sees each document once, at its start).
-    ``long_docs`` (raypack.rules.long_docs) is applied as the pieces are read: the packer sees each
-    document's kept prefix (empty when dropped) under its own id.
+    A document arrives whole, in one read batch (a longer one than ``max_document_tokens`` is
+    refused by the reader); the packer is fed slices of at most ``read_batch_tokens`` tokens
+    (:func:`_push_sliced`). ``long_docs`` (raypack.rules.long_docs) is applied as the batches are
+    read: the packer sees each document's kept prefix (empty when dropped) under its own id.
     """
     counts = {"docs": 0, "nonempty": 0, "tokens": 0, "split": 0}
     cut, c = CutCounts(), settings.context_length
-    long_docs = PieceFilter(settings.long_docs, c)
-    pieces = iter_token_pieces(task.path, task.format, settings.token_column, read_batch_rows(task, settings),
-                               settings.read_batch_tokens, extra_columns=tuple(c.name for c in settings.extra_columns),
-                               **task.read_range())
-    for piece in pieces:
+    batches = iter_document_batches(task.path, task.format, settings.token_column, read_batch_rows(task, settings),
+                                    extra_columns=tuple(c.name for c in settings.extra_columns),
+                                    max_document_tokens=settings.max_document_tokens, **task.read_range())
+    for batch in batches:
         beat()
-        first_row = piece.first_row
-        tokens, lengths = flatten_documents(piece.docs)
-        if piece.sides:  # records of token + side values, so that long_docs cuts every column alike
-            tokens = _with_sides(tokens, lengths, piece.sides, task, settings, first_row)
-        tokens, lengths = long_docs.apply(tokens, lengths, piece.doc_lens, piece.continued)
-        if piece.continued:
-            num_continued = int(lengths[0])
-            if num_continued:  # a continuation left out entirely adds nothing to its open document
-                _push_checked(packer, writer, tokens[:num_continued], lengths[:1], task, settings, first_row, beat)
-            tokens, lengths, first_row = tokens[num_continued:], lengths[1:], first_row + 1
-        kept = kept_lengths(piece.doc_lens, settings.long_docs, c)
-        counts["docs"] += piece.doc_lens.size
+        first_row = batch.first_row
+        tokens, lengths = flatten_documents(batch.tokens)
+        if batch.sides:  # records of token + side values, so that long_docs cuts every column alike
+            tokens = _with_sides(tokens, lengths, batch.sides, task, settings, first_row)
+        kept = kept_lengths(lengths, settings.long_docs, c)
+        tokens = keep_prefixes(tokens, lengths, kept)
+        counts["docs"] += lengths.size
         counts["nonempty"] += int(np.count_nonzero(kept))
-        counts["tokens"] += int(piece.doc_lens.sum())
+        counts["tokens"] += int(lengths.sum())
         counts["split"] += packer.count_split(kept)
-        cut += count_cut(piece.doc_lens, settings.long_docs, c)
+        cut += count_cut(lengths, settings.long_docs, c)
         _check_not_past_plan(task, counts)
-        if lengths.size:
-            _push_checked(packer, writer, tokens, lengths, task, settings, first_row, beat)
+        if kept.size:
+            _push_checked(packer, writer, tokens, kept, task, settings, first_row, beat)
     _check_cut(task, cut)
     return counts
 

@@ -26,7 +26,8 @@ import numpy as np
 import numpy.typing as npt
 
 from raypack.errors import InputError
-from raypack.inputs.formats import ShardInfo, inspect_shard, shard_side_types
+from raypack.inputs.base import ShardInfo
+from raypack.inputs.reading import inspect_shard, shard_side_types
 from raypack.inputs.shards import common_token_type, discover_shards, plan_offsets
 from raypack.io.fs import is_uri
 from raypack.pack.config import PackConfig
@@ -119,7 +120,8 @@ def make_plan(config: PackConfig, *, max_threads: int = 8) -> Plan:
     if infos is None:
         paths = discover_shards(list(config.inputs))
         with ThreadPoolExecutor(max_workers=max(1, min(max_threads, len(paths)))) as pool:
-            infos = list(pool.map(lambda p: inspect_shard(p, config.token_column), paths))
+            infos = list(pool.map(lambda p: inspect_shard(p, config.token_column,
+                                                          max_document_tokens=config.max_document_tokens), paths))
     token_dtype = _resolve_token_dtype(config, infos)
     extra_columns = resolve_side_columns(config, [info.path for info in infos], max_threads)
     offsets = plan_offsets(infos)
@@ -237,7 +239,8 @@ def settings_for(config: PackConfig, plan: Plan, out_dir: str) -> PackSettings:
                         chunks_per_record_batch=config.chunks_per_record_batch, strategy=plan.packing.name,
                         strategy_options=plan.packing.options(), verify_inputs=config.verify_inputs,
                         progress_timeout_s=config.progress_timeout_s, restart_stalled=config.restart_stalled,
-                        long_docs=plan.long_docs, extra_columns=plan.extra_columns)
+                        long_docs=plan.long_docs, extra_columns=plan.extra_columns,
+                        max_document_tokens=config.max_document_tokens)
 
 
 def check_output_outside_inputs(output: str, plan: Plan) -> None:

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import pyarrow.fs as pafs
 
+from raypack.inputs.registry import format_named
 from raypack.io.fs import resolve_filesystem
 from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, asdict_file
 from raypack.packed.writer import CHUNK_FILE_RE, WrittenFile, write_whole
@@ -63,7 +64,7 @@ EDGE_BYTES = 1 << 20
 """Bytes hashed at each end of an input file for its identity."""
 READ_BYTES = 1 << 22
 """Bytes per read when hashing a whole file."""
-_NOT_OUTPUT_SETTINGS = ("out_dir", "verify_inputs", "progress_timeout_s", "restart_stalled")
+_NOT_OUTPUT_SETTINGS = ("out_dir", "verify_inputs", "progress_timeout_s", "restart_stalled", "max_document_tokens")
 
 
 class _Rejected(Exception):
@@ -89,7 +90,8 @@ def identify_input(task: ShardTask, settings: PackSettings) -> dict[str, Any]:
 
 
 def sampled_identity(path: str, fmt: str) -> dict[str, Any]:
-    """Size and sha256 of first MiB + last MiB (+ the Parquet footer bytes before the last MiB)."""
+    """Size and sha256 of first MiB + last MiB (+ the format's trailing metadata before the last MiB:
+    a Parquet footer; raypack.inputs.base.InputFormat.metadata_start)."""
     fs, fs_path = resolve_filesystem(path)
     digest = hashlib.sha256()
     with fs.open_input_file(fs_path) as f:
@@ -99,19 +101,10 @@ def sampled_identity(path: str, fmt: str) -> dict[str, Any]:
         digest.update(_read_range(f, 0, head_end))
         tail = _read_range(f, tail_start, size)
         digest.update(tail)
-        if fmt == "parquet":
-            footer_start = _parquet_footer_start(size, tail)
-            for start in range(max(footer_start, head_end), tail_start, READ_BYTES):
-                digest.update(_read_range(f, start, min(start + READ_BYTES, tail_start)))
+        metadata_start = format_named(fmt).metadata_start(size, tail)
+        for start in range(max(metadata_start, head_end), tail_start, READ_BYTES):
+            digest.update(_read_range(f, start, min(start + READ_BYTES, tail_start)))
     return {"size": size, "edges_sha256": digest.hexdigest()}
-
-
-def _parquet_footer_start(size: int, tail: bytes) -> int:
-    """Where the footer begins (``size`` when the file does not end like Parquet)."""
-    if len(tail) < 8 or tail[-4:] != b"PAR1":
-        return size
-    footer_len = int.from_bytes(tail[-8:-4], "little")
-    return max(size - 8 - footer_len, 0)
 
 
 def _read_range(f, start: int, end: int) -> bytes:

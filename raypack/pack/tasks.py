@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Iterator, NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from raypack.inputs.base import DEFAULT_MAX_DOCUMENT_TOKENS
 from raypack.packed.writer import WrittenFile
 from raypack.rules.core import Fragment
 from raypack.rules.long_docs import DEFAULT_LONG_DOCS, CutCounts
@@ -76,7 +77,7 @@ class ShardTask:
         return self.unit_end < 0
 
     def read_range(self) -> dict[str, Any]:
-        """Keyword arguments of :func:`raypack.inputs.formats.iter_token_batches` that read this task's rows."""
+        """Keyword arguments of :func:`raypack.inputs.reading.iter_token_batches` that read this task's rows."""
         if self.is_whole_shard:
             return {}
         return {"units": (self.unit_start, self.unit_end), "first_row": self.unit_first_row,
@@ -115,6 +116,8 @@ class PackSettings:
     """Report a shard with no progress for this long (raypack.pack.watchdog); no effect on output."""
     restart_stalled: bool = False
     """End a stalled packer's process (Ray restarts it); no effect on output."""
+    max_document_tokens: int = DEFAULT_MAX_DOCUMENT_TOKENS
+    """A longer document is refused (PackConfig.max_document_tokens); no effect on output."""
     extra_columns: tuple[SideColumn, ...] = ()
     """Side columns packed with the tokens (raypack.rules.side_columns), their types resolved by the plan."""
 

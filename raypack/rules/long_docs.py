@@ -11,10 +11,9 @@ are planned (the counting pass, raypack.pack.packer.count_task): both read *kept
 (:func:`kept_lengths`), so a truncated or dropped document looks to every strategy like a
 shorter (or empty) document.
 
-A long document read page by page arrives in pieces (raypack.inputs.token_pieces, ``continued``);
-:class:`PieceFilter` keeps the first C tokens of a document across its pieces (truncate) or
-none of its pieces (drop). Everything works on any dtype (plain slicing and fancy indexing),
-so a structured array of tokens and side values is cut the same way.
+A document is read whole; :func:`keep_prefixes` keeps each one's kept prefix. Everything works on
+any dtype (plain slicing and fancy indexing), so a structured array of tokens and side values is
+cut the same way.
 """
 
 from __future__ import annotations
@@ -24,8 +23,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["DEFAULT_LONG_DOCS", "LONG_DOCS", "CutCounts", "PieceFilter", "count_cut", "keep_prefixes",
-           "kept_lengths", "validate_long_docs"]
+__all__ = ["DEFAULT_LONG_DOCS", "LONG_DOCS", "CutCounts", "count_cut", "keep_prefixes", "kept_lengths",
+           "validate_long_docs"]
 
 LONG_DOCS = ("split", "truncate", "drop")
 DEFAULT_LONG_DOCS = "split"
@@ -97,43 +96,3 @@ def keep_prefixes(tokens: np.ndarray, lengths: npt.NDArray[np.integer],
     kept_starts = np.cumsum(keep) - keep
     index = np.repeat(starts - kept_starts, keep) + np.arange(int(keep.sum()), dtype=np.int64)
     return tokens[index]
-
-
-class PieceFilter:
-    """Applies ``long_docs`` to a shard's documents read in pieces (raypack.inputs.parquet_pages.TokenPiece).
-
-    A piece's first entry may continue the document left open by the previous piece, and its
-    last entry may be cut short (continued by the next piece); ``full_lens`` are the full
-    lengths of the documents starting in the piece. The filter remembers the open document's
-    full length and how many of its tokens came before. O(entries + kept tokens) per piece.
-    """
-
-    def __init__(self, long_docs: str, context_length: int) -> None:
-        self.long_docs = validate_long_docs(long_docs)
-        self.context_length = context_length
-        self._open_len = 0  # full length of the document still being read (0: none)
-        self._open_read = 0  # its tokens in earlier pieces
-
-    def apply(self, tokens: np.ndarray, lengths: npt.NDArray[np.integer], full_lens: npt.NDArray[np.integer],
-              continued: bool) -> tuple[np.ndarray, npt.NDArray[np.int64]]:
-        """``(tokens, lengths)`` of the piece's entries (one per document or document piece) as
-        kept: the same entries, each a prefix of itself (possibly empty)."""
-        lengths = np.asarray(lengths, dtype=np.int64)
-        full_lens = np.asarray(full_lens, dtype=np.int64)
-        if self.long_docs == "split" or not lengths.size:
-            return tokens, lengths
-        offsets = np.zeros(lengths.size, np.int64)  # where each entry starts inside its document
-        fulls = np.empty(lengths.size, np.int64)
-        if continued:
-            offsets[0], fulls[0] = self._open_read, self._open_len
-        fulls[int(continued):] = full_lens
-        keep = self._keep(offsets, lengths, fulls)
-        last_end = int(offsets[-1] + lengths[-1])
-        self._open_len, self._open_read = (int(fulls[-1]), last_end) if last_end < fulls[-1] else (0, 0)
-        return keep_prefixes(tokens, lengths, keep), keep
-
-    def _keep(self, offsets: np.ndarray, lengths: np.ndarray, fulls: np.ndarray) -> np.ndarray:
-        c = self.context_length
-        if self.long_docs == "truncate":
-            return np.clip(c - offsets, 0, lengths)
-        return np.where(fulls > c, 0, lengths)

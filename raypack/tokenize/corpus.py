@@ -24,7 +24,7 @@ import pyarrow.fs as pafs
 
 from raypack import __version__
 from raypack.errors import InputError
-from raypack.inputs.formats import ShardInfo
+from raypack.inputs.base import ShardInfo
 from raypack.io.fs import resolve_filesystem
 from raypack.packed.manifest import write_manifest
 from raypack.packed.writer import MANIFEST_NAME, files_sha256

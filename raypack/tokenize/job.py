@@ -28,9 +28,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from raypack.errors import InputError
-from raypack.inputs.formats import shard_format
+from raypack.inputs.registry import format_of
 from raypack.inputs.shards import discover_shards
-from raypack.inputs.text_readers import jsonl_byte_range_tasks, parquet_row_group_tasks
 from raypack.io.progress import Progress
 from raypack.pack.plan import Plan, check_output_outside_inputs, make_plan
 from raypack.pack.publish import run_published
@@ -173,21 +172,17 @@ def tokenize_for_pack(work_dir: str, pack_config, text: TextOptions, engine: str
 
 
 def plan_text_tasks(inputs: tuple[str, ...], text: TextOptions) -> list[TextTask]:
-    """Every task, in input order: Parquet row-group ranges, JSONL byte ranges. Footers and sizes only."""
+    """Every task, in input order, as each format splits text (Parquet row-group ranges, JSONL byte
+    ranges; raypack.inputs.base.InputFormat.text_tasks). Footers and sizes only."""
     if not inputs:
         raise InputError("no input given: pass --input PATH (a text file, a directory or a glob)")
     tasks: list[TextTask] = []
     for path in discover_shards(list(inputs)):
-        fmt = shard_format(path)
-        if fmt == "parquet":
-            groups = parquet_row_group_tasks(path, target_rows=text.task_rows)
-            ranges = [(g.row_group_start, g.row_group_end, g.num_bytes) for g in groups]
-        elif fmt == "jsonl":
-            ranges = [(start, end, end - start) for start, end in jsonl_byte_range_tasks(path, text.task_bytes)]
-        else:
-            raise InputError(f"text input {path} is {fmt}; give text as Parquet (a string column) or JSON Lines")
+        fmt = format_of(path)  # discover_shards keeps only registered suffixes
+        ranges = fmt.text_tasks(path, task_rows=text.task_rows, task_bytes=text.task_bytes)
         first = len(tasks)
-        tasks.extend(TextTask(first + k, path, fmt, start, end, size) for k, (start, end, size) in enumerate(ranges))
+        tasks.extend(TextTask(first + k, path, fmt.name, start, end, size)
+                     for k, (start, end, size) in enumerate(ranges))
     return tasks
 
 

@@ -1,7 +1,7 @@
 """One tokenize task: a range of a text file in, one Parquet part file of token ids out. No Ray.
 
 A task is row groups ``[start, end)`` of a Parquet file or the JSONL lines of nominal byte
-range ``[start, end)`` (line-aligned by :mod:`raypack.inputs.text_readers`), so one huge text file is
+range ``[start, end)`` (line-aligned by :mod:`raypack.inputs.jsonl`), so one huge text file is
 spread over many workers. The driver numbers tasks in input order; task k writes
 ``part-{k:06d}.parquet`` and returns its counts. Nothing a task writes depends on the worker,
 the read batch size or the thread count:
@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from raypack.errors import InputError
-from raypack.inputs.text_readers import iter_jsonl_texts, iter_parquet_texts
+from raypack.inputs.registry import format_named
 from raypack.io.fs import resolve_filesystem
 from raypack.pack.resume import RESULTS_DIR, sampled_identity
 from raypack.packed.writer import AtomicFile, HashingSink, write_whole
@@ -139,9 +139,8 @@ def tokenize_task(task: TextTask, settings: TokenizeSettings, tokenizer: TextTok
 
 
 def _iter_texts(task: TextTask, settings: TokenizeSettings) -> Iterator[tuple[int, pa.Array]]:
-    if task.format == "parquet":
-        return iter_parquet_texts(task.path, settings.text_column, (task.start, task.end), settings.batch_rows)
-    return iter_jsonl_texts(task.path, settings.text_column, task.start, task.end, settings.batch_rows)
+    return format_named(task.format).iter_texts(task.path, settings.text_column, task.start, task.end,
+                                                settings.batch_rows)
 
 
 def _byte_pieces(texts: pa.Array, max_bytes: int) -> Iterator[pa.Array]:

@@ -24,7 +24,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from raypack.errors import InputError
-from raypack.inputs.formats import SHARD_SUFFIXES, iter_document_batches, shard_format
+from raypack.inputs.reading import iter_document_batches
+from raypack.inputs.registry import FORMATS, accepted_suffixes, shard_format
 from raypack.inputs.shards import discover_shards
 from raypack.io.fs import is_uri as fs_is_uri
 from raypack.io.fs import resolve_filesystem
@@ -81,9 +82,6 @@ def resolve_inputs(manifest: dict[str, Any], inputs: Sequence[str] | None, where
     return [Shard(p, shard_format(p), recorded[k] if same else None) for k, p in enumerate(paths)]
 
 
-_SHARD_FORMATS = frozenset(SHARD_SUFFIXES.values())
-
-
 def _check_default_input(entry: dict[str, Any], k: int, where: str) -> None:
     """Refuse to read a manifest's shard path unless it is an absolute local path or a URI with a
     known shard suffix and no ``..`` component, in a known format (the manifest is untrusted)."""
@@ -91,9 +89,9 @@ def _check_default_input(entry: dict[str, Any], k: int, where: str) -> None:
     is_uri = fs_is_uri(path)
     parts = (path.split("://", 1)[1] if is_uri else path).split("/")
     if (not (is_uri or os.path.isabs(path)) or ".." in parts or shard_format(path) is None
-            or (fmt is not None and fmt not in _SHARD_FORMATS) or any(c in path for c in "\n\r\0")):
+            or (fmt is not None and fmt not in FORMATS) or any(c in path for c in "\n\r\0")):
         raise InputError(f"{where}: shards[{k}]: path={path!r} (format={fmt!r}) is not an absolute path or URI of a "
-                         f"shard file ({', '.join(SHARD_SUFFIXES)}) without '..'; verify does not read it: pass "
+                         f"shard file ({accepted_suffixes()}) without '..'; verify does not read it: pass "
                          "the inputs with --input (or --no-inputs)")
 
 

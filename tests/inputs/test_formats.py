@@ -1,4 +1,4 @@
-"""raypack.inputs.formats: token batches in file order, exact round trips, and validation messages."""
+"""raypack.inputs.reading, every format: token batches in file order, exact round trips, validation messages."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raypack.errors import InputError
-from raypack.inputs.formats import check_tokens_fit, inspect_shard, iter_token_batches, validate_token_batch
+from raypack.inputs.reading import inspect_shard, iter_token_batches
+from raypack.rules.token_checks import check_tokens_fit, validate_token_batch
 
 I32 = pa.list_(pa.int32())
 FORMATS = ["parquet", "arrow", "jsonl"]

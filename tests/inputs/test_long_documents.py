@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from raypack.errors import InputError
 from raypack.rules.core import StreamPacker, concat_chunks, iter_run_slices
 from raypack.strategies.best_fit.rules import BestFitPacker
 
@@ -244,3 +245,106 @@ def test_mixed_shard_packs_identically_for_any_slice_size(tmp_path, strategy, fm
             assert result.tail.input_ids.tolist() == first.tail.input_ids.tolist()
             assert result.tail.segment_doc_ids.tolist() == first.tail.segment_doc_ids.tolist()
     assert first.num_split_docs >= 3 and first.num_nonempty_docs < first.num_docs
+
+
+# ----------------------------------------------------------------------------- max_document_tokens
+
+
+def _write(path, docs, fmt, rows_per_unit=None):
+    from raypack.inputs.registry import FORMATS
+
+    FORMATS[fmt].write(str(path), pa.table({"input_ids": pa.array(docs, pa.list_(pa.int32()))}), rows_per_unit)
+    return str(path)
+
+
+def _read(path, fmt, limit, **kwargs):
+    from raypack.inputs.reading import iter_document_batches
+
+    return [d for b in iter_document_batches(path, fmt, batch_size=4, max_document_tokens=limit, **kwargs)
+            for d in b.tokens.to_pylist()]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl", "arrow"])
+def test_a_document_over_the_limit_names_file_row_and_length(tmp_path, fmt):
+    docs = [[1, 2], [3] * 5, [], [4] * 9, [5]]
+    path = _write(tmp_path / f"s.{fmt}", docs, fmt, rows_per_unit=2)
+    assert _read(path, fmt, 9) == docs  # at the limit: read
+    assert _read(path, fmt, None) == docs
+    with pytest.raises(InputError, match=rf"shard .*s\.{fmt} row 3: the document holds 9 tokens, more than "
+                                         r"max_document_tokens=8 .*raise --max-document-tokens .*or split the "
+                                         r"document upstream"):
+        _read(path, fmt, 8)
+    with pytest.raises(InputError, match=r"row 1: the document holds 5 tokens, more than max_document_tokens=4"):
+        _read(path, fmt, 4)
+
+
+def test_parquet_document_alone_in_its_row_group_is_refused_from_the_footer(tmp_path, monkeypatch):
+    """No byte of a document the footer shows too long is read: pyarrow is never asked for its row group."""
+    docs = [[1, 2], [3, 4], list(range(50)), [5]]
+    path = _write(tmp_path / "s.parquet", docs, "parquet", rows_per_unit=2)
+    with pq.ParquetWriter(path, pa.schema([("input_ids", pa.list_(pa.int32()))])) as writer:
+        for group in (docs[:2], docs[2:3], docs[3:]):
+            writer.write_table(pa.table({"input_ids": pa.array(group, pa.list_(pa.int32()))}))
+    assert pq.ParquetFile(path).metadata.num_row_groups == 3
+    asked = []
+    original = pq.ParquetFile.iter_batches
+
+    def spy(self, *args, row_groups=None, **kwargs):
+        asked.extend(row_groups)
+        return original(self, *args, row_groups=row_groups, **kwargs)
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", spy)
+    with pytest.raises(InputError, match=r"s\.parquet row 2: the document holds 50 tokens, more than "
+                                         r"max_document_tokens=49"):
+        _read(path, "parquet", 49)
+    assert asked == [0]  # row group 1 (the long document) was refused before pyarrow read it
+    asked.clear()
+    assert _read(path, "parquet", 50) == docs and asked == [0, 1, 2]
+
+
+def test_parquet_row_group_that_may_hold_a_long_document_is_read_in_fewer_rows(tmp_path, monkeypatch):
+    from raypack.inputs.base import ReadLimits
+    from raypack.inputs.parquet import ParquetFormat
+
+    docs = [[1]] * 40 + [list(range(100))] + [[2]] * 59
+    path = _write(tmp_path / "s.parquet", docs, "parquet")
+    sizes = [len(b[0]) for b in ParquetFormat().read_columns(path, ("input_ids",), None, ReadLimits(64, 1 << 20, 99))]
+    assert sum(sizes) == 100 and max(sizes) <= 99 * 100 // 199  # rows expected to hold ~99 tokens at the mean
+    sizes = [len(b[0]) for b in ParquetFormat().read_columns(path, ("input_ids",), None, ReadLimits(64, 1 << 20, 200))]
+    assert sizes == [64, 36]  # the footer bounds every document within the limit: read as asked
+
+
+def test_jsonl_line_over_the_limit_bytes_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
+    import pyarrow.json as pajson
+
+    from raypack.inputs.jsonl import JSON_BYTES_PER_TOKEN
+
+    docs = [[1], [2, 3], [7] * 200, [4]]
+    path = _write(tmp_path / "s.jsonl", docs, "jsonl")
+    parsed = []
+    original = pajson.read_json
+    monkeypatch.setattr(pajson, "read_json", lambda src, **kw: parsed.append(src.size()) or original(src, **kw))
+    limit = 5  # 5 * 24 = 120 bytes a line; the long line has 415
+    for block_size in (1 << 20, 64):  # a long line inside one block, and one running across blocks
+        parsed.clear()
+        with pytest.raises(InputError, match=rf"s\.jsonl row 2: its line is longer than {limit * JSON_BYTES_PER_TOKEN} "
+                                             r"bytes \(24 per token of max_document_tokens=5; .*raise "
+                                             r"--max-document-tokens"):
+            _read(path, "jsonl", limit, json_block_size=block_size)
+        assert all(size < 400 for size in parsed)  # the long line was never handed to the parser
+    assert _read(path, "jsonl", 200) == docs
+
+
+def test_pack_refuses_a_long_document_with_one_line(tmp_path, capsys):
+    from raypack.cli import main
+
+    (tmp_path / "in").mkdir()
+    _write(tmp_path / "in" / "s.parquet", [[1, 2], list(range(1, 30)), [3]], "parquet", rows_per_unit=1)
+    args = ["pack", "--local", "--input", str(tmp_path / "in"), "--context-length", "4"]
+    assert main([*args, "--output", str(tmp_path / "o1"), "--max-document-tokens", "28"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "s.parquet row 1: the document holds 29 tokens, more than " \
+                                     "max_document_tokens=28" in err
+    assert not (tmp_path / "o1").exists()
+    assert main([*args, "--output", str(tmp_path / "o2"), "--max-document-tokens", "29"]) == 0
+    assert main([*args, "--output", str(tmp_path / "o3"), "--max-document-tokens", "0"]) == 2
+    assert "max_document_tokens=0 must be an integer >= 1" in capsys.readouterr().err

@@ -15,7 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raypack.errors import InputError
-from raypack.inputs.formats import ShardInfo, _footer_null_counts_exact, inspect_shard, shard_format
+from raypack.inputs.base import ShardInfo
+from raypack.inputs.parquet import footer_null_counts_exact
+from raypack.inputs.reading import inspect_shard
+from raypack.inputs.registry import shard_format
 from raypack.inputs.shards import ShardPlan, common_token_type, discover_shards, plan_offsets
 from raypack.io.fs import resolve_filesystem
 
@@ -238,7 +241,7 @@ def test_parquet_without_token_column_statistics_is_scanned(tmp_path: Path):
     ],
 )
 def test_footer_counts_only_trusted_from_writers_known_to_count_empty_lists(created_by, trusted):
-    assert _footer_null_counts_exact(created_by) is trusted
+    assert footer_null_counts_exact(created_by) is trusted
 
 
 @pytest.mark.parametrize("stream", [False, True])

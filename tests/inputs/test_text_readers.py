@@ -1,4 +1,4 @@
-"""raypack.inputs.text_readers: every row read exactly once and in order, whatever the split; bad input."""
+"""Text readers (raypack.inputs.parquet, .jsonl): every row read once, in order, whatever the split; bad input."""
 
 from __future__ import annotations
 
@@ -12,12 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raypack.errors import InputError
-from raypack.inputs.text_readers import (
-    iter_jsonl_texts,
-    iter_parquet_texts,
-    jsonl_byte_range_tasks,
-    parquet_row_group_tasks,
-)
+from raypack.inputs.jsonl import iter_jsonl_texts, jsonl_byte_range_tasks
+from raypack.inputs.parquet import iter_parquet_texts, parquet_row_group_tasks
 
 TEXTS = ["first", "", "東京 😀", "שלום مرحبا", "  ", "line\nwith newline escaped", "x" * 1000, "last"]
 

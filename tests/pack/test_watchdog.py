@@ -57,7 +57,7 @@ def test_a_packer_stuck_on_a_shard_is_named_in_a_run(tmp_path, monkeypatch, capl
     from raypack.sample import write_sample_corpus
 
     write_sample_corpus(str(tmp_path / "c"), num_shards=3, docs_per_shard=20, mean_doc_len=10, seed=1)
-    real = shard_pack.iter_token_pieces
+    real = shard_pack.iter_document_batches
 
     def slow_on_shard_1(path, *args, **kwargs):
         for item in real(path, *args, **kwargs):
@@ -65,7 +65,7 @@ def test_a_packer_stuck_on_a_shard_is_named_in_a_run(tmp_path, monkeypatch, capl
                 time.sleep(1.0)  # a hung read
             yield item
 
-    monkeypatch.setattr(shard_pack, "iter_token_pieces", slow_on_shard_1)
+    monkeypatch.setattr(shard_pack, "iter_document_batches", slow_on_shard_1)
     caplog.set_level(logging.WARNING, logger="raypack.pack.watchdog")
     config = make_config(dict(inputs=[str(tmp_path / "c")], output=str(tmp_path / "out"), context_length=16,
                               progress_timeout_s=0.25))

@@ -19,7 +19,7 @@ from raypack.cli import main
 from raypack.cli.stats import packing_stats
 from raypack.errors import InputError
 from raypack.pack.config import make_config
-from raypack.rules.long_docs import CutCounts, PieceFilter, count_cut, keep_prefixes, kept_lengths
+from raypack.rules.long_docs import CutCounts, count_cut, keep_prefixes, kept_lengths
 from raypack.verify import VerifyError, verify_output
 
 from helpers import pack, read_output, write_shards
@@ -91,23 +91,6 @@ def test_keep_prefixes_any_dtype():
     assert keep_prefixes(plain, np.array([2, 3]), np.array([2, 3])) is plain  # nothing cut: no copy
 
 
-@pytest.mark.parametrize("long_docs", ["split", "truncate", "drop"])
-def test_piece_filter_keeps_a_document_across_pieces(long_docs):
-    """Documents [5 tokens, 12 tokens, 3 tokens], C = 4, read as pieces of at most 4 tokens."""
-    docs = [list(range(10, 15)), list(range(20, 32)), list(range(40, 43))]
-    flat = [t for d in docs for t in d]
-    pieces = [  # (entries' lengths, full lengths of the documents starting in the piece, continued)
-        ([4], [5], False), ([1, 3], [12], True), ([4], [], True), ([4], [], True), ([1, 3], [3], True)]
-    f, at, got = PieceFilter(long_docs, 4), 0, []
-    for lens, fulls, continued in pieces:
-        tokens = np.array(flat[at:at + sum(lens)])
-        at += sum(lens)
-        kept, kept_lens = f.apply(tokens, np.array(lens), np.array(fulls, np.int64), continued)
-        assert kept.size == kept_lens.sum() and kept_lens.size == len(lens)
-        got += kept.tolist()
-    assert got == [t for d in kept_docs(docs, long_docs, 4) for t in d]
-
-
 # ----------------------------------------------------------------------------- the job
 
 
@@ -152,7 +135,7 @@ def test_split_leaves_the_manifest_as_it_was(tmp_path):
 SPLITS = [  # (task_tokens, row_group_size, read_batch_size, read_batch_tokens): how the work is cut
     (0, None, 3, 1 << 20),
     (1, 2, 1, 1 << 20),  # one task per row group of two documents (best_fit: window 2 starts there)
-    (0, None, 0, 5),  # long row groups read page by page, documents in pieces of at most 5 tokens
+    (0, None, 0, 5),  # long documents fed to the packer in slices of at most 5 tokens
     (1, 2, 0, 3),
 ]
 
@@ -267,24 +250,23 @@ def test_resume_with_another_policy_repacks(tmp_path):
 
 @pytest.mark.parametrize("strategy", ["concat", "best_fit"])
 @pytest.mark.parametrize("long_docs", ["truncate", "drop"])
-def test_long_documents_read_in_pieces(tmp_path, monkeypatch, strategy, long_docs):
-    """Documents longer than C read page by page (continued pieces): the policy holds across pieces."""
-    import raypack.inputs.token_pieces as token_pieces
+def test_long_documents_fed_in_slices(tmp_path, monkeypatch, strategy, long_docs):
+    """Documents longer than C and than read_batch_tokens, fed to the packer in slices: the policy holds."""
+    import raypack.pack.packer as shard_pack
 
-    continued = []
-    original = token_pieces.iter_row_group_pieces
+    slices, original = [], shard_pack.iter_run_slices
 
-    def spy(*args):
-        for piece in original(*args):
-            continued.append(piece.continued)
+    def spy(tokens, *args):
+        for piece in original(tokens, *args):
+            slices.append(int(piece[0].size))
             yield piece
-    monkeypatch.setattr(token_pieces, "iter_row_group_pieces", spy)
+    monkeypatch.setattr(shard_pack, "iter_run_slices", spy)
     rng = np.random.default_rng(5)
     docs = [rng.integers(1, 1000, size=n).tolist() for n in (20, 5, 0, 17, 8, 31, 3)]
     shard_dir = write_shards(tmp_path, docs, [3])
     pack(tmp_path, shard_dir, strategy=strategy, long_docs=long_docs, read_batch_size=0, read_batch_tokens=3,
          best_fit_window=2)
-    assert sum(continued) >= 10  # really read in pieces, long documents continued across them
+    assert len(slices) >= 10 and max(slices) <= 3  # really fed in slices, long documents across them
     tokens, ids, _ = read_output(str(tmp_path / "out"))
     want_tokens, want_ids = expected_chunks(docs, [3], long_docs, strategy)
     assert np.array_equal(ids, want_ids) and np.array_equal(tokens, want_tokens)

@@ -1,0 +1,129 @@
+"""Arrow IPC shards (file or stream format) of token lists. pyarrow only, no Ray.
+
+Counts are one subtraction of list offsets per record batch. Units are the record batches of an
+IPC file (random access); a stream has no index and is read whole, in order. Local files are
+memory-mapped, so a record batch costs only the pages that are touched: a document over
+``max_document_tokens`` is refused from its batch's list offsets before its values are touched
+(raypack.inputs.reading checks the offsets of every batch first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.ipc as paipc
+
+from raypack.errors import InputError
+from raypack.inputs.base import InputFormat, ReadLimits, ShardInfo, token_value_type
+from raypack.io.fs import error_text, open_input_file, resolve_filesystem
+from raypack.rules.side_columns import side_value_types
+
+__all__ = ["ArrowFormat", "iter_ipc_batches"]
+
+
+class ArrowFormat(InputFormat):
+    name = "arrow"
+    title = "Arrow IPC"
+    suffixes = (".arrow", ".ipc", ".feather")
+    has_units = True
+
+    def inspect(self, path: str, column: str, limits: ReadLimits) -> ShardInfo:
+        fs, fs_path = resolve_filesystem(path)
+        unit_docs, unit_tokens = [], []
+        value_type = None
+        for schema, batch in iter_ipc_batches(fs, fs_path, path):
+            if value_type is None:
+                value_type = token_value_type(schema, column, path)
+            if batch is None:
+                continue
+            lists = batch.column(schema.get_field_index(column))
+            unit_docs.append(len(lists))
+            offsets = lists.offsets
+            unit_tokens.append(offsets[len(offsets) - 1].as_py() - offsets[0].as_py() if len(lists) else 0)
+        info = ShardInfo(path, self.name, sum(unit_docs), sum(unit_tokens), str(value_type), "ipc-offsets")
+        if not _is_ipc_file(fs, fs_path):
+            return info  # a stream has no record batch index: read whole
+        return replace(info, unit_docs=tuple(unit_docs), unit_tokens=tuple(unit_tokens))
+
+    def read_columns(self, path: str, columns: tuple[str, ...], units: tuple[int, int] | None,
+                     limits: ReadLimits) -> Iterator[tuple[pa.Array, ...]]:
+        fs, fs_path = resolve_filesystem(path)
+        for schema, batch in iter_ipc_batches(fs, fs_path, path, units):
+            if batch is None:
+                token_value_type(schema, columns[0], path)
+                side_value_types(schema, columns[1:], path)
+                continue
+            yield tuple(batch.column(schema.get_field_index(c)) for c in columns)
+
+    def side_types(self, path: str, names: tuple[str, ...]) -> tuple[str, ...]:
+        fs, fs_path = resolve_filesystem(path)
+        for schema, _ in iter_ipc_batches(fs, fs_path, path):
+            return side_value_types(schema, names, path)
+        raise InputError(f"shard {path}: no Arrow schema; re-write it with pyarrow.ipc.new_file")
+
+    def write(self, path: str, table: pa.Table, rows_per_unit: int | None = None) -> None:
+        with pa.ipc.new_file(path, table.schema) as writer:
+            writer.write_table(table, max_chunksize=rows_per_unit)
+
+
+def _is_ipc_file(fs: pafs.FileSystem, fs_path: str) -> bool:
+    """True for the Arrow IPC file format (random access by record batch), False for a stream."""
+    with fs.open_input_file(fs_path) as f:
+        return f.read(6) == b"ARROW1"
+
+
+def iter_ipc_batches(
+    fs: pafs.FileSystem, fs_path: str, path: str, units: tuple[int, int] | None = None
+) -> Iterator[tuple[pa.Schema, pa.RecordBatch | None]]:
+    """``(schema, None)``, then ``(schema, batch)`` per record batch of an Arrow IPC file, in order.
+
+    The leading item lets callers check the schema before any batch is read. The IPC stream
+    format is accepted too (read sequentially, whole). Local files are memory-mapped, so a batch
+    costs only the pages that are touched. ``units``: only record batches ``[start, end)`` of
+    an IPC file.
+    """
+    if isinstance(fs, pafs.LocalFileSystem):
+        fs = pafs.LocalFileSystem(use_mmap=True)
+    with open_input_file(fs, fs_path, path) as source:
+        try:
+            reader = paipc.open_file(source)
+        except pa.ArrowInvalid as file_error:
+            if units is not None:
+                raise InputError(f"shard {path} is no longer an Arrow IPC file ({error_text(file_error)}); "
+                                 "the file changed during the run (rerun on a stable copy)") from file_error
+            yield from _iter_ipc_stream(fs, fs_path, path, file_error)
+            return
+        yield from _ipc_file_batches(reader, path, units)
+
+
+def _ipc_file_batches(reader: paipc.RecordBatchFileReader, path: str, units: tuple[int, int] | None):
+    yield reader.schema, None
+    start, end = units if units is not None else (0, reader.num_record_batches)
+    if end > reader.num_record_batches:
+        raise InputError(f"shard {path} has {reader.num_record_batches} record batches, the plan reads "
+                         f"{start}..{end - 1}; the file changed during the run (rerun on a stable copy)")
+    for i in range(start, end):
+        try:
+            batch = reader.get_batch(i)
+        except (pa.ArrowException, OSError) as e:
+            raise InputError(
+                f"shard {path}: cannot read Arrow record batch {i} ({error_text(e)}); re-write the file"
+            ) from e
+        yield reader.schema, batch
+
+
+def _iter_ipc_stream(fs: pafs.FileSystem, fs_path: str, path: str, file_error: Exception):
+    with fs.open_input_stream(fs_path) as stream:
+        try:
+            reader = paipc.open_stream(stream)
+            yield reader.schema, None
+            for batch in reader:
+                yield reader.schema, batch
+        except (pa.ArrowException, OSError) as e:
+            raise InputError(
+                f"shard {path} is not a readable Arrow IPC file or stream ({error_text(file_error)}; "
+                f"{error_text(e)}); re-write it with pyarrow.ipc.new_file"
+            ) from e

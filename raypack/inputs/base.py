@@ -1,0 +1,176 @@
+"""The input-format seam: what raypack asks of a shard format. pyarrow/numpy only, no Ray.
+
+An input format is one module holding one :class:`InputFormat` subclass, registered by one line
+in :mod:`raypack.inputs.registry` (its ``suffixes`` name its files). Everything else reads
+shards through the registry (:mod:`raypack.inputs.reading`) and never branches on a format's name.
+
+What a format provides (the callers in brackets):
+
+  * ``inspect``: a shard's counts, cheaply (footers, offsets, a scan) [the plan];
+  * ``read_columns``: the token column and side columns, equally long arrays at a time, in file
+    order, over a range of ``units`` (row groups, record batches) when ``has_units`` [packers,
+    the counting pass, the dry run, verify]; a document over ``limits.max_document_tokens`` is
+    refused before its values are used (each format's docstring says how early);
+  * ``side_types``: the side columns' value types from a schema [the plan];
+  * ``metadata_start``: where trailing metadata (a footer) begins, hashed whole into a resume
+    record's identity of the file [resume];
+  * ``text_tasks`` / ``iter_texts``: for a format that also holds raw text [tokenize];
+  * ``write``: a table of list columns as a shard of this format [raypack.sample, tests].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Iterator, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+
+from raypack.errors import InputError
+
+__all__ = ["DEFAULT_MAX_DOCUMENT_TOKENS", "DocumentBatch", "InputFormat", "ReadLimits", "ShardInfo",
+           "check_document_lengths", "check_batch_rows", "too_long", "token_value_type"]
+
+DEFAULT_MAX_DOCUMENT_TOKENS = 1 << 25
+"""Tokens a document may hold (``max_document_tokens``): a packer reads a document whole, and one of
+2**25 tokens costs it at most a few GiB (BENCHMARKS.md, "One long document")."""
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard's counts, from ``inspect_shard``."""
+
+    path: str
+    format: str
+    """The registered format's name: "parquet", "jsonl", "arrow", ..."""
+    num_docs: int
+    num_tokens: int
+    token_type: str
+    """Arrow value type of the token lists, e.g. "int32", "int64", "uint16"."""
+    count_method: str
+    """"parquet-footer", "scan" or "ipc-offsets"."""
+    unit_docs: tuple[int, ...] = field(default=(), compare=False)
+    """Documents per row group (Parquet) or record batch (Arrow IPC file), in file order; empty
+    when the shard can only be read whole (JSONL, an IPC stream, a tokenized corpus's part file)."""
+    unit_tokens: tuple[int, ...] = field(default=(), compare=False)
+    """Tokens per row group or record batch, as ``unit_docs``."""
+    source: dict | None = None
+    """A tokenized corpus's part: the text it came from ({"path", "format", "start", "end"})."""
+
+
+class DocumentBatch(NamedTuple):
+    """Consecutive documents of a shard: their tokens and, per side column, their side values."""
+
+    first_row: int
+    tokens: pa.ListArray | pa.LargeListArray
+    sides: tuple[pa.Array, ...] = ()
+    """One list array per side column (raypack.rules.side_columns), one value per token, checked."""
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """How a format reads: ``batch_size`` documents per batch it hands back (at most; the caller
+    re-slices), ``json_block_size`` bytes of JSON Lines parsed at once, and the longest document
+    accepted (None: no limit)."""
+
+    batch_size: int = 8192
+    json_block_size: int = 16 << 20
+    max_document_tokens: int | None = None
+
+
+class InputFormat:
+    """One shard format (module docstring). Subclasses set ``name``, ``suffixes`` and implement
+    ``inspect``, ``read_columns`` and ``side_types``; the rest has defaults."""
+
+    name: ClassVar[str]
+    """Its name in plans, records and manifests (``ShardInfo.format``)."""
+    title: ClassVar[str]
+    """Its name in messages ("JSON Lines")."""
+    suffixes: ClassVar[tuple[str, ...]]
+    """File name suffixes, lower case, with the dot (".parquet"); the longest match wins."""
+    has_units: ClassVar[bool] = False
+    """A shard can be read by ranges of units (row groups, record batches): ``ShardInfo.unit_docs``."""
+    holds_text: ClassVar[bool] = False
+    """It can hold raw text for ``raypack tokenize`` (``text_tasks``, ``iter_texts``)."""
+
+    def inspect(self, path: str, column: str, limits: ReadLimits) -> ShardInfo:
+        """Count ``path``'s documents and tokens and check its token column's type."""
+        raise NotImplementedError
+
+    def read_columns(self, path: str, columns: tuple[str, ...], units: tuple[int, int] | None,
+                     limits: ReadLimits) -> Iterator[tuple[pa.Array, ...]]:
+        """``columns`` (the token column first, then side columns) as equally long list arrays, in
+        file order, the schema checked first; ``units``: only units ``[start, end)`` (``has_units``)."""
+        raise NotImplementedError
+
+    def side_types(self, path: str, names: tuple[str, ...]) -> tuple[str, ...]:
+        """The value type of each side column ``names`` (raypack.rules.side_columns.side_value_types)."""
+        raise NotImplementedError
+
+    def metadata_start(self, size: int, tail: bytes) -> int:
+        """Where trailing metadata begins in a file of ``size`` bytes ending with ``tail`` (``size``: none)."""
+        return size
+
+    def text_tasks(self, path: str, *, task_rows: int, task_bytes: int) -> list[tuple[int, int, int]]:
+        """``(start, end, cost)`` ranges splitting a text file into tasks (``holds_text``)."""
+        raise InputError(f"text input {path} is {self.name}; give text as Parquet (a string column) or JSON Lines")
+
+    def iter_texts(self, path: str, column: str, start: int, end: int,
+                   batch_rows: int) -> Iterator[tuple[int, pa.Array]]:
+        """``(first_row, texts)`` of one text task (``holds_text``)."""
+        raise InputError(f"text input {path} is {self.name}; give text as Parquet (a string column) or JSON Lines")
+
+    def write(self, path: str, table: pa.Table, rows_per_unit: int | None = None) -> None:
+        """Write ``table`` as a shard of this format, ``rows_per_unit`` rows per unit where it has units."""
+        raise NotImplementedError(f"{self.name} shards cannot be written")
+
+    def __repr__(self) -> str:
+        return f"<input format {self.name}>"
+
+
+def token_value_type(schema: pa.Schema, column: str, path: str) -> pa.DataType:
+    """The integer value type of ``column``, a list/large_list of integers, in ``schema``."""
+    if column not in schema.names:
+        raise InputError(
+            f"shard {path} has no column {column!r}; its columns are {schema.names}; "
+            "set the token column name"
+        )
+    field_type = schema.field(column).type
+    if not (pa.types.is_list(field_type) or pa.types.is_large_list(field_type)):
+        raise InputError(
+            f"shard {path} column {column!r} has type {field_type}; it must be a list of "
+            "integer token ids (list<int32>, large_list<int64>, ...)"
+        )
+    value_type = field_type.value_type
+    if not pa.types.is_integer(value_type):
+        raise InputError(
+            f"shard {path} column {column!r} has type {field_type}; token ids must be "
+            f"integers, not {value_type}"
+        )
+    return value_type
+
+
+def too_long(path: str, row: int | str, num_tokens: int | str, limit: int) -> InputError:
+    """The one line for a document over ``max_document_tokens``."""
+    return InputError(
+        f"shard {path} row {row}: the document holds {num_tokens} tokens, more than max_document_tokens={limit} "
+        "(a packer reads a document whole); raise --max-document-tokens if the packers have the memory "
+        "(BENCHMARKS.md: bytes per token), or split the document upstream"
+    )
+
+
+def check_document_lengths(lists: pa.Array, limit: int | None, *, path: str, first_row: int) -> None:
+    """InputError (:func:`too_long`) for the first list of ``lists`` longer than ``limit``, from its
+    offsets alone (the values are not touched). O(rows) numpy."""
+    if limit is None or not len(lists):
+        return
+    offsets = lists.offsets.to_numpy()
+    lengths = np.diff(offsets)
+    if lengths.size and int(lengths.max()) > limit:
+        row = int(np.argmax(lengths > limit))
+        raise too_long(path, first_row + row, int(lengths[row]), limit)
+
+
+def check_batch_rows(batch_rows: Any) -> None:
+    if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
+        raise ValueError(f"batch_rows={batch_rows!r} must be an integer >= 1")

@@ -1,0 +1,391 @@
+"""JSON Lines shards: one JSON object per line, token ids as lists, or raw text. pyarrow only, no Ray.
+
+One line reader serves both paths (:func:`iter_line_blocks`): it reads a file (``.jsonl.gz`` /
+``.jsonl.zst`` through a decompressing stream) in blocks of whole lines, about ``block_bytes``
+each (one longer line alone), and Arrow parses each block.
+
+  * tokens: each block's ``column`` (and side columns) as list<int64>; a missing key gives a null
+    row (refused when read, by raypack.rules.token_checks). Counts are a scan. No units: a shard is
+    read whole. A line longer than ``max_document_tokens * JSON_BYTES_PER_TOKEN`` bytes (at most
+    MAX_LINE_BYTES) is refused before it is parsed, as it is read (its bytes are never held whole);
+    a shorter one is parsed and its length checked from the list offsets.
+  * text (``raypack tokenize``): :func:`jsonl_byte_range_tasks` cuts a file into nominal byte ranges
+    from its size; :func:`iter_jsonl_texts` aligns them on lines: a range starts just after the
+    first newline at or after its nominal start (the first range starts at 0) and ends just after
+    the first newline at or after its nominal end (or at end of file). Neighbours use the same
+    rule at the same byte, so every line is read by exactly one task; a line longer than a range
+    leaves some ranges empty. A compressed file is one task. Every batch is checked (no null
+    text, a string, valid UTF-8); a failure names the 1-based line (a Python re-scan of the
+    failing block, on the error path only). A task's rows are numbered from 0: its first file
+    row is known once the tasks before it have counted theirs (blank lines hold no row).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Iterator, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.json as pajson
+
+from raypack.errors import InputError
+from raypack.inputs.base import InputFormat, ReadLimits, ShardInfo, check_batch_rows
+from raypack.io.fs import error_text, open_input_file, resolve_filesystem
+from raypack.rules.side_columns import side_value_types
+
+__all__ = ["JSON_BYTES_PER_TOKEN", "JSONL_BLOCK_BYTES", "JsonLinesFormat", "MAX_LINE_BYTES", "compression_of",
+           "iter_jsonl_texts", "iter_line_blocks", "jsonl_byte_range_tasks"]
+
+JSONL_BLOCK_BYTES = 16 << 20
+"""Bytes of whole lines parsed at once (more when a line is longer)."""
+MAX_LINE_BYTES = 1 << 30
+"""The longest token line read, whatever ``max_document_tokens``."""
+JSON_BYTES_PER_TOKEN = 24
+"""Bytes a line may spend per token of ``max_document_tokens`` (an int64 id, a comma and a space: 21)."""
+_COMPRESSION_BY_SUFFIX = {".gz": "gzip", ".zst": "zstd"}
+_SCAN_BYTES = 1 << 20
+
+
+class JsonLinesFormat(InputFormat):
+    name = "jsonl"
+    title = "JSON Lines"
+    suffixes = (".jsonl", ".json", ".jsonl.gz", ".jsonl.zst")
+    holds_text = True
+
+    def inspect(self, path: str, column: str, limits: ReadLimits) -> ShardInfo:
+        num_docs = num_tokens = num_null_docs = 0
+        for (lists,) in self.read_columns(path, (column,), None, limits):
+            num_docs += len(lists)
+            num_null_docs += lists.null_count
+            num_tokens += int(pc.sum(pc.list_value_length(lists)).as_py() or 0)
+        if num_docs and num_null_docs == num_docs:
+            raise InputError(
+                f"shard {path}: no line has a {column!r} list (keys of the first line: {_first_keys(path)}); "
+                "set the token column name"
+            )
+        return ShardInfo(path, self.name, num_docs, num_tokens, "int64", "scan")
+
+    def read_columns(self, path: str, columns: tuple[str, ...], units: tuple[int, int] | None,
+                     limits: ReadLimits) -> Iterator[tuple[pa.Array, ...]]:
+        """Module docstring; ``limits.json_block_size`` bytes of lines at a time."""
+        fs, fs_path = resolve_filesystem(path)
+        max_line_bytes = line_byte_limit(limits.max_document_tokens)
+        num_read = 0
+        blocks = iter_line_blocks(fs, fs_path, path, 0, None, limits.json_block_size,
+                                  max_line_bytes=max_line_bytes, what="shard")
+        try:
+            for block in blocks:
+                _check_line_lengths(block.data, max_line_bytes, path, num_read, limits.max_document_tokens)
+                arrays = _parse_token_block(block.data, columns, path, num_read, max_line_bytes)
+                num_read += len(arrays[0])
+                if len(arrays[0]):
+                    yield arrays
+        except LineTooLong as e:
+            raise _line_too_long(path, num_read, max_line_bytes, limits.max_document_tokens) from e
+
+    def side_types(self, path: str, names: tuple[str, ...]) -> tuple[str, ...]:
+        return side_value_types(None, names, path)
+
+    def text_tasks(self, path: str, *, task_rows: int, task_bytes: int) -> list[tuple[int, int, int]]:
+        return [(start, end, end - start) for start, end in jsonl_byte_range_tasks(path, task_bytes)]
+
+    def iter_texts(self, path: str, column: str, start: int, end: int,
+                   batch_rows: int) -> Iterator[tuple[int, pa.Array]]:
+        return iter_jsonl_texts(path, column, start, end, batch_rows)
+
+    def write(self, path: str, table: pa.Table, rows_per_unit: int | None = None) -> None:
+        """One object per row, keys in column order, lists without spaces (``{"input_ids": [1,2]}``)."""
+        with open(path, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(row, ensure_ascii=False, separators=(",", ": ")) + "\n"
+                         for row in table.to_pylist())
+
+
+def compression_of(fs_path: str) -> str | None:
+    """The stream compression ("gzip", "zstd") named by ``fs_path``'s suffix, else None."""
+    name = fs_path.rsplit("/", 1)[-1].lower()
+    return next((c for ext, c in _COMPRESSION_BY_SUFFIX.items() if name.endswith(".jsonl" + ext)), None)
+
+
+def line_byte_limit(max_document_tokens: int | None) -> int:
+    """The longest token line accepted for ``max_document_tokens`` (module docstring)."""
+    if max_document_tokens is None:
+        return MAX_LINE_BYTES
+    return min(MAX_LINE_BYTES, max_document_tokens * JSON_BYTES_PER_TOKEN)
+
+
+# ---------------------------------------------------------------------------------------------
+# The line reader
+
+
+class LineBlock(NamedTuple):
+    """Whole lines ``data`` that start at byte ``start`` of the (decompressed) file."""
+
+    start: int
+    data: bytes
+
+
+class LineTooLong(Exception):
+    """A line runs past ``max_line_bytes``; every line before it has been yielded."""
+
+
+def iter_line_blocks(fs: pafs.FileSystem, fs_path: str, path: str, start: int, end: int | None, block_bytes: int,
+                     *, max_line_bytes: int | None = None, what: str = "text file") -> Iterator[LineBlock]:
+    """Blocks of whole lines from the aligned start to the aligned end of nominal range [start, end)
+    (module docstring; ``end`` None: to end of file; a compressed file is read whole from 0).
+    A line still open after ``max_line_bytes`` bytes raises :class:`LineTooLong`."""
+    compression = compression_of(fs_path)
+    try:
+        if compression:
+            with fs.open_input_stream(fs_path, compression=compression) as stream:
+                yield from _split_lines(stream, 0, None, block_bytes, max_line_bytes)
+            return
+        with open_input_file(fs, fs_path, path) as source:
+            aligned_start = _aligned_start(source, start)
+            if end is not None and aligned_start > end:
+                return  # the line at `start` runs past `end`: it belongs to an earlier range
+            source.seek(aligned_start)
+            yield from _split_lines(source, aligned_start, end, block_bytes, max_line_bytes)
+    except (pa.ArrowException, OSError) as e:
+        raise InputError(f"{what} {path}: cannot read ({error_text(e)}); check the file") from e
+
+
+def _aligned_start(source: pa.NativeFile, start: int) -> int:
+    """0 for start 0, else just after the first newline at or after ``start`` (or the file size)."""
+    if start == 0:
+        return 0
+    source.seek(start)
+    position = start
+    while chunk := source.read(_SCAN_BYTES):
+        newline = chunk.find(b"\n")
+        if newline >= 0:
+            return position + newline + 1
+        position += len(chunk)
+    return position
+
+
+def _split_lines(stream: pa.NativeFile, position: int, end: int | None, block_bytes: int,
+                 max_line_bytes: int | None) -> Iterator[LineBlock]:
+    """Read from ``position`` in blocks cut after a newline; stop after the first newline >= end.
+    ``carry``: the parts of the line still open (joined once, when it ends)."""
+    carry: list[bytes] = []
+    num_carried = 0
+    while chunk := stream.read(block_bytes):
+        if end is not None and position + len(chunk) > end:
+            newline = chunk.find(b"\n", max(end - position, 0))
+            if newline >= 0:
+                yield LineBlock(position - num_carried, b"".join([*carry, chunk[: newline + 1]]))
+                return
+        last = chunk.rfind(b"\n")
+        if last >= 0:
+            yield LineBlock(position - num_carried, b"".join([*carry, chunk[: last + 1]]))
+            carry, num_carried = [chunk[last + 1:]], len(chunk) - last - 1
+        else:
+            carry.append(chunk)
+            num_carried += len(chunk)
+        if max_line_bytes is not None and num_carried > max_line_bytes:
+            raise LineTooLong()
+        position += len(chunk)
+    if num_carried:
+        yield LineBlock(position - num_carried, b"".join(carry))
+
+
+def _check_line_lengths(data: bytes, max_line_bytes: int, path: str, num_read: int,
+                        max_document_tokens: int | None) -> None:
+    """A line of ``data`` longer than ``max_line_bytes`` raises before it is parsed. O(bytes) numpy,
+    only for a block longer than the limit."""
+    if len(data) <= max_line_bytes:
+        return
+    ends = np.r_[-1, np.flatnonzero(np.frombuffer(data, np.uint8) == 10), len(data)]
+    long = np.flatnonzero(np.diff(ends) - 1 > max_line_bytes)
+    if long.size:
+        before = data[: int(ends[long[0]]) + 1]
+        row = num_read + sum(1 for line in before.split(b"\n") if line.strip())
+        raise _line_too_long(path, row, max_line_bytes, max_document_tokens)
+
+
+def _line_too_long(path: str, row: int, max_line_bytes: int, max_document_tokens: int | None) -> InputError:
+    if max_document_tokens is None or max_line_bytes == MAX_LINE_BYTES:
+        return InputError(f"shard {path} row {row}: its line is longer than {max_line_bytes} bytes, the most a JSON "
+                          "Lines shard may hold on one line; split the document upstream, or write the shard as "
+                          "Parquet")
+    return InputError(
+        f"shard {path} row {row}: its line is longer than {max_line_bytes} bytes ({JSON_BYTES_PER_TOKEN} per token "
+        f"of max_document_tokens={max_document_tokens}; a packer reads a document whole); raise "
+        "--max-document-tokens if the packers have the memory (BENCHMARKS.md: bytes per token), or split the "
+        "document upstream"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Token lists
+
+
+def _parse_token_block(data: bytes, columns: tuple[str, ...], path: str, num_read: int,
+                       max_line_bytes: int) -> tuple[pa.Array, ...]:
+    """One list<int64> array per column of the lines in ``data``; others keys are ignored."""
+    schema = pa.schema([(column, pa.list_(pa.int64())) for column in columns])
+    try:
+        table = _read_json_block(data, schema)
+    except pa.ArrowInvalid as e:
+        what = f"{columns[0]!r} is a list of integers (int64)" if len(columns) == 1 else \
+            f"{', '.join(map(repr, columns))} are lists of integers (int64; write booleans as 0/1)"
+        raise InputError(
+            f"shard {path}: cannot parse JSON Lines after document {num_read} ({error_text(e)}); each line must be "
+            f"one object whose {what}, and no line may exceed {max_line_bytes} bytes"
+        ) from e
+    if table is None:
+        return tuple(pa.array([], pa.list_(pa.int64())) for _ in columns)
+    return tuple(_one_chunk(table.column(k)) for k in range(len(columns)))
+
+
+def _read_json_block(data: bytes, schema: pa.Schema) -> pa.Table | None:
+    """``data`` (whole lines) parsed with ``schema`` (others keys ignored); None when it holds no object."""
+    parse_options = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+    read_options = pajson.ReadOptions(block_size=min(max(len(data), 1 << 20), 2**31 - 1), use_threads=False)
+    try:
+        return pajson.read_json(pa.BufferReader(data), read_options=read_options, parse_options=parse_options)
+    except pa.ArrowInvalid as e:
+        if "Empty JSON" in str(e):
+            return None
+        raise
+
+
+def _one_chunk(column: pa.ChunkedArray) -> pa.Array:
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
+def _first_keys(path: str) -> list[str]:
+    fs, fs_path = resolve_filesystem(path)
+    try:
+        with fs.open_input_stream(fs_path, compression=compression_of(fs_path)) as stream:
+            read_options = pajson.ReadOptions(block_size=JSONL_BLOCK_BYTES)
+            return list(pajson.open_json(stream, read_options=read_options).schema.names)
+    except (pa.ArrowException, OSError):
+        return []
+
+
+# ---------------------------------------------------------------------------------------------
+# Raw text, for tokenizing
+
+
+def jsonl_byte_range_tasks(path: str, target_bytes: int) -> list[tuple[int, int]]:
+    """Nominal byte ranges ``[start, end)`` tiling the file, ``target_bytes`` each (last: the rest).
+
+    Reads only the file size. A compressed file (.gz/.zst) or an empty one is one task
+    ``(0, size)``. ``iter_jsonl_texts`` turns a nominal range into a line-aligned one.
+    """
+    if isinstance(target_bytes, bool) or not isinstance(target_bytes, int) or target_bytes < 1:
+        raise ValueError(f"target_bytes={target_bytes!r} must be an integer >= 1")
+    fs, fs_path = resolve_filesystem(path)
+    info = fs.get_file_info(fs_path)
+    if info.type != pafs.FileType.File:
+        raise InputError(f"text file not found: {path}")
+    size = info.size
+    if compression_of(fs_path) or size <= target_bytes:
+        return [(0, size)]
+    return [(start, min(start + target_bytes, size)) for start in range(0, size, target_bytes)]
+
+
+def iter_jsonl_texts(
+    path: str,
+    column: str = "text",
+    start: int = 0,
+    end: int | None = None,
+    batch_rows: int = 8192,
+    *,
+    block_bytes: int = JSONL_BLOCK_BYTES,
+) -> Iterator[tuple[int, pa.StringArray | pa.LargeStringArray]]:
+    """Yield ``(first_row, texts)`` for the lines of nominal byte range [start, end) (module doc).
+
+    ``end=None`` reads to end of file; a compressed file must be read whole (start=0).
+    Memory: one block of ``block_bytes`` whole lines (or one longer line) and its texts.
+    """
+    check_batch_rows(batch_rows)
+    fs, fs_path = resolve_filesystem(path)
+    compression = compression_of(fs_path)
+    if compression and start != 0:
+        raise ValueError(f"{path} is compressed ({compression}) and can only be read whole; got start={start}")
+    first_row = 0
+    for block in iter_line_blocks(fs, fs_path, path, start, None if compression else end, block_bytes):
+        texts = _parse_text_block(block.data, path, column, lambda i, b=block: _line_number(fs, fs_path, b, i))
+        for offset in range(0, len(texts), batch_rows):
+            yield first_row + offset, texts.slice(offset, batch_rows)
+        first_row += len(texts)
+
+
+def _parse_text_block(data: bytes, path: str, column: str, line_number) -> pa.StringArray | pa.LargeStringArray:
+    """``column`` of each JSON object line of ``data`` as a checked string array."""
+    try:
+        table = _read_json_block(data, pa.schema([(column, pa.string())]))
+    except pa.ArrowInvalid as e:
+        _raise_bad_line(data, path, column, line_number, error_text(e))
+    if table is None:
+        return pa.array([], pa.string())
+    texts = table.column(0).combine_chunks()
+    try:
+        if texts.null_count:
+            raise pa.ArrowInvalid("null text")
+        texts.validate(full=True)
+    except pa.ArrowInvalid as e:
+        _raise_bad_line(data, path, column, line_number, error_text(e))
+    return texts
+
+
+def _raise_bad_line(data: bytes, path: str, column: str, line_number, arrow_message: str) -> None:
+    """InputError naming the first bad line of ``data``: a Python scan, on the error path only."""
+    for index, line in enumerate(data.split(b"\n")):
+        reason = _bad_line_reason(line, column)
+        if reason:
+            raise InputError(f"text file {path} line {line_number(index)}: {reason}; fix or drop that line")
+    last_line = line_number(data.count(b"\n"))
+    raise InputError(
+        f"text file {path} lines {line_number(0)}-{last_line}: cannot parse JSON Lines "
+        f"({arrow_message}); each line must be one JSON object whose {column!r} is a string"
+    )
+
+
+_JSON_TYPES = {bool: "boolean", int: "number", float: "number", list: "array", dict: "object", type(None): "null"}
+
+
+def _bad_line_reason(line: bytes, column: str) -> str | None:
+    """Why one line is not ``{column: "a string", ...}``, or None if it is (or is blank)."""
+    if not line.strip():
+        return None
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"invalid UTF-8 (byte 0x{line[e.start]:02x} at byte {e.start} of the line)"
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        return f"not JSON ({e.msg} at column {e.colno})"
+    if not isinstance(value, dict):
+        return f"a JSON {_JSON_TYPES.get(type(value), 'string')} where an object was expected"
+    if column not in value:
+        return f"no key {column!r} (keys: {', '.join(value) or '(none)'})"
+    text_value = value[column]
+    if not isinstance(text_value, str):
+        return f"{column!r} is a JSON {_JSON_TYPES.get(type(text_value), type(text_value).__name__)}, not a string"
+    try:
+        text_value.encode("utf-8")
+    except UnicodeEncodeError:
+        return f"{column!r} holds an unpaired surrogate escape (\\ud800-\\udfff), which is not text"
+    return None
+
+
+def _line_number(fs: pafs.FileSystem, fs_path: str, block: LineBlock, index: int) -> int:
+    """1-based file line of line ``index`` of ``block``: counts newlines before it (error path)."""
+    return _count_newlines(fs, fs_path, block.start) + index + 1
+
+
+def _count_newlines(fs: pafs.FileSystem, fs_path: str, end: int) -> int:
+    """Newlines in bytes [0, end) of the (decompressed) file."""
+    count, position = 0, 0
+    with fs.open_input_stream(fs_path, compression=compression_of(fs_path)) as stream:
+        while position < end and (chunk := stream.read(min(_SCAN_BYTES, end - position))):
+            count += chunk.count(b"\n")
+            position += len(chunk)
+    return count

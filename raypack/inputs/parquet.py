@@ -1,0 +1,318 @@
+"""Parquet shards: token lists (and side columns) in row groups, and raw text. pyarrow only, no Ray.
+
+  * counts: footer statistics (no data read) when the writer's list null counts are known to be
+    exact (Arrow C++ >= 6); otherwise, per row group lacking usable statistics, a scan of the token
+    column only. Footer counts are the number of non-null tokens; a shard holding null tokens is
+    rejected when it is read anyway;
+  * units are row groups, read one ``iter_batches`` call per row group (pyarrow reads ahead across
+    the row groups of one call), ``batch_size`` rows at a time;
+  * long documents: pyarrow decodes a document whole. Before a row group is read, its footer bounds
+    its longest document: its token leaf's ``num_values`` levels less one level per other row. A
+    row group whose bound is within ``max_document_tokens`` is read as is. One over it may hold a
+    document over the limit: when it has one row, the footer gives that row's length and the
+    document is refused before any byte of it is read; otherwise it is read in batches of rows
+    expected (at the row group's mean) to hold ``max_document_tokens`` tokens, and each batch's
+    list offsets are checked before its values are used. So a refused document costs at most
+    pyarrow's decode of one batch holding it (the document's values and levels, ~6-10 bytes per
+    token, plus about the limit's worth of other rows), never a packer's copies of it;
+  * text (``raypack tokenize``): tasks are row-group ranges from the footer
+    (:func:`parquet_row_group_tasks`); :func:`iter_parquet_texts` reads one, checking every batch
+    (no null text, valid UTF-8) and naming the file row of a failure.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+from typing import Iterator, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from raypack.errors import InputError
+from raypack.inputs.base import InputFormat, ReadLimits, ShardInfo, check_batch_rows, token_value_type, too_long
+from raypack.io.fs import error_text, open_input_file, resolve_filesystem
+from raypack.rules.side_columns import side_value_types
+
+__all__ = ["ParquetFormat", "ParquetTextTask", "iter_parquet_texts", "open_parquet",
+           "parquet_row_group_tasks", "token_leaf_index"]
+
+log = logging.getLogger(__name__)
+
+_FIRST_FOOTER_SAFE_ARROW_MAJOR = 6
+"""Arrow >= 6 (PARQUET-2067) counts null and empty lists in a list leaf's null_count."""
+
+
+class ParquetFormat(InputFormat):
+    name = "parquet"
+    title = "Parquet"
+    suffixes = (".parquet", ".pq")
+    has_units = True
+    holds_text = True
+
+    def inspect(self, path: str, column: str, limits: ReadLimits) -> ShardInfo:
+        fs, fs_path = resolve_filesystem(path)
+        with open_input_file(fs, fs_path, path) as source:
+            parquet_file = open_parquet(source, path)
+            value_type = token_value_type(parquet_file.schema_arrow, column, path)
+            metadata = parquet_file.metadata
+            leaf = token_leaf_index(parquet_file.schema, column)
+            trusted = leaf is not None and footer_null_counts_exact(metadata.created_by)
+            unit_tokens, method = [], "parquet-footer"
+            for group in range(metadata.num_row_groups):
+                count = _footer_token_count(metadata.row_group(group), leaf) if trusted else None
+                if count is None:
+                    count, method = _scan_row_group_tokens(parquet_file, group, column, path), "scan"
+                unit_tokens.append(count)
+            unit_docs = tuple(metadata.row_group(group).num_rows for group in range(metadata.num_row_groups))
+        if method == "scan":
+            log.info("shard %s: no usable Parquet token statistics; counted by scanning", path)
+        return ShardInfo(path, self.name, metadata.num_rows, sum(unit_tokens), str(value_type), method,
+                         unit_docs, tuple(unit_tokens))
+
+    def read_columns(self, path: str, columns: tuple[str, ...], units: tuple[int, int] | None,
+                     limits: ReadLimits) -> Iterator[tuple[pa.Array, ...]]:
+        fs, fs_path = resolve_filesystem(path)
+        with open_input_file(fs, fs_path, path) as source:
+            parquet_file = open_parquet(source, path)
+            token_value_type(parquet_file.schema_arrow, columns[0], path)
+            side_value_types(parquet_file.schema_arrow, columns[1:], path)
+            metadata = parquet_file.metadata
+            start, end = units if units is not None else (0, metadata.num_row_groups)
+            if end > metadata.num_row_groups:
+                raise InputError(f"shard {path} has {metadata.num_row_groups} row groups, the plan reads "
+                                 f"{start}..{end - 1}; the file changed during the run (rerun on a stable copy)")
+            leaf = token_leaf_index(parquet_file.schema, columns[0])
+            first_row = sum(metadata.row_group(g).num_rows for g in range(start))
+            for group in range(start, end):
+                row_group = metadata.row_group(group)
+                batch_size = _batch_rows(row_group, leaf, limits, path, first_row)
+                for batch in _record_batches(parquet_file, path, columns, batch_size, [group]):
+                    yield tuple(batch.columns)
+                first_row += row_group.num_rows
+
+    def side_types(self, path: str, names: tuple[str, ...]) -> tuple[str, ...]:
+        fs, fs_path = resolve_filesystem(path)
+        with open_input_file(fs, fs_path, path) as source:
+            return side_value_types(open_parquet(source, path).schema_arrow, names, path)
+
+    def metadata_start(self, size: int, tail: bytes) -> int:
+        """Where the footer begins (``size`` when the file does not end like Parquet)."""
+        if len(tail) < 8 or tail[-4:] != b"PAR1":
+            return size
+        footer_len = int.from_bytes(tail[-8:-4], "little")
+        return max(size - 8 - footer_len, 0)
+
+    def text_tasks(self, path: str, *, task_rows: int, task_bytes: int) -> list[tuple[int, int, int]]:
+        return [(g.row_group_start, g.row_group_end, g.num_bytes)
+                for g in parquet_row_group_tasks(path, target_rows=task_rows)]
+
+    def iter_texts(self, path: str, column: str, start: int, end: int,
+                   batch_rows: int) -> Iterator[tuple[int, pa.Array]]:
+        return iter_parquet_texts(path, column, (start, end), batch_rows)
+
+    def write(self, path: str, table: pa.Table, rows_per_unit: int | None = None) -> None:
+        pq.write_table(table, path, row_group_size=rows_per_unit)
+
+
+def open_parquet(source: pa.NativeFile, path: str) -> pq.ParquetFile:
+    """``ParquetFile`` over ``source``; a corrupt or truncated file raises InputError."""
+    try:
+        return pq.ParquetFile(source, pre_buffer=False, buffer_size=1 << 20)
+    except (pa.ArrowException, OSError) as e:
+        raise InputError(
+            f"shard {path} is not a readable Parquet file ({error_text(e)}); re-write or remove it"
+        ) from e
+
+
+def token_leaf_index(schema: pq.ParquetSchema, column: str) -> int | None:
+    """Index of the one leaf column under ``column`` with one repetition level, else None."""
+    leaves = [
+        i
+        for i in range(len(schema))
+        if schema.column(i).path.startswith(column + ".")
+        and schema.column(i).max_repetition_level == 1
+    ]
+    return leaves[0] if len(leaves) == 1 else None
+
+
+def footer_null_counts_exact(created_by: str | None) -> bool:
+    """Whether the writer ``created_by`` counts null and empty lists in a list leaf's null_count."""
+    match = re.match(r"parquet-cpp-arrow version (\d+)\.", created_by or "")
+    return bool(match) and int(match.group(1)) >= _FIRST_FOOTER_SAFE_ARROW_MAJOR
+
+
+def _footer_token_count(row_group: pq.RowGroupMetaData, leaf: int) -> int | None:
+    """Tokens in a row group from its footer: leaf levels minus null-or-empty-list levels.
+
+    Each row contributes one level per token plus one placeholder per empty or null list;
+    null_count counts the placeholders (and null tokens). None when statistics are absent
+    or inconsistent.
+    """
+    if row_group.num_rows == 0:
+        return 0
+    chunk = row_group.column(leaf)
+    stats = chunk.statistics
+    if stats is None or not stats.has_null_count:
+        return None
+    num_levels, num_nulls = chunk.num_values, stats.null_count
+    if num_levels < row_group.num_rows or not 0 <= num_nulls <= num_levels:
+        return None
+    return num_levels - num_nulls
+
+
+def _scan_row_group_tokens(parquet_file: pq.ParquetFile, group: int, column: str, path: str) -> int:
+    try:
+        table = parquet_file.read_row_group(group, columns=[column])
+    except (pa.ArrowException, OSError) as e:
+        raise InputError(
+            f"shard {path}: cannot read row group {group} ({error_text(e)}); re-write the file"
+        ) from e
+    return int(pc.sum(pc.list_value_length(table.column(0))).as_py() or 0)
+
+
+def _batch_rows(row_group: pq.RowGroupMetaData, leaf: int | None, limits: ReadLimits, path: str,
+                first_row: int) -> int:
+    """Rows per batch for this row group, after the footer's check on its longest document (module
+    docstring): ``limits.batch_size``, or fewer when it may hold a document over the limit (rows
+    that hold about the limit's tokens at the row group's mean). A row group of one row over the
+    limit raises :func:`too_long` at once, from the footer."""
+    limit = limits.max_document_tokens
+    if limit is None or leaf is None or row_group.num_rows == 0:
+        return limits.batch_size
+    num_levels = row_group.column(leaf).num_values
+    longest_bound = num_levels - (row_group.num_rows - 1)  # every other row holds at least one level
+    if longest_bound <= limit:
+        return limits.batch_size
+    if row_group.num_rows == 1:
+        raise too_long(path, first_row, num_levels, limit)
+    return max(1, min(limits.batch_size, limit * row_group.num_rows // num_levels))
+
+
+def _record_batches(parquet_file: pq.ParquetFile, path: str, columns: tuple[str, ...], batch_size: int,
+                    row_groups: list[int]) -> Iterator[pa.RecordBatch]:
+    batches = parquet_file.iter_batches(batch_size=batch_size, columns=list(columns), row_groups=row_groups)
+    while True:
+        try:
+            batch = next(batches, None)
+        except (pa.ArrowException, OSError) as e:
+            raise InputError(
+                f"shard {path}: cannot read Parquet data ({error_text(e)}); re-write the file"
+            ) from e
+        if batch is None:
+            return
+        yield batch
+
+
+# ---------------------------------------------------------------------------------------------
+# Raw text, for tokenizing
+
+
+class ParquetTextTask(NamedTuple):
+    """Row groups [row_group_start, row_group_end) of one file, holding num_rows rows in
+    num_bytes bytes (the footer's uncompressed size of those row groups: a task's cost)."""
+
+    row_group_start: int
+    row_group_end: int
+    num_rows: int
+    num_bytes: int
+
+
+def parquet_row_group_tasks(path: str, *, target_rows: int | None = None) -> list[ParquetTextTask]:
+    """One task per row group, or consecutive row groups merged until ``target_rows`` rows.
+
+    Reads only the footer. A file with no row groups gives no task.
+    """
+    fs, fs_path = resolve_filesystem(path)
+    with open_input_file(fs, fs_path, path) as source:
+        metadata = open_parquet(source, path).metadata
+    tasks: list[ParquetTextTask] = []
+    start, num_rows, num_bytes = 0, 0, 0
+    for group in range(metadata.num_row_groups):
+        num_rows += metadata.row_group(group).num_rows
+        num_bytes += metadata.row_group(group).total_byte_size
+        if target_rows is None or num_rows >= target_rows or group == metadata.num_row_groups - 1:
+            tasks.append(ParquetTextTask(start, group + 1, num_rows, num_bytes))
+            start, num_rows, num_bytes = group + 1, 0, 0
+    return tasks
+
+
+def iter_parquet_texts(
+    path: str, column: str = "text", row_groups: tuple[int, int] | None = None, batch_rows: int = 8192
+) -> Iterator[tuple[int, pa.StringArray | pa.LargeStringArray]]:
+    """Yield ``(first_row, texts)`` for row groups ``row_groups`` (default: all), in file order.
+
+    ``first_row`` is task-local (the first row of ``row_groups`` is 0). Memory: one batch of
+    ``batch_rows`` texts (plus pyarrow's buffers for one row group).
+    """
+    check_batch_rows(batch_rows)
+    fs, fs_path = resolve_filesystem(path)
+    with open_input_file(fs, fs_path, path) as source:
+        parquet_file = open_parquet(source, path)
+        _check_text_column(parquet_file.schema_arrow, column, path)
+        start, end = row_groups if row_groups is not None else (0, parquet_file.num_row_groups)
+        if start >= end:
+            return
+        file_row = sum(parquet_file.metadata.row_group(g).num_rows for g in range(start))
+        first_row = 0
+        # One iter_batches per row group: over a range, pyarrow reads ahead and its memory grows
+        # with the number of row groups (bench_text_job.py: 14 MiB flat vs 18 -> 92 MiB, 3 -> 30 groups).
+        batches = itertools.chain.from_iterable(
+            parquet_file.iter_batches(batch_size=batch_rows, row_groups=[group], columns=[column])
+            for group in range(start, end))
+        for batch in _read_text_batches(batches, path):
+            texts = batch.column(0)
+            _check_parquet_texts(texts, path, column, file_row + first_row)
+            yield first_row, texts
+            first_row += len(texts)
+
+
+def _read_text_batches(batches: Iterator[pa.RecordBatch], path: str) -> Iterator[pa.RecordBatch]:
+    while True:
+        try:
+            batch = next(batches, None)
+        except (pa.ArrowException, OSError) as e:
+            raise InputError(f"text file {path}: cannot read Parquet data ({error_text(e)}); re-write the file") from e
+        if batch is None:
+            return
+        yield batch
+
+
+def _check_text_column(schema: pa.Schema, column: str, path: str) -> None:
+    if column not in schema.names:
+        raise InputError(
+            f"text file {path} has no column {column!r}; its columns: {', '.join(schema.names) or '(none)'}; "
+            f"pass the text column's name"
+        )
+    value_type = schema.field(column).type
+    if not (pa.types.is_string(value_type) or pa.types.is_large_string(value_type)):
+        raise InputError(
+            f"text file {path}: column {column!r} has type {value_type} in every row; "
+            f"it must hold strings (string or large_string)"
+        )
+
+
+def _check_parquet_texts(texts: pa.Array, path: str, column: str, file_row: int) -> None:
+    """No nulls, valid UTF-8; ``file_row`` is the file row of ``texts[0]``, for messages."""
+    if texts.null_count:
+        row = file_row + int(np.flatnonzero(texts.is_null().to_numpy(zero_copy_only=False))[0])
+        raise InputError(f"text file {path} row {row}: {column!r} is null; give every row a string (\"\" if empty)")
+    try:
+        texts.validate(full=True)
+    except pa.ArrowInvalid as e:
+        row = file_row + _first_invalid_utf8(texts)
+        raise InputError(f"text file {path} row {row}: {column!r} is not valid UTF-8 ({error_text(e)}); "
+                         "re-encode the file") from e
+
+
+def _first_invalid_utf8(texts: pa.Array) -> int:
+    """Row of the first invalid string: a Python loop, on the error path only."""
+    for row in range(len(texts)):
+        try:
+            texts.slice(row, 1).validate(full=True)
+        except pa.ArrowInvalid:
+            return row
+    return 0
