@@ -130,16 +130,17 @@ class InputFormat:
 
 def token_value_type(schema: pa.Schema, column: str, path: str) -> pa.DataType:
     """The integer value type of ``column``, a list/large_list of integers, in ``schema``."""
+    texts = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
     if column not in schema.names:
         raise InputError(
             f"shard {path} has no column {column!r}; its columns are {schema.names}; "
-            "set the token column name"
+            "set the token column name" + (_text_hint(texts[0]) if texts else "")
         )
     field_type = schema.field(column).type
     if not (pa.types.is_list(field_type) or pa.types.is_large_list(field_type)):
         raise InputError(
             f"shard {path} column {column!r} has type {field_type}; it must be a list of "
-            "integer token ids (list<int32>, large_list<int64>, ...)"
+            "integer token ids (list<int32>, large_list<int64>, ...)" + (_text_hint(column) if column in texts else "")
         )
     value_type = field_type.value_type
     if not pa.types.is_integer(value_type):
@@ -148,6 +149,12 @@ def token_value_type(schema: pa.Schema, column: str, path: str) -> pa.DataType:
             f"integers, not {value_type}"
         )
     return value_type
+
+
+def _text_hint(column: str) -> str:
+    """The fix when a shard holds text: tokenize it in the run."""
+    return (f"; to pack its text column {column!r}, tokenize it in the run: --tokenizer tokenizer.json "
+            f"(or tiktoken:cl100k_base) --text-column {column}")
 
 
 def too_long(path: str, row: int | str, num_tokens: int | str, limit: int) -> InputError:

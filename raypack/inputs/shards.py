@@ -25,7 +25,7 @@ import pyarrow.fs as pafs
 
 from raypack.errors import InputError
 from raypack.inputs.base import ShardInfo
-from raypack.inputs.registry import accepted_suffixes, shard_format
+from raypack.inputs.registry import accepted_suffixes, shard_format, shard_suffix
 from raypack.io.fs import check_bucket, is_uri, resolve_filesystem
 
 __all__ = [
@@ -85,11 +85,12 @@ def _expand_path(item: str, fs: pafs.FileSystem, fs_path: str) -> list[str]:
                 f"input file {item} has an unknown shard suffix; accepted: {accepted_suffixes()}"
             )
         return [_to_user_path(item, fs_path, fs_path)]
-    paths = sorted(_list_shard_files(fs, fs_path, recursive=True))
+    paths = sorted(_list_shard_files(fs, fs_path, recursive=True, walk=True))
     if not paths:
         raise InputError(
             f"input directory {item} holds no shard files (accepted suffixes: "
-            f"{accepted_suffixes()}; names starting with '_' or '.' are skipped)"
+            f"{accepted_suffixes()}; names starting with '_' or '.' are skipped; .json files are read only "
+            f"when named: pass {item.rstrip('/')}/*.json)"
         )
     return [_to_user_path(item, fs_path, p) for p in paths]
 
@@ -119,11 +120,19 @@ def _expand_glob(item: str) -> list[str]:
     return [_to_user_path(base, base_fs_path, p) for p in matches]
 
 
-def _list_shard_files(fs: pafs.FileSystem, root: str, *, recursive: bool) -> Iterator[str]:
-    """Files under ``root`` with a shard suffix and no hidden component below ``root``."""
+NAMED_ONLY_SUFFIXES = (".json",)
+"""Read only when named (a file or a glob), never found by walking a directory: a directory's
+``.json`` files are usually metadata (an HF ``dataset_info.json``, a raypack ``manifest.json``)."""
+
+
+def _list_shard_files(fs: pafs.FileSystem, root: str, *, recursive: bool, walk: bool = False) -> Iterator[str]:
+    """Files under ``root`` with a shard suffix and no hidden component below ``root`` (``walk``: a
+    directory's expansion, which skips NAMED_ONLY_SUFFIXES)."""
     selector = pafs.FileSelector(root, recursive=recursive, allow_not_found=True)
     for info in fs.get_file_info(selector):
         if info.type != pafs.FileType.File or shard_format(info.path) is None:
+            continue
+        if walk and shard_suffix(info.path) in NAMED_ONLY_SUFFIXES:
             continue
         if any(part.startswith(("_", ".")) for part in _relative_parts(root, info.path)):
             continue

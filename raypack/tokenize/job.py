@@ -27,12 +27,16 @@ from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any
 
+import pyarrow.fs as pafs
+
 from raypack.errors import InputError
 from raypack.inputs.registry import format_of
 from raypack.inputs.shards import discover_shards
+from raypack.io.fs import resolve_filesystem
 from raypack.io.progress import Progress
 from raypack.pack.plan import Plan, check_output_outside_inputs, make_plan
 from raypack.pack.publish import run_published
+from raypack.packed.writer import MANIFEST_NAME
 from raypack.tokenize.backends import AUTO, check_backend_name, load_backed_tokenizer
 from raypack.tokenize.corpus import TOKENIZED_SUBDIR, build_tokenized_manifest, save_tokenized_manifest
 from raypack.tokenize.tasks import (
@@ -176,6 +180,8 @@ def plan_text_tasks(inputs: tuple[str, ...], text: TextOptions) -> list[TextTask
     ranges; raypack.inputs.base.InputFormat.text_tasks). Footers and sizes only."""
     if not inputs:
         raise InputError("no input given: pass --input PATH (a text file, a directory or a glob)")
+    for item in inputs:
+        _refuse_token_output(item)
     tasks: list[TextTask] = []
     for path in discover_shards(list(inputs)):
         fmt = format_of(path)  # discover_shards keeps only registered suffixes
@@ -184,6 +190,16 @@ def plan_text_tasks(inputs: tuple[str, ...], text: TextOptions) -> list[TextTask
         tasks.extend(TextTask(first + k, path, fmt.name, start, end, size)
                      for k, (start, end, size) in enumerate(ranges))
     return tasks
+
+
+def _refuse_token_output(item: str) -> None:
+    """A raypack output (a tokenized corpus, a packed output) holds token ids, not text: one line."""
+    if not isinstance(item, str) or not item or any(ch in item for ch in "*?["):
+        return
+    fs, fs_path = resolve_filesystem(item)
+    if fs.get_file_info(f"{fs_path.rstrip('/')}/{MANIFEST_NAME}").type == pafs.FileType.File:
+        raise InputError(f"input {item} is a raypack output (it holds {MANIFEST_NAME}): its documents are token ids "
+                         "already, not text; pack it without --tokenizer (and --text-column, --bos, --eos)")
 
 
 def _check_outside(output: str, tasks: list[TextTask]) -> None:

@@ -205,3 +205,35 @@ def test_a_mistyped_input_is_one_line_before_ray_starts(tmp_path, capsys, comman
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "matched nothing" in err[0], err
     assert os.listdir(tmp_path) == []
+
+
+def test_a_text_corpus_packed_without_tokenizer_names_tokenizer(tmp_path, capsys):
+    """Both ways a new user meets it: the default token column missing, and --token-column text."""
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"text": ["hello world", "more text"]}), tmp_path / "in" / "part-0.parquet")
+    for extra in ([], ["--token-column", "text"]):
+        assert main(["pack", "--local", "--context-length", "4", "--input", str(tmp_path / "in"), "--output",
+                     str(tmp_path / "out"), *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--tokenizer" in err[0] and "--text-column text" in err[0], err
+
+
+def test_tokenizer_over_a_tokenized_corpus_says_drop_tokenizer(tmp_path, capsys):
+    write_parquet(tmp_path / "ids" / "part-0.parquet", [[1, 2, 3]])
+    (tmp_path / "ids" / "manifest.json").write_text("{}")  # a raypack output: its manifest beside the parts
+    assert main(["pack", "--local", "--context-length", "4", "--input", str(tmp_path / "ids"), "--output",
+                 str(tmp_path / "out"), "--tokenizer", "tiktoken:cl100k_base"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a raypack output" in err[0] and "without --tokenizer" in err[0], err
+
+
+def test_a_directorys_json_metadata_is_not_read_as_json_lines(tmp_path):
+    """An HF dataset_info.json beside the shards is skipped; a .json named explicitly is still read."""
+    from raypack.inputs.shards import discover_shards
+
+    write_parquet(tmp_path / "in" / "part-0.parquet", [[1, 2, 3]])
+    (tmp_path / "in" / "dataset_info.json").write_text('{"description": ""}')
+    assert discover_shards(str(tmp_path / "in")) == [str(tmp_path / "in" / "part-0.parquet")]
+    assert discover_shards(str(tmp_path / "in" / "dataset_info.json")) == [str(tmp_path / "in" / "dataset_info.json")]
+    assert main(["pack", "--local", "--context-length", "4", "--input", str(tmp_path / "in"), "--output",
+                 str(tmp_path / "out")]) == 0
