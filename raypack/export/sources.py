@@ -28,9 +28,9 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from raypack.errors import InputError
+from raypack.inputs.parquet import open_parquet
 from raypack.io.fs import error_text, resolve_filesystem
 from raypack.packed.manifest import load_manifest, side_columns_of
 from raypack.packed.writer import MANIFEST_NAME
@@ -197,7 +197,7 @@ def _parquet_batches(path: str, part: Part) -> Iterator[DocumentBatch]:
     num_docs = 0
     try:
         with fs.open_input_file(fs_path) as f:
-            for batch in pq.ParquetFile(f).iter_batches(batch_size=rows, columns=[TOKEN_COLUMN]):
+            for batch in open_parquet(f, path).iter_batches(batch_size=rows, columns=[TOKEN_COLUMN]):
                 yield _list_batch(batch.column(0), path)
                 num_docs += batch.num_rows
     except (pa.ArrowException, OSError) as e:

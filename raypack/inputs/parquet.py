@@ -60,7 +60,7 @@ class ParquetFormat(InputFormat):
             value_type = token_value_type(parquet_file.schema_arrow, column, path)
             metadata = parquet_file.metadata
             leaf = token_leaf_index(parquet_file.schema, column)
-            trusted = leaf is not None and footer_null_counts_exact(metadata.created_by)
+            trusted = leaf is not None and footer_null_counts_exact(created_by(metadata))
             unit_tokens, method = [], "parquet-footer"
             for group in range(metadata.num_row_groups):
                 count = _footer_token_count(metadata.row_group(group), leaf) if trusted else None
@@ -118,14 +118,46 @@ class ParquetFormat(InputFormat):
         pq.write_table(table, path, row_group_size=rows_per_unit)
 
 
+ROWS_PER_BYTE = 64
+"""A footer may claim at most ``max(MIN_ROWS_CAP, ROWS_PER_BYTE x file bytes)`` rows: pyarrow sizes
+its buffers from the row count before it reads a value, so a lying count (2^40 rows in a 10 kB
+file) would allocate terabytes. Real shards hold far fewer rows per byte (a row of one token
+costs more than a byte even compressed); an RLE run of empty rows is the only dense case, and
+MIN_ROWS_CAP leaves room for a million of them."""
+MIN_ROWS_CAP = 1 << 20
+
+
 def open_parquet(source: pa.NativeFile, path: str) -> pq.ParquetFile:
-    """``ParquetFile`` over ``source``; a corrupt or truncated file raises InputError."""
+    """``ParquetFile`` over ``source``; a corrupt or truncated file, or a footer whose row counts
+    the file's bytes cannot hold (ROWS_PER_BYTE), raises InputError. O(row groups)."""
     try:
-        return pq.ParquetFile(source, pre_buffer=False, buffer_size=1 << 20)
+        parquet_file = pq.ParquetFile(source, pre_buffer=False, buffer_size=1 << 20)
+        size = source.size()
     except (pa.ArrowException, OSError) as e:
         raise InputError(
             f"shard {path} is not a readable Parquet file ({error_text(e)}); re-write or remove it"
         ) from e
+    _check_row_counts(parquet_file.metadata, size, path)
+    return parquet_file
+
+
+def _check_row_counts(metadata: pq.FileMetaData, size: int, path: str) -> None:
+    cap = max(MIN_ROWS_CAP, ROWS_PER_BYTE * size)
+    groups = [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
+    bad = next((g for g, n in enumerate(groups) if not 0 <= n <= cap), None)
+    if bad is not None or not 0 <= metadata.num_rows <= cap or metadata.num_rows != sum(groups):
+        where = f"row group {bad} claims {groups[bad]}" if bad is not None else \
+            f"the footer claims {metadata.num_rows} rows, its row groups {sum(groups)}; that is"
+        raise InputError(f"shard {path}: {where} rows in a file of {size} bytes (at most {cap}); its footer is "
+                         "damaged or hostile: re-write or remove the file")
+
+
+def created_by(metadata: pq.FileMetaData) -> str | None:
+    """The footer's ``created_by``; None when it is not UTF-8 (a damaged or foreign footer)."""
+    try:
+        return metadata.created_by
+    except UnicodeDecodeError:
+        return None
 
 
 def token_leaf_index(schema: pq.ParquetSchema, column: str) -> int | None:

@@ -241,3 +241,62 @@ def test_out_of_range_across_signedness(src: str, dst: str, value: int):
 def test_check_tokens_fit_needs_an_integer_dtype():
     with pytest.raises(ValueError, match=r"dtype=float32 must be an integer dtype"):
         check_tokens_fit(np.array([1]), np.array([1]), np.float32, path="x", first_row=0)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _claim_rows(path: Path, rows: int, claimed: int) -> None:
+    """Rewrite the footer's row counts (FileMetaData's and the row group's num_rows, Thrift compact
+    i64 field 3 after field 2: header 0x16, zigzag varint) from ``rows`` to ``claimed``."""
+    import struct
+
+    data = path.read_bytes()
+    length = struct.unpack("<I", data[-8:-4])[0]
+    footer = data[-8 - length:-8]
+    old, new = b"\x16" + _varint(2 * rows), b"\x16" + _varint(2 * claimed)
+    assert footer.count(old) >= 2  # the file's count and its one row group's (a flat column's value count too)
+    footer = footer.replace(old, new)
+    path.write_bytes(data[:-8 - length] + footer + struct.pack("<I", len(footer)) + b"PAR1")
+
+
+@pytest.mark.parametrize("command", ["pack", "tokenize"])
+def test_a_footer_claiming_2_to_the_40_rows_is_one_line_before_pyarrow_allocates(tmp_path: Path, command: str):
+    """pyarrow sizes its buffers from the footer's row count: 2^40 rows in a 10 kB file took 12.8-22.8 GB.
+    The child runs under a 2 GiB address-space limit, so a regression fails here instead of the machine."""
+    import subprocess
+    import sys
+
+    (tmp_path / "in").mkdir()
+    column = {"pack": ("input_ids", pa.array([[1, 2, 3]] * 1000, I32)),
+              "tokenize": ("text", pa.array(["a b"] * 1000))}
+    pq.write_table(pa.table(dict([column[command]])), tmp_path / "in" / "part-0.parquet")
+    _claim_rows(tmp_path / "in" / "part-0.parquet", 1000, 2**40)
+    args = (["pack", "--context-length", "4"] if command == "pack"
+            else ["tokenize", "--tokenizer", "tiktoken:cl100k_base"])
+    script = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30));"
+              "from raypack.cli import main; sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", script, *args, "--local", "--input", str(tmp_path / "in"),
+                           "--output", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "claims 1099511627776 rows in a file of" in lines[0], proc.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+
+
+def test_a_footer_whose_created_by_is_not_utf8_is_read_by_scanning(tmp_path: Path):
+    """The writer's name is unknown, so the footer's counts are not trusted: the counts come from a scan."""
+    path = tmp_path / "s.parquet"
+    pq.write_table(pa.table({"input_ids": pa.array([[1, 2], [3], []], I32)}), path)
+    data = path.read_bytes()
+    name = b"parquet-cpp-arrow version "
+    assert data.count(name) == 1
+    path.write_bytes(data.replace(name, b"\xff" + name[1:]))  # same length: the footer's size holds
+    info = inspect_shard(str(path))
+    assert (info.num_docs, info.num_tokens, info.count_method) == (3, 3, "scan")
