@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Iterator
 
 import numpy as np
 import numpy.typing as npt
@@ -22,11 +22,10 @@ import numpy.typing as npt
 from raypack.errors import InputError
 from raypack.mix.dataset import MixStats, is_mix, mix_stats
 from raypack.outputs import read_packed
-from raypack.packed.manifest import long_docs_of, read_manifest_json, resolve_output
+from raypack.packed.manifest import Manifest, read_manifest_json, resolve_output
 from raypack.packed.reader import PackedDataset
 from raypack.packed.writer import MANIFEST_NAME
 from raypack.rules.long_docs import DEFAULT_LONG_DOCS
-from raypack.strategies import strategy_of_manifest
 
 NUM_BINS = 16
 
@@ -102,7 +101,7 @@ def packing_stats(out: str) -> PackStats | MixStats:
     manifest, c = ds.manifest, ds.context_length
     edges = np.unique(np.linspace(1, c + 1, NUM_BINS + 1).astype(np.int64))
     counts = np.zeros(edges.size - 1, np.int64)
-    packing = strategy_of_manifest(manifest)
+    packing = manifest.strategy
     find_split = packing.make_split_finder(c)
     found = {"chunks": 0, "tokens": 0, "padding_positions": 0}
     max_doc_id = -1
@@ -120,8 +119,8 @@ def packing_stats(out: str) -> PackStats | MixStats:
     split = find_split.split_ids()
     found["split_documents"] = int(split.size)
     _cross_check(manifest, found, max_doc_id, posixpath.join(resolve_output(out)[1], MANIFEST_NAME))
-    shards = manifest.get("shards") or []
-    num_docs = manifest["counts"]["documents"]
+    shards = manifest.shards
+    num_docs = manifest.counts.documents
     doc_offsets = np.array([s["doc_offset"] for s in shards] + [num_docs], np.int64)
     per_shard = np.bincount(np.searchsorted(doc_offsets, split, side="right") - 1,
                             minlength=len(shards)) if shards else np.zeros(0, np.int64)
@@ -132,24 +131,26 @@ def packing_stats(out: str) -> PackStats | MixStats:
                      _long_docs(manifest))
 
 
-def _long_docs(manifest: dict[str, Any]) -> tuple[str, int, int] | None:
+def _long_docs(manifest: Manifest) -> tuple[str, int, int] | None:
     """(policy, documents, tokens) left out under ``long_docs`` truncate / drop; None under split."""
-    policy = long_docs_of(manifest)
+    policy = manifest.long_docs
     if policy == DEFAULT_LONG_DOCS:
         return None
-    kind = "truncated" if policy == "truncate" else "dropped"
-    return policy, int(manifest["counts"][f"documents_{kind}"]), int(manifest["counts"][f"tokens_{kind}"])
+    cut = manifest.counts.cut
+    if policy == "truncate":
+        return policy, cut.documents_truncated, cut.tokens_truncated
+    return policy, cut.documents_dropped, cut.tokens_dropped
 
 
-def _cross_check(manifest: dict[str, Any], found: dict[str, int], max_doc_id: int, where: str) -> None:
+def _cross_check(manifest: Manifest, found: dict[str, int], max_doc_id: int, where: str) -> None:
     """The manifest's counts must equal what was read (documents: at least max doc id + 1)."""
-    recorded = manifest["counts"]
+    recorded = manifest.counts
     for key, value in found.items():
-        if recorded[key] != value:
-            raise InputError(f"{where}: counts.{key}={recorded[key]} but the chunk files hold {value}; the output "
-                             "is damaged (raypack verify OUT says where)")
-    if recorded["documents"] <= max_doc_id:
-        raise InputError(f"{where}: counts.documents={recorded['documents']} but the chunk files hold doc id "
+        if getattr(recorded, key) != value:
+            raise InputError(f"{where}: counts.{key}={getattr(recorded, key)} but the chunk files hold {value}; the "
+                             "output is damaged (raypack verify OUT says where)")
+    if recorded.documents <= max_doc_id:
+        raise InputError(f"{where}: counts.documents={recorded.documents} but the chunk files hold doc id "
                          f"{max_doc_id}; the output is damaged (raypack verify OUT says where)")
 
 

@@ -32,11 +32,10 @@ import pyarrow.fs as pafs
 from raypack.errors import InputError
 from raypack.inputs.parquet import open_parquet
 from raypack.io.fs import error_text, resolve_filesystem
-from raypack.packed.manifest import load_manifest, side_columns_of
+from raypack.packed.manifest import load_manifest
 from raypack.packed.writer import MANIFEST_NAME
 from raypack.rules.core import Chunks
-from raypack.strategies import strategy_of_manifest
-from raypack.tokenize.corpus import TOKEN_COLUMN, load_tokenized_manifest, tokenized_inputs
+from raypack.tokenize.corpus import TOKEN_COLUMN, TokenizedManifest, load_tokenized_manifest, tokenized_inputs
 
 BATCH_TOKENS = 4 << 20
 """About this many tokens per :class:`DocumentBatch` (memory); a longer document is one batch."""
@@ -155,27 +154,27 @@ def open_source(path: str, unit: str = "documents") -> Source:
     return _packed_source(path, unit)
 
 
-def _tokenized_source(path: str, manifest: dict[str, Any]) -> Source:
+def _tokenized_source(path: str, manifest: TokenizedManifest) -> Source:
     infos = tokenized_inputs([path], TOKEN_COLUMN)
     parts = _parts([(i.num_docs, i.num_tokens) for i in infos])
-    dtype = manifest.get("token_dtype")
-    if dtype not in ("uint8", "uint16", "uint32", "int32", "int64"):
-        raise InputError(f"{path}/{MANIFEST_NAME}: token_dtype {dtype!r} is not a token type; re-run raypack tokenize")
-    return Source(path, "tokenized", np.dtype(dtype), parts, [i.path for i in infos])
+    dtype = manifest.token_dtype
+    if dtype.name not in ("uint8", "uint16", "uint32", "int32", "int64"):
+        raise InputError(f"{path}/{MANIFEST_NAME}: token_dtype {dtype.name!r} is not a token type; re-run raypack "
+                         "tokenize")
+    return Source(path, "tokenized", dtype, parts, [i.path for i in infos])
 
 
 def _packed_source(path: str, unit: str) -> Source:
     manifest = load_manifest(path)
-    strategy = strategy_of_manifest(manifest, f"{path}/{MANIFEST_NAME}")
+    strategy = manifest.strategy
     if not strategy.keeps_document_order and unit == "documents":
-        shards = manifest["shards"]
+        shards = manifest.shards
         inputs = ", ".join(s["path"] for s in shards[:2]) + (", ..." if len(shards) > 2 else "")
         raise InputError(f"{path} was packed with strategy {strategy.name}, which reorders documents across chunks; "
                          f"export the tokenized corpus or the pack's inputs instead ({inputs})")
-    parts = _parts([(s["num_docs"], s["num_tokens"]) for s in manifest["shards"]])
-    return Source(path, "packed", np.dtype(manifest["token_dtype"]), parts, [],
-                  in_doc_order=strategy.keeps_document_order,
-                  extra_columns=tuple(c.name for c in side_columns_of(manifest)))
+    parts = _parts([(s["num_docs"], s["num_tokens"]) for s in manifest.shards])
+    return Source(path, "packed", manifest.token_dtype, parts, [], in_doc_order=strategy.keeps_document_order,
+                  extra_columns=tuple(c.name for c in manifest.extra_columns))
 
 
 def _parts(counts: list[tuple[int, int]]) -> list[Part]:

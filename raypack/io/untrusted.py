@@ -37,15 +37,15 @@ def one_line(error: BaseException) -> str:
 
 
 def int_field(obj: dict[str, Any], key: str, where: str, minimum: int = 0, maximum: int = MAX_COUNT,
-               prefix: str = "") -> int:
+              prefix: str = "", fix: str = DAMAGED) -> int:
     """``obj[key]`` when it is an int (not a bool) in ``[minimum, maximum]``, else InputError
     naming ``where`` and ``{prefix}{key}``."""
     value = obj.get(key)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InputError(f"{where}: {prefix}{key}={show(value)}, expected an integer; {DAMAGED}")
+        raise InputError(f"{where}: {prefix}{key}={show(value)}, expected an integer; {fix}")
     if not minimum <= value <= maximum:
         raise InputError(f"{where}: {prefix}{key}={show(value)}, expected an integer in {minimum}..{maximum}; "
-                         f"{DAMAGED}")
+                         f"{fix}")
     return int(value)
 
 
@@ -53,12 +53,56 @@ def is_hex(value: Any, length: int) -> bool:
     return isinstance(value, str) and len(value) == length and _HEX.issuperset(value)
 
 
-def token_dtype_field(manifest: dict[str, Any], where: str) -> np.dtype:
+def token_dtype_field(manifest: dict[str, Any], where: str, fix: str = DAMAGED) -> np.dtype:
     name = manifest.get("token_dtype")
     if not isinstance(name, str) or name not in TOKEN_DTYPES:
         raise InputError(f"{where}: token_dtype={show(name)} is not an integer dtype (one of "
-                         f"{', '.join(TOKEN_DTYPES)}); {DAMAGED}")
+                         f"{', '.join(TOKEN_DTYPES)}); {fix}")
     return np.dtype(name)
+
+
+def str_field(obj: dict[str, Any], key: str, where: str, prefix: str = "", fix: str = DAMAGED,
+              optional: bool = False) -> str | None:
+    """``obj[key]`` when it is a non-empty string without a NUL (absent: None if ``optional``), else InputError."""
+    value = obj.get(key)
+    if value is None and optional and key not in obj:
+        return None
+    if not isinstance(value, str) or not value or "\0" in value:
+        raise InputError(f"{where}: {prefix}{key}={show(value)}, expected a non-empty string; {fix}")
+    return value
+
+
+def hex_field(obj: dict[str, Any], key: str, where: str, length: int = 64, prefix: str = "", fix: str = DAMAGED) -> str:
+    """``obj[key]`` when it is ``length`` lowercase hex digits, else InputError."""
+    value = obj.get(key)
+    if not is_hex(value, length):
+        raise InputError(f"{where}: {prefix}{key}={show(value)}, expected {length} lowercase hex digits; {fix}")
+    return value
+
+
+def object_field(obj: dict[str, Any], key: str, where: str, prefix: str = "", fix: str = DAMAGED) -> dict[str, Any]:
+    """``obj[key]`` when it is a JSON object, else InputError."""
+    value = obj.get(key)
+    if not isinstance(value, dict):
+        raise InputError(f"{where}: {prefix}{key}={show(value)}, expected an object; {fix}")
+    return value
+
+
+def object_list_field(obj: dict[str, Any], key: str, where: str, required: tuple[str, ...],
+                      allowed: tuple[str, ...] = (), fix: str = DAMAGED,
+                      non_empty: bool = True) -> list[dict[str, Any]]:
+    """``obj[key]`` when it is a list (non-empty if ``non_empty``) of objects, each holding every
+    key of ``required`` and no key outside ``required + allowed``; else InputError naming the entry."""
+    value = obj.get(key)
+    if not isinstance(value, list) or (non_empty and not value):
+        raise InputError(f"{where}: {key}={show(value)}, expected a {'non-empty ' if non_empty else ''}list of "
+                         f"objects; {fix}")
+    known = frozenset(required) | frozenset(allowed)
+    for k, entry in enumerate(value):
+        if not isinstance(entry, dict) or not known.issuperset(entry) or any(name not in entry for name in required):
+            raise InputError(f"{where}: {key}[{k}]={show(entry)}, expected an object with {', '.join(required)}"
+                             f"{' (and optionally ' + ', '.join(allowed) + ')' if allowed else ''}; {fix}")
+    return value
 
 
 def _missing(path: str) -> InputError:

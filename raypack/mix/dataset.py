@@ -30,20 +30,22 @@ import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from raypack.errors import InputError
 from raypack.io.fs import is_uri
+from raypack.io.json_doc import CheckedDocument
 from raypack.io.untrusted import MAX_COUNT, int_field, is_hex, show, token_dtype_field
 from raypack.mix.order import ORDER_NAME, MixOrder, apportion
 from raypack.packed.manifest import MIX_KIND, read_manifest_json, write_manifest
 from raypack.packed.reader import BatchReads, PackedDataset, open_packed
+from raypack.rules.core import MAX_CONTEXT_LENGTH
 
-__all__ = ["MIX_FORMAT_VERSION", "MixConfig", "MixedDataset", "MixStats", "MixSummary", "check_mix_manifest",
-           "check_sources", "is_mix", "load_mix_config", "mix_stats", "open_mix", "run_mix"]
+__all__ = ["MIX_FORMAT_VERSION", "MixConfig", "MixManifest", "MixedDataset", "MixStats", "MixSummary",
+           "check_mix_manifest", "check_sources", "is_mix", "load_mix_config", "mix_stats", "open_mix", "run_mix"]
 
 MIX_FORMAT_VERSION = 1
 MAX_SOURCES = 1 << 16
@@ -214,8 +216,8 @@ def build_mix_manifest(config: MixConfig, datasets: Sequence[PackedDataset]) -> 
         "num_chunks": config.num_chunks,
         "seed": config.seed,
         "order": ORDER_NAME,
-        "sources": [{"path": _recorded_path(path, config.output), "content_sha256": ds.manifest["content_sha256"],
-                     "num_chunks": len(ds), "strategy": ds.manifest.get("strategy", "concat"),
+        "sources": [{"path": _recorded_path(path, config.output), "content_sha256": ds.manifest.content_sha256,
+                     "num_chunks": len(ds), "strategy": ds.manifest.strategy_name,
                      "weight": weight, "share": share, "passes": share // len(ds)}
                     for (path, weight), ds, share in zip(config.sources, datasets, shares)],
     }
@@ -239,6 +241,58 @@ def _version() -> str:
 # ----------------------------------------------------------------------------- checking
 
 
+class MixSource(NamedTuple):
+    """One source of a mix as its manifest records it (checked)."""
+
+    path: str
+    content_sha256: str
+    num_chunks: int
+    strategy: str
+    weight: float | int
+    share: int
+    passes: int
+
+
+class MixManifest(CheckedDocument):
+    """A mix's manifest, checked (:meth:`from_dict`: :func:`check_mix_manifest`); ``manifest[key]``
+    gives a JSON field, readers use the typed properties."""
+
+    __slots__ = ()
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> MixManifest:
+        check_mix_manifest(data, where)
+        return cls(data)
+
+    @property
+    def context_length(self) -> int:
+        return self._data["context_length"]
+
+    @property
+    def pad_token(self) -> int:
+        return self._data["pad_token"]
+
+    @property
+    def token_dtype(self) -> np.dtype:
+        return np.dtype(self._data["token_dtype"])
+
+    @property
+    def num_chunks(self) -> int:
+        return self._data["num_chunks"]
+
+    @property
+    def seed(self) -> int:
+        return self._data["seed"]
+
+    @property
+    def order(self) -> str:
+        return self._data["order"]
+
+    @property
+    def sources(self) -> tuple[MixSource, ...]:
+        return tuple(MixSource(*(entry[key] for key in _SOURCE_KEYS)) for entry in self._data["sources"])
+
+
 def is_mix(data: Any) -> bool:
     """Whether parsed manifest JSON is a mix's."""
     return isinstance(data, dict) and data.get("kind") == MIX_KIND
@@ -253,7 +307,7 @@ def check_mix_manifest(data: Any, where: str) -> None:
                          f"{MIX_FORMAT_VERSION}; read it with the raypack version that wrote it")
     if data.get("order") != ORDER_NAME:
         raise InputError(f"{where}: order={show(data.get('order'))}, this reader computes {ORDER_NAME!r} only")
-    int_field(data, "context_length", where, 1)
+    int_field(data, "context_length", where, 1, MAX_CONTEXT_LENGTH)
     dtype = token_dtype_field(data, where)
     int_field(data, "pad_token", where, int(np.iinfo(dtype).min), int(np.iinfo(dtype).max))
     num_chunks = int_field(data, "num_chunks", where, 1)
@@ -297,17 +351,18 @@ def source_location(mix_path: str, recorded: str) -> str:
     return os.path.normpath(os.path.join(mix_path, recorded))
 
 
-def check_sources(mix_path: str, manifest: dict[str, Any], where: str) -> list[PackedDataset]:
+def check_sources(mix_path: str, manifest: MixManifest, where: str) -> list[PackedDataset]:
     """Open every source (each checked by ``read_packed`` as untrusted input) and compare its manifest
     with what the mix recorded; a changed source is one InputError naming it. O(sources) manifest reads."""
     datasets = []
-    for k, entry in enumerate(manifest["sources"]):
-        path = source_location(mix_path, entry["path"])
+    for k, entry in enumerate(manifest.sources):
+        path = source_location(mix_path, entry.path)
         ds = _open_source(path, k)
-        found = {"content_sha256": ds.manifest["content_sha256"], "num_chunks": len(ds),
+        found = {"content_sha256": ds.manifest.content_sha256, "num_chunks": len(ds),
                  "context_length": ds.context_length, "token_dtype": ds.token_dtype.name, "pad_token": ds.pad_token}
-        recorded = {**{key: manifest[key] for key in ("context_length", "token_dtype", "pad_token")},
-                    "content_sha256": entry["content_sha256"], "num_chunks": entry["num_chunks"]}
+        recorded = {"context_length": manifest.context_length, "token_dtype": manifest.token_dtype.name,
+                    "pad_token": manifest.pad_token, "content_sha256": entry.content_sha256,
+                    "num_chunks": entry.num_chunks}
         for key, value in found.items():
             if value != recorded[key]:
                 raise InputError(f"{where}: source {k} ({path}) changed since the mix was made: {key}={value}, the "
@@ -322,8 +377,8 @@ def check_sources(mix_path: str, manifest: dict[str, Any], where: str) -> list[P
 def open_mix(path: str, data: Any, where: str) -> MixedDataset:
     """The mix at ``path`` whose parsed manifest is ``data`` (read from ``where``): checked, its
     sources opened and compared with the recorded ones (:func:`check_sources`)."""
-    check_mix_manifest(data, where)
-    return MixedDataset(path, data, check_sources(path, data, where))
+    manifest = MixManifest.from_dict(data, where)
+    return MixedDataset(path, manifest, check_sources(path, manifest, where))
 
 
 class MixedDataset(BatchReads):
@@ -335,15 +390,15 @@ class MixedDataset(BatchReads):
     Cost of ``ds[i]``: two keyed permutations (raypack.mix.order, a few µs) and the source's ``ds[j]``.
     """
 
-    def __init__(self, path: str, manifest: dict[str, Any], sources: Sequence[PackedDataset]) -> None:
+    def __init__(self, path: str, manifest: MixManifest, sources: Sequence[PackedDataset]) -> None:
         self.path = path
         self.manifest = manifest
         self.sources = list(sources)
-        self.context_length = int(manifest["context_length"])
-        self.pad_token = int(manifest["pad_token"])
-        self.token_dtype = np.dtype(manifest["token_dtype"])
-        self.order = MixOrder(manifest["seed"], [s["share"] for s in manifest["sources"]],
-                              [s["num_chunks"] for s in manifest["sources"]])
+        self.context_length = manifest.context_length
+        self.pad_token = manifest.pad_token
+        self.token_dtype = manifest.token_dtype
+        sources = manifest.sources
+        self.order = MixOrder(manifest.seed, [s.share for s in sources], [s.num_chunks for s in sources])
 
     def __len__(self) -> int:
         return len(self.order)

@@ -21,8 +21,7 @@ from raypack.pack.plan import Plan, check_output_outside_inputs, make_plan, plac
 from raypack.pack.publish import LocalOutput, ObjectStoreOutput, run_published
 from raypack.pack.resume import load_verified_result
 from raypack.pack.tasks import PackSettings, ShardResult, TaskCounts
-from raypack.packed.manifest import build_manifest, write_manifest
-from raypack.strategies import strategy_of_manifest
+from raypack.packed.manifest import Manifest, PackedCounts, build_manifest, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +29,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Summary:
     output: str
-    manifest: dict
+    manifest: Manifest
     seconds: float
     """Wall time of planning, packing and publishing (Ray start-up excluded)."""
     peak_worker_rss_bytes: int = 0
@@ -41,21 +40,21 @@ class Summary:
     engine: str = "ray"
 
     def lines(self) -> list[str]:
-        c = self.manifest["counts"]
-        positions = c["chunks"] * self.manifest["context_length"]
-        pad_pct = 100.0 * c["padding_positions"] / positions if positions else 0.0
-        split_pct = 100.0 * c["split_documents"] / c["documents"] if c["documents"] else 0.0
-        rate = c["tokens"] / self.seconds if self.seconds > 0 else 0.0
-        strategy = strategy_of_manifest(self.manifest).describe()
+        c = self.manifest.counts
+        positions = c.chunks * self.manifest.context_length
+        pad_pct = 100.0 * c.padding_positions / positions if positions else 0.0
+        split_pct = 100.0 * c.split_documents / c.documents if c.documents else 0.0
+        rate = c.tokens / self.seconds if self.seconds > 0 else 0.0
+        strategy = self.manifest.strategy.describe()
         return [
             f"packed {self.output} ({strategy})",
-            f"  documents        {c['documents']:>14,}",
-            f"  tokens           {c['tokens']:>14,}",
-            f"  chunks           {c['chunks']:>14,}  of {self.manifest['context_length']} tokens",
-            f"  padding          {c['padding_positions']:>14,}  ({pad_pct:.3f}% of positions)",
-            f"  split documents  {c['split_documents']:>14,}  ({split_pct:.2f}% of documents)",
+            f"  documents        {c.documents:>14,}",
+            f"  tokens           {c.tokens:>14,}",
+            f"  chunks           {c.chunks:>14,}  of {self.manifest.context_length} tokens",
+            f"  padding          {c.padding_positions:>14,}  ({pad_pct:.3f}% of positions)",
+            f"  split documents  {c.split_documents:>14,}  ({split_pct:.2f}% of documents)",
             *_cut_lines(c),
-            f"  files            {len(self.manifest['files']):>14,}",
+            f"  files            {len(self.manifest.files):>14,}",
             f"  time             {self.seconds:>14.2f}s  ({rate / 1e6:,.1f}M tokens/s, start-up included)",
             f"  packing          {self.pack_seconds:>14.2f}s  (first task start to last task end)",
             f"  peak packer RSS  {self.peak_worker_rss_bytes / 2**20:>14,.0f} MiB"
@@ -63,15 +62,15 @@ class Summary:
         ]
 
 
-def _cut_lines(counts: dict) -> list[str]:
+def _cut_lines(counts: PackedCounts) -> list[str]:
     """What ``long_docs`` truncate / drop left out (no line under split)."""
     lines = []
-    if counts.get("documents_truncated"):
-        lines.append(f"  truncated        {counts['documents_truncated']:>14,}  documents "
-                     f"({counts['tokens_truncated']:,} tokens cut off)")
-    if counts.get("documents_dropped"):
-        lines.append(f"  dropped          {counts['documents_dropped']:>14,}  documents "
-                     f"({counts['tokens_dropped']:,} tokens)")
+    if counts.documents_truncated:
+        lines.append(f"  truncated        {counts.documents_truncated:>14,}  documents "
+                     f"({counts.tokens_truncated:,} tokens cut off)")
+    if counts.documents_dropped:
+        lines.append(f"  dropped          {counts.documents_dropped:>14,}  documents "
+                     f"({counts.tokens_dropped:,} tokens)")
     return lines
 
 

@@ -27,7 +27,10 @@ InputErrors naming the manifest, the entry and the value:
      shard fields valid (asked of the strategy: raypack.strategies, e.g. best_fit's window and
      chunk ranges).
 Cost: O(files + shards) Python work, which stops at the first bad entry; the manifest itself
-is read whole but never more than ``MAX_MANIFEST_BYTES``.
+is read whole but never more than ``MAX_MANIFEST_BYTES``, and parsed only once a pre-scan shows
+it within the depth and size-proportional value caps of :mod:`raypack.io.json_doc` (the reader
+every manifest kind shares). Readers use the typed accessors of :class:`Manifest` (``counts``,
+``token_dtype``, ``files``, ``shards``, ``config``, ``strategy``, ...), never raw keys.
 
 What is NOT checked here: the chunk files' bytes, nor ``content_sha256`` against them.
 :func:`open_chunk_file` compares a file's size with ``num_bytes`` (one stat); only
@@ -39,7 +42,7 @@ from __future__ import annotations
 import json
 import posixpath
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -47,12 +50,12 @@ import pyarrow.fs as pafs
 
 from raypack.errors import InputError
 from raypack.io.fs import check_bucket, resolve_filesystem
+from raypack.io.json_doc import CheckedDocument, read_json_document
 from raypack.io.untrusted import (
     DAMAGED,
     MAX_COUNT,
     int_field,
     is_hex,
-    one_line,
     open_local_file,
     open_remote_file,
     show,
@@ -70,7 +73,7 @@ if TYPE_CHECKING:
     from raypack.pack.plan import Plan
 
 __all__ = ["COUNT_KEYS", "FILE_KEYS", "MAX_CONTEXT_LENGTH", "MAX_COUNT", "MAX_MANIFEST_BYTES", "Manifest",
-           "build_manifest", "write_manifest",
+           "PackedCounts", "RecordedConfig", "build_manifest", "write_manifest",
            "check_manifest", "load_manifest", "open_chunk_file", "read_manifest_json", "resolve_output",
            "side_columns_of", "strategy_of"]
 
@@ -101,23 +104,48 @@ def resolve_output(path: str) -> tuple[pafs.FileSystem, str]:
     return filesystem, base.rstrip("/") or base
 
 
-class Manifest(Mapping[str, Any]):
+class PackedCounts(NamedTuple):
+    """A packed output's ``counts``; the cut counts are 0 unless ``long_docs`` truncate / drop recorded them."""
+
+    documents: int
+    tokens: int
+    chunks: int
+    padding_positions: int
+    split_documents: int
+    documents_truncated: int = 0
+    tokens_truncated: int = 0
+    documents_dropped: int = 0
+    tokens_dropped: int = 0
+
+    @property
+    def cut(self) -> CutCounts:
+        return CutCounts(self.documents_truncated, self.tokens_truncated, self.documents_dropped, self.tokens_dropped)
+
+
+class RecordedConfig(NamedTuple):
+    """What readers use of the run's recorded ``config``: ``token_column`` (None when not recorded)."""
+
+    token_column: str | None
+
+
+class Manifest(CheckedDocument):
     """A packed output's manifest: the one type that builds (:meth:`build`), checks
     (:meth:`from_dict`, :meth:`load`) and saves (:meth:`save`) it. Read-only: ``manifest[key]``
-    reads a JSON field as docs/FORMAT.md names it; the properties give the common ones typed.
-    Every instance passed :func:`check_manifest` (or was built by this module)."""
+    reads a JSON field as docs/FORMAT.md names it; the properties give them typed, and readers
+    use those. Every instance passed :func:`check_manifest` (or was built by this module)."""
 
-    __slots__ = ("_data",)
-
-    def __init__(self, data: dict[str, Any]) -> None:
-        """Use :meth:`load`, :meth:`from_dict` or :meth:`build`: this wraps ``data`` unchecked."""
-        self._data = data
+    __slots__ = ()
 
     @classmethod
     def from_dict(cls, data: Any, where: str = MANIFEST_NAME) -> Manifest:
         """``data`` (parsed JSON) checked; InputError naming ``where`` otherwise."""
         check_manifest(data, where)
         return cls(data)
+
+    @classmethod
+    def of(cls, manifest: Mapping[str, Any], where: str = MANIFEST_NAME) -> Manifest:
+        """``manifest`` itself when it is a Manifest, else the parsed JSON ``manifest`` checked."""
+        return manifest if isinstance(manifest, Manifest) else cls.from_dict(manifest, where)
 
     @classmethod
     def load(cls, path: str) -> Manifest:
@@ -130,19 +158,6 @@ class Manifest(Mapping[str, Any]):
     def save(self, out_dir: str) -> str:
         """Write ``manifest.json`` into ``out_dir`` whole. Call it last: it is the commit."""
         return write_manifest(out_dir, self._data)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A deep copy, as JSON would give it."""
-        return json.loads(json.dumps(self._data))
-
-    def __getitem__(self, key: str) -> Any:
-        return self._data[key]
-
-    def __iter__(self):
-        return iter(self._data)
-
-    def __len__(self) -> int:
-        return len(self._data)
 
     def __repr__(self) -> str:
         return (f"Manifest(strategy={self.strategy_name!r}, context_length={self.context_length}, "
@@ -170,8 +185,37 @@ class Manifest(Mapping[str, Any]):
         return strategy_of(self._data)
 
     @property
+    def strategy(self) -> PackingStrategy:
+        """The packing strategy with its recorded options (raypack.strategies)."""
+        return strategy_of_manifest(self)
+
+    @property
+    def long_docs(self) -> str:
+        return long_docs_of(self._data)
+
+    @property
+    def counts(self) -> PackedCounts:
+        counts = self._data["counts"]
+        return PackedCounts(**{key: counts[key] for key in PackedCounts._fields if key in counts})
+
+    @property
     def files(self) -> list[dict[str, Any]]:
+        """The chunk files in chunk order, each with FILE_KEYS checked."""
         return self._data["files"]
+
+    @property
+    def shards(self) -> list[dict[str, Any]]:
+        """The input shards in order (none listed: []), each with SHARD_KEYS, ``path`` and any cut counts checked."""
+        return self._data.get("shards") or []
+
+    @property
+    def lists_shards(self) -> bool:
+        return "shards" in self._data
+
+    @property
+    def config(self) -> RecordedConfig:
+        recorded = self._data.get("config", {})
+        return RecordedConfig(recorded.get("token_column"))
 
     @property
     def num_chunks(self) -> int:
@@ -184,6 +228,11 @@ class Manifest(Mapping[str, Any]):
     @property
     def content_sha256(self) -> str:
         return self._data["content_sha256"]
+
+    @property
+    def content_group_chunks(self) -> int:
+        """Chunks per group of the content digest (format version 3)."""
+        return self._data["content_group_chunks"]
 
 
 def load_manifest(path: str) -> Manifest:
@@ -210,17 +259,7 @@ def read_manifest_json(path: str) -> tuple[Any, str]:
             raise InputError(f"{path}: no such output directory; check the path")
         raise InputError(f"{path} is incomplete: no {MANIFEST_NAME}; the job did not finish (or the output is "
                          "being replaced): rerun it, or wait for it")
-    try:
-        with filesystem.open_input_stream(manifest_path) as f:
-            text = f.read(MAX_MANIFEST_BYTES + 1)
-    except (OSError, pa.ArrowException) as e:
-        raise InputError(f"{manifest_path}: unreadable ({one_line(e)})") from e
-    if len(text) > MAX_MANIFEST_BYTES:
-        raise InputError(f"{manifest_path}: larger than {MAX_MANIFEST_BYTES} bytes; not a raypack manifest")
-    try:
-        manifest = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise InputError(f"{manifest_path}: not valid JSON ({one_line(e)}); {DAMAGED}") from e
+    manifest = read_json_document(filesystem, manifest_path, MAX_MANIFEST_BYTES)
     return manifest, manifest_path
 
 
@@ -399,6 +438,9 @@ def _check_strategy(manifest: dict[str, Any], where: str) -> None:
     config = manifest.get("config", {})
     if not isinstance(config, dict):
         raise InputError(f"{where}: config={show(config)}, expected an object; {DAMAGED}")
+    column = config.get("token_column")
+    if column is not None and (not isinstance(column, str) or not column):
+        raise InputError(f"{where}: config.token_column={show(column)}, expected a column name; {DAMAGED}")
     strategy_of_manifest(manifest, where)
 
 
@@ -479,7 +521,7 @@ def build_manifest(config: PackConfig, plan: Plan, files: list[WrittenFile], cou
 def write_manifest(out_dir: str, manifest: Mapping[str, Any]) -> str:
     """Write ``manifest.json`` whole (a :class:`Manifest`, or a plain dict for other kinds of
     manifest such as a tokenized corpus's). Call it last: it is the commit."""
-    data = manifest._data if isinstance(manifest, Manifest) else manifest
+    data = manifest._data if isinstance(manifest, CheckedDocument) else manifest
     return write_whole(out_dir, MANIFEST_NAME, (json.dumps(data, indent=2, sort_keys=False) + "\n").encode())
 
 

@@ -40,11 +40,7 @@ import numpy.typing as npt
 import pyarrow.fs as pafs
 
 from raypack.packed.chunk_files import ChunkFile
-from raypack.packed.manifest import (
-    Manifest,
-    resolve_output,
-    side_columns_of,
-)
+from raypack.packed.manifest import Manifest, resolve_output
 from raypack.rules.core import Chunks, concat_chunks
 
 if TYPE_CHECKING:
@@ -100,18 +96,18 @@ class PackedDataset(BatchReads):
     stay valid after :meth:`close`, which only releases file handles.
     """
 
-    def __init__(self, path: str, manifest: dict[str, Any], filesystem: pafs.FileSystem, base: str) -> None:
+    def __init__(self, path: str, manifest: Manifest, filesystem: pafs.FileSystem, base: str) -> None:
         self.path = path
         self.manifest = manifest
-        self.context_length = int(manifest["context_length"])
-        self.pad_token = int(manifest["pad_token"])
-        self.token_dtype = np.dtype(manifest["token_dtype"])
-        self.extra_columns = side_columns_of(manifest)
+        self.context_length = manifest.context_length
+        self.pad_token = manifest.pad_token
+        self.token_dtype = manifest.token_dtype
+        self.extra_columns = manifest.extra_columns
         """Side columns (raypack.rules.side_columns): ``(name, type, fill)`` each, () without any."""
-        self._num_chunks = int(manifest["counts"]["chunks"])
+        self._num_chunks = manifest.num_chunks
         self._filesystem, self._base = filesystem, base
         self._files = [ChunkFile(filesystem, base, f, self.context_length, self.token_dtype, self.extra_columns)
-                       for f in manifest["files"]]
+                       for f in manifest.files]
         self._first_chunks = np.array([f.first_chunk for f in self._files], dtype=np.int64)
         self._open_files: OrderedDict[int, None] = OrderedDict()
 

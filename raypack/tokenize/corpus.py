@@ -15,18 +15,29 @@ checking each listed file is a plain ``part-NNNNNN.parquet`` of the recorded siz
 
 from __future__ import annotations
 
-import json
 import posixpath
 import re
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
+import numpy as np
 import pyarrow.fs as pafs
 
 from raypack import __version__
 from raypack.errors import InputError
 from raypack.inputs.base import ShardInfo
 from raypack.io.fs import resolve_filesystem
-from raypack.packed.manifest import write_manifest
+from raypack.io.json_doc import CheckedDocument, read_json_document
+from raypack.io.untrusted import (
+    MAX_COUNT,
+    hex_field,
+    int_field,
+    object_field,
+    object_list_field,
+    show,
+    str_field,
+    token_dtype_field,
+)
+from raypack.packed.manifest import MAX_MANIFEST_BYTES, write_manifest
 from raypack.packed.writer import MANIFEST_NAME, files_sha256
 
 TOKENIZED_KIND = "tokenized"
@@ -35,6 +46,10 @@ TOKEN_COLUMN = "input_ids"
 PART_FILE_RE = re.compile(r"^part-(\d{6,})\.parquet$")
 TOKENIZED_SUBDIR = "_tokenized"
 """Where ``raypack pack --tokenizer`` writes its tokenized corpus inside its work directory."""
+RERUN = "re-run raypack tokenize"
+_FIX = f"the tokenized corpus was replaced or damaged; {RERUN}"
+_COUNT_KEYS = ("documents", "tokens", "shards")
+_SHARD_KEYS = ("path", "num_docs", "num_tokens", "num_bytes", "sha256", "doc_offset")
 
 
 def part_file_name(task_index: int) -> str:
@@ -42,8 +57,72 @@ def part_file_name(task_index: int) -> str:
     return f"part-{task_index:06d}.parquet"
 
 
+class TokenizedCounts(NamedTuple):
+    documents: int
+    tokens: int
+    shards: int
+
+
+class CorpusShard(NamedTuple):
+    """One part file of a tokenized corpus, as its manifest records it (checked)."""
+
+    path: str
+    """The part's file name, ``part-NNNNNN.parquet``, inside the corpus directory."""
+    num_docs: int
+    num_tokens: int
+    num_bytes: int
+    sha256: str
+    doc_offset: int
+    source: dict[str, Any] | None
+    """The text range it was tokenized from (path, format, start, end), if recorded well formed."""
+
+
+class TokenizedManifest(CheckedDocument):
+    """A tokenized corpus's manifest: built by :func:`build_tokenized_manifest`, read and checked by
+    :func:`load_tokenized_manifest` (:func:`check_tokenized_manifest`), as strictly as a packed
+    output's. ``manifest[key]`` gives a JSON field; readers use the typed properties."""
+
+    __slots__ = ()
+
+    @property
+    def token_column(self) -> str:
+        return self._data["token_column"]
+
+    @property
+    def token_dtype(self) -> np.dtype:
+        return np.dtype(self._data["token_dtype"])
+
+    @property
+    def tokenizer(self) -> dict[str, Any]:
+        return self._data["tokenizer"]
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return self._data["options"]
+
+    @property
+    def counts(self) -> TokenizedCounts:
+        counts = self._data["counts"]
+        return TokenizedCounts(*(counts[key] for key in _COUNT_KEYS))
+
+    @property
+    def shards(self) -> tuple[CorpusShard, ...]:
+        return tuple(CorpusShard(*(row[key] for key in _SHARD_KEYS), _source(row.get("source")))
+                     for row in self._data["shards"])
+
+    @property
+    def content_sha256(self) -> str:
+        return self._data["content_sha256"]
+
+    @property
+    def backend(self) -> dict[str, Any]:
+        """The tokenizer backend that computed the ids, ``{"name", "version"}`` (a record only); {} if none."""
+        backend = self._data.get("backend")
+        return backend if isinstance(backend, dict) else {}
+
+
 def build_tokenized_manifest(shards: list[dict[str, Any]], token_dtype: str, tokenizer: dict[str, Any],
-                             options: dict[str, Any], backend: dict[str, Any] | None = None) -> dict[str, Any]:
+                             options: dict[str, Any], backend: dict[str, Any] | None = None) -> TokenizedManifest:
     """The manifest of a tokenized corpus. ``shards``: one dict per part file, in order, with
     path, num_docs, num_tokens, num_bytes, sha256, source; doc_offset is added here. ``backend``:
     name and version of the tokenizer backend that computed the ids (raypack.tokenize.backends),
@@ -52,7 +131,7 @@ def build_tokenized_manifest(shards: list[dict[str, Any]], token_dtype: str, tok
     for shard in shards:
         rows.append({**shard, "doc_offset": doc_offset})
         doc_offset += shard["num_docs"]
-    return {
+    return TokenizedManifest({
         "kind": TOKENIZED_KIND,
         "format_version": TOKENIZED_VERSION,
         "created_by": f"raypack {__version__}",
@@ -64,34 +143,76 @@ def build_tokenized_manifest(shards: list[dict[str, Any]], token_dtype: str, tok
         "counts": {"documents": doc_offset, "tokens": sum(s["num_tokens"] for s in shards), "shards": len(shards)},
         "shards": rows,
         "content_sha256": files_sha256(rows),
-    }
+    })
 
 
-def save_tokenized_manifest(out_dir: str, manifest: dict[str, Any]) -> None:
+def save_tokenized_manifest(out_dir: str, manifest: TokenizedManifest) -> None:
     """Write ``manifest.json`` whole (call last: it is the commit)."""
     write_manifest(out_dir, manifest)
 
 
-def load_tokenized_manifest(directory: str) -> dict[str, Any] | None:
-    """The tokenized manifest in ``directory`` (a path or URI), or None if it holds none (or
-    another kind of manifest). A manifest that does not parse is an InputError."""
+def load_tokenized_manifest(directory: str) -> TokenizedManifest | None:
+    """The checked tokenized manifest in ``directory`` (a path or URI), or None if it holds none
+    (or another kind of manifest). One that is larger than MAX_MANIFEST_BYTES, not JSON (within
+    the bounds of raypack.io.json_doc) or fails :func:`check_tokenized_manifest` is an InputError."""
     if any(c in directory for c in "*?["):
         return None
     fs, base = resolve_filesystem(directory)
     path = posixpath.join(base.rstrip("/"), MANIFEST_NAME) if base.rstrip("/") else MANIFEST_NAME
+    where = f"{directory.rstrip('/')}/{MANIFEST_NAME}"
     try:
         if fs.get_file_info(path).type != pafs.FileType.File:
             return None
-        with fs.open_input_stream(path, compression=None) as f:
-            manifest = json.loads(f.read())
-    except (OSError, ValueError) as e:
-        raise InputError(f"{directory}/{MANIFEST_NAME} cannot be read as JSON ({e}); re-run raypack tokenize") from e
-    if not isinstance(manifest, dict) or manifest.get("kind") != TOKENIZED_KIND:
+    except OSError as e:
+        raise InputError(f"{where} cannot be read ({e}); {RERUN}") from e
+    data = read_json_document(fs, path, MAX_MANIFEST_BYTES, _FIX)
+    if not isinstance(data, dict) or data.get("kind") != TOKENIZED_KIND:
         return None
-    if manifest.get("format_version") != TOKENIZED_VERSION:
-        raise InputError(f"{directory}/{MANIFEST_NAME}: tokenized format_version {manifest.get('format_version')!r} "
-                         f"is not {TOKENIZED_VERSION}; re-run raypack tokenize")
-    return manifest
+    check_tokenized_manifest(data, where)
+    return TokenizedManifest(data)
+
+
+def check_tokenized_manifest(data: dict[str, Any], where: str) -> None:
+    """Raise one-line InputError naming ``where``, the field and the value unless ``data`` is a
+    well-formed tokenized manifest: format_version 1, token_column a name, token_dtype an integer
+    dtype name, tokenizer and options objects, counts ints in ``[0, MAX_COUNT]``, a non-empty shard
+    list of part files in increasing name order with typed fields, doc offsets the running sums,
+    totals equal to the counts and content_sha256 the digest of the parts' sha256. O(shards)."""
+    if data.get("format_version") != TOKENIZED_VERSION:
+        raise InputError(f"{where}: tokenized format_version {show(data.get('format_version'))} "
+                         f"is not {TOKENIZED_VERSION}; {RERUN}")
+    str_field(data, "token_column", where, fix=_FIX)
+    token_dtype_field(data, where, _FIX)
+    object_field(data, "tokenizer", where, fix=_FIX)
+    object_field(data, "options", where, fix=_FIX)
+    counts = object_field(data, "counts", where, fix=_FIX)
+    totals = [int_field(counts, key, where, prefix="counts.", fix=_FIX) for key in _COUNT_KEYS]
+    rows = object_list_field(data, "shards", where, _SHARD_KEYS, ("source",), _FIX)
+    docs = tokens = 0
+    last = ""
+    for k, row in enumerate(rows):
+        label = f"{where}: shards[{k}]"
+        name = row["path"]
+        if not isinstance(name, str) or not PART_FILE_RE.match(name):
+            raise InputError(f"{where} lists {show(name)}, which is not a part-NNNNNN.parquet file; {RERUN}")
+        if name <= last:
+            raise InputError(f"{label}: {name} follows {last}; the parts are listed once each, in name order; {_FIX}")
+        last = name
+        num_docs, num_tokens = (int_field(row, key, label, fix=_FIX) for key in ("num_docs", "num_tokens"))
+        int_field(row, "num_bytes", label, fix=_FIX)
+        hex_field(row, "sha256", label, fix=_FIX)
+        if int_field(row, "doc_offset", label, fix=_FIX) != docs:
+            raise InputError(f"{label}: doc_offset={row['doc_offset']}, expected {docs} (the sum over earlier "
+                             f"shards); {_FIX}")
+        if "source" in row and not isinstance(row["source"], dict):
+            raise InputError(f"{label}: source={show(row['source'])}, expected an object; {_FIX}")
+        docs, tokens = docs + num_docs, tokens + num_tokens
+    for key, recorded, found in zip(_COUNT_KEYS, totals, (docs, tokens, len(rows))):
+        if recorded != found or found > MAX_COUNT:
+            raise InputError(f"{where}: counts.{key}={recorded} but its shards hold {found}; {_FIX}")
+    if hex_field(data, "content_sha256", where, fix=_FIX) != files_sha256(rows):
+        raise InputError(f"{where}: content_sha256={data['content_sha256']} is not the digest of its parts' "
+                         f"sha256 ({files_sha256(rows)}); {_FIX}")
 
 
 def tokenized_inputs(inputs: Sequence[str], token_column: str) -> list[ShardInfo] | None:
@@ -123,7 +244,7 @@ def tokenizer_record(inputs: Sequence[str]) -> dict[str, Any] | None:
     manifests = [load_tokenized_manifest(item) for item in inputs]
     if not manifests or any(m is None for m in manifests):
         return None
-    records = [{"identity": m.get("tokenizer"), "options": m.get("options")} for m in manifests]
+    records = [{"identity": m.tokenizer, "options": m.options} for m in manifests]
     for item, record in zip(inputs, records):
         if record != records[0]:
             raise InputError(f"{item} was tokenized with another tokenizer or options than {inputs[0]}; "
@@ -143,30 +264,20 @@ def _source(source: Any) -> dict | None:
     return None
 
 
-def _manifest_shard_infos(directory: str, manifest: dict[str, Any], token_column: str) -> list[ShardInfo]:
+def _manifest_shard_infos(directory: str, manifest: TokenizedManifest, token_column: str) -> list[ShardInfo]:
     where = f"{directory}/{MANIFEST_NAME}"
-    if manifest.get("token_column") != token_column:
-        raise InputError(f"{where}: the tokenized corpus has column {manifest.get('token_column')!r}, "
-                         f"not {token_column!r}; pass --token-column {manifest.get('token_column')}")
+    if manifest.token_column != token_column:
+        raise InputError(f"{where}: the tokenized corpus has column {manifest.token_column!r}, "
+                         f"not {token_column!r}; pass --token-column {manifest.token_column}")
     sizes = _file_sizes(directory)
     infos = []
-    try:
-        for shard in manifest["shards"]:
-            name = shard["path"]
-            if not isinstance(name, str) or not PART_FILE_RE.match(name):
-                raise InputError(f"{where} lists {name!r}, which is not a part-NNNNNN.parquet file; "
-                                 "re-run raypack tokenize")
-            if sizes.get(name) != shard["num_bytes"]:
-                found = "missing" if name not in sizes else f"{sizes[name]} bytes"
-                raise InputError(f"{where}: {name} is {found}, the manifest says {shard['num_bytes']} bytes; "
-                                 f"the corpus changed since it was written: re-run raypack tokenize")
-            infos.append(ShardInfo(f"{directory.rstrip('/')}/{name}", "parquet", int(shard["num_docs"]),
-                                   int(shard["num_tokens"]), str(manifest["token_dtype"]), "manifest",
-                                   source=_source(shard.get("source"))))
-    except (KeyError, TypeError, ValueError) as e:
-        if isinstance(e, InputError):
-            raise
-        raise InputError(f"{where} is malformed ({e!r}); re-run raypack tokenize") from e
+    for shard in manifest.shards:
+        if sizes.get(shard.path) != shard.num_bytes:
+            found = "missing" if shard.path not in sizes else f"{sizes[shard.path]} bytes"
+            raise InputError(f"{where}: {shard.path} is {found}, the manifest says {shard.num_bytes} bytes; "
+                             f"the corpus changed since it was written: {RERUN}")
+        infos.append(ShardInfo(f"{directory.rstrip('/')}/{shard.path}", "parquet", shard.num_docs, shard.num_tokens,
+                               manifest.token_dtype.name, "manifest", source=shard.source))
     return infos
 
 

@@ -38,7 +38,12 @@ from raypack.pack.plan import Plan, check_output_outside_inputs, make_plan
 from raypack.pack.publish import run_published
 from raypack.packed.writer import MANIFEST_NAME
 from raypack.tokenize.backends import AUTO, check_backend_name, load_backed_tokenizer
-from raypack.tokenize.corpus import TOKENIZED_SUBDIR, build_tokenized_manifest, save_tokenized_manifest
+from raypack.tokenize.corpus import (
+    TOKENIZED_SUBDIR,
+    TokenizedManifest,
+    build_tokenized_manifest,
+    save_tokenized_manifest,
+)
 from raypack.tokenize.tasks import (
     TextResult,
     TextTask,
@@ -101,20 +106,20 @@ class TokenizeConfig:
 @dataclass(frozen=True)
 class TokenizeSummary:
     output: str
-    manifest: dict
+    manifest: TokenizedManifest
     seconds: float
 
     def lines(self) -> list[str]:
-        c = self.manifest["counts"]
-        rate = c["tokens"] / self.seconds if self.seconds > 0 else 0.0
-        backend = self.manifest.get("backend", {})
+        c, tokenizer = self.manifest.counts, self.manifest.tokenizer
+        rate = c.tokens / self.seconds if self.seconds > 0 else 0.0
+        backend = self.manifest.backend
         return [
-            f"tokenized {self.output} ({self.manifest['tokenizer']['kind']}, vocabulary "
-            f"{self.manifest['tokenizer']['vocab_size']:,}, {self.manifest['token_dtype']}, backend "
+            f"tokenized {self.output} ({tokenizer['kind']}, vocabulary "
+            f"{tokenizer['vocab_size']:,}, {self.manifest.token_dtype.name}, backend "
             f"{backend.get('name')} {backend.get('version')})",
-            f"  documents  {c['documents']:>14,}",
-            f"  tokens     {c['tokens']:>14,}",
-            f"  shards     {c['shards']:>14,}",
+            f"  documents  {c.documents:>14,}",
+            f"  tokens     {c.tokens:>14,}",
+            f"  shards     {c.shards:>14,}",
             f"  time       {self.seconds:>14.2f}s  ({rate / 1e6:,.2f}M tokens/s, start-up included)",
         ]
 
@@ -146,9 +151,9 @@ def run_tokenize(config: TokenizeConfig, *, engine: str = "ray", resume: bool = 
         _check_outside(config.output, tasks)
         return tasks
 
-    def write(target, tasks: list[TextTask]) -> dict:
+    def write(target, tasks: list[TextTask]) -> TokenizedManifest:
         manifest = tokenize_into(target.work_dir, config, tasks, engine, resume)
-        target.sweep(keep={s["path"] for s in manifest["shards"]})
+        target.sweep(keep={s.path for s in manifest.shards})
         save_tokenized_manifest(target.work_dir, manifest)
         return manifest
 
@@ -208,7 +213,7 @@ def _check_outside(output: str, tasks: list[TextTask]) -> None:
 
 
 def tokenize_into(out_dir: str, config: TokenizeConfig, tasks: list[TextTask], engine: str,
-                  resume: bool) -> dict[str, Any]:
+                  resume: bool) -> TokenizedManifest:
     """Run every task into ``out_dir``; return the corpus manifest (not yet written)."""
     tokenizer = load_backed_tokenizer(config.text.tokenizer, config.text.tokenizer_backend)
     identity = tokenizer.identity()

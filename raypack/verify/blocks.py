@@ -76,8 +76,8 @@ def iter_blocks(fs: pafs.FileSystem, base: str, entry: dict[str, Any], manifest:
         for batch in batches:
             for start in range(0, batch.num_rows, batch_chunks):
                 part = batch.slice(start, batch_chunks)
-                yield _decode(part, path, first_row, manifest["context_length"], side_columns_of(manifest),
-                              manifest["token_dtype"])
+                yield _decode(part, path, first_row, manifest.context_length, side_columns_of(manifest),
+                              manifest.token_dtype.name)
                 first_row += part.num_rows
 
 
@@ -91,7 +91,7 @@ def _get_batch(reader: pa.ipc.RecordBatchFileReader, k: int, path: str) -> pa.Re
 
 
 def _check_schema(schema: pa.Schema, path: str, manifest: dict[str, Any]) -> None:
-    c, token_type = manifest["context_length"], pa.from_numpy_dtype(np.dtype(manifest["token_dtype"]))
+    c, token_type = manifest.context_length, pa.from_numpy_dtype(manifest.token_dtype)
     sides = side_columns_of(manifest)
     expected = {
         "chunk_index": pa.int64(),
@@ -111,7 +111,7 @@ def _check_schema(schema: pa.Schema, path: str, manifest: dict[str, Any]) -> Non
     metadata = {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
     expected_metadata = (("format_version", CHUNK_FILE_VERSION, "chunk files have"),
                          ("context_length", c, "the manifest says"),
-                         ("pad_token", manifest["pad_token"], "the manifest says"),
+                         ("pad_token", manifest.pad_token, "the manifest says"),
                          *((("extra_columns", json.dumps([s._asdict() for s in sides]), "the manifest says"),)
                            if sides else ()))
     for key, value, source in expected_metadata:

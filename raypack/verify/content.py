@@ -24,9 +24,9 @@ class ContentCheck:
     """Recompute ``content_sha256`` block by block; :meth:`finish` compares it with the manifest's."""
 
     def __init__(self, manifest: dict[str, Any]) -> None:
-        self.expected = manifest["content_sha256"]
-        self._hasher = ContentHasher(manifest["token_dtype"], manifest["context_length"],
-                                     manifest["counts"]["chunks"], manifest["content_group_chunks"],
+        self.expected = manifest.content_sha256
+        self._hasher = ContentHasher(manifest.token_dtype.name, manifest.context_length,
+                                     manifest.num_chunks, manifest.content_group_chunks,
                                      extra_columns=side_columns_of(manifest))
 
     def add(self, block: Block) -> None:

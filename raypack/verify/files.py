@@ -39,7 +39,7 @@ def open_file(fs: pafs.FileSystem, base: str, entry: dict[str, Any]) -> pa.Nativ
 def check_files(fs: pafs.FileSystem, base: str, manifest: dict[str, Any]) -> int:
     """Listed files present, none unlisted, sizes and sha256 as recorded; return the total bytes."""
     present = {posixpath.basename(i.path) for i in fs.get_file_info(pafs.FileSelector(base))}
-    files = manifest["files"]
+    files = manifest.files
     for entry in files:
         if entry["path"] not in present:
             last = entry["first_chunk"] + entry["num_chunks"] - 1
@@ -52,16 +52,16 @@ def check_files(fs: pafs.FileSystem, base: str, manifest: dict[str, Any]) -> int
                           f"({len(unlisted)} unlisted in all); it is not part of this output")
     for entry in files:
         _check_file_bytes(fs, base, entry)
-    if manifest["format_version"] == 2:  # version 3's content digest is checked as the chunks are decoded
+    if manifest.format_version == 2:  # version 3's content digest is checked as the chunks are decoded
         _check_files_sha256(base, manifest)
     return sum(entry["num_bytes"] for entry in files)
 
 
 def _check_files_sha256(base: str, manifest: dict[str, Any]) -> None:
     """Format version 2's ``content_sha256``: the sha256 of the files' sha256 digests, one per line."""
-    expected = files_sha256(manifest["files"])
-    if manifest["content_sha256"] != expected:
-        raise VerifyError(f"{posixpath.join(base, MANIFEST_NAME)}: content_sha256={manifest['content_sha256']}, "
+    expected = files_sha256(manifest.files)
+    if manifest.content_sha256 != expected:
+        raise VerifyError(f"{posixpath.join(base, MANIFEST_NAME)}: content_sha256={manifest.content_sha256}, "
                           f"expected {expected} (format version 2: sha256 of the files' sha256 digests, one per line)")
 
 

@@ -56,7 +56,7 @@ def resolve_inputs(manifest: dict[str, Any], inputs: Sequence[str] | None, where
     Default (``inputs`` None): the manifest's shards, but only absolute paths or URIs with a known
     shard suffix and no ``..`` (else InputError: pass --input), and only when all still exist.
     """
-    recorded = manifest.get("shards") or []
+    recorded = manifest.shards
     if inputs is None:
         if not recorded:
             log.info("verify: the manifest lists no shards; inputs not compared")
@@ -230,8 +230,8 @@ def compare_with_inputs(output: Iterator[Piece], shards: list[Shard], column: st
     totals = _InputTotals()
     long_docs = long_docs_of(manifest)
     found = _Cursor(output)
-    expected = _Cursor(_input_pieces(shards, column, totals, long_docs, manifest["context_length"],
-                                     side_columns_of(manifest), manifest["token_dtype"]))
+    expected = _Cursor(_input_pieces(shards, column, totals, long_docs, manifest.context_length,
+                                     side_columns_of(manifest), manifest.token_dtype.name))
     while found.current() is not None and expected.current() is not None:
         n = min(found.remaining(), expected.remaining())
         start_found, start_expected = found.offset, expected.offset
@@ -250,11 +250,11 @@ def compare_with_inputs(output: Iterator[Piece], shards: list[Shard], column: st
                           f"{int(found.piece.doc_ids[found.offset])}) but the inputs end there; tokens not conserved")
     if expected.current() is not None:
         raise VerifyError(f"{expected.piece.where(expected.offset)}: not in the output, which ends after "
-                          f"{manifest['counts']['tokens']} tokens; tokens not conserved")
-    if totals.num_docs != manifest["counts"]["documents"]:
-        raise VerifyError(f"{manifest_path}: counts.documents={manifest['counts']['documents']} but the inputs "
+                          f"{manifest.counts.tokens} tokens; tokens not conserved")
+    if totals.num_docs != manifest.counts.documents:
+        raise VerifyError(f"{manifest_path}: counts.documents={manifest.counts.documents} but the inputs "
                           f"hold {totals.num_docs} documents")
     for key, value in totals.cut.items() if long_docs != "split" else ():
-        if manifest["counts"][key] != value:
-            raise VerifyError(f"{manifest_path}: counts.{key}={manifest['counts'][key]} but the inputs re-read "
+        if getattr(manifest.counts, key) != value:
+            raise VerifyError(f"{manifest_path}: counts.{key}={getattr(manifest.counts, key)} but the inputs re-read "
                               f"with long_docs={long_docs} give {value}")

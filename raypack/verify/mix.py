@@ -15,10 +15,13 @@ Cost: the sum of the sources' verifications; the mix itself adds O(sources).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from raypack.errors import InputError
 from raypack.verify.report import VerifyError, VerifyReport
+
+if TYPE_CHECKING:
+    from raypack.mix.dataset import MixManifest
 
 __all__ = ["MixVerifyReport", "verify_mix"]
 
@@ -26,14 +29,14 @@ __all__ = ["MixVerifyReport", "verify_mix"]
 @dataclass(frozen=True)
 class MixVerifyReport:
     output: str
-    manifest: dict[str, Any]
+    manifest: MixManifest
     sources: tuple[tuple[str, VerifyReport], ...]
     """(resolved path, its report) per source, in order."""
 
     def lines(self) -> list[str]:
         m = self.manifest
         out = [f"verified mix {self.output}",
-               f"  items            {m['num_chunks']:>14,}  of {m['context_length']} tokens, seed {m['seed']}",
+               f"  items            {m.num_chunks:>14,}  of {m.context_length} tokens, seed {m.seed}",
                f"  sources          {len(self.sources):>14,}  (each as recorded, each verified; inputs not compared)"]
         for k, (path, report) in enumerate(self.sources):
             out.append(f"    {k}: {path}  {report.num_chunks:,} chunks, {report.num_files:,} files, sha256 ok, "
@@ -44,24 +47,24 @@ class MixVerifyReport:
 def verify_mix(out: str, data: Any, where: str, inputs: Sequence[str] | None = None) -> MixVerifyReport:
     """Check the mix at ``out`` (parsed manifest ``data`` read from ``where``); VerifyError at the first
     discrepancy. ``inputs`` must be None or empty: a mix has no inputs of its own."""
-    from raypack.mix.dataset import check_mix_manifest, check_sources, source_location
+    from raypack.mix.dataset import MixManifest, check_sources, source_location
     from raypack.verify.output import verify_packed
 
     if inputs:
         raise InputError(f"{out} is a mix: it has no inputs of its own; verify each source with its inputs "
                          "(raypack verify SOURCE --input ...)")
     try:
-        check_mix_manifest(data, where)
-        datasets = check_sources(out, data, where)
+        manifest = MixManifest.from_dict(data, where)
+        datasets = check_sources(out, manifest, where)
     except InputError as e:
         raise VerifyError(str(e)) from e
     for ds in datasets:
         ds.close()
     reports = []
-    for k, entry in enumerate(data["sources"]):
-        path = source_location(out, entry["path"])
+    for k, entry in enumerate(manifest.sources):
+        path = source_location(out, entry.path)
         try:
             reports.append((path, verify_packed(path, [])))
         except VerifyError as e:
             raise VerifyError(f"source {k} of the mix {out}: {e}") from e
-    return MixVerifyReport(out, data, tuple(reports))
+    return MixVerifyReport(out, manifest, tuple(reports))

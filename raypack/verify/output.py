@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import posixpath
 import time
-from typing import Any, Sequence
+from typing import Sequence
 
 from raypack.errors import InputError
-from raypack.packed.manifest import load_manifest, long_docs_of, resolve_output, side_columns_of, strategy_of
+from raypack.packed.manifest import Manifest, load_manifest, long_docs_of, resolve_output, side_columns_of, strategy_of
 from raypack.packed.writer import MANIFEST_NAME
 from raypack.rules.long_docs import DEFAULT_LONG_DOCS
 from raypack.strategies import strategy_of_manifest
@@ -38,19 +38,19 @@ def verify_packed(out: str, inputs: Sequence[str] | None = None, *, token_column
     structure = structure_class(manifest)(manifest, keep_tokens=shards is not None)
     pieces = output_pieces(fs, base, manifest, structure, batch_chunks)
     if long_docs_of(manifest) != DEFAULT_LONG_DOCS:
-        pieces = check_document_lengths(pieces, manifest["context_length"], long_docs_of(manifest))
+        pieces = check_document_lengths(pieces, manifest.context_length, long_docs_of(manifest))
     if shards is None:
         for _ in pieces:
             pass
     else:
-        column = token_column or (manifest.get("config") or {}).get("token_column") or "input_ids"
+        column = token_column or manifest.config.token_column or "input_ids"
         compare_with_inputs(pieces, shards, column, manifest, manifest_path)
     return VerifyReport(
-        output=out, num_files=len(manifest["files"]), num_bytes=num_bytes,
+        output=out, num_files=len(manifest.files), num_bytes=num_bytes,
         num_chunks=structure.next_chunk, context_length=structure.context_length,
         num_tokens=structure.num_tokens, num_padding_positions=structure.num_padding,
-        num_documents=manifest["counts"]["documents"], num_split_documents=structure.num_split,
-        num_segments=structure.num_segments, content_sha256=manifest["content_sha256"],
+        num_documents=manifest.counts.documents, num_split_documents=structure.num_split,
+        num_segments=structure.num_segments, content_sha256=manifest.content_sha256,
         inputs_compared=shards is not None, num_shards=len(shards or ()),
         seconds=time.perf_counter() - start, strategy=strategy,
         strategy_note=structure.report_note(),
@@ -60,17 +60,18 @@ def verify_packed(out: str, inputs: Sequence[str] | None = None, *, token_column
     )
 
 
-def _long_doc_counts(manifest: dict[str, Any]) -> tuple[int, int]:
+def _long_doc_counts(manifest: Manifest) -> tuple[int, int]:
     """(documents, tokens) the manifest says were truncated or dropped ((0, 0) under split)."""
-    counts = manifest["counts"]
+    counts = manifest.counts
     policy = long_docs_of(manifest)
     if policy == DEFAULT_LONG_DOCS:
         return 0, 0
-    return counts.get(f"documents_{policy}ped" if policy == "drop" else "documents_truncated", 0), \
-        counts.get("tokens_dropped" if policy == "drop" else "tokens_truncated", 0)
+    if policy == "drop":
+        return counts.documents_dropped, counts.tokens_dropped
+    return counts.documents_truncated, counts.tokens_truncated
 
 
-def _load_manifest(out: str) -> dict[str, Any]:
+def _load_manifest(out: str) -> Manifest:
     """The manifest, checked by :func:`raypack.packed.manifest.load_manifest`; its InputError becomes a VerifyError."""
     try:
         return load_manifest(out)

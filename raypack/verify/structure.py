@@ -27,7 +27,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import pyarrow.fs as pafs
 
-from raypack.packed.manifest import side_columns_of
+from raypack.packed.manifest import Manifest, side_columns_of
 from raypack.packed.writer import MANIFEST_NAME
 from raypack.rules.side_columns import pad_record
 from raypack.verify.blocks import Block, Piece, iter_blocks, row_of_segment
@@ -41,13 +41,14 @@ class Structure:
     """Counts and per-block checks shared by every strategy; subclasses define ``pieces`` and ``flush``."""
 
     def __init__(self, manifest: dict[str, Any], *, keep_tokens: bool = False) -> None:
-        self.context_length = manifest["context_length"]
+        manifest = Manifest.of(manifest)
+        self.context_length = manifest.context_length
         columns = side_columns_of(manifest)
-        self.pad_token = pad_record(manifest["pad_token"], columns, manifest["token_dtype"]) if columns \
-            else manifest["pad_token"]
+        self.pad_token = pad_record(manifest.pad_token, columns, manifest.token_dtype.name) if columns \
+            else manifest.pad_token
         """The pad token, or with side columns the padding's record (raypack.rules.side_columns)."""
         self.keep_tokens = keep_tokens
-        self.num_chunks = sum(entry["num_chunks"] for entry in manifest["files"])
+        self.num_chunks = sum(entry["num_chunks"] for entry in manifest.files)
         self.next_chunk = 0
         self.last_doc_id = -1
         self.num_tokens = self.num_padding = self.num_split = self.num_segments = 0
@@ -91,14 +92,14 @@ class Structure:
 
     def finish(self, manifest: dict[str, Any], where: str) -> None:
         """The manifest's counts against what was read; ``where`` names the manifest."""
-        counts = manifest["counts"]
+        counts = manifest.counts
         found = {"chunks": self.next_chunk, "tokens": self.num_tokens,
                  "padding_positions": self.num_padding, "split_documents": self.num_split}
         for key, value in found.items():
-            if counts[key] != value:
-                raise VerifyError(f"{where}: counts.{key}={counts[key]} but the chunk files hold {value}")
-        if counts["documents"] < self.last_doc_id + 1:
-            raise VerifyError(f"{where}: counts.documents={counts['documents']} but the output holds doc id "
+            if getattr(counts, key) != value:
+                raise VerifyError(f"{where}: counts.{key}={getattr(counts, key)} but the chunk files hold {value}")
+        if counts.documents < self.last_doc_id + 1:
+            raise VerifyError(f"{where}: counts.documents={counts.documents} but the output holds doc id "
                               f"{self.last_doc_id}; documents must be >= max doc id + 1 = {self.last_doc_id + 1}")
 
 
@@ -106,8 +107,9 @@ def output_pieces(fs: pafs.FileSystem, base: str, manifest: dict[str, Any], stru
                   batch_chunks: int) -> Iterator[Piece]:
     """The output's non-padding stream, checked block by block; the counts and (format version 3)
     the content digest are checked at its end."""
-    content = ContentCheck(manifest) if manifest["format_version"] >= 3 else None
-    for entry in manifest["files"]:
+    manifest = Manifest.of(manifest)
+    content = ContentCheck(manifest) if manifest.format_version >= 3 else None
+    for entry in manifest.files:
         for block in iter_blocks(fs, base, entry, manifest, batch_chunks):
             yield from structure.pieces(block)
             if content is not None:

@@ -32,6 +32,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
+from raypack.packed.manifest import Manifest
 from raypack.strategies.best_fit.layout import ExpectedLayout, expected_layout
 from raypack.strategies.best_fit.windows import WindowMap
 from raypack.verify.blocks import Block, Piece, SegmentPlaces, segment_places
@@ -64,12 +65,13 @@ class BestFitStructure(Structure):
     """
 
     def __init__(self, manifest: dict[str, Any], *, keep_tokens: bool = False) -> None:
+        manifest = Manifest.of(manifest)
         super().__init__(manifest, keep_tokens=keep_tokens)
         self._map = WindowMap(manifest)
         self.window = self._map.window
         """Documents per window (0: a whole shard), as the manifest says."""
-        self.max_segments = manifest.get("best_fit_max_segments")
-        self._shard_tokens = np.zeros(len(manifest["shards"]), dtype=np.int64)
+        self.max_segments = manifest.strategy.max_segments
+        self._shard_tokens = np.zeros(len(manifest.shards), dtype=np.int64)
         self.last_window = -1
         self._pending: list[_Part] = []
 

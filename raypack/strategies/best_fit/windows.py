@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from raypack.packed.manifest import Manifest
+
 __all__ = ["WindowMap"]
 
 
@@ -21,11 +23,12 @@ class WindowMap:
     """The shards, windows and files of one best_fit manifest."""
 
     def __init__(self, manifest: dict[str, Any]) -> None:
-        self.window = manifest["best_fit_window"]
-        files = manifest["files"]
+        manifest = Manifest.of(manifest)
+        self.window = manifest.strategy.window
+        files = manifest.files
         self._file_first = np.array([f["first_chunk"] for f in files], dtype=np.int64)
         self._file_names = [f["path"] for f in files]
-        shards = manifest["shards"]
+        shards = manifest.shards
         self.shard_paths = [e["path"] for e in shards]
         self._doc_offsets = np.array([e["doc_offset"] for e in shards], dtype=np.int64)
         self._shard_docs = np.array([e["num_docs"] for e in shards], dtype=np.int64)
