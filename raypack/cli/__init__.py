@@ -124,6 +124,8 @@ def _add_mix_parser(commands) -> None:
     mix.add_argument("--seed", type=int, help="the order's seed, 0..2**64-1 (default: 0)")
     mix.add_argument("--output", help="the mix directory (holds a manifest only)")
     mix.add_argument("--overwrite", action="store_true", default=None, help="replace an existing output")
+    mix.add_argument("--allow-mixed-tokenizers", action="store_true", default=None,
+                     help="mix sources whose manifests name different tokenizers (refused otherwise)")
 
 
 def _run_mix(args: argparse.Namespace) -> int:
@@ -135,7 +137,8 @@ def _run_mix(args: argparse.Namespace) -> int:
         raise InputError(f"{len(sources)} --source but {len(weights)} --weight; give one --weight after each --source")
     pairs = [(path, _number(text)) for path, text in zip(sources, weights)] or None
     config = load_mix_config(args.config, sources=pairs, output=args.output, num_chunks=args.num_chunks,
-                             seed=args.seed, overwrite=args.overwrite)
+                             seed=args.seed, overwrite=args.overwrite,
+                             allow_mixed_tokenizers=args.allow_mixed_tokenizers)
     print("\n".join(run_mix(config).lines()))
     return 0
 

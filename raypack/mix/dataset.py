@@ -78,6 +78,8 @@ class MixConfig:
     """N, items of the mix."""
     seed: int = 0
     overwrite: bool = False
+    allow_mixed_tokenizers: bool = False
+    """Mix sources whose manifests name different tokenizers (their ids mean different things)."""
 
     def __post_init__(self) -> None:
         if not self.sources:
@@ -92,8 +94,9 @@ class MixConfig:
             raise ValueError("--output (or output in --config) is required")
         _check_int("num_chunks", self.num_chunks, 1, MAX_COUNT)
         _check_int("seed", self.seed, 0, MAX_SEED)
-        if not isinstance(self.overwrite, bool):
-            raise ValueError(f"overwrite={self.overwrite!r} must be true or false")
+        for flag in ("overwrite", "allow_mixed_tokenizers"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag}={getattr(self, flag)!r} must be true or false")
 
 
 def _check_int(name: str, value: Any, minimum: int, maximum: int) -> None:
@@ -101,7 +104,7 @@ def _check_int(name: str, value: Any, minimum: int, maximum: int) -> None:
         raise ValueError(f"{name}={value!r} must be an integer in {minimum}..{maximum}")
 
 
-CONFIG_KEYS = ("sources", "output", "num_chunks", "seed", "overwrite")
+CONFIG_KEYS = ("sources", "output", "num_chunks", "seed", "overwrite", "allow_mixed_tokenizers")
 
 
 def load_mix_config(path: str | None = None, **overrides: Any) -> MixConfig:
@@ -204,6 +207,8 @@ def build_mix_manifest(config: MixConfig, datasets: Sequence[PackedDataset]) -> 
                 raise InputError(f"source {k} ({config.sources[k][0]}) has {what}={getattr(ds, what)} but source 0 "
                                  f"({config.sources[0][0]}) has {what}={getattr(first, what)}; mix outputs packed "
                                  "with the same context length, token dtype and pad token")
+    if not config.allow_mixed_tokenizers:
+        _refuse_mixed_tokenizers(config, datasets)
     weights = [w for _, w in config.sources]
     shares = apportion(weights, config.num_chunks)
     return {
@@ -221,6 +226,25 @@ def build_mix_manifest(config: MixConfig, datasets: Sequence[PackedDataset]) -> 
                      "weight": weight, "share": share, "passes": share // len(ds)}
                     for (path, weight), ds, share in zip(config.sources, datasets, shares)],
     }
+
+
+def _refuse_mixed_tokenizers(config: MixConfig, datasets: Sequence[PackedDataset]) -> None:
+    """Sources whose manifests record different tokenizers: one line naming two of them. A source
+    packed from token ids records none and is not compared."""
+    named = [(k, ds.manifest.tokenizer_identity) for k, ds in enumerate(datasets)
+             if ds.manifest.tokenizer_identity is not None]
+    for k, identity in named[1:]:
+        first, first_identity = named[0]
+        if identity != first_identity:
+            raise InputError(f"source {k} ({config.sources[k][0]}) was tokenized with {_tokenizer_name(identity)} but "
+                             f"source {first} ({config.sources[first][0]}) with {_tokenizer_name(first_identity)}: "
+                             "their ids mean different tokens; mix outputs of one tokenizer, or pass "
+                             "--allow-mixed-tokenizers if that is what you mean")
+
+
+def _tokenizer_name(identity: dict[str, Any]) -> str:
+    name = identity.get("name") or f"a tokenizer.json (sha256 {str(identity.get('sha256', ''))[:12]}...)"
+    return f"{identity.get('kind')} {name}"
 
 
 def _recorded_path(path: str, output: str) -> str:

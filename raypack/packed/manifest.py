@@ -234,6 +234,16 @@ class Manifest(CheckedDocument):
         """Chunks per group of the content digest (format version 3)."""
         return self._data["content_group_chunks"]
 
+    @property
+    def tokenizer_identity(self) -> dict[str, Any] | None:
+        """What defines the ids of an output packed from text (its tokenizer's kind, name, vocabulary
+        size and file digest; not the path it was read from); None for an output of token inputs."""
+        record = self._data.get("tokenizer")
+        identity = record.get("identity") if isinstance(record, dict) else None
+        if not isinstance(identity, dict):
+            return None
+        return {key: value for key, value in identity.items() if key != "file"}
+
 
 def load_manifest(path: str) -> Manifest:
     """The checked ``manifest.json`` of output directory ``path`` (local path or URI).

@@ -408,3 +408,28 @@ def test_readers_of_packed_outputs_only_refuse_a_mix_in_one_line(capsys, tmp_pat
     assert code == 2 and "is a mix" in err
     code, _, err = run_cli(capsys, "verify", out, "--input", outputs["a"])
     assert code == 2 and "has no inputs of its own" in err
+
+
+def test_sources_of_different_tokenizers_are_refused_unless_allowed(tmp_path, capsys):
+    """A cl100k output and an o200k output: their ids mean different tokens (it was exit 0)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from raypack.cli import main
+
+    (tmp_path / "text").mkdir()
+    texts = pa.table({"text": [f"document {i}, some words" for i in range(40)]})
+    pq.write_table(texts, tmp_path / "text" / "p.parquet")
+    for name in ("cl100k_base", "o200k_base"):
+        assert main(["pack", "--local", "--input", str(tmp_path / "text"), "--output", str(tmp_path / name),
+                     "--context-length", "16", "--tokenizer", f"tiktoken:{name}"]) == 0
+    capsys.readouterr()
+    mix = ["mix", "--num-chunks", "10", "--source", str(tmp_path / "cl100k_base"), "--weight", "1"]
+    assert main([*mix, "--source", str(tmp_path / "o200k_base"), "--weight", "1", "--output", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "o200k_base" in err[0] and "cl100k_base" in err[0] and "--allow-mixed-tokenizers" in err[0]
+    assert not (tmp_path / "m").exists()
+    assert main([*mix, "--source", str(tmp_path / "o200k_base"), "--weight", "1", "--output", str(tmp_path / "m"),
+                 "--allow-mixed-tokenizers"]) == 0
+    same = [*mix, "--source", str(tmp_path / "cl100k_base"), "--weight", "1", "--output", str(tmp_path / "m2")]
+    assert main(same) == 0
