@@ -152,14 +152,15 @@ def collate_packed(samples: Iterable[Mapping[str, Any]], attention: str = "addit
 
     samples: chunks with ``input_ids`` (L,) and either dense ``doc_ids`` (L,) (what
              :class:`PackedTorchDataset` gives) or ``segment_doc_ids`` + ``segment_lengths``
-             (a row of the chunk files, e.g. from Hugging Face ``datasets``). numpy arrays,
+             (a row of the chunk files, e.g. from Hugging Face ``datasets``; or an MDS export's
+             sample, whose ``tokens`` stand for ``input_ids``: docs/MDS.md). numpy arrays,
              tensors or lists.
     attention, options: as :func:`build_batch`.
     """
     samples = list(samples)
     if not samples:
         raise ValueError("collate_packed got no samples; a batch needs at least one chunk")
-    input_ids = np.stack([np.asarray(s["input_ids"]) for s in samples])
+    input_ids = np.stack([np.asarray(s["input_ids"] if "input_ids" in s else _mds_tokens(s)) for s in samples])
     doc_ids = np.stack([_dense_doc_ids(s) for s in samples])
     sides = {name: np.stack([np.asarray(s[name]) for s in samples]) for name in _LOSS_COLUMNS if name in samples[0]}
     return build_batch(input_ids, doc_ids, attention, **sides, **options)
@@ -301,6 +302,13 @@ def _dense_mask(docs: np.ndarray, attention: str, mask_dtype: torch.dtype, paddi
         rows, cols = torch.from_numpy(docs == PAD_ID).nonzero(as_tuple=True)
         mask[rows, cols, cols] = allow
     return mask
+
+
+def _mds_tokens(sample: Mapping[str, Any]) -> np.ndarray:
+    """An MDS sample's tokens (``raypack export --format mds`` names the column ``tokens``), as int64."""
+    if "tokens" not in sample:
+        raise ValueError(f"a sample has keys {sorted(sample)}; it needs input_ids (or an MDS sample's tokens)")
+    return np.asarray(sample["tokens"]).astype(np.int64, copy=False)
 
 
 def _dense_doc_ids(sample: Mapping[str, Any]) -> np.ndarray:

@@ -79,9 +79,24 @@ def _write(request: dict) -> dict:
     return {}
 
 
+def _exec(request: dict) -> dict:
+    """Run ``code`` (a docs/MDS.md recipe) with ``streaming.StreamingDataset`` importable and
+    ``request["globals"]`` defined; save the numpy arrays / tensors of its ``batch`` dict in ``out``."""
+    import numpy as np
+    import streaming
+    from streaming.base.dataset import StreamingDataset
+
+    streaming.StreamingDataset = StreamingDataset  # what `from streaming import StreamingDataset` gives
+    scope = dict(request["globals"])
+    exec(compile(request["code"], "docs/MDS.md", "exec"), scope)
+    batch = scope["batch"]
+    np.savez(request["out"], **{k: np.asarray(v) for k, v in batch.items() if hasattr(v, "shape")})
+    return {"keys": sorted(batch)}
+
+
 def main() -> None:
     _enter_package(sys.argv[1])
-    ops = {"read": _read, "write": _write}
+    ops = {"read": _read, "write": _write, "exec": _exec}
     for line in sys.stdin:
         request = json.loads(line)
         try:

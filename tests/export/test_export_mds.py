@@ -49,8 +49,9 @@ class RealMds:
     """One child process running tests/mds_real.py (its torch import is paid once)."""
 
     def __init__(self) -> None:
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         self.proc = subprocess.Popen([sys.executable, WORKER, READER_DIR], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ""})
+                                     stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": repo})
 
     def call(self, **request) -> dict:
         self.proc.stdin.write(json.dumps(request) + "\n")
@@ -534,3 +535,26 @@ def test_cli_export_to_a_uri(tmp_path, capsys):
     assert names == sorted(["index.json"] + [e["raw_data"]["basename"] for e in load_index(out)])
     assert "index.json exists; pass --overwrite" in cli_error(capsys, ["export", src, "--format", "mds",
                                                                        "--output", out])
+
+
+def test_the_batching_recipe_of_docs_mds_runs_on_the_real_reader(tmp_path, real):
+    """docs/MDS.md's DataLoader recipe, run as written in the real library's process: its batch
+    equals collate_packed over the packed output's chunks (torch's default collate cannot stack
+    the ragged segment columns)."""
+    import re
+
+    from raypack.torch_data import collate_packed
+
+    src = packed(tmp_path, context_length=16)
+    export_mds(src, str(tmp_path / "mds"))
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "MDS.md")).read()
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", doc, re.S) if "DataLoader" in b]
+    npz = str(tmp_path / "batch.npz")
+    reply = real.call(op="exec", code=code, globals={"MDS_DIR": str(tmp_path / "mds")}, out=npz)
+    assert reply["ok"], reply.get("traceback")
+    found = dict(np.load(npz))
+    ds = read_packed(src)
+    expected = collate_packed([ds[i] for i in range(8)], attention="varlen")
+    assert set(found) >= {"input_ids", "labels", "cu_seqlens"}
+    for key in found:
+        np.testing.assert_array_equal(found[key], np.asarray(expected[key]), err_msg=key)
