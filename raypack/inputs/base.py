@@ -88,6 +88,8 @@ class InputFormat:
     """Its name in messages ("JSON Lines")."""
     suffixes: ClassVar[tuple[str, ...]]
     """File name suffixes, lower case, with the dot (".parquet"); the longest match wins."""
+    text_task_unit: ClassVar[str] = "bytes"
+    """What a text task's ``[start, end)`` counts in this format, for messages ("row groups", "bytes")."""
     has_units: ClassVar[bool] = False
     """A shard can be read by ranges of units (row groups, record batches): ``ShardInfo.unit_docs``."""
     holds_text: ClassVar[bool] = False

@@ -50,6 +50,7 @@ class ParquetFormat(InputFormat):
     name = "parquet"
     title = "Parquet"
     suffixes = (".parquet", ".pq")
+    text_task_unit = "row groups"
     has_units = True
     holds_text = True
 

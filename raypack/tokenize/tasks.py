@@ -158,8 +158,7 @@ def _byte_pieces(texts: pa.Array, max_bytes: int) -> Iterator[pa.Array]:
 
 def document_name(task: TextTask, k: int) -> str:
     """Document ``k`` (from 0, in order) of ``task``, for an error message."""
-    unit = "row groups" if task.format == "parquet" else "bytes"
-    where = f"{unit} [{task.start}, {task.end})"
+    where = f"{format_named(task.format).text_task_unit} [{task.start}, {task.end})"
     return f"{task.path}: document {k} of {where} (tokenize task {task.task_index})"
 
 
