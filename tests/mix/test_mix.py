@@ -433,3 +433,18 @@ def test_sources_of_different_tokenizers_are_refused_unless_allowed(tmp_path, ca
                  "--allow-mixed-tokenizers"]) == 0
     same = [*mix, "--source", str(tmp_path / "cl100k_base"), "--weight", "1", "--output", str(tmp_path / "m2")]
     assert main(same) == 0
+
+
+def test_a_mix_listing_one_output_many_times_opens_it_once(tmp_path, monkeypatch):
+    """A hostile (or careless) mix of 2,000 entries naming one output reads that manifest once."""
+    import raypack.mix.dataset as dataset
+
+    pack(tmp_path, write_shards(tmp_path, [[1, 2, 3, 4, 5]] * 30, [10]))
+    sources = tuple((str(tmp_path / "out"), 1) for _ in range(2000))
+    run_mix(load_mix_config(sources=sources, output=str(tmp_path / "m"), num_chunks=4000))
+    reads = []
+    real = dataset.read_manifest_json
+    monkeypatch.setattr(dataset, "read_manifest_json", lambda path: reads.append(path) or real(path))
+    mixed = read_packed(str(tmp_path / "m"))
+    assert len(mixed) == 4000 and len(reads) == 1
+    assert {int(mixed[i]["source"]) for i in range(0, 4000, 97)} <= set(range(2000))
