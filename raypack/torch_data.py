@@ -67,8 +67,12 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import numpy.typing as npt
-import torch
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask
+
+try:
+    import torch
+    from torch.nn.attention.flex_attention import BlockMask, create_block_mask
+except ImportError as e:  # the optional extra
+    raise ImportError(f"raypack.torch_data needs PyTorch ({e}): pip install 'raypack[torch]'") from e
 
 from raypack.mix.dataset import MixedDataset
 from raypack.outputs import read_packed

@@ -8,17 +8,25 @@ from __future__ import annotations
 
 from raypack.errors import InputError, WorkerError
 
+RAY_EXTRA = "pip install 'raypack[ray]' (or pass --local to run in this process)"
+
+
+def engine():
+    """:mod:`raypack.engine.pipeline`, imported now; InputError naming the extra when Ray is not installed."""
+    try:
+        from raypack.engine import pipeline
+    except ImportError as e:
+        raise InputError(f"Ray does not import ({e}); {RAY_EXTRA}") from e
+    return pipeline
+
 
 def connect_ray(address: str | None, *, verbose: bool | None = None) -> None:
     """Start or join Ray now, so that a cluster that cannot be reached fails before anything is written."""
-    from raypack.engine import pipeline
-
-    pipeline.init_ray(address, verbose=verbose)
+    engine().init_ray(address, verbose=verbose)
 
 
 def on_ray(run, what: str):
-    from raypack.engine import pipeline
-
+    pipeline = engine()
     try:
         return run(pipeline)
     except Exception as e:

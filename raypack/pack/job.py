@@ -10,7 +10,7 @@ import logging
 import time
 from dataclasses import dataclass, replace
 
-from raypack.engine.session import connect_ray, on_ray
+from raypack.engine.session import connect_ray, engine, on_ray
 from raypack.errors import InputError
 from raypack.inputs.shards import discover_shards
 from raypack.io.progress import Progress
@@ -89,7 +89,12 @@ def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False, t
     if not config.output:
         raise InputError("no output given: pass --output DIR")
     if engine == "ray":
-        discover_shards(config.inputs)  # a mistyped input is one line before Ray takes seconds to start
+        if text is not None:
+            from raypack.tokenize.job import check_before_ray
+
+            check_before_ray(config.inputs, text)  # inputs, tokenizer, BOS/EOS: one line before Ray starts
+        else:
+            discover_shards(config.inputs)  # a mistyped input is one line before Ray takes seconds to start
         connect_ray(config.address, verbose=verbose)
 
     def plan() -> Plan | None:
@@ -182,7 +187,5 @@ def _pack_with_ray(tasks, settings: PackSettings, config: PackConfig, unit: str 
 def _on_ray(config: PackConfig, run, what: str):
     """``run(pipeline)`` on Ray. Bad input and OSError come out unwrapped; any other failure of
     ``what`` (a worker that died, ...) as one :class:`WorkerError` line naming Ray's log directory."""
-    from raypack.engine import pipeline
-
-    pipeline.init_ray(config.address)
+    engine().init_ray(config.address)
     return on_ray(run, what)

@@ -131,6 +131,18 @@ def parse_token(value: str | int | None) -> str | int | None:
     return value
 
 
+def check_before_ray(inputs: tuple[str, ...] | list[str], text: TextOptions) -> None:
+    """What is cheap to check, checked before Ray takes seconds to start: the inputs are listed,
+    the tokenizer loads (its backend too), BOS and EOS name tokens it has, no input is a raypack output."""
+    for item in inputs:
+        _refuse_token_output(item)
+    discover_shards(list(inputs))
+    tokenizer = load_backed_tokenizer(text.tokenizer, text.tokenizer_backend)
+    for token in (text.bos, text.eos):
+        if token is not None:
+            tokenizer.token_id(parse_token(token))
+
+
 def run_tokenize(config: TokenizeConfig, *, engine: str = "ray", resume: bool = False,
                  verbose: bool | None = None) -> TokenizeSummary:
     """Tokenize ``config.inputs`` into ``config.output``, published atomically like ``run_pack``.
@@ -143,7 +155,7 @@ def run_tokenize(config: TokenizeConfig, *, engine: str = "ray", resume: bool = 
     if engine == "ray":
         from raypack.engine.session import connect_ray
 
-        discover_shards(list(config.inputs))  # a mistyped input is one line before Ray takes seconds to start
+        check_before_ray(config.inputs, config.text)
         connect_ray(config.address, verbose=verbose)
 
     def plan() -> list[TextTask]:
@@ -262,10 +274,9 @@ def dispatch_order(tasks: list[TextTask]) -> list[TextTask]:
 
 
 def _tokenize_with_ray(tasks: list[TextTask], settings: TokenizeSettings, config: TokenizeConfig) -> list[TextResult]:
-    from raypack.engine.pipeline import init_ray
-    from raypack.engine.session import on_ray
+    from raypack.engine.session import engine, on_ray
 
-    init_ray(config.address)
+    engine().init_ray(config.address)
     progress = Progress("tokenized", len(tasks), "tasks")
     largest_first = dispatch_order(tasks)
     return on_ray(lambda pipeline: pipeline.tokenize_texts(

@@ -237,3 +237,35 @@ def test_a_directorys_json_metadata_is_not_read_as_json_lines(tmp_path):
     assert discover_shards(str(tmp_path / "in" / "dataset_info.json")) == [str(tmp_path / "in" / "dataset_info.json")]
     assert main(["pack", "--local", "--context-length", "4", "--input", str(tmp_path / "in"), "--output",
                  str(tmp_path / "out")]) == 0
+
+
+def test_without_ray_installed_a_ray_run_is_one_line_naming_the_extra(tmp_path, capsys, monkeypatch):
+    import sys
+
+    for name in [m for m in sys.modules if m == "ray" or m.startswith("ray.") or m == "raypack.engine.pipeline"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if the [ray] extra were not installed
+    import raypack.engine
+
+    monkeypatch.delattr(raypack.engine, "pipeline", raising=False)  # an earlier import binds it here too
+    write_parquet(tmp_path / "in" / "part-0.parquet", [[1, 2, 3]])
+    assert main(["pack", "--context-length", "4", "--input", str(tmp_path / "in"), "--output",
+                 str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "raypack[ray]" in err[0] and "--local" in err[0], err
+    assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
+@pytest.mark.parametrize("mistake", ["tokenizer", "eos"])
+@pytest.mark.parametrize("command", ["pack", "tokenize"])
+def test_a_mistyped_tokenizer_or_eos_is_one_line_before_ray_starts(tmp_path, capsys, command, mistake):
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"text": ["some text"]}), tmp_path / "in" / "part-0.parquet")
+    spec = str(tmp_path / "nope.json") if mistake == "tokenizer" else "tiktoken:cl100k_base"
+    args = ["--tokenizer", spec, *(["--eos", "<|not a token|>"] if mistake == "eos" else [])]
+    base = ["pack", "--context-length", "4"] if command == "pack" else ["tokenize"]
+    assert main([*base, *args, "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("raypack: error: "), err
+    assert ("nope.json" in err[0]) if mistake == "tokenizer" else ("not a token" in err[0]), err
+    assert sorted(os.listdir(tmp_path)) == ["in"]
