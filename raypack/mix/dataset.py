@@ -37,10 +37,9 @@ import numpy.typing as npt
 
 from raypack.errors import InputError
 from raypack.io.fs import is_uri
-from raypack.io.json_doc import CheckedDocument
 from raypack.io.untrusted import MAX_COUNT, int_field, is_hex, show, token_dtype_field
 from raypack.mix.order import ORDER_NAME, MixOrder, apportion
-from raypack.packed.manifest import MIX_KIND, read_manifest_json, write_manifest
+from raypack.packed.manifest import MIX_KIND, ChunkLayout, read_manifest_json, write_manifest
 from raypack.packed.reader import BatchReads, PackedDataset, open_packed
 from raypack.rules.core import MAX_CONTEXT_LENGTH
 
@@ -277,7 +276,7 @@ class MixSource(NamedTuple):
     passes: int
 
 
-class MixManifest(CheckedDocument):
+class MixManifest(ChunkLayout):
     """A mix's manifest, checked (:meth:`from_dict`: :func:`check_mix_manifest`); ``manifest[key]``
     gives a JSON field, readers use the typed properties."""
 
@@ -288,17 +287,6 @@ class MixManifest(CheckedDocument):
         check_mix_manifest(data, where)
         return cls(data)
 
-    @property
-    def context_length(self) -> int:
-        return self._data["context_length"]
-
-    @property
-    def pad_token(self) -> int:
-        return self._data["pad_token"]
-
-    @property
-    def token_dtype(self) -> np.dtype:
-        return np.dtype(self._data["token_dtype"])
 
     @property
     def num_chunks(self) -> int:

@@ -128,7 +128,23 @@ class RecordedConfig(NamedTuple):
     token_column: str | None
 
 
-class Manifest(CheckedDocument):
+class ChunkLayout(CheckedDocument):
+    """What every reader of chunks asks first, shared by a packed output's manifest and a mix's."""
+
+    @property
+    def context_length(self) -> int:
+        return self._data["context_length"]
+
+    @property
+    def pad_token(self) -> int:
+        return self._data["pad_token"]
+
+    @property
+    def token_dtype(self) -> np.dtype:
+        return np.dtype(self._data["token_dtype"])
+
+
+class Manifest(ChunkLayout):
     """A packed output's manifest: the one type that builds (:meth:`build`), checks
     (:meth:`from_dict`, :meth:`load`) and saves (:meth:`save`) it. Read-only: ``manifest[key]``
     reads a JSON field as docs/FORMAT.md names it; the properties give them typed, and readers
@@ -163,17 +179,6 @@ class Manifest(CheckedDocument):
         return (f"Manifest(strategy={self.strategy_name!r}, context_length={self.context_length}, "
                 f"chunks={self.num_chunks}, files={len(self.files)})")
 
-    @property
-    def context_length(self) -> int:
-        return self._data["context_length"]
-
-    @property
-    def pad_token(self) -> int:
-        return self._data["pad_token"]
-
-    @property
-    def token_dtype(self) -> np.dtype:
-        return np.dtype(self._data["token_dtype"])
 
     @property
     def extra_columns(self) -> tuple[SideColumn, ...]:
