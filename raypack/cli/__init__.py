@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="input shards to compare with (default: the manifest's shards, if present)")
     verify.add_argument("--no-inputs", action="store_true", help="check the output alone")
     verify.add_argument("--token-column", help="token column of the inputs (default: the manifest's)")
+    verify.add_argument("--check-tokenizer", type=int, nargs="?", const=64, metavar="N",
+                        help="an output packed from text: re-encode N of its documents (default 64) from their "
+                             "text files with the tokenizer's reference library and compare, token for token")
     stats = commands.add_parser("stats", help="how well an output packed: padding, split documents, fragments")
     stats.add_argument("output", metavar="OUT", help="packed output directory")
     stats.add_argument("--plot", metavar="PNG", help=f"also write a plot (needs {PLOT_EXTRA})")
@@ -312,6 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run_verify(args: argparse.Namespace) -> int:
     from raypack.verify import VerifyError, verify_output
+    from raypack.verify.tokenizer import check_tokenizer
 
     _refuse_contradictions(args, (
         ("no_inputs", "inputs", "--no-inputs checks the output alone; drop one"),
@@ -320,10 +324,11 @@ def _run_verify(args: argparse.Namespace) -> int:
     inputs = [] if args.no_inputs else args.inputs
     try:
         report = verify_output(args.output, inputs, token_column=args.token_column)
+        extra = [] if args.check_tokenizer is None else check_tokenizer(args.output, args.check_tokenizer)
     except VerifyError as e:
         print(f"raypack: verify failed: {e}", file=sys.stderr)
         return 1
-    print("\n".join(report.lines()))
+    print("\n".join([*report.lines(), *extra]))
     return 0
 
 

@@ -240,6 +240,12 @@ class Manifest(ChunkLayout):
         return self._data["content_group_chunks"]
 
     @property
+    def tokenizer_record(self) -> dict[str, Any] | None:
+        """``{"identity", "options", ...}`` of the tokenizer an output packed from text was made with; None otherwise."""
+        record = self._data.get("tokenizer")
+        return record if isinstance(record, dict) and isinstance(record.get("identity"), dict) else None
+
+    @property
     def tokenizer_identity(self) -> dict[str, Any] | None:
         """What defines the ids of an output packed from text (its tokenizer's kind, name, vocabulary
         size and file digest; not the path it was read from); None for an output of token inputs."""

@@ -1,0 +1,146 @@
+"""``raypack verify OUT --check-tokenizer [N]``: N documents of an output packed from text, read
+again from their text files, encoded again with the tokenizer's reference library, and compared
+with the output's tokens, token for token.
+
+Whichever backend computed the ids (raypack.tokenize.backends), they must be the reference
+library's: this checks it after the fact, on any output whose manifest records its tokenizer and
+its text sources (``pack --tokenizer``, or ``tokenize`` then ``pack``). Which documents: N global
+doc ids spread evenly over the output (the first and the last included), so the check is the same
+on every run. The tokenizer file must still hash to the recorded sha256 (tiktoken encodings are
+named, their rank files ship with bpe-openai).
+
+Cost: reading the text ranges that hold the chosen documents (at most one task per document),
+encoding only those documents, and one pass over the output's doc ids (``np.isin`` per batch).
+Memory: one output batch plus the chosen documents' tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+
+from raypack.errors import InputError
+from raypack.inputs.registry import format_named
+from raypack.outputs import read_packed
+from raypack.packed.manifest import Manifest, load_manifest
+from raypack.rules.long_docs import DEFAULT_LONG_DOCS
+from raypack.tokenize.tokenizers import load_tokenizer
+from raypack.verify.report import VerifyError
+
+DEFAULT_DOCUMENTS = 64
+OUTPUT_BATCH_CHUNKS = 1024
+
+
+class TextSource(NamedTuple):
+    """The text one packed shard came from: its file, format and task range, and its doc ids."""
+
+    path: str
+    format: str
+    start: int
+    end: int
+    doc_offset: int
+    num_docs: int
+
+
+def check_tokenizer(out: str, num_docs: int = DEFAULT_DOCUMENTS) -> list[str]:
+    """Re-encode ``num_docs`` documents of ``out`` with the reference tokenizer; report lines, or
+    VerifyError naming the first document that differs (InputError: nothing to check against)."""
+    if isinstance(num_docs, bool) or not isinstance(num_docs, int) or num_docs < 1:
+        raise InputError(f"--check-tokenizer {num_docs!r}: give a number of documents >= 1")
+    manifest = load_manifest(out)
+    record = manifest.tokenizer_record
+    sources = text_sources(manifest)
+    if record is None or not sources:
+        raise InputError(f"{out} was not packed from text (its manifest records no tokenizer and no text source); "
+                         "--check-tokenizer needs an output of pack --tokenizer, or of tokenize then pack")
+    tokenizer = _reference(record["identity"], out)
+    options = record.get("options", {})
+    total = sum(s.num_docs for s in sources)
+    chosen = np.unique(np.linspace(0, total - 1, min(num_docs, total)).round().astype(np.int64))
+    expected = _encode(sources, chosen, tokenizer, options.get("text_column", "text"), options)
+    found = _output_documents(out, chosen)
+    cut = manifest.long_docs
+    for doc in chosen.tolist():
+        want, source, row = expected[doc]
+        if cut != DEFAULT_LONG_DOCS and want.size > manifest.context_length:
+            want = want[:manifest.context_length] if cut == "truncate" else want[:0]
+        got = found.get(doc, want[:0])
+        if got.size != want.size or not np.array_equal(got, want):
+            at = next((i for i in range(min(got.size, want.size)) if got[i] != want[i]), min(got.size, want.size))
+            raise VerifyError(f"document {doc} ({source.path} row {row} of its task) re-encoded with "
+                              f"{tokenizer.library} differs from the output at token {at} ({want.size} tokens "
+                              f"expected, {got.size} in the output); the text or the tokenizer changed since, "
+                              "or the backend that packed it is not exact")
+    return [f"  tokenizer        {len(chosen):>14,}  documents re-encoded with {tokenizer.library}: equal"]
+
+
+def text_sources(manifest: Manifest) -> list[TextSource]:
+    """Each shard's text source, in shard order; [] when a shard has none (token inputs)."""
+    sources = []
+    for row in manifest.shards:
+        text = row.get("text") if row.get("format") == "text" else row.get("source")
+        if not isinstance(text, dict):
+            return []
+        path = row["path"] if row.get("format") == "text" else text.get("path")
+        sources.append(TextSource(path, text["format"], int(text["start"]), int(text["end"]), int(row["doc_offset"]),
+                                  int(row["num_docs"])))
+    return sources
+
+
+def _reference(identity: dict[str, Any], out: str):
+    spec = f"tiktoken:{identity.get('name')}" if identity.get("kind") == "tiktoken" else identity.get("file")
+    if not isinstance(spec, str):
+        raise InputError(f"{out}: its manifest's tokenizer {identity!r} names no file or encoding")
+    tokenizer = load_tokenizer(spec)
+    now = tokenizer.identity()
+    if now.get("sha256") != identity.get("sha256"):
+        raise VerifyError(f"tokenizer {spec} changed since {out} was packed (sha256 {str(now.get('sha256'))[:16]}..., "
+                          f"the manifest records {str(identity.get('sha256'))[:16]}...): give the tokenizer it was "
+                          "packed with")
+    return tokenizer
+
+
+def _encode(sources: list[TextSource], chosen: np.ndarray, tokenizer, column: str,
+            options: dict[str, Any]) -> dict[int, tuple[np.ndarray, TextSource, int]]:
+    """``{doc id: (its ids with BOS/EOS, its source, its row in the task)}`` for the chosen docs."""
+    bos, eos = options.get("bos_id"), options.get("eos_id")
+    result: dict[int, tuple[np.ndarray, TextSource, int]] = {}
+    for source in sources:
+        wanted = chosen[(chosen >= source.doc_offset) & (chosen < source.doc_offset + source.num_docs)]
+        if wanted.size == 0:
+            continue
+        rows = wanted - source.doc_offset
+        seen = 0
+        for _, texts in format_named(source.format).iter_texts(source.path, column, source.start, source.end, 4096):
+            take = (rows[(rows >= seen) & (rows < seen + len(texts))] - seen).tolist()
+            if take:
+                flat = tokenizer.encode_flat(texts.take(pa.array(take)))
+                for j, k in enumerate(take):
+                    ids = flat.values[flat.offsets[j]:flat.offsets[j + 1]].astype(np.int64)
+                    ids = np.concatenate([[bos] if bos is not None else [], ids, [eos] if eos is not None else []])
+                    result[source.doc_offset + seen + k] = (ids.astype(np.int64), source, seen + k)
+            seen += len(texts)
+        if seen != source.num_docs:
+            raise VerifyError(f"{source.path}: its task holds {seen} documents now, the manifest says "
+                              f"{source.num_docs}; the text changed since the output was packed")
+    return result
+
+
+def _output_documents(out: str, chosen: np.ndarray) -> dict[int, np.ndarray]:
+    """The chosen documents' tokens in the output, each in stream order (int64)."""
+    pieces: dict[int, list[np.ndarray]] = {}
+    ds = read_packed(out)
+    for batch in ds.iter_batches(OUTPUT_BATCH_CHUNKS):
+        doc_ids = batch["doc_ids"].reshape(-1)
+        mask = np.isin(doc_ids, chosen)
+        if not mask.any():
+            continue
+        ids, tokens = doc_ids[mask], batch["input_ids"].reshape(-1)[mask].astype(np.int64)
+        order = np.argsort(ids, kind="stable")
+        ids, tokens = ids[order], tokens[order]
+        starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+        for start, end in zip(starts, np.r_[starts[1:], ids.size]):
+            pieces.setdefault(int(ids[start]), []).append(tokens[start:end])
+    return {doc: np.concatenate(parts) for doc, parts in pieces.items()}
