@@ -24,7 +24,6 @@ from raypack.tokenize.job import TextOptions, TokenizeConfig, run_tokenize
 from raypack.tokenize.tasks import rayon_threads
 
 from helpers import CORPUS, train_byte_level_bpe
-from packing_faults import fail_at_shard
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -150,7 +149,7 @@ def test_pack_with_tokenizer_equals_tokenize_then_pack(tmp_path, text_dir, tok, 
     assert digests(tmp_path / "one", "*.arrow") == digests(tmp_path / "two", "*.arrow")
     assert len(digests(tmp_path / "one", "*.arrow")) > 2 and one.manifest["counts"]["split_documents"] > 0
     assert sorted(os.listdir(tmp_path / "one")) == sorted(["manifest.json", *digests(tmp_path / "one", "*.arrow")])
-    assert not glob.glob(str(tmp_path / ".one.*"))  # staging (and its _tokenized/) gone
+    assert not glob.glob(str(tmp_path / ".one.*"))  # staging gone
     assert main(["verify", str(tmp_path / "two")]) == 0
     assert main(["verify", str(tmp_path / "one")]) == 0
 
@@ -321,21 +320,6 @@ def test_tokenize_resume_after_a_crash_reuses_finished_tasks(tmp_path, text_dir,
     tokenize(tmp_path, text_dir, tok, "out", resume=True)
     assert done == list(range(3, num_tasks))
     assert digests(tmp_path / "out", "*") == digests(clean, "*")
-
-
-def test_pack_with_tokenizer_resume_reuses_the_tokenized_tasks(tmp_path, text_dir, tok, monkeypatch):
-    config = make_config(dict(inputs=[text_dir], output=str(tmp_path / "out"), context_length=32))
-    clean = run_pack(make_config(dict(inputs=[text_dir], output=str(tmp_path / "clean"), context_length=32)),
-                     engine="local", text=options(tok))
-    fail_at_shard(monkeypatch, 2, RuntimeError("killed while packing"))
-    with pytest.raises(RuntimeError, match="killed while packing"):
-        run_pack(config, engine="local", text=options(tok))
-    assert glob.glob(str(tmp_path / ".out.raypack-staging-partial" / "_tokenized" / "part-*.parquet"))
-    monkeypatch.undo()
-    done = fail_at_task(monkeypatch, -1)
-    summary = run_pack(config, engine="local", resume=True, text=options(tok))
-    assert done == []  # every tokenize task reused
-    assert summary.manifest["content_sha256"] == clean.manifest["content_sha256"]
 
 
 # ----------------------------------------------------------------------------- bad input
