@@ -17,9 +17,10 @@ same, whatever the engine or the number of workers.
 
 Memory: a worker holds the ids of the tasks it has tokenized and not yet packed, each
 ``tokens x itemsize`` bytes (uint16/int32 ids as the manifest's token dtype) plus int32 offsets
-per document: at most two tasks per Ray actor (raypack.engine.pipeline.pack_texts), one with
-``--local``. A task's size is ``task_rows`` rows (Parquet) or ``task_bytes`` bytes (JSONL), about
-``bytes / 4`` tokens for English text and a byte-level BPE.
+per document: at most two tasks per Ray actor (raypack.engine.pipeline.pack_texts) and with
+``--local`` (one packed while the next is tokenized on a thread); one more while a task whose
+resume record did not hold is tokenized again. A task's size is ``task_rows`` rows (Parquet) or
+``task_bytes`` bytes (JSONL), about ``bytes / 4`` tokens for English text and a byte-level BPE.
 
 Resume: task k's record is the packer's (``_results/task-NNNNNN.json``, raypack.pack.resume) with
 the text task and the tokenize settings in its input identity; a record whose text task and
@@ -32,13 +33,13 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
-from raypack.errors import InputError
 from raypack.inputs.base import DocumentBatch, ShardInfo, check_document_lengths
 from raypack.pack.config import PackConfig
 from raypack.pack.packer import count_lengths, current_rss_bytes, pack_documents, reset_peak_rss
@@ -231,26 +232,41 @@ def run_onepass(work_dir: str, config: PackConfig, tasks: list[TextTask], text_s
 
 def _run_locally(placer: Placer, text_settings: TokenizeSettings, settings: PackSettings, tokenizer,
                  progress) -> list[ShardResult]:
-    """Task after task: tokenize, report, place, pack (each task's ids held only while it is packed)."""
+    """Task after task, in order, with one task tokenized ahead on a thread while the one before is
+    packed (the backend and the Parquet reader release the GIL): at most two tasks' ids held."""
     queue, results, held = list(placer.to_tokenize()), [], {}
-    steps = placer.advance()
-    while True:
-        for step in steps:
-            if step.kind == "kept":
-                results.append(step.result)
-            elif step.kind == "tokenize":
-                queue.insert(0, step.text)
-            else:
-                base = current_rss_bytes()
-                result = pack_held(held.pop(step.index), step.task, settings)
-                results.append(replace(result, peak_rss_bytes=max(0, result.peak_rss_bytes - base)))
-            if progress is not None and step.kind != "tokenize":
-                progress.add(step.task.num_tokens)
-        if placer.done:
-            return results
-        if not queue:
-            raise InputError(f"internal error: text task {placer.next_index} is neither recorded nor queued")
-        text = queue.pop(0)
-        held[text.task_index] = tokenize_held(text, text_settings, tokenizer, settings)
-        placer.report(text.task_index, held[text.task_index].report)
+    ahead: list[tuple[TextTask, Future]] = []
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="raypack-tokenize") as pool:
+        def start_next() -> None:
+            if not ahead and queue:
+                text = queue.pop(0)
+                ahead.append((text, pool.submit(tokenize_held, text, text_settings, tokenizer, settings)))
+
         steps = placer.advance()
+        try:
+            while True:
+                for step in steps:
+                    if step.kind == "kept":
+                        results.append(step.result)
+                    elif step.kind == "tokenize":
+                        queue.insert(0, step.text)
+                    else:
+                        start_next()
+                        base = current_rss_bytes()
+                        result = pack_held(held.pop(step.index), step.task, settings)
+                        results.append(replace(result, peak_rss_bytes=max(0, result.peak_rss_bytes - base)))
+                    if progress is not None and step.kind != "tokenize":
+                        progress.add(step.task.num_tokens)
+                if placer.done:
+                    return results
+                start_next()
+                if not ahead:
+                    raise RuntimeError(f"internal error: text task {placer.next_index} is neither recorded nor queued")
+                text, future = ahead.pop()
+                held[text.task_index] = future.result()
+                placer.report(text.task_index, held[text.task_index].report)
+                steps = placer.advance()
+        finally:
+            for _, future in ahead:
+                future.cancel()
