@@ -413,3 +413,128 @@ def tokenize_texts(tasks: Sequence, settings, *, num_workers: int, worker_num_cp
                 on_result(results[-1])
     _raise_first_error(errors)
     return sorted(results, key=lambda r: r.task_index)
+
+
+# ----------------------------------------------------------------------------- pack --tokenizer, one pass
+
+
+class TextPackerActor:
+    """Tokenizes text tasks into memory and packs each once the driver sends its offsets
+    (raypack.tokenize.onepass). Holds the ids of the tasks it has tokenized and not packed."""
+
+    def __init__(self, text_settings: dict, settings: dict) -> None:
+        from raypack.tokenize.tasks import TokenizeSettings, load_worker_tokenizer, set_thread_env
+
+        self.text_settings = TokenizeSettings(**text_settings)
+        self.settings = PackSettings(**settings)
+        self.token_type = pa.from_numpy_dtype(np.dtype(self.settings.token_dtype))
+        set_thread_env(self.text_settings.num_threads)  # before the tokenizer's pool first starts
+        self.tokenizer = load_worker_tokenizer(self.text_settings)
+        self.held: dict[int, Any] = {}
+
+    def tokenize(self, task: dict) -> dict:
+        """The task's report (raypack.tokenize.onepass.TaskReport as a dict), or ``{"error": ...}``."""
+        from raypack.tokenize.onepass import tokenize_held
+        from raypack.tokenize.tasks import TextTask
+
+        try:
+            held = tokenize_held(TextTask(**task), self.text_settings, self.tokenizer, self.settings)
+        except InputError as e:
+            return {"error": str(e)}
+        self.held[held.task.task_index] = held
+        return held.report.to_dict()
+
+    def pack(self, task: dict) -> pa.Table:
+        from raypack.tokenize.onepass import pack_held
+
+        shard_task = ShardTask(**task)
+        try:
+            result = pack_held(self.held.pop(shard_task.task_index), shard_task, self.settings)
+        except InputError as e:
+            return _error_table(shard_task.task_index, e)
+        return result_to_table(result, self.token_type, self.settings.record_dtype)
+
+
+def pack_texts(placer, text_settings, settings: PackSettings, *, num_workers: int, worker_num_cpus: float,
+               on_result: Callable[[ShardResult], None] | None = None, max_held: int = 2) -> list[ShardResult]:
+    """``pack --tokenizer`` on Ray Core actors, pipelined: tasks are tokenized in order, each
+    actor holding at most ``max_held`` tokenized-or-tokenizing tasks; a task's report goes to
+    ``placer`` (raypack.tokenize.onepass.Placer), and as soon as it is placed (every earlier task
+    has reported) the actor that holds it packs it. An actor runs its calls in the order sent, so it
+    tokenizes its next task while others report. The task that placement waits for is sent even
+    to a full actor (no deadlock). Bad input raises InputError (the first met) once the calls in
+    flight have ended."""
+    from collections import deque
+    from dataclasses import replace
+
+    from raypack.tokenize.onepass import TaskReport
+    from raypack.tokenize.tasks import rayon_threads
+
+    queue = deque(placer.to_tokenize())
+    num_actors = max(1, min(num_workers, len(queue)))
+    cpus = ray.cluster_resources().get("CPU", os.cpu_count() or 1)
+    text_settings = replace(text_settings, num_threads=rayon_threads(cpus, num_actors))
+    remote = ray.remote(TextPackerActor).options(num_cpus=worker_num_cpus, max_restarts=0)
+    actors = [remote.remote(asdict(text_settings), asdict(settings)) for _ in range(num_actors)] if queue else []
+    holding: list[set[int]] = [set() for _ in actors]
+    owner: dict[int, int] = {}
+    tokenizing: dict[Any, tuple[int, int]] = {}
+    packing: dict[Any, tuple[int, int]] = {}
+    results: list[ShardResult] = []
+    errors: dict[int, str] = {}
+
+    def handle(steps) -> None:
+        for step in steps:
+            if step.kind == "kept":
+                results.append(step.result)
+                if on_result is not None:
+                    on_result(step.result)
+            elif step.kind == "tokenize":
+                queue.appendleft(step.text)
+            else:
+                a = owner[step.index]
+                packing[actors[a].pack.remote(asdict(step.task))] = (a, step.index)
+
+    def dispatch() -> None:
+        while queue and not errors:
+            a = min(range(len(actors)), key=lambda i: len(holding[i]))
+            if len(holding[a]) >= max_held and queue[0].task_index != placer.next_index:
+                return
+            task = queue.popleft()
+            holding[a].add(task.task_index)
+            owner[task.task_index] = a
+            tokenizing[actors[a].tokenize.remote(asdict(task))] = (a, task.task_index)
+
+    try:
+        handle(placer.advance())
+        while tokenizing or packing or (not placer.done and not errors):
+            dispatch()
+            if not tokenizing and not packing:
+                raise RuntimeError(f"internal error: text task {placer.next_index} is neither recorded nor queued")
+            ready, _ = ray.wait([*tokenizing, *packing], num_returns=1)
+            ref = ready[0]
+            if ref in tokenizing:
+                a, k = tokenizing.pop(ref)
+                report = ray.get(ref)
+                if "error" in report:
+                    errors[k] = report["error"]
+                    continue
+                placer.report(k, TaskReport.from_dict(report))
+                if not errors:
+                    handle(placer.advance())
+            else:
+                a, k = packing.pop(ref)
+                holding[a].discard(k)
+                block = ray.get(ref)
+                if "error" in block.column_names:
+                    errors.update(zip(block.column("task_index").to_pylist(), block.column("error").to_pylist()))
+                    continue
+                for result in table_to_results(block):
+                    results.append(result)
+                    if on_result is not None:
+                        on_result(result)
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+    _raise_first_error(errors)
+    return sorted(results, key=lambda r: r.task_index)

@@ -78,8 +78,8 @@ def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False, t
              verbose: bool | None = None) -> Summary:
     """Pack ``config.inputs`` into ``config.output``. ``engine``: "ray" or "local" (one process).
 
-    ``text`` (a :class:`raypack.tokenize.job.TextOptions`): the inputs are text, tokenized first
-    into the work directory (:func:`raypack.tokenize.job.tokenize_for_pack`). On Ray, connects
+    ``text`` (a :class:`raypack.tokenize.job.TextOptions`): the inputs are text, tokenized and
+    packed in one pass (:func:`raypack.tokenize.job.pack_text`, raypack.tokenize.onepass). On Ray, connects
     first (before any lock or staging directory); ``verbose`` shows Ray's own logs too.
     Ctrl-C raises :class:`raypack.errors.Interrupted` naming the kept work directory.
     """
@@ -99,16 +99,17 @@ def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False, t
 
     def plan() -> Plan | None:
         if text is not None:
-            return None  # counts come from the tokenize stage, inside the work directory
+            return None  # counts come from the tokenizing packers (raypack.tokenize.onepass)
         planned = make_plan(config)
         check_output_outside_inputs(config.output, planned)
         return planned
 
     def write(target, planned: Plan | None):
         if planned is None:
-            from raypack.tokenize.job import tokenize_for_pack
+            from raypack.tokenize.job import pack_text
 
-            planned = tokenize_for_pack(target.work_dir, config, text, engine, resume)
+            planned, settings, results = pack_text(target.work_dir, config, text, engine, resume)
+            return _finish(target, config, planned, settings, results)
         return _pack_into(target, config, planned, engine, resume)
 
     manifest, results = run_published(config.output, overwrite=config.overwrite, resume=resume, plan=plan,
@@ -127,7 +128,12 @@ def _pack_into(target: LocalOutput | ObjectStoreOutput, config: PackConfig, plan
     settings = settings_for(config, plan, target.work_dir)
     if plan.needs_counting_pass:
         plan = place_counts(plan, _count_tasks(plan, settings, config, engine))
-    results = _pack_shards(plan, settings, config, engine, resume)
+    return _finish(target, config, plan, settings, _pack_shards(plan, settings, config, engine, resume))
+
+
+def _finish(target: LocalOutput | ObjectStoreOutput, config: PackConfig, plan: Plan, settings: PackSettings,
+            results: list[ShardResult]) -> tuple[dict, list[ShardResult]]:
+    """Stitch the chunks at the tasks' edges, sweep, write the manifest (the commit)."""
     boundary_runs = stitch_boundaries(results, plan, settings)
     files = [r.file for r in results if r.file is not None] + write_boundaries(boundary_runs, settings)
     files = check_coverage(files, plan.num_chunks)

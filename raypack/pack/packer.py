@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import resource
 import time
+from typing import Any, Iterable
 
 import numpy as np
 import pyarrow as pa
 
 from raypack.errors import InputError
+from raypack.inputs.base import DocumentBatch
 from raypack.inputs.reading import iter_document_batches
 from raypack.pack.resume import identify_input, save_result
 from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts, read_batch_rows
@@ -38,6 +40,17 @@ def pack_shard(task: ShardTask, settings: PackSettings) -> ShardResult:
     started_at = time.time()
     reset_peak_rss()
     identity = identify_input(task, settings)
+    batches = iter_document_batches(task.path, task.format, settings.token_column, read_batch_rows(task, settings),
+                                    extra_columns=tuple(c.name for c in settings.extra_columns),
+                                    max_document_tokens=settings.max_document_tokens, **task.read_range())
+    return pack_documents(task, settings, batches, identity, started_at)
+
+
+def pack_documents(task: ShardTask, settings: PackSettings, batches: Iterable[DocumentBatch],
+                   identity: dict[str, Any], started_at: float) -> ShardResult:
+    """Pack ``task`` from ``batches`` (its documents in order, rows counted from ``task.row_start``:
+    read from its shard by :func:`pack_shard`, or held in memory by ``pack --tokenizer``'s one pass,
+    raypack.tokenize.onepass) and record the result with the input's ``identity``."""
     dtype = np.dtype(settings.token_dtype)
     packer = settings.packing.make_shard_packer(task, settings)
     schema = chunk_schema(settings.context_length, pa.from_numpy_dtype(dtype), settings.pad_token,
@@ -47,7 +60,7 @@ def pack_shard(task: ShardTask, settings: PackSettings) -> ShardResult:
                                 restart=settings.restart_stalled)
     try:
         with watchdog:
-            counts = _stream_shard(task, settings, packer, writer, watchdog.beat)
+            counts = _stream_shard(task, settings, packer, writer, batches, watchdog.beat)
         last = packer.finish()
         if last.num_chunks:
             writer.write(last)
@@ -75,14 +88,18 @@ def count_task(task: ShardTask, settings: PackSettings) -> TaskCounts:
     """The first pass (raypack.pack.plan.Plan.needs_counting_pass): ``task``'s chunks, when its strategy
     counts them, and what ``long_docs`` leaves out, from document lengths alone (tokens are read
     but not validated). Cost: one read of the task's token column; O(documents) numpy work."""
-    packing, c = settings.packing, settings.context_length
-    counter = packing.make_chunk_counter(c) if packing.needs_counting_pass else None
-    cut = CutCounts()
     batches = iter_document_batches(task.path, task.format, settings.token_column, read_batch_rows(task, settings),
                                     validate=False, max_document_tokens=settings.max_document_tokens,
                                     **task.read_range())
-    for batch in batches:
-        lengths = np.diff(batch.tokens.offsets.to_numpy()).astype(np.int64)
+    return count_lengths((np.diff(batch.tokens.offsets.to_numpy()).astype(np.int64) for batch in batches), settings)
+
+
+def count_lengths(length_batches: Iterable[np.ndarray], settings: PackSettings) -> TaskCounts:
+    """:func:`count_task` over a task's document lengths (int64 arrays, in order)."""
+    packing, c = settings.packing, settings.context_length
+    counter = packing.make_chunk_counter(c) if packing.needs_counting_pass else None
+    cut = CutCounts()
+    for lengths in length_batches:
         cut += count_cut(lengths, settings.long_docs, c)
         if counter is not None:
             counter.push(kept_lengths(lengths, settings.long_docs, c))
@@ -90,7 +107,7 @@ def count_task(task: ShardTask, settings: PackSettings) -> TaskCounts:
 
 
 def _stream_shard(task: ShardTask, settings: PackSettings, packer: ShardPacker,
-                  writer: ChunkFileWriter, beat) -> dict[str, int]:
+                  writer: ChunkFileWriter, batches: Iterable[DocumentBatch], beat) -> dict[str, int]:
     """Read, count and pack the shard's documents in order; ``beat()`` after each slice packed.
 
     A document arrives whole, in one read batch (a longer one than ``max_document_tokens`` is
@@ -100,9 +117,6 @@ def _stream_shard(task: ShardTask, settings: PackSettings, packer: ShardPacker,
     """
     counts = {"docs": 0, "nonempty": 0, "tokens": 0, "split": 0}
     cut, c = CutCounts(), settings.context_length
-    batches = iter_document_batches(task.path, task.format, settings.token_column, read_batch_rows(task, settings),
-                                    extra_columns=tuple(c.name for c in settings.extra_columns),
-                                    max_document_tokens=settings.max_document_tokens, **task.read_range())
     for batch in batches:
         beat()
         first_row = batch.first_row

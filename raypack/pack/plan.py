@@ -122,7 +122,7 @@ def make_plan(config: PackConfig, *, max_threads: int = 8) -> Plan:
         with ThreadPoolExecutor(max_workers=max(1, min(max_threads, len(paths)))) as pool:
             infos = list(pool.map(lambda p: inspect_shard(p, config.token_column,
                                                           max_document_tokens=config.max_document_tokens), paths))
-    token_dtype = _resolve_token_dtype(config, infos)
+    token_dtype = resolve_token_dtype(config, infos)
     extra_columns = resolve_side_columns(config, [info.path for info in infos], max_threads)
     offsets = plan_offsets(infos)
     tasks: list[ShardTask] = []
@@ -220,7 +220,7 @@ def _exclusive_cumsum(counts: Sequence[int]) -> npt.NDArray[np.int64]:
     return out
 
 
-def _resolve_token_dtype(config: PackConfig, infos: list[ShardInfo]) -> str:
+def resolve_token_dtype(config: PackConfig, infos: list[ShardInfo]) -> str:
     dtype = common_token_type(infos) if infos else "int32"
     if config.token_dtype != "auto":
         dtype = config.token_dtype  # narrower than the input: every token is range-checked

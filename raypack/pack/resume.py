@@ -150,6 +150,22 @@ def load_verified_result(task: ShardTask, settings: PackSettings) -> ShardResult
     return None if result is None else replace(result, started_at=0.0, finished_at=0.0)  # not packed by this run
 
 
+def recorded_task(task_index: int, settings: PackSettings) -> tuple[ShardTask, dict[str, Any]] | None:
+    """The task and input identity recorded for task ``task_index``, when its record parses, checks
+    and was made with these settings (None otherwise): what a run that learns a task's counts only by
+    reading it (``pack --tokenizer``) compares before :func:`load_verified_result` checks the rest."""
+    fs, base = resolve_filesystem(settings.out_dir)
+    try:
+        data = _read_record(fs, posixpath.join(base, record_name(task_index)))
+        body = None if data is None else _parse_record(data)
+        if body is None or body.get("settings") != _output_settings(settings):
+            return None
+        return ShardTask(**body["task"]), dict(body["input"])
+    except (_Rejected, KeyError, TypeError, ValueError) as e:
+        log.info("resume: task %d is packed again: its record %s %s", task_index, record_name(task_index), e)
+        return None
+
+
 def _read_record(fs, path: str) -> bytes | None:
     """The record's bytes; None when there is none (the shard never finished)."""
     if not _is_plain_file(fs, path):

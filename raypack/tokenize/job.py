@@ -1,29 +1,22 @@
 """One tokenize run: text files in, a tokenized corpus out (:mod:`raypack.tokenize.corpus`).
 
 ``raypack tokenize`` (:func:`run_tokenize`) locks, stages and publishes its output exactly like
-``raypack pack`` (:mod:`raypack.pack.publish`). ``raypack pack --tokenizer`` (:func:`tokenize_for_pack`)
-runs the same stage into ``_tokenized/`` inside the pack's own work directory and packs over
-it, so ``--resume`` reuses finished tokenize tasks and the final sweep removes the corpus.
-
-Why two stages: a document's token count is known only once it is tokenized, and chunk
-boundaries are global offsets computed from every count before packing (:mod:`raypack.pack.plan`).
-So the job tokenizes everything first, writing each task's ids to disk and sending its counts
-to the driver, then packs those files. Cost over packing a ready tokenized corpus: the
-tokenize time itself, plus writing and reading the tokenized corpus once (zstd Parquet, about
-``bytes per token x tokens``, e.g. 2 bytes/token before compression for a vocabulary under
-65,536), which lives on disk until the pack's output is published.
+``raypack pack`` (:mod:`raypack.pack.publish`): a corpus tokenized once and packed many ways.
+``raypack pack --tokenizer`` (:func:`pack_text`) writes no corpus: each task's ids go from the
+tokenizer to the packer in memory (:mod:`raypack.tokenize.onepass`), with the same output as
+``tokenize`` then ``pack``.
 
 The driver plans (lists files, reads Parquet footers and JSONL sizes, loads the tokenizer once
 for its identity, BOS/EOS ids and vocabulary size); tasks run on the local process or on a Ray
-actor pool (:func:`raypack.engine.pipeline.tokenize_texts`); the driver then writes the manifest.
+actor pool (:func:`raypack.engine.pipeline.tokenize_texts`, ``pack_texts``); the driver then writes the manifest.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -34,16 +27,16 @@ from raypack.inputs.registry import format_of
 from raypack.inputs.shards import discover_shards
 from raypack.io.fs import resolve_filesystem
 from raypack.io.progress import Progress
-from raypack.pack.plan import Plan, check_output_outside_inputs, make_plan
+from raypack.pack.plan import check_output_outside_inputs
 from raypack.pack.publish import run_published
 from raypack.packed.writer import MANIFEST_NAME
 from raypack.tokenize.backends import AUTO, check_backend_name, load_backed_tokenizer
 from raypack.tokenize.corpus import (
-    TOKENIZED_SUBDIR,
     TokenizedManifest,
     build_tokenized_manifest,
     save_tokenized_manifest,
 )
+from raypack.tokenize.onepass import run_onepass
 from raypack.tokenize.tasks import (
     TextResult,
     TextTask,
@@ -173,23 +166,39 @@ def run_tokenize(config: TokenizeConfig, *, engine: str = "ray", resume: bool = 
     return TokenizeSummary(config.output, manifest, time.perf_counter() - start)
 
 
-def tokenize_for_pack(work_dir: str, pack_config, text: TextOptions, engine: str, resume: bool) -> Plan:
-    """``pack --tokenizer``: tokenize into ``work_dir/_tokenized`` and plan the pack over it.
+def pack_text(work_dir: str, pack_config, text: TextOptions, engine: str, resume: bool):
+    """``pack --tokenizer`` in one pass (raypack.tokenize.onepass): each text task tokenized into
+    memory and packed from there; ``(plan, settings, results)`` for the driver to stitch and publish.
 
-    Same plan (counts, offsets, token dtype) as ``make_plan`` over a ``raypack tokenize`` output
-    made with the same options, so the packed output is byte-identical.
+    Same plan (counts, offsets, token dtype, manifest's tokenizer record) as ``make_plan`` over a
+    ``raypack tokenize`` output made with the same options, so the packed output is byte-identical.
     """
     tasks = plan_text_tasks(pack_config.inputs, text)
     _check_outside(pack_config.output, tasks)
-    directory = f"{work_dir.rstrip('/')}/{TOKENIZED_SUBDIR}"
-    config = TokenizeConfig(inputs=pack_config.inputs, output=directory, text=text,
-                            num_workers=pack_config.num_workers, worker_num_cpus=pack_config.worker_num_cpus,
-                            address=pack_config.address)
-    if "://" not in directory:
-        os.makedirs(directory, exist_ok=True)
-    manifest = tokenize_into(directory, config, tasks, engine, resume)
-    save_tokenized_manifest(directory, manifest)
-    return replace(make_plan(replace(pack_config, inputs=(directory,))), text_inputs=True)
+    tokenizer = load_backed_tokenizer(text.tokenizer, text.tokenizer_backend)
+    settings, options = _text_settings(work_dir, text, tokenizer, pack_config.inputs)
+    manifest = build_tokenized_manifest([], settings.token_dtype, tokenizer.identity(), options,
+                                        tokenizer.backend_record())
+    record = json.loads(json.dumps({"identity": manifest.tokenizer, "options": manifest.options}))
+    if manifest.backend:
+        record["backends"] = [json.loads(json.dumps(manifest.backend))]
+    progress = Progress("packed", len(tasks), "tasks")
+    on_ray = None
+    if engine == "ray":
+        def on_ray(placer, text_settings, settings):
+            return _pack_text_with_ray(placer, text_settings, settings, pack_config, progress)
+    return run_onepass(work_dir, pack_config, tasks, settings, record, tokenizer, engine, resume, on_ray, progress)
+
+
+def _pack_text_with_ray(placer, text_settings: TokenizeSettings, settings, pack_config, progress):
+    from raypack.engine.pipeline import init_ray
+    from raypack.engine.session import on_ray
+
+    init_ray(pack_config.address)
+    return on_ray(lambda pipeline: pipeline.pack_texts(
+        placer, text_settings, settings, num_workers=pack_config.num_workers,
+        worker_num_cpus=pack_config.worker_num_cpus, on_result=lambda r: progress.add(r.num_tokens)),
+        "a tokenizing packer")
 
 
 def plan_text_tasks(inputs: tuple[str, ...], text: TextOptions) -> list[TextTask]:
@@ -228,19 +237,24 @@ def tokenize_into(out_dir: str, config: TokenizeConfig, tasks: list[TextTask], e
                   resume: bool) -> TokenizedManifest:
     """Run every task into ``out_dir``; return the corpus manifest (not yet written)."""
     tokenizer = load_backed_tokenizer(config.text.tokenizer, config.text.tokenizer_backend)
-    identity = tokenizer.identity()
-    text = config.text
-    bos_id, eos_id = (None if t is None else tokenizer.token_id(parse_token(t)) for t in (text.bos, text.eos))
-    token_dtype = token_dtype_for(tokenizer.vocab_size, text.token_dtype).name
-    settings = TokenizeSettings(out_dir, text.tokenizer, identity["sha256"], text.text_column, token_dtype,
-                                bos_id, eos_id, text.row_group_tokens, text.row_group_docs, text.batch_rows,
-                                text.batch_bytes, tokenizer_backend=tokenizer.backend)
+    settings, options = _text_settings(out_dir, config.text, tokenizer, config.inputs)
     results = _run_tasks(tasks, settings, config, engine, resume, tokenizer)
     shards = [{"path": r.path, "num_docs": r.num_docs, "num_tokens": r.num_tokens, "num_bytes": r.num_bytes,
                "sha256": r.sha256, "source": {"path": t.path, "format": t.format, "start": t.start, "end": t.end}}
               for t, r in zip(tasks, results)]
-    options = {**text.output_dict(), "bos_id": bos_id, "eos_id": eos_id, "inputs": list(config.inputs)}
-    return build_tokenized_manifest(shards, token_dtype, identity, options, tokenizer.backend_record())
+    return build_tokenized_manifest(shards, settings.token_dtype, tokenizer.identity(), options,
+                                    tokenizer.backend_record())
+
+
+def _text_settings(out_dir: str, text: TextOptions, tokenizer, inputs) -> tuple[TokenizeSettings, dict[str, Any]]:
+    """The tokenize settings every task shares, and the options a tokenized manifest records."""
+    bos_id, eos_id = (None if t is None else tokenizer.token_id(parse_token(t)) for t in (text.bos, text.eos))
+    token_dtype = token_dtype_for(tokenizer.vocab_size, text.token_dtype).name
+    settings = TokenizeSettings(out_dir, text.tokenizer, tokenizer.identity()["sha256"], text.text_column,
+                                token_dtype, bos_id, eos_id, text.row_group_tokens, text.row_group_docs,
+                                text.batch_rows, text.batch_bytes, tokenizer_backend=tokenizer.backend)
+    options = {**text.output_dict(), "bos_id": bos_id, "eos_id": eos_id, "inputs": list(inputs)}
+    return settings, options
 
 
 def _run_tasks(tasks: list[TextTask], settings: TokenizeSettings, config: TokenizeConfig, engine: str,

@@ -138,6 +138,16 @@ def tokenize_task(task: TextTask, settings: TokenizeSettings, tokenizer: TextTok
     return result
 
 
+def tokenize_in_memory(task: TextTask, settings: TokenizeSettings, tokenizer: TextTokenizer) -> Iterator[pa.Array]:
+    """``task``'s ids as list<token_dtype> arrays, in order, one per piece of at most ``batch_bytes``
+    of text (what :func:`tokenize_task` writes, kept in memory: ``pack --tokenizer``'s one pass)."""
+    token_type = pa.from_numpy_dtype(np.dtype(settings.token_dtype))
+    guard = ReferenceGuard(tokenizer, lambda k: document_name(task, k))
+    for _, texts in _iter_texts(task, settings):
+        for piece in _byte_pieces(texts, settings.batch_bytes):
+            yield _encode(piece, tokenizer, settings, token_type, guard)
+
+
 def _iter_texts(task: TextTask, settings: TokenizeSettings) -> Iterator[tuple[int, pa.Array]]:
     return format_named(task.format).iter_texts(task.path, settings.text_column, task.start, task.end,
                                                 settings.batch_rows)

@@ -1,0 +1,149 @@
+"""Marginal tokens/s of ``raypack pack --tokenizer`` (local and Ray) against one process calling the
+fast backend's batch encode on all cores with the texts in memory.
+
+    PYTHONPATH=. .venv/bin/python bench/bench_onepass.py [--mb 31] [--copies 3] [--tiny-mb 1]
+        [--vocab 16000] [--workers 2] [--shards 16] [--engines local,ray] [--repeats 2]
+        [--repo DIR ...] [--backend gigatoken] [--batch-mib 1]
+
+Text: the Python standard library's .py files (bench_tokenize.stdlib_texts, one document each)
+up to ``--mb`` MB, repeated ``--copies`` times, as ``--shards`` Parquet shards (column ``text``);
+a tiny run takes the first ``--tiny-mb`` MB (2 shards). Tokenizer: a byte-level BPE of
+``--vocab`` ids trained here on at most 8 MB of that text.
+
+  floor: ``encode_flat`` of the backend (gigatoken: ``Tokenizer.encode_batch`` over awkward
+         strings, ids taken zero-copy) in this process, all cores, over all texts at once;
+  job:   ``run_pack(..., text=TextOptions(...))`` (what ``pack --tokenizer`` runs) in a subprocess
+         with PYTHONPATH=REPO (each ``--repo``: e.g. this branch and a checkout of the base), Ray
+         started once before the clock, then ``--repeats`` x (big run, tiny run); marginal rate =
+         (tokens big - tokens tiny) / (seconds big - seconds tiny), so fixed costs (actor start,
+         tokenizer load) cancel out.
+
+Each figure is the median over ``--repeats``. Prints the
+load average (the machine is shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_tokenize import stdlib_texts, train_bpe  # noqa: E402
+
+from raypack.tokenize.backends import load_backed_tokenizer  # noqa: E402
+
+
+def write_shards(texts: list[str], root: Path, num_shards: int) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    per = -(-len(texts) // num_shards)
+    for k in range(num_shards):
+        pq.write_table(pa.table({"text": pa.array(texts[k * per:(k + 1) * per], pa.string())}),
+                       root / f"text-{k:03d}.parquet")
+    return root
+
+
+def floor(texts: list[str], tokenizer_path: Path, backend: str) -> tuple[int, float]:
+    encoder = load_backed_tokenizer(str(tokenizer_path), backend).encoder
+    array = pa.array(texts, pa.large_string())
+    start = time.perf_counter()
+    flat = encoder.encode_flat(array)
+    return int(flat.offsets[-1]), time.perf_counter() - start
+
+
+_JOB_SCRIPT = r"""
+import json, sys, time
+from raypack.pack.config import make_config
+from raypack.pack.job import run_pack
+from raypack.tokenize.job import TextOptions
+engine, big, tiny, tok, out, workers, rounds, backend, batch_bytes = sys.argv[1:10]
+if engine == "ray":
+    from raypack.engine import pipeline
+    pipeline.init_ray(None)  # before the clock
+text = TextOptions(tokenizer=tok, tokenizer_backend=backend, batch_bytes=int(batch_bytes))
+for _ in range(int(rounds)):
+    row = {}
+    for name, path in (("big", big), ("tiny", tiny)):
+        config = make_config(dict(inputs=[path], output=out, context_length=2048, num_workers=int(workers),
+                                  overwrite=True))
+        start = time.perf_counter()
+        summary = run_pack(config, engine=engine, text=text)
+        row[name] = (summary.manifest["counts"]["tokens"], time.perf_counter() - start)
+    print(json.dumps(row), flush=True)
+"""
+
+
+def job_rounds(repo: str, big: Path, tiny: Path, tokenizer_path: Path, out: Path, engine: str, workers: int,
+               backend: str, rounds: int, batch_bytes: int) -> list[dict]:
+    """``rounds`` x (big run, tiny run) of ``run_pack(text=...)`` in one subprocess with PYTHONPATH=repo
+    (Ray started once, before the clock)."""
+    env = {**os.environ, "PYTHONPATH": repo, "RAYPACK_NO_PROGRESS": "1"}
+    args = [engine, str(big), str(tiny), str(tokenizer_path), str(out), str(workers), str(rounds), backend,
+            str(batch_bytes)]
+    done = subprocess.run([sys.executable, "-c", _JOB_SCRIPT, *args], capture_output=True, text=True, env=env,
+                          cwd=str(out.parent))
+    if done.returncode:
+        raise RuntimeError(done.stderr[-3000:])
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mb", type=float, default=31)
+    parser.add_argument("--copies", type=int, default=3)
+    parser.add_argument("--tiny-mb", type=float, default=1)
+    parser.add_argument("--vocab", type=int, default=16000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--shards", type=int, default=16)
+    parser.add_argument("--engines", default="local,ray")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repo", action="append", help="PYTHONPATH of a raypack checkout (default: cwd)")
+    parser.add_argument("--backend", default="gigatoken")
+    parser.add_argument("--batch-mib", type=float, default=1, help="TextOptions.batch_bytes in MiB (default 1)")
+    args = parser.parse_args()
+    repos = args.repo or [os.getcwd()]
+    print(f"load average before: {os.getloadavg()}, {os.cpu_count()} CPUs")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        texts = stdlib_texts(int(args.mb * 1e6))
+        tokenizer_path = root / "tokenizer.json"
+        train_bpe(stdlib_texts(int(min(args.mb, 8) * 1e6)), args.vocab, tokenizer_path)
+        tiny = stdlib_texts(int(args.tiny_mb * 1e6))
+        texts = texts * args.copies
+        print(f"{len(texts)} docs, {sum(len(t.encode()) for t in texts) / 1e6:.1f} MB; tiny {len(tiny)} docs")
+        big_dir, tiny_dir = write_shards(texts, root / "big", args.shards), write_shards(tiny, root / "tiny", 2)
+        figures: dict[str, list[float]] = {"floor": []}
+        for _ in range(args.repeats):
+            tokens, seconds = floor(texts, tokenizer_path, args.backend)
+            figures["floor"].append(tokens / seconds)
+            print(f"floor {args.backend} encode_flat: {tokens:,} tokens {seconds:.2f}s "
+                  f"{tokens / seconds / 1e6:.2f}M/s  load {os.getloadavg()[0]:.2f}", flush=True)
+        for repo in repos:
+            for engine in args.engines.split(","):
+                for row in job_rounds(repo, big_dir, tiny_dir, tokenizer_path, root / "out", engine, args.workers,
+                                      args.backend, args.repeats, int(args.batch_mib * 2**20)):
+                    (tb, sb), (tt, st) = row["big"], row["tiny"]
+                    marginal = (tb - tt) / (sb - st)
+                    figures.setdefault(f"{repo} {engine}", []).append(marginal)
+                    print(f"  {repo} {engine}: big {tb:,} tokens {sb:.2f}s, tiny {tt:,} {st:.2f}s -> marginal "
+                          f"{marginal / 1e6:.2f}M tokens/s, whole big run {tb / sb / 1e6:.2f}M tokens/s  "
+                          f"load {os.getloadavg()[0]:.2f}", flush=True)
+        base = statistics.median(figures.pop("floor"))
+        print(f"median floor {base / 1e6:.2f}M tokens/s")
+        for name, values in figures.items():
+            value = statistics.median(values)
+            print(f"median {name}: {value / 1e6:.2f}M tokens/s = {value / base:.2f}x floor")
+    print(f"load average after: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,272 @@
+"""``raypack pack --tokenizer`` in one pass: text in, packed chunks out, no tokenized corpus on disk.
+
+A text task (raypack.tokenize.tasks.TextTask: row groups of a Parquet file, a byte range of a
+JSONL file) is tokenized into memory (:func:`tokenize_held`: the backend's flat ids become Arrow
+list arrays without a Python list per document) and *reports* its counts: documents, tokens and,
+when the plan counts (best_fit, ``long_docs`` truncate/drop), its chunks and what ``long_docs``
+leaves out, from the document lengths it holds. The driver's :class:`Placer` gives task k its
+offsets (doc id, kept-token position, first chunk) once tasks 0..k-1 have reported: running sums,
+exactly the cumsums :func:`raypack.pack.plan.make_plan` and ``place_counts`` compute over a
+``raypack tokenize`` output. The task is then packed from the ids it holds
+(:func:`raypack.pack.packer.pack_documents`) into its chunk file, and the ids are dropped.
+
+Same bytes as the two-step ``raypack tokenize`` + ``raypack pack``: one text task is one pack task
+there too (a tokenized part is never split), so the chunk files, their names, the resume records'
+results and the manifest (whose ``shards`` rows name the text each task came from) are the
+same, whatever the engine or the number of workers.
+
+Memory: a worker holds the ids of the tasks it has tokenized and not yet packed, each
+``tokens x itemsize`` bytes (uint16/int32 ids as the manifest's token dtype) plus int32 offsets
+per document: at most two tasks per Ray actor (raypack.engine.pipeline.pack_texts) and with
+``--local`` (one packed while the next is tokenized on a thread); one more while a task whose
+resume record did not hold is tokenized again. A task's size is ``task_rows`` rows (Parquet) or
+``task_bytes`` bytes (JSONL), about ``bytes / 4`` tokens for English text and a byte-level BPE.
+
+Resume: task k's record is the packer's (``_results/task-NNNNNN.json``, raypack.pack.resume) with
+the text task and the tokenize settings in its input identity; a record whose text task and
+settings match gives its counts without tokenizing, and it is kept once its offsets equal the
+running sums (:meth:`Placer.advance` checks it with ``load_verified_result``), else the task is
+tokenized again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+
+from raypack.inputs.base import DocumentBatch, ShardInfo, check_document_lengths
+from raypack.pack.config import PackConfig
+from raypack.pack.packer import count_lengths, current_rss_bytes, pack_documents, reset_peak_rss
+from raypack.pack.plan import Plan, resolve_token_dtype, settings_for
+from raypack.pack.resume import identify_input, load_verified_result, recorded_task
+from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts
+from raypack.rules.long_docs import CutCounts
+from raypack.tokenize.tasks import TextTask, TokenizeSettings, output_settings, tokenize_in_memory
+
+IDENTITY_KEY = "text"
+"""The key of the text task and tokenize settings in a one-pass resume record's input identity."""
+
+
+class TaskReport(NamedTuple):
+    """What a tokenized task tells the driver before it is packed."""
+
+    num_docs: int
+    num_tokens: int
+    counts: TaskCounts
+
+    def to_dict(self) -> dict[str, int]:
+        return {"num_docs": self.num_docs, "num_tokens": self.num_tokens, "num_chunks": self.counts.num_chunks,
+                **self.counts.cut.as_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, int]) -> TaskReport:
+        cut = CutCounts(*(int(d[key]) for key in CutCounts._fields))
+        return cls(int(d["num_docs"]), int(d["num_tokens"]), TaskCounts(int(d["num_chunks"]), cut))
+
+
+@dataclass
+class HeldTask:
+    """A text task tokenized into memory, waiting for its offsets."""
+
+    task: TextTask
+    pieces: list[pa.Array]
+    """list<token_dtype> arrays, in document order."""
+    report: TaskReport
+    identity: dict[str, Any]
+    """The input's identity, taken before its text was read (for the resume record)."""
+    started_at: float
+
+
+def text_identity(task: TextTask, settings: TokenizeSettings) -> dict[str, Any]:
+    return json.loads(json.dumps({"task": asdict(task), "settings": output_settings(settings)}))
+
+
+def tokenize_held(task: TextTask, settings: TokenizeSettings, tokenizer, pack: PackSettings) -> HeldTask:
+    """Tokenize ``task`` into memory and count it (documents longer than ``max_document_tokens``
+    are refused, as the packer's reader refuses them)."""
+    started_at = time.time()
+    identity = identify_input(ShardTask(task.task_index, task.path, task.format, 0, 0, 0, 0), pack)
+    identity[IDENTITY_KEY] = text_identity(task, settings)
+    pieces, lengths, row = [], [], 0
+    for ids in tokenize_in_memory(task, settings, tokenizer):
+        check_document_lengths(ids, pack.max_document_tokens, path=task.path, first_row=row)
+        pieces.append(ids)
+        lengths.append(np.diff(ids.offsets.to_numpy()).astype(np.int64))
+        row += len(ids)
+    counts = count_lengths(lengths, pack)
+    num_tokens = int(sum(int(x.sum()) for x in lengths))
+    return HeldTask(task, pieces, TaskReport(row, num_tokens, counts), identity, started_at)
+
+
+def pack_held(held: HeldTask, task: ShardTask, settings: PackSettings) -> ShardResult:
+    """Pack ``held`` as ``task`` (its offsets placed) from the ids in memory."""
+    reset_peak_rss()
+    batches, row = [], 0
+    for ids in held.pieces:
+        batches.append(DocumentBatch(row, ids))
+        row += len(ids)
+    return pack_documents(task, settings, batches, held.identity, held.started_at)
+
+
+class Step(NamedTuple):
+    """What the engine does next for a task: ``"pack"`` it (``task`` placed), it was ``"kept"``
+    (``result`` from its resume record) or ``"tokenize"`` it (``text``: its record did not hold)."""
+
+    kind: str
+    index: int
+    task: ShardTask | None = None
+    result: ShardResult | None = None
+    text: TextTask | None = None
+
+
+class Placer:
+    """The driver's side of the one pass: reports in, offsets out, in task order."""
+
+    def __init__(self, tasks: list[TextTask], settings: PackSettings, text_settings: TokenizeSettings,
+                 resume: bool) -> None:
+        self.tasks, self.settings = tasks, settings
+        self.reports: dict[int, TaskReport] = {}
+        self.candidates: dict[int, ShardTask] = {}
+        self.placed: list[ShardTask] = []
+        self.doc = self.token = self.chunk = 0
+        if resume:
+            for t in tasks:
+                found = recorded_task(t.task_index, settings)
+                if found and found[1].get(IDENTITY_KEY) == text_identity(t, text_settings) \
+                        and (found[0].task_index, found[0].path, found[0].format) == (t.task_index, t.path, t.format):
+                    self.candidates[t.task_index] = found[0]
+
+    def to_tokenize(self) -> list[TextTask]:
+        """The tasks to tokenize, in order (those without a matching resume record)."""
+        return [t for t in self.tasks if t.task_index not in self.candidates]
+
+    @property
+    def next_index(self) -> int:
+        return len(self.placed)
+
+    @property
+    def done(self) -> bool:
+        return len(self.placed) == len(self.tasks)
+
+    def report(self, index: int, report: TaskReport) -> None:
+        self.reports[index] = report
+
+    def advance(self) -> list[Step]:
+        """Place every task that can be placed now, in order."""
+        steps = []
+        while not self.done:
+            k = self.next_index
+            if k in self.candidates:
+                recorded = self.candidates.pop(k)
+                task = self._placed(k, TaskReport(recorded.num_docs, recorded.num_tokens,
+                                                  TaskCounts(recorded.num_chunks, recorded.cut)))
+                result = load_verified_result(task, self.settings)
+                if result is not None:
+                    self._commit(task)
+                    steps.append(Step("kept", k, task, result))
+                    continue
+                steps.append(Step("tokenize", k, text=self.tasks[k]))
+                break
+            if k not in self.reports:
+                break
+            task = self._placed(k, self.reports.pop(k))
+            self._commit(task)
+            steps.append(Step("pack", k, task))
+        return steps
+
+    def _placed(self, k: int, report: TaskReport) -> ShardTask:
+        counting = self.settings.packing.needs_counting_pass
+        text = self.tasks[k]
+        return ShardTask(k, text.path, text.format, self.doc, self.token, report.num_docs, report.num_tokens,
+                         first_chunk=self.chunk if counting else -1,
+                         num_chunks=report.counts.num_chunks if counting else -1, task_index=k,
+                         **report.counts.cut.as_dict())
+
+    def _commit(self, task: ShardTask) -> None:
+        self.placed.append(task)
+        self.doc += task.num_docs
+        self.token += task.num_kept_tokens
+        self.chunk += max(task.num_chunks, 0)
+
+    def plan(self, skeleton: Plan) -> Plan:
+        """The plan of the whole run (what ``make_plan`` + ``place_counts`` give over the tokenized
+        corpus), once every task is placed."""
+        if not self.done:
+            raise RuntimeError(f"internal error: {len(self.placed)} of {len(self.tasks)} text tasks placed")
+        shards = tuple(ShardInfo(t.path, t.format, t.num_docs, t.num_tokens, skeleton.token_dtype, "manifest",
+                                 source={"path": x.path, "format": x.format, "start": x.start, "end": x.end})
+                       for t, x in zip(self.placed, self.tasks))
+        cut = sum((t.cut for t in self.placed), CutCounts())
+        return replace(skeleton, shards=shards, tasks=tuple(self.placed), num_docs=self.doc,
+                       num_tokens=sum(t.num_tokens for t in self.placed), cut=cut)
+
+
+def skeleton_plan(config: PackConfig, token_dtype: str, tokenizer_record: dict[str, Any]) -> Plan:
+    """The plan before any task is placed: what the settings need (token dtype, strategy, long_docs)."""
+    info = ShardInfo("", "parquet", 0, 0, token_dtype, "manifest")
+    return Plan((), (), resolve_token_dtype(config, [info]), 0, 0, config.context_length, config.packing,
+                tokenizer_record, text_inputs=True, long_docs=config.long_docs)
+
+
+def run_onepass(work_dir: str, config: PackConfig, tasks: list[TextTask], text_settings: TokenizeSettings,
+                tokenizer_record: dict[str, Any], tokenizer, engine: str, resume: bool,
+                on_ray: Callable | None = None, progress=None) -> tuple[Plan, PackSettings, list[ShardResult]]:
+    """Tokenize and pack every task; the plan, settings and results for the driver to stitch and publish.
+
+    ``on_ray(placer, text_settings, settings)``: the Ray engine's loop (raypack.engine.pipeline.pack_texts)."""
+    skeleton = skeleton_plan(config, text_settings.token_dtype, tokenizer_record)
+    settings = settings_for(config, skeleton, work_dir)
+    placer = Placer(tasks, settings, text_settings, resume)
+    if engine == "local" or on_ray is None:
+        results = _run_locally(placer, text_settings, settings, tokenizer, progress)
+    else:
+        results = on_ray(placer, text_settings, settings)
+    return placer.plan(skeleton), settings, sorted(results, key=lambda r: r.task_index)
+
+
+def _run_locally(placer: Placer, text_settings: TokenizeSettings, settings: PackSettings, tokenizer,
+                 progress) -> list[ShardResult]:
+    """Task after task, in order, with one task tokenized ahead on a thread while the one before is
+    packed (the backend and the Parquet reader release the GIL): at most two tasks' ids held."""
+    queue, results, held = list(placer.to_tokenize()), [], {}
+    ahead: list[tuple[TextTask, Future]] = []
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="raypack-tokenize") as pool:
+        def start_next() -> None:
+            if not ahead and queue:
+                text = queue.pop(0)
+                ahead.append((text, pool.submit(tokenize_held, text, text_settings, tokenizer, settings)))
+
+        steps = placer.advance()
+        try:
+            while True:
+                for step in steps:
+                    if step.kind == "kept":
+                        results.append(step.result)
+                    elif step.kind == "tokenize":
+                        queue.insert(0, step.text)
+                    else:
+                        start_next()
+                        base = current_rss_bytes()
+                        result = pack_held(held.pop(step.index), step.task, settings)
+                        results.append(replace(result, peak_rss_bytes=max(0, result.peak_rss_bytes - base)))
+                    if progress is not None and step.kind != "tokenize":
+                        progress.add(step.task.num_tokens)
+                if placer.done:
+                    return results
+                start_next()
+                if not ahead:
+                    raise RuntimeError(f"internal error: text task {placer.next_index} is neither recorded nor queued")
+                text, future = ahead.pop()
+                held[text.task_index] = future.result()
+                placer.report(text.task_index, held[text.task_index].report)
+                steps = placer.advance()
+        finally:
+            for _, future in ahead:
+                future.cancel()
