@@ -222,7 +222,7 @@ def _add_strategy_arguments(pack: argparse.ArgumentParser) -> None:
                           help=field.metadata.get("help"), **how)
 
 
-_TEXT_ARGUMENTS = ("text_column", "bos", "eos", "task_rows", "task_bytes", "tokenizer_backend")
+_TEXT_ARGUMENTS = ("text_column", "bos", "eos", "task_rows", "task_bytes", "tokenizer_backend", "max_document_bytes")
 
 
 def _add_text_arguments(parser: argparse.ArgumentParser) -> None:
@@ -232,6 +232,8 @@ def _add_text_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task-rows", type=int,
                         help="Parquet: rows per tokenize task (whole row groups)")
     parser.add_argument("--task-bytes", type=int, help="JSON Lines: bytes per tokenize task")
+    parser.add_argument("--max-document-bytes", type=int, metavar="BYTES",
+                        help="a longer text is refused, naming it, before it is encoded (default: 16 MiB)")
     parser.add_argument("--tokenizer-backend", choices=backend_names(),
                         help="who computes the ids (the same ids whichever): auto, the fastest installed backend "
                              "that can do the tokenizer, else the reference; "
@@ -374,7 +376,8 @@ def _run_stats(args: argparse.Namespace) -> int:
 def _pack_text_options(config, args: argparse.Namespace):
     from raypack.tokenize.job import TextOptions
 
-    given = {k: getattr(args, k) for k in ("task_rows", "task_bytes") if getattr(args, k) is not None}
+    given = {k: getattr(args, k) for k in ("task_rows", "task_bytes", "max_document_bytes")
+             if getattr(args, k) is not None}
     return TextOptions(tokenizer=config.tokenizer, text_column=config.text_column, bos=config.bos, eos=config.eos,
                        tokenizer_backend=config.tokenizer_backend, **given)
 
@@ -385,15 +388,16 @@ def _run_pack(args: argparse.Namespace) -> int:
     _refuse_contradictions(args, _PACK_RULES)
     if args.sample_docs is not None and not args.dry_run:
         raise InputError("--sample-docs applies only with --dry-run; add --dry-run or drop --sample-docs")
-    skip = ("command", "config", "local", "resume", "dry_run", "sample_docs", "task_rows", "task_bytes")
+    skip = ("command", "config", "local", "resume", "dry_run", "sample_docs", "task_rows", "task_bytes",
+            "max_document_bytes")
     overrides = {k: v for k, v in vars(args).items() if k not in skip}
     config = load_config(args.config, required=("context_length",), **overrides)  # tokenizer etc.: flags or TOML
     text = _pack_text_options(config, args) if config.tokenizer else None
     if text is None and (any(getattr(args, k) is not None for k in _TEXT_ARGUMENTS)
                          or (config.text_column, config.bos, config.eos, config.tokenizer_backend)
                          != ("text", None, None, "auto")):
-        raise InputError("--text-column, --bos, --eos, --task-rows, --task-bytes and --tokenizer-backend need "
-                         "--tokenizer")
+        raise InputError("--text-column, --bos, --eos, --task-rows, --task-bytes, --max-document-bytes and "
+                         "--tokenizer-backend need --tokenizer")
     if args.dry_run:
         from raypack.pack.dry_run import dry_run
 

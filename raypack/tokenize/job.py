@@ -71,18 +71,24 @@ class TextOptions:
     tokenizer_backend: str = AUTO
     """Who computes the ids (raypack.tokenize.backends): auto, reference or a backend's name; no
     effect on the output (the manifest records which one ran)."""
+    max_document_bytes: int = 16 << 20
+    """A longer text is one line naming it, before it is encoded: a tokenizer's working memory grows
+    with the document (BENCHMARKS.md, "One long text document": about 9 bytes per byte of text with
+    gigatoken, 110 with HF tokenizers); no effect on the output of the documents it accepts."""
 
     def __post_init__(self) -> None:
         if not self.tokenizer:
             raise InputError("no tokenizer given: pass --tokenizer (a tokenizer.json, its directory, or tiktoken:NAME)")
         check_backend_name(self.tokenizer_backend)
-        for name in ("task_rows", "task_bytes", "row_group_tokens", "row_group_docs", "batch_rows", "batch_bytes"):
+        for name in ("task_rows", "task_bytes", "row_group_tokens", "row_group_docs", "batch_rows", "batch_bytes",
+                     "max_document_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"{name}={value!r} must be an integer >= 1")
 
     def output_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in vars(self).items() if k not in ("batch_rows", "batch_bytes", "tokenizer_backend")}
+        return {k: v for k, v in vars(self).items()
+                if k not in ("batch_rows", "batch_bytes", "tokenizer_backend", "max_document_bytes")}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -252,7 +258,8 @@ def _text_settings(out_dir: str, text: TextOptions, tokenizer, inputs) -> tuple[
     token_dtype = token_dtype_for(tokenizer.vocab_size, text.token_dtype).name
     settings = TokenizeSettings(out_dir, text.tokenizer, tokenizer.identity()["sha256"], text.text_column,
                                 token_dtype, bos_id, eos_id, text.row_group_tokens, text.row_group_docs,
-                                text.batch_rows, text.batch_bytes, tokenizer_backend=tokenizer.backend)
+                                text.batch_rows, text.batch_bytes, tokenizer_backend=tokenizer.backend,
+                                max_document_bytes=text.max_document_bytes)
     options = {**text.output_dict(), "bos_id": bos_id, "eos_id": eos_id, "inputs": list(inputs)}
     return settings, options
 

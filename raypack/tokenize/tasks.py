@@ -54,7 +54,8 @@ log = logging.getLogger(__name__)
 RECORD_VERSION = 1
 PARQUET_WRITE_OPTIONS = {"compression": "zstd", "use_dictionary": False, "write_statistics": True}
 """Fixed, so a part file's bytes depend only on its documents."""
-_NOT_OUTPUT_SETTINGS = ("out_dir", "tokenizer", "batch_rows", "batch_bytes", "num_threads", "tokenizer_backend")
+_NOT_OUTPUT_SETTINGS = ("out_dir", "tokenizer", "batch_rows", "batch_bytes", "num_threads", "tokenizer_backend",
+                        "max_document_bytes")
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,8 @@ class TokenizeSettings:
     tokenizer_backend: str = "reference"
     """The backend the driver chose (never ``auto``: every worker uses the same one); no effect on
     the output (the ids are the reference's, checked on a sample: raypack.tokenize.guard)."""
+    max_document_bytes: int = 16 << 20
+    """A longer text is refused before it is encoded (raypack.tokenize.job.TextOptions)."""
 
 
 @dataclass(frozen=True)
@@ -149,8 +152,19 @@ def tokenize_in_memory(task: TextTask, settings: TokenizeSettings, tokenizer: Te
 
 
 def _iter_texts(task: TextTask, settings: TokenizeSettings) -> Iterator[tuple[int, pa.Array]]:
-    return format_named(task.format).iter_texts(task.path, settings.text_column, task.start, task.end,
-                                                settings.batch_rows)
+    """The task's text batches, each checked against ``max_document_bytes`` before it is encoded."""
+    seen = 0
+    for first_row, texts in format_named(task.format).iter_texts(task.path, settings.text_column, task.start,
+                                                                 task.end, settings.batch_rows):
+        lengths = pc.binary_length(texts).to_numpy(zero_copy_only=False)
+        if lengths.size and int(lengths.max()) > settings.max_document_bytes:
+            k = int(np.argmax(lengths > settings.max_document_bytes))
+            raise InputError(f"{document_name(task, seen + k)} holds {int(lengths[k]):,} bytes of text, more than "
+                             f"max_document_bytes={settings.max_document_bytes:,} (a tokenizer's memory grows with "
+                             "the document); raise --max-document-bytes if the workers have the memory "
+                             "(BENCHMARKS.md: bytes per byte), or split the document upstream")
+        seen += len(texts)
+        yield first_row, texts
 
 
 def _byte_pieces(texts: pa.Array, max_bytes: int) -> Iterator[pa.Array]:

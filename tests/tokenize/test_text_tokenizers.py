@@ -359,3 +359,21 @@ def test_tokenizers_pickle_and_encode_alike(hf, cl100k):
     for loaded in (load_tokenizer(str(hf[1])), cl100k):
         copy = pickle.loads(pickle.dumps(loaded))
         assert copy.encode_batch(texts, eos_id=1).to_pylist() == loaded.encode_batch(texts, eos_id=1).to_pylist()
+
+
+@pytest.mark.parametrize("command", ["tokenize", "pack"])
+def test_a_text_over_max_document_bytes_is_one_line_naming_it(tmp_path, capsys, command):
+    """Refused before it is encoded (a 100 MB document took the HF tokenizer to 12.6 GB, then an abort)."""
+    import pyarrow.parquet as pq
+
+    from raypack.cli import main
+
+    (tmp_path / "text").mkdir()
+    pq.write_table(pa.table({"text": ["short", "x" * 5000, "short"]}), tmp_path / "text" / "p.parquet")
+    base = ["pack", "--context-length", "8"] if command == "pack" else ["tokenize"]
+    args = [*base, "--local", "--input", str(tmp_path / "text"), "--tokenizer", "tiktoken:cl100k_base"]
+    assert main([*args, "--output", str(tmp_path / "o1"), "--max-document-bytes", "4096"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "document 1 of" in err[0] and "5,000 bytes" in err[0] and "--max-document-bytes" in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["text"]
+    assert main([*args, "--output", str(tmp_path / "o2")]) == 0  # the default (16 MiB) takes it
