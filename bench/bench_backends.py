@@ -25,7 +25,6 @@ import os
 import statistics
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -34,36 +33,12 @@ import numpy as np
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_tokenize import stdlib_texts, train_bpe  # noqa: E402
+
 from raypack.tokenize.backends import BACKENDS, load_backed_tokenizer  # noqa: E402
 from raypack.tokenize.guard import BYTES_SHARE, FREE_BYTES  # noqa: E402
 
 from timing import time_interleaved  # noqa: E402
-
-
-def stdlib_texts(max_bytes: int) -> list[str]:
-    texts, size = [], 0
-    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
-        if "site-packages" in path.parts:
-            continue
-        try:
-            texts.append(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, OSError):
-            continue
-        size += len(texts[-1].encode())
-        if size >= max_bytes:
-            break
-    return texts
-
-
-def train_bpe(texts: list[str], vocab_size: int, path: Path) -> None:
-    import tokenizers
-
-    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=vocab_size, initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(texts, trainer)
-    tok.save(str(path))
 
 
 def batches(texts: list[str], max_bytes: int = 1 << 20) -> list[pa.Array]:
