@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="input shards to compare with (default: the manifest's shards, if present)")
     verify.add_argument("--no-inputs", action="store_true", help="check the output alone")
     verify.add_argument("--token-column", help="token column of the inputs (default: the manifest's)")
+    verify.add_argument("--max-document-tokens", type=int, metavar="TOKENS",
+                        help="refuse a longer input document, as pack does (default: pack's default; verify "
+                             "reads a document whole)")
     verify.add_argument("--check-tokenizer", type=int, nargs="?", const=64, metavar="N",
                         help="an output packed from text: re-encode N of its documents (default 64) from their "
                              "text files with the tokenizer's reference library and compare, token for token")
@@ -325,7 +328,8 @@ def _run_verify(args: argparse.Namespace) -> int:
     ))
     inputs = [] if args.no_inputs else args.inputs
     try:
-        report = verify_output(args.output, inputs, token_column=args.token_column)
+        limit = {} if args.max_document_tokens is None else {"max_document_tokens": args.max_document_tokens}
+        report = verify_output(args.output, inputs, token_column=args.token_column, **limit)
         extra = [] if args.check_tokenizer is None else check_tokenizer(args.output, args.check_tokenizer)
     except VerifyError as e:
         print(f"raypack: verify failed: {e}", file=sys.stderr)

@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from raypack.errors import InputError
 
-__all__ = ["DEFAULT_MAX_DOCUMENT_TOKENS", "DocumentBatch", "InputFormat", "ReadLimits", "ShardInfo",
+__all__ = ["DEFAULT_MAX_DOCUMENT_TOKENS", "DocumentBatch", "DocumentTooLong", "InputFormat", "ReadLimits", "ShardInfo",
            "check_document_lengths", "check_batch_rows", "too_long", "token_value_type"]
 
 DEFAULT_MAX_DOCUMENT_TOKENS = 1 << 25
@@ -159,9 +159,13 @@ def _text_hint(column: str) -> str:
             f"(or tiktoken:cl100k_base) --text-column {column}")
 
 
+class DocumentTooLong(InputError):
+    """A document over ``max_document_tokens`` (:func:`too_long`): a limit met, not a damaged file."""
+
+
 def too_long(path: str, row: int | str, num_tokens: int | str, limit: int) -> InputError:
     """The one line for a document over ``max_document_tokens``."""
-    return InputError(
+    return DocumentTooLong(
         f"shard {path} row {row}: the document holds {num_tokens} tokens, more than max_document_tokens={limit} "
         "(a packer reads a document whole); raise --max-document-tokens if the packers have the memory "
         "(BENCHMARKS.md: bytes per token), or split the document upstream"

@@ -26,12 +26,13 @@ pyarrow, independently of ``raypack.packed.reader``. Checks, in this order, one 
      document), and the cut counts re-read equal the manifest's. Under truncate or drop no
      document in the output exceeds C tokens (:mod:`.long_docs`), inputs compared or not.
 
-Memory: ``batch_chunks * C`` output positions (tokens plus int64 doc ids), one input read batch
-of ``INPUT_BATCH_DOCS`` documents and what the strategy's check holds back (its docstring says
-how much). Cost: every file is read twice (hash, then decode; the second read is usually served
-by the page cache), the inputs once, and O(tokens) numpy work plus three hashlib calls per chunk
-(the content digest); no Python loop runs per token, document or segment.
-"""
+Memory: ``batch_chunks * C`` output positions (tokens plus int64 doc ids), one input read batch of
+``INPUT_BATCH_DOCS`` documents as the reader decodes it (a document whole, at most
+``max_document_tokens`` tokens), verify's arrays for ``PIECE_POSITIONS`` input positions, and what
+the strategy's check holds back (its docstring says how much). Cost: every file is read twice (hash,
+then decode; the second read is usually served by the page cache), the inputs once, and O(tokens)
+numpy work plus three hashlib calls per chunk (the content digest); no Python loop runs per token,
+document or segment."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ import time
 from typing import Any, Sequence
 
 from raypack.errors import InputError
+from raypack.inputs.base import DEFAULT_MAX_DOCUMENT_TOKENS
 from raypack.packed.manifest import MIX_KIND, read_manifest_json
 from raypack.verify.inputs import INPUT_BATCH_DOCS
 from raypack.verify.mix import MixVerifyReport, verify_mix
@@ -54,6 +56,7 @@ def verify_output(
     *,
     token_column: str | None = None,
     batch_chunks: int = 1024,
+    max_document_tokens: int | None = DEFAULT_MAX_DOCUMENT_TOKENS,
 ) -> VerifyReport | MixVerifyReport:
     """Audit output directory ``out`` (local path or URI); raise VerifyError at the first discrepancy.
 
@@ -63,16 +66,23 @@ def verify_output(
     explicit inputs; the report names every shard read), ``[]`` skips the comparison.
     token_column: the inputs' token column (default: the manifest's config, else ``input_ids``).
     batch_chunks: chunks decoded at a time (bounds memory).
+    max_document_tokens: an input document longer than this is refused (one line, before the
+    reader decodes it where the format allows), as ``raypack pack`` does: the reader decodes a
+    document whole, so this bounds verify's memory (BENCHMARKS.md, "verify and one long document").
     Raises InputError for unusable arguments (an input path that does not exist).
     A mix (raypack mix) is checked through its sources: :func:`raypack.verify.mix.verify_mix`.
     """
     start = time.perf_counter()
     if isinstance(batch_chunks, bool) or not isinstance(batch_chunks, int) or batch_chunks < 1:
         raise ValueError(f"batch_chunks={batch_chunks!r} must be an integer >= 1")
+    if max_document_tokens is not None and (isinstance(max_document_tokens, bool) or
+                                            not isinstance(max_document_tokens, int) or max_document_tokens < 1):
+        raise InputError(f"max_document_tokens={max_document_tokens!r} must be an integer >= 1")
     data, where = _read_json(out)
     if isinstance(data, dict) and data.get("kind") == MIX_KIND:  # read through raypack.mix.dataset: verify.mix
         return verify_mix(out, data, where, inputs)
-    return verify_packed(out, inputs, token_column=token_column, batch_chunks=batch_chunks, start=start)
+    return verify_packed(out, inputs, token_column=token_column, batch_chunks=batch_chunks, start=start,
+                         max_document_tokens=max_document_tokens)
 
 
 def _read_json(out: str) -> tuple[Any, str]:

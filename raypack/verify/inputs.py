@@ -9,7 +9,9 @@ labelled with its document's global id: a cursor compares the overlap of the cur
 with numpy, whose batch boundaries differ, so every non-empty document appears once, whole,
 contiguous and in order, and tokens are conserved. Then the inputs' document count must equal the
 manifest's and, when the inputs are the manifest's shards, each shard's counts what was recorded.
-Memory: one input read batch of ``INPUT_BATCH_DOCS`` documents. Cost: the inputs read once.
+Memory: one input read batch of ``INPUT_BATCH_DOCS`` documents as the reader decodes it, and
+verify's own arrays for PIECE_POSITIONS positions of it (a long document is compared a slice at a
+time). Cost: the inputs read once.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from raypack.errors import InputError
+from raypack.inputs.base import DocumentTooLong
 from raypack.inputs.reading import iter_document_batches
 from raypack.inputs.registry import FORMATS, accepted_suffixes, shard_format
 from raypack.inputs.shards import discover_shards
@@ -111,25 +114,37 @@ class _InputTotals:
     """What ``long_docs`` left out of the shards read so far."""
 
 
+PIECE_POSITIONS = 1 << 20
+"""Input positions compared at a time: a long document is walked in slices of this many tokens, so
+verify's own arrays (doc ids, the kept mask, the kept copies: ~22 bytes a position) stay this size
+whatever the longest document; what remains per document is the reader's decode of it."""
+
+
 def _input_pieces(shards: list[Shard], column: str, totals: _InputTotals, long_docs: str, context_length: int,
-                  extra_columns: tuple[SideColumn, ...] = (), token_dtype: str = "int64") -> Iterator[Piece]:
+                  extra_columns: tuple[SideColumn, ...] = (), token_dtype: str = "int64",
+                  max_document_tokens: int | None = None) -> Iterator[Piece]:
     """The inputs' token stream as ``long_docs`` keeps it, each token labelled with its document's
-    global id. With side columns each token is a record of the output's packed dtype: the token and
-    its side values (as the output's structure check gives them), so one comparison covers every column."""
+    global id, in pieces of at most PIECE_POSITIONS positions. With side columns each token is a
+    record of the output's packed dtype: the token and its side values (as the output's structure
+    check gives them), so one comparison covers every column."""
     names = tuple(c.name for c in extra_columns)
     dtype = record_dtype(token_dtype, extra_columns)
     for shard in shards:
         num_docs, num_tokens, cut = 0, 0, dict.fromkeys(CUT_KEYS, 0)
         try:
-            for first_row, lists, sides in _input_batches(shard, column, names):
+            for first_row, lists, sides in _input_batches(shard, column, names, max_document_tokens):
                 tokens, lengths = flatten_documents(lists)
-                keep = _kept_positions(lengths, long_docs, context_length, cut)
+                lengths = np.asarray(lengths, dtype=np.int64)
+                _count_cut(lengths, long_docs, context_length, cut)
                 if names:
                     tokens = _packed_input(tokens, sides, dtype, shard.path, first_row)
-                doc_ids = np.arange(totals.num_docs + first_row, totals.num_docs + first_row + lengths.size)
-                where = _input_locator(shard.path, first_row, doc_ids, lengths)
-                yield Piece(tokens[keep], np.repeat(doc_ids, lengths)[keep], _kept_locator(where, keep))
-                num_docs, num_tokens = first_row + lengths.size, num_tokens + int(np.count_nonzero(keep))
+                first_id = totals.num_docs + first_row
+                for piece in _batch_pieces(tokens, lengths, first_id, long_docs, context_length):
+                    num_tokens += piece.tokens.size
+                    yield piece._replace(where=_input_locator(shard.path, first_row, first_id, lengths, piece.where))
+                num_docs = first_row + lengths.size
+        except DocumentTooLong:
+            raise  # a limit, not a discrepancy: exit 2, and the line names the flag
         except InputError as e:
             raise VerifyError(f"input {e}") from e
         _check_recorded(shard, num_docs, num_tokens, cut if long_docs != "split" else None)
@@ -137,30 +152,52 @@ def _input_pieces(shards: list[Shard], column: str, totals: _InputTotals, long_d
         totals.cut = {key: totals.cut[key] + cut[key] for key in CUT_KEYS}
 
 
-def _kept_positions(lengths: np.ndarray, long_docs: str, context_length: int, cut: dict[str, int]) -> np.ndarray:
-    """(T,) bool: the positions of the documents laid end to end that ``long_docs`` keeps (split: all;
-    truncate: a document's first C; drop: documents of at most C); adds what it leaves out to ``cut``."""
-    lengths = np.asarray(lengths, dtype=np.int64)
+def _count_cut(lengths: np.ndarray, long_docs: str, context_length: int, cut: dict[str, int]) -> None:
+    """Adds to ``cut`` what ``long_docs`` leaves out of documents of ``lengths`` (split: nothing)."""
     long = lengths > context_length
     if long_docs == "truncate":
         cut["documents_truncated"] += int(np.count_nonzero(long))
         cut["tokens_truncated"] += int((lengths[long] - context_length).sum())
-        position_in_doc = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        return position_in_doc < context_length
-    if long_docs == "drop":
+    elif long_docs == "drop":
         cut["documents_dropped"] += int(np.count_nonzero(long))
         cut["tokens_dropped"] += int(lengths[long].sum())
-        return np.repeat(~long, lengths)
-    return np.ones(int(lengths.sum()), dtype=bool)
 
 
-def _kept_locator(where: Callable[[int], str], keep: np.ndarray) -> Callable[[int], str]:
-    """``where`` of the i-th kept position (its index among all positions)."""
-    return lambda i: where(int(np.flatnonzero(keep)[i]))
+class _Slice(NamedTuple):
+    tokens: np.ndarray
+    doc_ids: np.ndarray
+    where: Callable[[int], int]
+    """Position i of the slice's kept tokens -> its position among the batch's tokens."""
 
 
-def _input_batches(shard: Shard, column: str, names: tuple[str, ...]) -> Iterator[tuple[int, pa.Array, tuple]]:
-    for batch in iter_document_batches(shard.path, shard.format, column, INPUT_BATCH_DOCS, extra_columns=names):
+def _batch_pieces(tokens: np.ndarray, lengths: np.ndarray, first_id: int, long_docs: str,
+                  context_length: int) -> Iterator[_Slice]:
+    """The batch's tokens that ``long_docs`` keeps (split: all; truncate: a document's first C; drop:
+    documents of at most C), with their global doc ids, PIECE_POSITIONS positions at a time."""
+    ends = np.cumsum(lengths)
+    for start in range(0, tokens.size, PIECE_POSITIONS):
+        stop = min(start + PIECE_POSITIONS, tokens.size)
+        first = int(np.searchsorted(ends, start, side="right"))
+        last = int(np.searchsorted(ends, stop - 1, side="right"))
+        doc_starts = ends[first:last + 1] - lengths[first:last + 1]
+        spans = np.minimum(ends[first:last + 1], stop) - np.maximum(doc_starts, start)
+        rows = np.repeat(np.arange(first, last + 1), spans)
+        if long_docs == "split":
+            yield _Slice(tokens[start:stop], rows + first_id, lambda i, start=start: start + i)
+            continue
+        if long_docs == "truncate":
+            keep = np.arange(start, stop) - (ends[rows] - lengths[rows]) < context_length
+        else:  # drop
+            keep = lengths[rows] <= context_length
+        kept = np.flatnonzero(keep)
+        yield _Slice(tokens[start:stop][kept], rows[kept] + first_id,
+                     lambda i, start=start, kept=kept: start + int(kept[i]))
+
+
+def _input_batches(shard: Shard, column: str, names: tuple[str, ...],
+                   max_document_tokens: int | None) -> Iterator[tuple[int, pa.Array, tuple]]:
+    for batch in iter_document_batches(shard.path, shard.format, column, INPUT_BATCH_DOCS, extra_columns=names,
+                                       max_document_tokens=max_document_tokens):
         yield batch.first_row, batch.tokens, batch.sides
 
 
@@ -175,12 +212,15 @@ def _packed_input(tokens: np.ndarray, sides: tuple[pa.Array, ...], dtype: np.dty
         raise VerifyError(f"input shard {path} rows from {first_row}: {e}; the output cannot hold these inputs") from e
 
 
-def _input_locator(path: str, first_row: int, doc_ids: np.ndarray, lengths: np.ndarray) -> Callable[[int], str]:
+def _input_locator(path: str, first_row: int, first_id: int, lengths: np.ndarray,
+                   position: Callable[[int], int]) -> Callable[[int], str]:
+    """Names the kept token i of a slice: ``position(i)`` is its place among the batch's tokens."""
     def where(i: int) -> str:
+        p = position(i)
         ends = np.cumsum(lengths)
-        row = int(np.searchsorted(ends, i, side="right"))
-        offset = i - (int(ends[row - 1]) if row else 0)
-        return (f"input shard {path} row {first_row + row} (doc id {int(doc_ids[row])}, "
+        row = int(np.searchsorted(ends, p, side="right"))
+        offset = p - (int(ends[row - 1]) if row else 0)
+        return (f"input shard {path} row {first_row + row} (doc id {first_id + row}, "
                 f"token {offset} of {int(lengths[row])})")
 
     return where
@@ -225,13 +265,14 @@ class _Cursor:
 
 
 def compare_with_inputs(output: Iterator[Piece], shards: list[Shard], column: str, manifest: dict[str, Any],
-                         manifest_path: str) -> None:
+                         manifest_path: str, max_document_tokens: int | None = None) -> None:
     """Walk the output and input streams together; raise at the first position where they differ."""
     totals = _InputTotals()
     long_docs = long_docs_of(manifest)
     found = _Cursor(output)
     expected = _Cursor(_input_pieces(shards, column, totals, long_docs, manifest.context_length,
-                                     side_columns_of(manifest), manifest.token_dtype.name))
+                                     side_columns_of(manifest), manifest.token_dtype.name,
+                                     max_document_tokens))
     while found.current() is not None and expected.current() is not None:
         n = min(found.remaining(), expected.remaining())
         start_found, start_expected = found.offset, expected.offset

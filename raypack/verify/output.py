@@ -25,7 +25,8 @@ def structure_class(manifest: dict) -> type[Structure]:
 
 
 def verify_packed(out: str, inputs: Sequence[str] | None = None, *, token_column: str | None = None,
-                  batch_chunks: int = 1024, start: float | None = None) -> VerifyReport:
+                  batch_chunks: int = 1024, start: float | None = None,
+                  max_document_tokens: int | None = None) -> VerifyReport:
     """Audit the packed output ``out`` (not a mix), as :func:`raypack.verify.verify_output` describes;
     ``start``: the ``perf_counter`` its report's seconds count from (default: now)."""
     start = time.perf_counter() if start is None else start
@@ -44,7 +45,7 @@ def verify_packed(out: str, inputs: Sequence[str] | None = None, *, token_column
             pass
     else:
         column = token_column or manifest.config.token_column or "input_ids"
-        compare_with_inputs(pieces, shards, column, manifest, manifest_path)
+        compare_with_inputs(pieces, shards, column, manifest, manifest_path, max_document_tokens)
     return VerifyReport(
         output=out, num_files=len(manifest.files), num_bytes=num_bytes,
         num_chunks=structure.next_chunk, context_length=structure.context_length,

@@ -290,6 +290,90 @@ def test_a_footer_claiming_2_to_the_40_rows_is_one_line_before_pyarrow_allocates
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
 
 
+def _padded_varint(n: int, width: int) -> bytes:
+    """``n`` as a varint of exactly ``width`` bytes (redundant zero groups: still the same value)."""
+    out = bytearray(_varint(n))
+    assert len(out) <= width
+    while len(out) < width:
+        out[-1] |= 0x80
+        out.append(0)
+    return bytes(out)
+
+
+def _read_varint(data: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[i]
+        i, value, shift = i + 1, value | (byte & 0x7F) << shift, shift + 7
+        if not byte & 0x80:
+            return value, i
+
+
+def _claim_page_size(path: Path, claimed: int) -> int:
+    """Rewrite the first data page header's uncompressed_page_size (Thrift compact PageHeader: i32
+    fields 1-4, header byte 0x15 each: type, uncompressed and compressed size, crc; then field 5, the
+    data page header, 0x1C) to ``claimed``, keeping the file's length: the crc field (written with
+    write_page_checksum, not verified by default) makes room for the longer varint. Returns the true size."""
+    offset = pq.ParquetFile(path).metadata.row_group(0).column(0).data_page_offset
+    data = bytearray(path.read_bytes())
+    i, values, widths = offset, [], []
+    for _ in range(4):
+        assert data[i] == 0x15
+        value, end = _read_varint(data, i + 1)
+        values.append(value)
+        widths.append(end - i - 1)
+        i = end
+    assert data[i] == 0x1C
+    total = i - offset
+    room = total - 3 - 5  # three field headers and the claim's five bytes: the rest for type and compressed size
+    type_width = max(widths[0], room - 5)
+    header = (b"\x15" + _padded_varint(values[0], type_width) + b"\x15" + _padded_varint(2 * claimed, 5)
+              + b"\x15" + _padded_varint(values[2], room - type_width))
+    assert len(header) == total
+    data[offset:i + 1] = header + b"\x2C"  # field 5 now follows field 3: delta 2
+    path.write_bytes(bytes(data))
+    return values[1] // 2
+
+
+@pytest.mark.parametrize("command", ["pack", "tokenize"])
+@pytest.mark.parametrize("statistics", [True, False], ids=["footer-counts", "scan"])
+def test_a_page_claiming_2_gib_uncompressed_is_one_line_in_bounded_memory(tmp_path: Path, command: str,
+                                                                         statistics: bool):
+    """A snappy page of a 1.4 MB file whose header claims 2^31-1 uncompressed bytes (issue 25, item 12:
+    the hand-written page reader allocated from the claim, 2.1 GB). pyarrow checks what the page
+    decompressed to against the claim: one line, exit 2, and the child's peak RSS stays far below the claim."""
+    import subprocess
+    import sys
+
+    (tmp_path / "in").mkdir()
+    path = tmp_path / "in" / "part-0.parquet"
+    rng = np.random.default_rng(0)
+    n = 350_000
+    if command == "pack":
+        offsets = pa.array(np.arange(0, n + 1, 1000, dtype=np.int32))
+        column = ("input_ids", pa.ListArray.from_arrays(offsets, pa.array(rng.integers(0, 50_000, n, dtype=np.int32))))
+    else:
+        column = ("text", pa.array([f"w{v} x{v % 7}" for v in rng.integers(0, 10**6, n // 10)]))
+    pq.write_table(pa.table(dict([column])), path, compression="snappy", use_dictionary=False,
+                   write_statistics=statistics, write_page_checksum=True)
+    true_size = _claim_page_size(path, 2**31 - 1)
+    assert 100_000 < true_size < 2**21
+    args = (["pack", "--context-length", "64"] if command == "pack"
+            else ["tokenize", "--tokenizer", "tiktoken:cl100k_base"])
+    script = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30));"
+              "from raypack.cli import main; rc = main(sys.argv[1:]);"
+              "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", script, *args, "--local", "--input", str(tmp_path / "in"),
+                           "--output", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "part-0.parquet" in lines[0] and "expected: 2147483647" in lines[0], lines
+    assert "re-write the file" in lines[0]
+    peak_kib = int(proc.stdout.split()[-1])
+    assert peak_kib < 1 << 20, f"peak RSS {peak_kib} KiB for a page claiming 2 GiB"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+
+
 def test_a_footer_whose_created_by_is_not_utf8_is_read_by_scanning(tmp_path: Path):
     """The writer's name is unknown, so the footer's counts are not trusted: the counts come from a scan."""
     path = tmp_path / "s.parquet"

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from raypack.errors import InputError
 from raypack.pack.config import make_config
 from raypack.pack.job import run_pack
 from raypack.packed.writer import chunk_file_name
@@ -1109,3 +1110,71 @@ def test_best_fit_input_document_added_after_packing(bf):
     with pytest.raises(VerifyError, match=rf"input shard {re.escape(shard_path(copy, 4))} row 7 \(doc id 70, token 0 "
                                           r"of 2\): not in the output"):
         verify_output(out, [copy])
+
+
+# ----------------------------------------------------------------------------- one long input document
+
+
+@pytest.mark.parametrize("long_docs", ["split", "truncate", "drop"])
+def test_inputs_compared_a_slice_at_a_time_give_the_same_verdicts(tmp_path, monkeypatch, long_docs):
+    """PIECE_POSITIONS (how many input positions verify compares at a time) changes no verdict and no
+    message: a clean output verifies, and one changed input token is named the same way."""
+    import raypack.verify.inputs as verify_inputs
+
+    docs = make_docs(3)
+    out, shard_dir, _ = pack(tmp_path, docs, long_docs=long_docs)
+    doc = 10  # 3 * C + 1 tokens: split across chunks, truncated, or dropped
+    verdicts = {}
+    for positions in (1, 5, C + 1, 1 << 20):
+        monkeypatch.setattr(verify_inputs, "PIECE_POSITIONS", positions)
+        verify_output(out)
+        changed = [list(d) for d in docs]
+        changed[doc][2] = changed[doc][2] % 999 + 1
+        path = write_shards(tmp_path / f"changed-{positions}", changed, [20, 41])
+        if long_docs == "drop":
+            verify_output(out, [path])  # the dropped document is not compared
+            continue
+        with pytest.raises(VerifyError) as e:
+            verify_output(out, [path])
+        verdicts[positions] = str(e.value).replace(f"changed-{positions}", "changed")
+    assert len(set(verdicts.values())) <= 1, verdicts
+    if verdicts:
+        assert "row 10 (doc id 10, token 2 of" in next(iter(verdicts.values()))
+
+
+def test_one_long_input_document_costs_verify_a_slice_of_arrays(tmp_path, monkeypatch):
+    """verify's own arrays for the input side stay PIECE_POSITIONS long whatever the document's
+    length (numpy allocations are what tracemalloc sees; the reader's decode is pyarrow's and is
+    bounded by max_document_tokens instead). Before: ~21 bytes a token of the document."""
+    import tracemalloc
+
+    import raypack.verify.inputs as verify_inputs
+
+    n = 2_000_000
+    docs = [list(range(1, 6)), np.arange(n, dtype=np.int32) % 997 + 1, list(range(1, 4))]
+    shard_dir = tmp_path / "shards"
+    shard_dir.mkdir()
+    pq.write_table(pa.table({"input_ids": pa.array(docs, pa.list_(pa.int32()))}), shard_dir / "part-0000.parquet")
+    out = str(tmp_path / "out")
+    run_pack(make_config(dict(inputs=[str(shard_dir)], output=out, context_length=1024, pad_token=0)), engine="local")
+    monkeypatch.setattr(verify_inputs, "PIECE_POSITIONS", 1 << 16)
+    tracemalloc.start()
+    try:
+        verify_output(out, batch_chunks=16)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * n, f"verify's arrays peaked at {peak} bytes for a document of {n} tokens"
+
+
+def test_an_input_document_over_max_document_tokens_is_one_line(tmp_path, capsys):
+    from raypack.cli import main
+
+    out, _, _ = pack(tmp_path)
+    assert main(["verify", out, "--max-document-tokens", "10"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "part-0000.parquet row 0: the document holds 11 tokens" in err
+    assert "max_document_tokens=10" in err and "--max-document-tokens" in err
+    assert verify_output(out, max_document_tokens=25).inputs_compared
+    with pytest.raises(InputError, match="must be an integer >= 1"):
+        verify_output(out, max_document_tokens=0)
