@@ -21,6 +21,7 @@ Text: the Python standard library's .py files (sorted paths, one document each) 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import statistics
 import sys
@@ -50,6 +51,40 @@ def stdlib_texts(max_bytes: int) -> list[str]:
         size += len(text.encode())
         if size >= max_bytes:
             break
+    return texts
+
+
+SOURCE_SUFFIXES = (".py", ".pyi", ".md", ".rst", ".txt", ".h", ".hpp", ".c", ".cc", ".cpp", ".cu", ".cuh")
+LICENCE_PREFIXES = ("LICENSE", "LICENCE", "COPYING")
+
+
+def installed_texts(max_bytes: int | None = None) -> list[str]:
+    """Real text without repeats: the standard library's and the installed packages' sources, stubs,
+    headers, docs and licence texts (``SOURCE_SUFFIXES``, files named LICENSE*/COPYING*), each
+    distinct file once (by content), sorted by path, files over 4 MB left out. In this repository's
+    venv (make test's packages): about 42,000 documents, 386 MB, 100M tokens of a 16,000-id BPE."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    roots = [stdlib, stdlib / "site-packages", Path(sysconfig.get_paths()["purelib"])]
+    texts, seen, size = [], set(), 0
+    for k, root in enumerate(dict.fromkeys(roots)):
+        for path in sorted(root.rglob("*")):
+            if not (path.suffix in SOURCE_SUFFIXES or path.name.upper().startswith(LICENCE_PREFIXES)):
+                continue
+            if (k == 0 and "site-packages" in path.parts) or not path.is_file():
+                continue
+            try:
+                data = path.read_bytes()
+                text = data.decode("utf-8")
+            except (UnicodeDecodeError, OSError):
+                continue
+            digest = hashlib.sha256(data).digest()
+            if len(data) > 4_000_000 or digest in seen:
+                continue
+            seen.add(digest)
+            texts.append(text)
+            size += len(data)
+            if max_bytes is not None and size >= max_bytes:
+                return texts
     return texts
 
 

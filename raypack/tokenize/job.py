@@ -66,8 +66,8 @@ class TextOptions:
     row_group_docs: int = 65536
     batch_rows: int = 1024
     """Texts read at once (memory); no effect on the output."""
-    batch_bytes: int = 1 << 20
-    """Bytes of text encoded at once (memory); no effect on the output."""
+    batch_bytes: int | None = None
+    """Bytes of text encoded at once (memory); None: the backend's ``batch_bytes``; no effect on the output."""
     tokenizer_backend: str = AUTO
     """Who computes the ids (raypack.tokenize.backends): auto, reference or a backend's name; no
     effect on the output (the manifest records which one ran)."""
@@ -83,6 +83,8 @@ class TextOptions:
         for name in ("task_rows", "task_bytes", "row_group_tokens", "row_group_docs", "batch_rows", "batch_bytes",
                      "max_document_bytes"):
             value = getattr(self, name)
+            if value is None and name == "batch_bytes":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"{name}={value!r} must be an integer >= 1")
 
@@ -258,7 +260,8 @@ def _text_settings(out_dir: str, text: TextOptions, tokenizer, inputs) -> tuple[
     token_dtype = token_dtype_for(tokenizer.vocab_size, text.token_dtype).name
     settings = TokenizeSettings(out_dir, text.tokenizer, tokenizer.identity()["sha256"], text.text_column,
                                 token_dtype, bos_id, eos_id, text.row_group_tokens, text.row_group_docs,
-                                text.batch_rows, text.batch_bytes, tokenizer_backend=tokenizer.backend,
+                                text.batch_rows, text.batch_bytes or tokenizer.batch_bytes,
+                                tokenizer_backend=tokenizer.backend,
                                 max_document_bytes=text.max_document_bytes)
     options = {**text.output_dict(), "bos_id": bos_id, "eos_id": eos_id, "inputs": list(inputs)}
     return settings, options

@@ -42,6 +42,7 @@ import pyarrow.parquet as pq
 from raypack.errors import InputError
 from raypack.inputs.registry import format_named
 from raypack.io.fs import resolve_filesystem
+from raypack.io.prefetch import prefetched
 from raypack.pack.resume import RESULTS_DIR, sampled_identity
 from raypack.packed.writer import AtomicFile, HashingSink, write_whole
 from raypack.tokenize.backends import load_backed_tokenizer
@@ -154,8 +155,9 @@ def tokenize_in_memory(task: TextTask, settings: TokenizeSettings, tokenizer: Te
 def _iter_texts(task: TextTask, settings: TokenizeSettings) -> Iterator[tuple[int, pa.Array]]:
     """The task's text batches, each checked against ``max_document_bytes`` before it is encoded."""
     seen = 0
-    for first_row, texts in format_named(task.format).iter_texts(task.path, settings.text_column, task.start,
-                                                                 task.end, settings.batch_rows):
+    batches = format_named(task.format).iter_texts(task.path, settings.text_column, task.start, task.end,
+                                                   settings.batch_rows)
+    for first_row, texts in prefetched(batches):  # the next batch is read while this one is encoded
         lengths = pc.binary_length(texts).to_numpy(zero_copy_only=False)
         if lengths.size and int(lengths.max()) > settings.max_document_bytes:
             k = int(np.argmax(lengths > settings.max_document_bytes))

@@ -342,3 +342,19 @@ def test_the_reference_backend_is_not_checked(tokenizer_files):
 
 def test_backends_module_registers_in_one_place():
     assert list(BACKENDS) == ["gigatoken", "reference"] and backends_module.backend_names()[0] == "auto"
+
+
+@pytest.mark.parametrize("backend", ["gigatoken", "reference"])
+def test_text_is_encoded_in_the_backends_pieces_unless_told(tokenizer_files, tmp_path, backend):
+    """batch_bytes None takes the backend's (gigatoken's flat ids allow 16 MiB pieces; HF's per-token
+    objects 1 MiB); an explicit value wins. Neither changes an id (tests/tokenize/test_tokenize_job.py)."""
+    from raypack.tokenize.job import _text_settings
+
+    tokenizer = load_backed_tokenizer(tokenizer_files["cl100k_base"], backend)
+    assert tokenizer.batch_bytes == BACKENDS[backend].batch_bytes
+    assert BACKENDS["gigatoken"].batch_bytes > BACKENDS["reference"].batch_bytes
+    default, _ = _text_settings(str(tmp_path), TextOptions(tokenizer=tokenizer_files["cl100k_base"]), tokenizer, [])
+    told, _ = _text_settings(str(tmp_path), TextOptions(tokenizer="x", batch_bytes=4096), tokenizer, [])
+    assert (default.batch_bytes, told.batch_bytes) == (BACKENDS[backend].batch_bytes, 4096)
+    with pytest.raises(InputError, match="batch_bytes=0 must be an integer >= 1"):
+        TextOptions(tokenizer="x", batch_bytes=0)

@@ -73,6 +73,7 @@ class BackedTokenizer:
         self.kind = reference.kind
         self.library = reference.library
         self.vocab_size = reference.vocab_size
+        self.batch_bytes = BACKENDS[backend].batch_bytes
 
     def identity(self) -> dict[str, Any]:
         return self.reference.identity()

@@ -15,6 +15,9 @@ class Unsupported(Exception):
 class TokenizerBackend(Protocol):
     name: str
     summary: str
+    batch_bytes: int
+    """Bytes of text per encode call by default (``TextOptions.batch_bytes``): large enough that a
+    call's fixed cost is small, small enough that what the encoder builds per token stays bounded."""
 
     def version(self) -> str | None:
         """The installed version, or None when the backend is not installed (nothing is imported)."""

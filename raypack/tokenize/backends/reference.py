@@ -8,6 +8,8 @@ from raypack.tokenize.tokenizers import Encoder, TextTokenizer
 class ReferenceBackend:
     name = "reference"
     summary = "the library that defines the tokenizer: tokenizers (tokenizer.json) or tiktoken"
+    batch_bytes = 1 << 20
+    """HF ``tokenizers`` builds an ``Encoding`` of about 100-300 bytes a token: 1 MiB pieces."""
 
     def version(self) -> str | None:
         return "n/a"  # installed whenever a tokenizer loads; its library's version is recorded instead

@@ -1,0 +1,72 @@
+"""Read ahead: the next item of an iterator is produced on a thread while the caller uses this one.
+
+For readers that release the GIL (pyarrow's Parquet and JSON readers) in front of work that also
+does (a Rust tokenizer): the read of batch k+1 overlaps the encode of batch k. Memory: at most
+``depth`` items beyond the one the caller holds. Order, values and exceptions are the iterator's
+own; an exception is raised where the caller would have met it. Closing the generator (or leaving
+a ``for`` loop early) stops the thread after the item it is producing.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Iterator, TypeVar
+
+__all__ = ["prefetched"]
+
+T = TypeVar("T")
+
+_END = object()
+
+
+def prefetched(items: Iterator[T], depth: int = 1, name: str = "raypack-read-ahead") -> Iterator[T]:
+    """``items``, produced on a thread ``depth`` items ahead of the caller."""
+    if depth < 1:
+        raise ValueError(f"depth={depth!r} must be >= 1")
+    slots: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not _put(slots, (item, None), stop):
+                    return
+        except BaseException as e:  # noqa: BLE001 - handed to the caller, who raises it
+            _put(slots, (_END, e), stop)
+            return
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None and stop.is_set():
+                close()
+        _put(slots, (_END, None), stop)
+
+    thread = threading.Thread(target=produce, name=name, daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = slots.get()
+            if item is _END:
+                if error is not None:
+                    raise error
+                return
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():
+            try:  # unblock a producer waiting for a free slot
+                slots.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        thread.join()
+
+
+def _put(slots: queue.Queue, entry: tuple, stop: threading.Event) -> bool:
+    """Put ``entry`` unless the consumer stopped; False when it did."""
+    while not stop.is_set():
+        try:
+            slots.put(entry, timeout=0.05)
+            return True
+        except queue.Full:
+            continue
+    return False

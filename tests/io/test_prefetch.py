@@ -1,0 +1,72 @@
+"""raypack.io.prefetch: the items, their order and the iterator's exceptions are unchanged; the
+producer runs ahead by at most ``depth``; leaving early stops it and closes the iterator."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from raypack.io.prefetch import prefetched
+
+
+def test_items_in_order():
+    assert list(prefetched(iter(range(100)))) == list(range(100))
+    assert list(prefetched(iter([]))) == []
+
+
+def test_an_exception_is_raised_where_the_caller_meets_it():
+    def items():
+        yield 1
+        yield 2
+        raise ValueError("row 3 is bad")
+
+    seen = []
+    with pytest.raises(ValueError, match="row 3 is bad"):
+        for item in prefetched(items()):
+            seen.append(item)
+    assert seen == [1, 2]
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_the_producer_runs_at_most_depth_ahead(depth):
+    produced = []
+
+    def items():
+        for k in range(20):
+            produced.append(k)
+            yield k
+
+    it = prefetched(items(), depth=depth)
+    assert next(it) == 0
+    time.sleep(0.2)
+    # one held by the caller, depth queued, one produced and waiting for a slot
+    assert len(produced) <= 1 + depth + 1
+    assert list(it) == list(range(1, 20))
+
+
+def test_leaving_early_stops_the_thread_and_closes_the_iterator():
+    closed = threading.Event()
+
+    def items():
+        try:
+            for k in range(10**9):
+                yield k
+        finally:
+            closed.set()
+
+    before = threading.active_count()
+    for item in prefetched(items()):
+        if item == 5:
+            break
+    assert closed.wait(2)
+    deadline = time.monotonic() + 2
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert threading.active_count() == before
+
+
+def test_depth_must_be_positive():
+    with pytest.raises(ValueError, match="depth"):
+        next(prefetched(iter([1]), depth=0))
