@@ -4,13 +4,15 @@ For readers that release the GIL (pyarrow's Parquet and JSON readers) in front o
 does (a Rust tokenizer): the read of batch k+1 overlaps the encode of batch k. Memory: at most
 ``depth`` items beyond the one the caller holds. Order, values and exceptions are the iterator's
 own; an exception is raised where the caller would have met it. Closing the generator (or leaving
-a ``for`` loop early) stops the thread after the item it is producing.
+a ``for`` loop early) stops the thread after the item it is producing (waiting at most
+JOIN_TIMEOUT_S); an exception in the caller (Ctrl-C) does not wait for it.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import Iterator, TypeVar
 
 __all__ = ["prefetched"]
@@ -18,6 +20,9 @@ __all__ = ["prefetched"]
 T = TypeVar("T")
 
 _END = object()
+JOIN_TIMEOUT_S = 10.0
+"""How long a caller that leaves early waits for the producer to finish its item; past it (a read
+that hangs), the daemon thread is left to end on its own."""
 
 
 def prefetched(items: Iterator[T], depth: int = 1, name: str = "raypack-read-ahead") -> Iterator[T]:
@@ -43,6 +48,7 @@ def prefetched(items: Iterator[T], depth: int = 1, name: str = "raypack-read-ahe
 
     thread = threading.Thread(target=produce, name=name, daemon=True)
     thread.start()
+    wait_s = JOIN_TIMEOUT_S
     try:
         while True:
             item, error = slots.get()
@@ -51,14 +57,19 @@ def prefetched(items: Iterator[T], depth: int = 1, name: str = "raypack-read-ahe
                     raise error
                 return
             yield item
+    except GeneratorExit:  # the caller left early: the producer ends after its current item
+        raise
+    except BaseException:  # Ctrl-C or an error of the caller's: do not wait for a read that may hang
+        wait_s = 0.0
+        raise
     finally:
         stop.set()
-        while thread.is_alive():
+        deadline = time.monotonic() + wait_s
+        while thread.is_alive() and time.monotonic() < deadline:
             try:  # unblock a producer waiting for a free slot
                 slots.get(timeout=0.05)
             except queue.Empty:
                 pass
-        thread.join()
 
 
 def _put(slots: queue.Queue, entry: tuple, stop: threading.Event) -> bool:

@@ -20,6 +20,7 @@ import pyarrow as pa
 from raypack.errors import InputError
 from raypack.inputs.base import DocumentBatch
 from raypack.inputs.reading import iter_document_batches
+from raypack.io.prefetch import prefetched
 from raypack.pack.resume import identify_input, save_result
 from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts, read_batch_rows
 from raypack.pack.watchdog import ProgressWatchdog
@@ -43,7 +44,8 @@ def pack_shard(task: ShardTask, settings: PackSettings) -> ShardResult:
     batches = iter_document_batches(task.path, task.format, settings.token_column, read_batch_rows(task, settings),
                                     extra_columns=tuple(c.name for c in settings.extra_columns),
                                     max_document_tokens=settings.max_document_tokens, **task.read_range())
-    return pack_documents(task, settings, batches, identity, started_at)
+    # the next batch is read (pyarrow, without the GIL) while this one is packed: one more batch held
+    return pack_documents(task, settings, prefetched(batches), identity, started_at)
 
 
 def pack_documents(task: ShardTask, settings: PackSettings, batches: Iterable[DocumentBatch],

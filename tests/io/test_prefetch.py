@@ -70,3 +70,22 @@ def test_leaving_early_stops_the_thread_and_closes_the_iterator():
 def test_depth_must_be_positive():
     with pytest.raises(ValueError, match="depth"):
         next(prefetched(iter([1]), depth=0))
+
+
+def test_an_exception_in_the_caller_does_not_wait_for_a_read_that_hangs():
+    """Ctrl-C while the producer is stuck in a read (a FIFO, a dead mount): the caller's exception
+    propagates at once; the daemon thread is left behind."""
+    release = threading.Event()
+
+    def items():
+        yield 1
+        release.wait(30)  # a read that hangs
+        yield 2
+
+    it = prefetched(items())
+    assert next(it) == 1
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        it.throw(KeyboardInterrupt)
+    assert time.monotonic() - start < 1
+    release.set()

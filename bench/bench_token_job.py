@@ -1,0 +1,123 @@
+"""The token-only job's marginal rate against the I/O floor: a one-process Parquet -> Arrow IPC copy
+of the same shards (issue "Text at the speed of the fastest exact tokenizer": goal >= 1.0x).
+
+    PYTHONPATH=. .venv/bin/python bench/bench_token_job.py [--tokens 200e6] [--tiny-tokens 2e6]
+        [--shards 16] [--engines local,ray] [--workers 2] [--repeats 3] [--workdir DIR]
+
+Corpus: ``raypack.sample.write_sample_corpus`` (int32 token lists, lognormal lengths of mean 685),
+``--shards`` Parquet shards; a tiny corpus of ``--tiny-tokens`` in 2 shards. Each figure is
+marginal: (tokens big - tokens tiny) / (seconds big - seconds tiny), so fixed costs (Ray Data's
+pipeline start, actor start, publish) cancel. The floor is the same: bench_job.pyarrow_copy of the
+big and the tiny corpus (one process, batch by batch). The jobs run in one child process per
+engine (Ray started before the clock), ``--repeats`` x (big, tiny); the first round of each is
+printed, the medians are over the later ones (warm). Prints the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_job import pyarrow_copy  # noqa: E402
+
+from raypack.sample import write_sample_corpus  # noqa: E402
+
+_JOB = r"""
+import json, sys, time
+from raypack.pack.config import make_config
+from raypack.pack.job import run_pack
+engine, big, tiny, out, workers, rounds = sys.argv[1:7]
+if engine == "ray":
+    from raypack.engine import pipeline
+    pipeline.init_ray(None)
+for _ in range(int(rounds)):
+    row = {}
+    for name, path in (("big", big), ("tiny", tiny)):
+        config = make_config(dict(inputs=[path], output=out, context_length=2048, pad_token=0,
+                                  num_workers=int(workers), overwrite=True))
+        start = time.perf_counter()
+        summary = run_pack(config, engine=engine)
+        row[name] = (summary.manifest["counts"]["tokens"], time.perf_counter() - start)
+    print(json.dumps(row), flush=True)
+"""
+
+
+def corpus(root: Path, tokens: float, shards: int) -> Path:
+    mean = 685.0
+    docs_per_shard = max(1, int(tokens / mean / shards))
+    write_sample_corpus(str(root), num_shards=shards, docs_per_shard=docs_per_shard, mean_doc_len=mean)
+    return root
+
+
+def marginal(big: tuple[int, float], tiny: tuple[int, float]) -> float:
+    return (big[0] - tiny[0]) / (big[1] - tiny[1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=float, default=200e6)
+    parser.add_argument("--tiny-tokens", type=float, default=2e6)
+    parser.add_argument("--shards", type=int, default=16)
+    parser.add_argument("--engines", default="local,ray")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--workdir", help="keep the corpus here (reused when present)")
+    args = parser.parse_args()
+    print(f"load average before: {os.getloadavg()}, {os.cpu_count()} CPUs")
+    root = Path(args.workdir or tempfile.mkdtemp(prefix="raypack-token-job-"))
+    big, tiny = root / "big", root / "tiny"
+    if not big.exists():
+        corpus(big, args.tokens, args.shards)
+        corpus(tiny, args.tiny_tokens, 2)
+    big_shards, tiny_shards = sorted(map(str, big.glob("*.parquet"))), sorted(map(str, tiny.glob("*.parquet")))
+    tokens_big, tokens_tiny = (sum(map(_tokens, shards)) for shards in (big_shards, tiny_shards))
+    floors = []
+    for _ in range(args.repeats):
+        seconds_big = pyarrow_copy(big_shards, str(root / "copy"))
+        seconds_tiny = pyarrow_copy(tiny_shards, str(root / "copy-tiny"))
+        floors.append(marginal((tokens_big, seconds_big), (tokens_tiny, seconds_tiny)))
+        print(f"floor (Parquet -> IPC copy): big {seconds_big:.2f}s tiny {seconds_tiny:.2f}s -> marginal "
+              f"{floors[-1] / 1e6:.1f}M tokens/s  load {os.getloadavg()[0]:.2f}", flush=True)
+        shutil.rmtree(root / "copy"), shutil.rmtree(root / "copy-tiny")
+    floor = statistics.median(floors[1:] or floors)
+    print(f"{tokens_big:,} tokens in {len(big_shards)} shards; floor (warm median) {floor / 1e6:.1f}M tokens/s")
+    env = {**os.environ, "RAYPACK_NO_PROGRESS": "1"}
+    for engine in args.engines.split(","):
+        done = subprocess.run([sys.executable, "-c", _JOB, engine, str(big), str(tiny), str(root / "out"),
+                               str(args.workers), str(args.repeats)], capture_output=True, text=True, env=env,
+                              cwd=str(root))
+        if done.returncode:
+            raise SystemExit(done.stderr[-3000:])
+        rates = []
+        for line in done.stdout.splitlines():
+            if line.startswith("{"):
+                row = json.loads(line)
+                rates.append(marginal(row["big"], row["tiny"]))
+                print(f"  {engine}: big {row['big'][1]:.2f}s tiny {row['tiny'][1]:.2f}s -> marginal "
+                      f"{rates[-1] / 1e6:.1f}M tokens/s, whole big run {row['big'][0] / row['big'][1] / 1e6:.1f}M  "
+                      f"load {os.getloadavg()[0]:.2f}", flush=True)
+        value = statistics.median(rates[1:] or rates)
+        print(f"median {engine} (warm rounds): {value / 1e6:.1f}M tokens/s = {value / floor:.2f}x the copy floor")
+    print(f"load average after: {os.getloadavg()}")
+    if not args.workdir:
+        shutil.rmtree(root)
+
+
+def _tokens(path: str) -> int:
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    column = pq.read_table(path, columns=["input_ids"]).column(0)
+    return int(pc.sum(pc.list_value_length(column)).as_py() or 0)
+
+
+if __name__ == "__main__":
+    main()
