@@ -234,7 +234,9 @@ def _add_text_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eos", metavar="TOKEN|ID", help="a token (or, if digits, an id) put after every document")
     parser.add_argument("--task-rows", type=int,
                         help="Parquet: rows per tokenize task (whole row groups)")
-    parser.add_argument("--task-bytes", type=int, help="JSON Lines: bytes per tokenize task")
+    parser.add_argument("--task-bytes", type=int,
+                        help="bytes of text per tokenize task (Parquet: whole row groups, up to this many "
+                             "bytes or --task-rows rows; JSON Lines: line-aligned byte ranges; default 64 MiB)")
     parser.add_argument("--max-document-bytes", type=int, metavar="BYTES",
                         help="a longer text is refused, naming it, before it is encoded (default: 16 MiB)")
     parser.add_argument("--tokenizer-backend", choices=backend_names(),

@@ -109,7 +109,7 @@ class ParquetFormat(InputFormat):
 
     def text_tasks(self, path: str, *, task_rows: int, task_bytes: int) -> list[tuple[int, int, int]]:
         return [(g.row_group_start, g.row_group_end, g.num_bytes)
-                for g in parquet_row_group_tasks(path, target_rows=task_rows)]
+                for g in parquet_row_group_tasks(path, target_rows=task_rows, target_bytes=task_bytes)]
 
     def iter_texts(self, path: str, column: str, start: int, end: int,
                    batch_rows: int) -> Iterator[tuple[int, pa.Array]]:
@@ -254,8 +254,11 @@ class ParquetTextTask(NamedTuple):
     num_bytes: int
 
 
-def parquet_row_group_tasks(path: str, *, target_rows: int | None = None) -> list[ParquetTextTask]:
-    """One task per row group, or consecutive row groups merged until ``target_rows`` rows.
+def parquet_row_group_tasks(path: str, *, target_rows: int | None = None,
+                            target_bytes: int | None = None) -> list[ParquetTextTask]:
+    """One task per row group, or consecutive row groups merged until ``target_rows`` rows or
+    ``target_bytes`` bytes (the footer's uncompressed sizes), whichever comes first: a task holds
+    at most that much text, or one row group (a task is whole row groups).
 
     Reads only the footer. A file with no row groups gives no task.
     """
@@ -267,7 +270,10 @@ def parquet_row_group_tasks(path: str, *, target_rows: int | None = None) -> lis
     for group in range(metadata.num_row_groups):
         num_rows += metadata.row_group(group).num_rows
         num_bytes += metadata.row_group(group).total_byte_size
-        if target_rows is None or num_rows >= target_rows or group == metadata.num_row_groups - 1:
+        last = group == metadata.num_row_groups - 1
+        if (last or target_rows is None or num_rows >= target_rows
+                or (target_bytes is not None
+                    and num_bytes + metadata.row_group(group + 1).total_byte_size > target_bytes)):
             tasks.append(ParquetTextTask(start, group + 1, num_rows, num_bytes))
             start, num_rows, num_bytes = group + 1, 0, 0
     return tasks

@@ -61,7 +61,10 @@ class TextOptions:
     task_rows: int = 65536
     """Parquet: consecutive row groups are merged into one task until it holds this many rows."""
     task_bytes: int = 64 << 20
-    """JSONL: nominal bytes per task (compressed JSONL: one task per file)."""
+    """Bytes of text per task: JSONL, nominal (compressed JSONL: one task per file); Parquet, row
+    groups are merged while they hold at most this many bytes (footer sizes; a larger row group is
+    a task alone). ``pack --tokenizer`` holds a task's ids (raypack.tokenize.onepass), so this bounds
+    a worker's memory whatever the file's size."""
     row_group_tokens: int = 1 << 20
     row_group_docs: int = 65536
     batch_rows: int = 1024

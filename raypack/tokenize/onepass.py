@@ -19,8 +19,9 @@ Memory: a worker holds the ids of the tasks it has tokenized and not yet packed,
 ``tokens x itemsize`` bytes (uint16/int32 ids as the manifest's token dtype) plus int32 offsets
 per document: at most two tasks per Ray actor (raypack.engine.pipeline.pack_texts) and with
 ``--local`` (one packed while the next is tokenized on a thread); one more while a task whose
-resume record did not hold is tokenized again. A task's size is ``task_rows`` rows (Parquet) or
-``task_bytes`` bytes (JSONL), about ``bytes / 4`` tokens for English text and a byte-level BPE.
+resume record did not hold is tokenized again. A task holds at most ``task_bytes`` bytes of text
+(or ``task_rows`` rows; a Parquet row group larger than that is one task), about ``bytes / 4``
+tokens for English text and a byte-level BPE.
 
 Resume: task k's record is the packer's (``_results/task-NNNNNN.json``, raypack.pack.resume) with
 the text task and the tokenize settings in its input identity; a record whose text task and

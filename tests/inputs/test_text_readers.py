@@ -205,6 +205,22 @@ def test_parquet_row_group_tasks_literal(tmp_path):
     assert sum(t.num_rows for t in parquet_row_group_tasks(str(empty))) == 0
 
 
+def test_parquet_tasks_hold_at_most_target_bytes_of_row_groups(tmp_path):
+    """A task is whole row groups holding at most target_bytes (the footer's uncompressed sizes),
+    or one larger row group alone: a file 10x larger is 10x the tasks, not a 10x task."""
+    texts = ["x" * 1000] * 40
+    path = write_parquet(tmp_path / "a.parquet", texts, 4)  # 10 row groups of ~4 kB
+    sizes = [pq.ParquetFile(path).metadata.row_group(g).total_byte_size for g in range(10)]
+    one, two = sizes[0], sizes[0] + sizes[1]
+    assert [t[:2] for t in parquet_row_group_tasks(str(path), target_rows=10**6, target_bytes=two)] == \
+        [(0, 2), (2, 4), (4, 6), (6, 8), (8, 10)]
+    tasks = parquet_row_group_tasks(str(path), target_rows=10**6, target_bytes=one // 2)
+    assert [t[:2] for t in tasks] == [(g, g + 1) for g in range(10)]  # each row group alone
+    assert all(t.num_bytes <= two for t in parquet_row_group_tasks(str(path), target_rows=10**6,
+                                                                   target_bytes=two + one // 2))
+    assert len(parquet_row_group_tasks(str(path), target_rows=10**6, target_bytes=10**9)) == 1
+
+
 def test_parquet_null_names_the_file_row(tmp_path):
     path = write_parquet(tmp_path / "a.parquet", ["a", "b", "c", "d", None, "f"], 2)
     list(iter_parquet_texts(str(path), "text", (0, 2)))  # rows 0-3 are fine
