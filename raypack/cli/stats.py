@@ -21,9 +21,8 @@ import numpy.typing as npt
 
 from raypack.errors import InputError
 from raypack.mix.dataset import MixStats, is_mix, mix_stats
-from raypack.outputs import read_packed
 from raypack.packed.manifest import Manifest, read_manifest_json, resolve_output
-from raypack.packed.reader import PackedDataset
+from raypack.packed.reader import PackedDataset, open_packed
 from raypack.packed.writer import MANIFEST_NAME
 from raypack.rules.long_docs import DEFAULT_LONG_DOCS
 
@@ -97,7 +96,7 @@ def packing_stats(out: str) -> PackStats | MixStats:
     data, where = read_manifest_json(out)
     if is_mix(data):
         return mix_stats(out, data, where)
-    ds = read_packed(out)
+    ds = open_packed(out, data, where)  # the manifest parsed once
     manifest, c = ds.manifest, ds.context_length
     edges = np.unique(np.linspace(1, c + 1, NUM_BINS + 1).astype(np.int64))
     counts = np.zeros(edges.size - 1, np.int64)

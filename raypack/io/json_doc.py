@@ -2,7 +2,7 @@
 
 :func:`read_json_document` reads at most ``max_bytes + 1`` bytes, then :func:`parse_json_document`
 bounds what the parse may build *before* ``json.loads`` runs, from one pre-scan of the raw bytes
-(numpy over 4 MiB pieces; ~0.3 s for 256 MiB, O(piece) memory):
+(numpy over 64 KiB pieces; ~1-3 s for 128 MiB, O(piece) memory):
 
   1. escapes are neutralised (``\\\\`` and then ``\\"`` become two plain bytes: same length, so
      every other byte keeps its place), so the quotes left delimit the strings;
@@ -13,11 +13,13 @@ bounds what the parse may build *before* ``json.loads`` runs, from one pre-scan 
 
 Why density caps: ``json.loads`` builds ~45-75 bytes per value whatever the value's size
 (``{}``, ``0``, ``"ab"``), so a document of tiny values builds 20-25x its bytes (a 250 MB
-``[{}, {}, ...]``: 6.6 GB). raypack's manifests, written with indent=2, spend >= 20 bytes per
+``[{}, {}, ...]``: 6.6 GB). raypack's manifests, written with indent=2, spend ~18-24 bytes per
 separator and >= 200 per container; the caps allow 16 and 128 (plus a constant for small
-documents), so what a parse builds stays within a few times the document's bytes
-(tests/packed/test_manifest_kinds.py measures it). The depth cap (real manifests: 4) means no
-RecursionError, neither in the parse nor in any check or message walking the values.
+documents), so what a parse builds stays within ~5x the document's bytes (the densest document
+the caps let through: 8-string lists of 14-character strings; tests/packed/test_manifest_kinds.py
+and bench/bench_manifest.py measure it): at the 128 MiB cap a reader peaks under 1 GiB. The
+depth cap (real manifests: 4) means no RecursionError, neither in the parse nor in any check or
+message walking the values.
 
 Then :class:`CheckedDocument` is the read-only base of every typed manifest (packed output,
 tokenized corpus, mix): ``doc[key]`` gives the JSON field, the subclasses add typed accessors;
@@ -37,7 +39,8 @@ import pyarrow.fs as pafs
 from raypack.errors import InputError
 from raypack.io.untrusted import DAMAGED, one_line
 
-__all__ = ["MAX_DEPTH", "CheckedDocument", "build_caps", "parse_json_document", "read_json_document", "scan_json"]
+__all__ = ["MAX_DEPTH", "CheckedDocument", "build_caps", "check_json_shape", "parse_json_document",
+           "read_json_document", "scan_json"]
 
 MAX_DEPTH = 32
 """Deepest nesting a document may have (a manifest: 4, e.g. shards[k].source.path)."""
@@ -83,6 +86,13 @@ def scan_json(raw: bytes) -> tuple[int, int, int]:
 def parse_json_document(raw: bytes, where: str, fix: str = DAMAGED) -> Any:
     """``raw`` parsed, once :func:`scan_json` shows it within MAX_DEPTH and :func:`build_caps`;
     InputError naming ``where`` otherwise, or when it is not UTF-8 JSON."""
+    check_json_shape(raw, where, fix)
+    return _loads(_decode(raw, where, fix), where, fix)
+
+
+def check_json_shape(raw: bytes, where: str, fix: str = DAMAGED) -> None:
+    """InputError naming ``where`` unless :func:`scan_json` shows ``raw`` within MAX_DEPTH and
+    :func:`build_caps` (nothing is parsed)."""
     separators, containers, depth = scan_json(raw)
     max_separators, max_containers = build_caps(len(raw))
     if depth > MAX_DEPTH:
@@ -92,9 +102,17 @@ def parse_json_document(raw: bytes, where: str, fix: str = DAMAGED) -> Any:
         raise InputError(f"{where}: {separators} JSON values and {containers} arrays or objects in {len(raw)} bytes, "
                          f"more than a raypack manifest of that size holds ({max_separators} and {max_containers}); "
                          f"not a raypack manifest, or {fix}")
+
+
+def _decode(raw: bytes, where: str, fix: str) -> str:
     try:
-        text = raw.decode("utf-8")
-        del raw  # the caller's copy aside, only the text stays alive while json.loads builds
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{where}: not valid JSON ({one_line(e)}); {fix}") from e
+
+
+def _loads(text: str, where: str, fix: str) -> Any:
+    try:
         return json.loads(text)
     except (ValueError, RecursionError) as e:
         raise InputError(f"{where}: not valid JSON ({one_line(e)}); {fix}") from e
@@ -111,7 +129,10 @@ def read_json_document(filesystem: pafs.FileSystem, path: str, max_bytes: int, f
         raise InputError(f"{path}: unreadable ({one_line(e)})") from e
     if len(raw) > max_bytes:
         raise InputError(f"{path}: larger than {max_bytes} bytes; not {what}")
-    return parse_json_document(raw, path, fix)
+    check_json_shape(raw, path, fix)
+    text = _decode(raw, path, fix)
+    del raw  # only the text stays alive while json.loads builds
+    return _loads(text, path, fix)
 
 
 class CheckedDocument(Mapping[str, Any]):

@@ -81,8 +81,10 @@ __all__ = ["COUNT_KEYS", "FILE_KEYS", "MAX_CONTEXT_LENGTH", "MAX_COUNT", "MAX_MA
 """Largest context length a manifest may claim (16M tokens). Today's longest windows are ~2**20;
 the cap keeps a chunk's (C,) arrays, a (C, C) mask's size and ``chunk * C`` position arithmetic
 far inside int64 for any chunk count below ``MAX_COUNT``, so no reader arithmetic overflows."""
-MAX_MANIFEST_BYTES = 256 << 20
-"""A larger ``manifest.json`` is refused unread (a million files take ~250 bytes each)."""
+MAX_MANIFEST_BYTES = 128 << 20
+"""A larger ``manifest.json`` is refused unread, and never written (raypack.io.json_doc: a document
+the pre-scan lets through builds at most ~5x its bytes in ``json.loads``, so a reader stays under
+1 GiB; bench/bench_manifest.py). A shard or file entry takes ~220-250 bytes: ~500,000 of them."""
 COUNT_KEYS = ("documents", "tokens", "chunks", "padding_positions", "split_documents")
 CUT_KEYS = CutCounts._fields
 """Counts of what ``long_docs`` truncate / drop left out: in ``counts`` and each ``shards[k]``, only
@@ -543,7 +545,11 @@ def write_manifest(out_dir: str, manifest: Mapping[str, Any]) -> str:
     """Write ``manifest.json`` whole (a :class:`Manifest`, or a plain dict for other kinds of
     manifest such as a tokenized corpus's). Call it last: it is the commit."""
     data = manifest._data if isinstance(manifest, CheckedDocument) else manifest
-    return write_whole(out_dir, MANIFEST_NAME, (json.dumps(data, indent=2, sort_keys=False) + "\n").encode())
+    encoded = (json.dumps(data, indent=2, sort_keys=False) + "\n").encode()
+    if len(encoded) > MAX_MANIFEST_BYTES:
+        raise InputError(f"{out_dir}: the manifest would be {len(encoded):,} bytes, more than the {MAX_MANIFEST_BYTES:,} "
+                         "every reader accepts; use fewer, larger shards (or fewer tasks: --task-tokens)")
+    return write_whole(out_dir, MANIFEST_NAME, encoded)
 
 
 def _version() -> str:

@@ -82,7 +82,7 @@ def verify_output(
     if isinstance(data, dict) and data.get("kind") == MIX_KIND:  # read through raypack.mix.dataset: verify.mix
         return verify_mix(out, data, where, inputs)
     return verify_packed(out, inputs, token_column=token_column, batch_chunks=batch_chunks, start=start,
-                         max_document_tokens=max_document_tokens)
+                         max_document_tokens=max_document_tokens, parsed=(data, where))
 
 
 def _read_json(out: str) -> tuple[Any, str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import posixpath
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 from raypack.errors import InputError
 from raypack.packed.manifest import Manifest, load_manifest, long_docs_of, resolve_output, side_columns_of, strategy_of
@@ -26,11 +26,12 @@ def structure_class(manifest: dict) -> type[Structure]:
 
 def verify_packed(out: str, inputs: Sequence[str] | None = None, *, token_column: str | None = None,
                   batch_chunks: int = 1024, start: float | None = None,
-                  max_document_tokens: int | None = None) -> VerifyReport:
+                  max_document_tokens: int | None = None, parsed: tuple[Any, str] | None = None) -> VerifyReport:
     """Audit the packed output ``out`` (not a mix), as :func:`raypack.verify.verify_output` describes;
-    ``start``: the ``perf_counter`` its report's seconds count from (default: now)."""
+    ``start``: the ``perf_counter`` its report's seconds count from (default: now); ``parsed``: the
+    manifest's JSON and path when the caller has read them (parsed once, not twice)."""
     start = time.perf_counter() if start is None else start
-    manifest = _load_manifest(out)
+    manifest = _load_manifest(out, parsed)
     fs, base = resolve_output(out)
     manifest_path = posixpath.join(base, MANIFEST_NAME)
     num_bytes = check_files(fs, base, manifest)
@@ -72,9 +73,10 @@ def _long_doc_counts(manifest: Manifest) -> tuple[int, int]:
     return counts.documents_truncated, counts.tokens_truncated
 
 
-def _load_manifest(out: str) -> Manifest:
-    """The manifest, checked by :func:`raypack.packed.manifest.load_manifest`; its InputError becomes a VerifyError."""
+def _load_manifest(out: str, parsed: tuple[Any, str] | None = None) -> Manifest:
+    """The manifest, checked by :func:`raypack.packed.manifest.load_manifest` (or ``parsed``, checked the
+    same way); its InputError becomes a VerifyError."""
     try:
-        return load_manifest(out)
+        return load_manifest(out) if parsed is None else Manifest.from_dict(*parsed)
     except InputError as e:
         raise VerifyError(str(e)) from e

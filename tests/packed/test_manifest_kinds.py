@@ -414,3 +414,49 @@ def test_cli_stats_and_verify_of_a_padded_packed_output_exit_2_and_1(tmp_path, c
 
 def test_the_caps_grow_with_the_document():
     assert build_caps(0) < build_caps(1 << 20) < build_caps(256 << 20)
+
+
+def densest(manifest: dict[str, Any], num_bytes: int) -> str:
+    """``manifest`` with ``"x": [[8 strings of 14 characters], ...]`` added: as many values (one per
+    17 bytes) and lists (one per 137) as the pre-scan's density caps let through."""
+    text = json.dumps(manifest)
+    row = "[" + ",".join(['"abcdefghijklmn"'] * 8) + "]"
+    return text[:-1] + ', "x": [' + ",".join([row] * max(1, (num_bytes - len(text)) // (len(row) + 1))) + "]}"
+
+
+def test_the_densest_document_the_caps_let_through_builds_at_most_5x_its_bytes(packed_pair):
+    """The bound behind MAX_MANIFEST_BYTES: a reader at the 128 MiB cap stays under 1 GiB
+    (bench/bench_manifest.py measures 841 MiB peak RSS there)."""
+    text = densest(manifest_of(packed_pair[0]), 4 << 20)
+    parse_json_document(text.encode(), "m.json")  # let through
+    tracemalloc.start()
+    try:
+        json.loads(text)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert 3 * len(text) < peak < 5 * len(text), peak / len(text)
+    denser = text.replace('"abcdefghijklmn"', '"abcde"')
+    with pytest.raises(InputError, match="more than a raypack manifest of that size holds"):
+        parse_json_document(denser.encode(), "m.json")
+
+
+def test_a_manifest_over_the_cap_is_never_written(tmp_path, monkeypatch):
+    from raypack.packed.manifest import write_manifest
+
+    monkeypatch.setattr("raypack.packed.manifest.MAX_MANIFEST_BYTES", 100)
+    with pytest.raises(InputError, match="more than the 100 every reader accepts; use fewer, larger shards"):
+        write_manifest(str(tmp_path), {"x": "y" * 200})
+    assert os.listdir(tmp_path) == []
+    write_manifest(str(tmp_path), {"x": "y"})
+
+
+@pytest.mark.parametrize("command", ["stats", "verify"])
+def test_stats_and_verify_parse_the_manifest_once(packed_pair, monkeypatch, capsys, command):
+    """Not once to tell a mix from a packed output and again to check it: two parses held together
+    doubled a reader's peak at the cap."""
+    calls = []
+    loads = json_doc._loads
+    monkeypatch.setattr(json_doc, "_loads", lambda *a: calls.append(1) or loads(*a))
+    assert main([command, packed_pair[0]]) == 0
+    assert len(calls) == 1
