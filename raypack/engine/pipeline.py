@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 import ray
 
+from raypack.engine.reaper import start_reaper
 from raypack.errors import InputError
 from raypack.io.terminal import RAY_VERBOSE
 from raypack.pack.packer import count_task, pack_shard
@@ -80,6 +81,7 @@ def init_ray(address: str | None = None, *, verbose: bool | None = None) -> None
                 ray.init(address=address, **quiet)
             else:
                 ray.init(address="local", include_dashboard=False, **quiet)
+                start_reaper(session_dir())  # its processes end with this one, even after a SIGKILL
     except (ConnectionError, ray.exceptions.AuthenticationError) as e:  # the latter: token mode, no token
         raise InputError(_connect_hint(address, e)) from None
     context = ray.data.DataContext.get_current()  # first use of ray.data configures its loggers
@@ -151,6 +153,15 @@ def _connect_hint(address: str | None, error: BaseException) -> str:
             "check the address; if the cluster uses token authentication, set RAY_AUTH_MODE=token and "
             "RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token (`ray get-auth-token` on the head "
             "prints it), or run on the head node with --address auto")
+
+
+def session_dir() -> str:
+    """This process's Ray session directory ("" when it cannot be told)."""
+    node = getattr(ray._private.worker, "_global_node", None)
+    try:
+        return node.get_session_dir_path()
+    except AttributeError:
+        return ""
 
 
 def logs_dir() -> str:

@@ -1,0 +1,108 @@
+"""When the process that started an embedded Ray dies, its Ray processes die with it.
+
+``ray.init(address="local")`` starts the GCS, a raylet and agents (DashboardAgent,
+RuntimeEnvAgent) as children of the driver, and ``ray.shutdown`` ends them. A driver that is
+SIGKILLed (an OOM kill, ``kill -9``, a scheduler's hard timeout) runs no shutdown: the raylet
+notices its GCS is gone, but the two agents ignore SIGTERM and linger for a minute or more
+(issue 25, item 13). So an embedded Ray gets a reaper: a small process, started in its own
+session, that holds the read end of a pipe whose write end only the driver holds. It blocks until
+the pipe reads EOF, which happens when the driver exits for any reason, then SIGKILLs every
+process of that Ray session (:func:`session_processes`: its command line names the session's
+directory, or it holds a file open inside it), and exits. After a clean ``ray.shutdown`` none is left, so it does
+nothing. Linux (``/proc``); elsewhere it is not started. No Ray import here.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+__all__ = ["reap", "session_processes", "start_reaper"]
+
+_REAPERS: dict[str, subprocess.Popen] = {}
+"""This process's reapers by session (each one's stdin is the pipe's write end: kept open while
+this process lives)."""
+
+
+def start_reaper(session_dir: str) -> subprocess.Popen | None:
+    """Start the reaper of the Ray session ``session_dir`` (once per session); None off Linux."""
+    if not sys.platform.startswith("linux") or not os.path.isdir("/proc") or not session_dir:
+        return None
+    reaper = _REAPERS.get(session_dir)
+    if reaper is None or reaper.poll() is not None:
+        reaper = _REAPERS[session_dir] = subprocess.Popen(
+            [sys.executable, "-m", "raypack.engine.reaper", session_dir], stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+    return reaper
+
+
+def session_processes(session_dir: str, exclude: tuple[int, ...] = ()) -> list[int]:
+    """Processes of the Ray session ``session_dir`` (Linux ``/proc``): its command line names the
+    directory (the GCS, the raylet, the log monitor), or it holds a file open inside it (the agents,
+    which rename themselves ``ray::DashboardAgent`` and so on, and keep their logs open there)."""
+    root = session_dir.rstrip("/")
+    needle = root.encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in exclude:
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                named = needle in f.read()
+            if named or _holds_a_file_in(entry, root):
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def _holds_a_file_in(pid: str, root: str) -> bool:
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target == root or target.startswith(root + "/"):
+            return True
+    return False
+
+
+def reap(session_dir: str, rounds: int = 3) -> int:
+    """SIGKILL every process of the session (a few rounds: one may start another); how many."""
+    killed = 0
+    for _ in range(rounds):
+        pids = session_processes(session_dir, exclude=(os.getpid(),))
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+        time.sleep(0.2)
+    return killed
+
+
+def _main(argv: list[str]) -> int:
+    session_dir = argv[0]
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    try:
+        while sys.stdin.buffer.read(1 << 16):
+            pass
+    except OSError:
+        pass
+    time.sleep(0.5)  # a clean ray.shutdown that is still ending its processes finishes first
+    reap(session_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -1,0 +1,62 @@
+"""An embedded Ray's processes end with the process that started it, even when that one is SIGKILLed
+(issue 25, item 13: DashboardAgent and RuntimeEnvAgent ignored SIGTERM and stayed ~70 s)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from raypack.engine.reaper import session_processes
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+_DRIVER = r"""
+import sys, time
+import ray
+from raypack.engine import pipeline
+pipeline.init_ray(None)
+print(ray._private.worker._global_node.get_session_dir_path(), flush=True)
+time.sleep(600)
+"""
+
+
+def _wait_for_none(session_dir: str, timeout_s: float) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        left = session_processes(session_dir)
+        if not left:
+            return []
+        time.sleep(0.25)
+    return session_processes(session_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the reaper reads /proc")
+def test_a_sigkilled_driver_leaves_no_ray_process_behind(tmp_path):
+    env = {**os.environ, "PYTHONPATH": REPO}
+    env = {k: v for k, v in env.items() if k not in ("RAY_ADDRESS",)}
+    driver = subprocess.Popen([sys.executable, "-c", _DRIVER], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True, env=env, cwd=str(tmp_path))
+    try:
+        session_dir = driver.stdout.readline().strip()
+        assert session_dir.startswith("/") and os.path.isdir(session_dir), session_dir
+        time.sleep(2)  # the agents are up
+        names = []
+        for pid in session_processes(session_dir):
+            try:
+                names.append(open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0].decode())
+            except OSError:
+                pass
+        assert any("raylet" in n for n in names) and any("Agent" in n for n in names), names
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(timeout=10)
+        left = _wait_for_none(session_dir, 20)
+        assert not left, [open(f"/proc/{p}/cmdline", "rb").read()[:80] for p in left if os.path.exists(f"/proc/{p}")]
+    finally:
+        if driver.poll() is None:
+            driver.kill()
