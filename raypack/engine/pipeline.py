@@ -157,20 +157,20 @@ def _connect_hint(address: str | None, error: BaseException) -> str:
 
 def session_dir() -> str:
     """This process's Ray session directory ("" when it cannot be told)."""
-    node = getattr(ray._private.worker, "_global_node", None)
-    try:
-        return node.get_session_dir_path()
-    except AttributeError:
-        return ""
+    return _node_path("get_session_dir_path", "")
 
 
 def logs_dir() -> str:
     """Where this Ray session keeps its logs (on the head node), for messages to the user."""
+    return _node_path("get_logs_dir_path", "/tmp/ray/session_latest/logs")
+
+
+def _node_path(getter: str, default: str) -> str:
     node = getattr(ray._private.worker, "_global_node", None)
     try:
-        return node.get_logs_dir_path()
+        return getattr(node, getter)()
     except AttributeError:
-        return "/tmp/ray/session_latest/logs"
+        return default
 
 
 def _error_table(index: int, error: InputError) -> pa.Table:
