@@ -47,6 +47,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_text_peers import HF_RECIPE  # noqa: E402  (the run_clm.py recipe, one copy)
 from bench_tokenize import stdlib_texts, train_bpe  # noqa: E402
 
 from raypack.pack.config import make_config  # noqa: E402
@@ -70,44 +71,10 @@ print(json.dumps({"tokens": result.num_tokens, "peak_added": hwm - base}))
 """
 
 
-_HF_SCRIPT = r"""
-import json, os, sys, time
-from itertools import chain
-os.environ["TOKENIZERS_PARALLELISM"] = "false"
-import datasets, tokenizers
-text_dir, tokenizer_path, out, cache, num_proc = sys.argv[1:6]
-num_proc, block = int(num_proc), 2048
-datasets.disable_progress_bars()
-_tok = []
-
-def tokenize(examples):
-    if not _tok:
-        _tok.append(tokenizers.Tokenizer.from_file(tokenizer_path))
-    return {"input_ids": [e.ids for e in _tok[0].encode_batch_fast(examples["text"], add_special_tokens=False)]}
-
-def group_texts(examples):
-    concatenated = {k: list(chain(*examples[k])) for k in examples.keys()}
-    total_length = (len(concatenated["input_ids"]) // block) * block
-    return {k: [t[i: i + block] for i in range(0, total_length, block)] for k, t in concatenated.items()}
-
-start = time.perf_counter()
-files = sorted(os.path.join(text_dir, f) for f in os.listdir(text_dir))
-ds = datasets.load_dataset("parquet", data_files=files, split="train", cache_dir=cache)
-ds = ds.map(tokenize, batched=True, num_proc=num_proc, remove_columns=["text"])
-
-packed = ds.map(group_texts, batched=True, num_proc=num_proc)
-packed.save_to_disk(out, num_proc=num_proc)
-seconds = time.perf_counter() - start
-import pyarrow.compute as pc
-num_tokens = pc.sum(pc.list_value_length(ds.data.column("input_ids"))).as_py()
-print(json.dumps({"tokens": num_tokens, "seconds": seconds, "windows": len(packed)}))
-"""
-
-
 def hf_tokens_per_s(text_dir: Path, tokenizer_path: Path, root: Path, workers: int) -> dict:
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    args = [str(text_dir), str(tokenizer_path), str(root / "hf-out"), str(root / "hf-cache"), str(workers)]
-    done = subprocess.run([sys.executable, "-c", _HF_SCRIPT, *args], capture_output=True, text=True, env=env)
+    args = [str(text_dir), str(tokenizer_path), str(root / "hf-out"), str(root / "hf-cache"), str(workers), "2048"]
+    done = subprocess.run([sys.executable, "-c", HF_RECIPE, *args], capture_output=True, text=True, env=env)
     if done.returncode:
         raise RuntimeError(done.stderr[-3000:])
     shutil.rmtree(root / "hf-out", ignore_errors=True)

@@ -135,7 +135,7 @@ print(json.dumps({"seconds": seconds, "tokens": ds_bytes // step.token_size, "ds
                   "versions": {p: version(p) for p in ("datatrove", "tokenizers", "pyarrow")}}))
 """
 
-_HF = _COMMON + r"""
+HF_RECIPE = _COMMON + r"""
 from itertools import chain
 text_dir, tokenizer_path, out, cache, num_proc, block = sys.argv[1:7]
 num_proc, block = int(num_proc), int(block)
@@ -243,7 +243,7 @@ def run_datatrove(args: argparse.Namespace, work: Path, shards: list[Path]) -> d
 
 def run_hf(args: argparse.Namespace, work: Path, shards: list[Path]) -> dict:
     out, cache = work / "hf-out", work / "hf-cache"
-    result = run_child("hf", _HF, [str(args.text_dir), str(args.tokenizer), str(out), str(cache),
+    result = run_child("hf", HF_RECIPE, [str(args.text_dir), str(args.tokenizer), str(out), str(cache),
                                     str(args.workers), str(args.block)])
     result["what"] = (f"datasets.map(encode_batch_fast, num_proc={args.workers}) + group_texts({args.block}) "
                       f"+ save_to_disk")

@@ -8,8 +8,8 @@ notices its GCS is gone, but the two agents ignore SIGTERM and linger for a minu
 session, that holds the read end of a pipe whose write end only the driver holds. It blocks until
 the pipe reads EOF, which happens when the driver exits for any reason, then SIGKILLs every
 process of that Ray session (:func:`session_processes`: its command line names the session's
-directory, or it holds a file open inside it), and exits. After a clean ``ray.shutdown`` none is left, so it does
-nothing. Linux (``/proc``); elsewhere it is not started. No Ray import here.
+directory, or it holds a file open inside it), and exits. After a clean ``ray.shutdown`` none is
+left, so it does nothing. Linux (``/proc``); elsewhere it is not started. No Ray import here.
 """
 
 from __future__ import annotations
