@@ -14,6 +14,9 @@ documents, 386 MB, ~119M tokens in this repository's venv; no repeated text to f
 
   floor: ``encode_flat`` of the backend (gigatoken: ``Tokenizer.encode_batch`` over awkward
          strings, ids taken zero-copy) in this process, all cores, over all texts at once;
+  paired: the floor again in the job's subprocess, with a freshly loaded tokenizer, just before each
+         round (big run, tiny run): the round's ratio to it, so that drift in the machine's speed
+         between the floor and the job (this machine is shared) cancels;
   job:   ``run_pack(..., text=TextOptions(...))`` (what ``pack --tokenizer`` runs) in a subprocess
          with PYTHONPATH=REPO (each ``--repo``: e.g. this branch and a checkout of the base), Ray
          started once before the clock, then ``--repeats`` x (big run, tiny run); marginal rate =
@@ -24,6 +27,11 @@ A process's first encode is slow (gigatoken's first call in a process: its pool 
 warming, about 2.5x the later calls on unseen text), so the first floor call and the jobs' first
 round are printed but the medians are over the later ones ("warm"; use ``--repeats 3`` or more).
 Prints the load average (the machine is shared).
+
+``--rss``: instead, the whole-process peak RSS (GNU ``/usr/bin/time -f %M``) of ``raypack pack --tokenizer
+--local`` on shard 0 and on its rows repeated 2, 10 and 20 times (one row group per copy, so a
+task per copy), a fresh process per run, ``--repeats`` runs each: the issue's "worker peak RSS when
+a task's text grows 10x" (goal <= 1.2x).
 """
 
 from __future__ import annotations
@@ -73,9 +81,19 @@ engine, big, tiny, tok, out, workers, rounds, backend, batch_bytes = sys.argv[1:
 if engine == "ray":
     from raypack.engine import pipeline
     pipeline.init_ray(None)  # before the clock
+import glob
+import pyarrow as pa, pyarrow.parquet as pq
+from raypack.tokenize.backends import load_backed_tokenizer
+texts = pa.concat_arrays([pq.read_table(p, columns=["text"]).column(0).combine_chunks().cast(pa.large_string())
+                          for p in sorted(glob.glob(big + "/*.parquet"))])
 text = TextOptions(tokenizer=tok, tokenizer_backend=backend, batch_bytes=int(batch_bytes) or None)
 for _ in range(int(rounds)):
     row = {}
+    encoder = load_backed_tokenizer(tok, backend).encoder  # a fresh instance: its cache has seen no text
+    start = time.perf_counter()
+    flat = encoder.encode_flat(texts)
+    row["floor"] = (int(flat.offsets[-1]), time.perf_counter() - start)
+    del flat, encoder
     for name, path in (("big", big), ("tiny", tiny)):
         config = make_config(dict(inputs=[path], output=out, context_length=2048, num_workers=int(workers),
                                   overwrite=True))
@@ -100,6 +118,31 @@ def job_rounds(repo: str, big: Path, tiny: Path, tokenizer_path: Path, out: Path
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
+def peak_rss(shard: Path, root: Path, tokenizer_path: Path, backend: str, repo: str, repeats: int) -> None:
+    """Whole-process peak RSS of ``raypack pack --tokenizer --local`` (a fresh process per run) on
+    ``shard`` and on its rows repeated 2, 10 and 20 times (one row group per copy), and the ratios."""
+    table = pq.read_table(shard, columns=["text"])
+    peaks: dict[int, list[int]] = {}
+    for copies in (1, 2, 10, 20):
+        folder = root / f"rss-x{copies}"
+        folder.mkdir()
+        pq.write_table(pa.concat_tables([table] * copies), folder / "shard.parquet", row_group_size=table.num_rows)
+    env = {**os.environ, "PYTHONPATH": repo, "RAYPACK_NO_PROGRESS": "1"}
+    for _ in range(repeats):
+        for copies in (1, 10, 2, 20):
+            # GNU time's %M: the child's own peak (a child forked from this process would start with its RSS)
+            command = ["/usr/bin/time", "-f", "%M", sys.executable, "-m", "raypack.cli", "pack", "--input",
+                       str(root / f"rss-x{copies}"), "--output", str(root / "rss-out"), "--overwrite", "--local",
+                       "--context-length", "2048", "--tokenizer", str(tokenizer_path), "--tokenizer-backend", backend]
+            done = subprocess.run(command, env=env, cwd=str(root), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  text=True, check=True)
+            peaks.setdefault(copies, []).append(int(done.stderr.split()[-1]) // 1024)
+    print(f"peak RSS, MiB, runs of shard {shard.name} ({table.num_rows} documents) x1/x2/x10/x20: {peaks}")
+    high = {k: max(v) for k, v in peaks.items()}
+    print(f"  the largest of each: {high}; x10/x1 {high[10] / high[1]:.2f}, x20/x2 {high[20] / high[2]:.2f} "
+          "(goal <= 1.2)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=float, default=31)
@@ -114,6 +157,8 @@ def main() -> None:
     parser.add_argument("--backend", default="gigatoken")
     parser.add_argument("--batch-mib", type=float, default=0,
                         help="TextOptions.batch_bytes in MiB (default 0: the backend's)")
+    parser.add_argument("--rss", action="store_true",
+                        help="only the peak RSS of --local runs on shard 0 and on it repeated 2, 10, 20 times")
     parser.add_argument("--corpus", choices=("installed", "stdlib"), default="installed",
                         help="installed: every distinct source/doc/licence file of the stdlib and the installed "
                              "packages, once (~100M tokens, no repeats); stdlib: its .py files, --copies times")
@@ -129,7 +174,12 @@ def main() -> None:
         texts = texts * (args.copies if args.corpus == "stdlib" else 1)
         print(f"{len(texts)} docs, {sum(len(t.encode()) for t in texts) / 1e6:.1f} MB; tiny {len(tiny)} docs")
         big_dir, tiny_dir = write_shards(texts, root / "big", args.shards), write_shards(tiny, root / "tiny", 2)
+        if args.rss:
+            for repo in repos:
+                peak_rss(big_dir / "text-000.parquet", root, tokenizer_path, args.backend, repo, args.repeats)
+            return
         figures: dict[str, list[float]] = {"floor": []}
+        ratios: dict[str, list[float]] = {}
         for _ in range(args.repeats):
             tokens, seconds = floor(texts, tokenizer_path, args.backend)
             figures["floor"].append(tokens / seconds)
@@ -139,11 +189,13 @@ def main() -> None:
             for engine in args.engines.split(","):
                 for row in job_rounds(repo, big_dir, tiny_dir, tokenizer_path, root / "out", engine, args.workers,
                                       args.backend, args.repeats, int(args.batch_mib * 2**20)):
-                    (tb, sb), (tt, st) = row["big"], row["tiny"]
+                    (tb, sb), (tt, st), (tf, sf) = row["big"], row["tiny"], row["floor"]
                     marginal = (tb - tt) / (sb - st)
                     figures.setdefault(f"{repo} {engine}", []).append(marginal)
+                    ratios.setdefault(f"{repo} {engine}", []).append(marginal / (tf / sf))
                     print(f"  {repo} {engine}: big {tb:,} tokens {sb:.2f}s, tiny {tt:,} {st:.2f}s -> marginal "
-                          f"{marginal / 1e6:.2f}M tokens/s, whole big run {tb / sb / 1e6:.2f}M tokens/s  "
+                          f"{marginal / 1e6:.2f}M tokens/s, whole big run {tb / sb / 1e6:.2f}M tokens/s; this "
+                          f"round's floor {tf / sf / 1e6:.2f}M -> {marginal / (tf / sf):.2f}x  "
                           f"load {os.getloadavg()[0]:.2f}", flush=True)
         floors = figures.pop("floor")
         print(f"floor, first call in this process (cold): {floors[0] / 1e6:.2f}M tokens/s")
@@ -153,6 +205,9 @@ def main() -> None:
             value = statistics.median(values[1:] or values)
             print(f"median {name} (warm rounds): {value / 1e6:.2f}M tokens/s = {value / base:.2f}x floor; first "
                   f"round {values[0] / 1e6:.2f}M = {values[0] / floors[0]:.2f}x the cold floor")
+            paired = ratios[name][1:] or ratios[name]
+            print(f"  paired with the floor run just before it in the same process (warm rounds): median "
+                  f"{statistics.median(paired):.2f}x, min {min(paired):.2f}, max {max(paired):.2f}")
     print(f"load average after: {os.getloadavg()}")
 
 
