@@ -8,6 +8,7 @@ refused as invalid UTF-8 with the row named (test_invalid_utf8_is_one_line_namin
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import random
@@ -147,6 +148,83 @@ def test_ids_come_out_as_numpy_without_python_lists(tokenizer_files, monkeypatch
     assert flat.values.dtype == np.uint32 and flat.offsets.dtype == np.int64 and flat.offsets[0] == 0
     assert flat.values.base is not None  # a view of the backend's buffer, not a copy
 
+
+def _random_words(num_words: int, seed: int) -> str:
+    """Distinct 10-character words: every one a new short pretoken for gigatoken's table."""
+    alphabet = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz0123456789", np.uint8)
+    words = np.full((num_words, 11), ord(" "), np.uint8)
+    words[:, 1:] = alphabet[np.random.default_rng(seed).integers(0, alphabet.size, size=(num_words, 10))]
+    return words.tobytes().decode()
+
+
+@needs_gigatoken
+@pytest.mark.parametrize("name", ["byte_level", "cl100k_base"])
+def test_the_pretoken_table_is_replaced_past_its_budget_from_the_bytes_first_loaded(tokenizer_files, tmp_path,
+                                                                                     name):
+    """Past cache_budget of growth a fresh tokenizer is loaded (from the bytes read at the start,
+    though the file is gone), and the ids do not change."""
+    path = tmp_path / "tok.json"
+    if name == "byte_level":
+        path.write_bytes(open(tokenizer_files[name], "rb").read())
+    reference = load_tokenizer(str(path) if name == "byte_level" else tokenizer_files[name])
+    grown = itertools.count(0, 10 << 20)  # 10 MiB more at every look
+    fresh = BACKENDS["gigatoken"].encoder(reference)
+    encoder = GigatokenEncoder(BACKENDS["gigatoken"].encoder(reference)._load, cache_budget=25 << 20,
+                               rss=lambda: 1 + next(grown))
+    if name == "byte_level":
+        path.unlink()
+    texts = [_random_words(200, seed) for seed in range(6)] + CORPUS[:40]
+    for k in range(0, len(texts), 4):
+        piece = pa.array(texts[k:k + 4], pa.large_string())
+        assert_same_ids(encoder.encode_flat(piece), fresh.encode_flat(piece), texts[k:k + 4])
+    assert encoder.reloads == 3  # 12 encodes: the first sets the baseline, then every third is 30 MiB past it
+
+
+_TABLE_CHILD = r"""
+import json, sys
+import numpy as np, pyarrow as pa
+from raypack.tokenize.backends import BACKENDS
+from raypack.tokenize.backends.gigatoken import resident_bytes
+from raypack.tokenize.tokenizers import load_tokenizer
+encoder = BACKENDS["gigatoken"].encoder(load_tokenizer(sys.argv[1]))
+encoder.cache_budget = int(sys.argv[2])
+alphabet = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz0123456789", np.uint8)
+start, grown = resident_bytes(), []
+for seed in range(16):  # 16 calls of 2.2 MB of words never seen before
+    words = np.full((200_000, 11), ord(" "), np.uint8)
+    words[:, 1:] = alphabet[np.random.default_rng(seed).integers(0, alphabet.size, size=(200_000, 10))]
+    text = words.tobytes().decode()
+    encoder.encode_flat(pa.array([text[k::4] for k in range(4)], pa.large_string()))
+    grown.append(resident_bytes() - start)
+print(json.dumps({"reloads": encoder.reloads, "grown": grown}))
+"""
+
+
+@needs_gigatoken
+def test_the_pretoken_table_is_freed_when_replaced(tokenizer_files):
+    """The real thing, in a fresh process: distinct random words grow it by ~6 bytes a byte of text;
+    with a 32 MiB budget it replaces its tokenizer and stays within the budget plus one call's growth
+    (and the allocator's slack) of where its first call left it. With no budget it grows past that."""
+    import subprocess
+    import sys
+
+    from raypack.tokenize.backends.gigatoken import resident_bytes
+
+    if not resident_bytes():
+        pytest.skip("no /proc/self/statm here")
+    runs = {}
+    for budget in (32 << 20, 1 << 40):
+        done = subprocess.run([sys.executable, "-c", _TABLE_CHILD, tokenizer_files["byte_level"], str(budget)],
+                              capture_output=True, text=True, check=True)
+        runs[budget] = json.loads(done.stdout.splitlines()[-1])
+    bounded, unbounded = runs[32 << 20], runs[1 << 40]
+    assert bounded["reloads"] >= 2 and unbounded["reloads"] == 0
+    # within the budget plus one call's growth (6 bytes a byte of 2.2 MB) and slack, of the first call
+    assert max(bounded["grown"]) < bounded["grown"][0] + (32 + 6 * 2.2 + 32) * 2**20
+    assert max(unbounded["grown"]) > max(bounded["grown"]) + 64 * 2**20
+
+
+# ------------------------------------------------------------------------- auto, fallback, refusals
 
 # ------------------------------------------------------------------------- auto, fallback, refusals
 

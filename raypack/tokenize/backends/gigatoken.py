@@ -12,6 +12,16 @@ widened to int64, the UTF-8 bytes borrowed), the ids come back as an awkward lis
 offsets and uint32 content are numpy arrays. tiktoken semantics are ``encode_ordinary``: the
 rank file is loaded without special tokens, so ``<|endoftext|>`` in a text is ordinary text.
 
+Memory: gigatoken memoizes the encoding of every short (<= 15 byte) pretoken it meets, in a
+table per tokenizer that only grows (measured: +176 MiB over the 386 MB of distinct real text of
+BENCHMARKS.md's one-pass corpus, and ~6 bytes per byte of text made of distinct random words,
+which would take a long-running worker to any size). So a :class:`GigatokenEncoder` loads a fresh
+tokenizer, from the bytes it first loaded (never the file again), once this process has grown by
+more than ``cache_budget`` (CACHE_BUDGET, 1 GiB) since its tokenizer's first encode: the table is
+freed, and the worker's memory stays within that budget (plus one call's growth) of where the
+first encode left it, whatever the text. The ids do
+not change; the fresh table is cold, so the next pieces encode ~25% slower until it warms.
+
 Threads: gigatoken's process-global Rayon pool (RAYON_NUM_THREADS, set per worker by
 :func:`raypack.tokenize.tasks.set_thread_env`); inside a multiprocessing worker or a forked child
 it encodes on the calling thread (gigatoken's own rule), which gives the same ids.
@@ -22,9 +32,10 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import logging
 import os
 import tempfile
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -32,6 +43,8 @@ import pyarrow as pa
 from raypack.errors import InputError
 from raypack.tokenize.backends.base import Unsupported, package_version
 from raypack.tokenize.tokenizers import TEXT_EXTRA, TIKTOKEN_ENCODINGS, FlatIds, TextTokenizer, check_texts
+
+log = logging.getLogger(__name__)
 
 PRETOKENIZERS = {"cl100k_base": "gpt4", "o200k_base": "o200k"}
 """gigatoken's name for the split pattern of each tiktoken encoding raypack knows."""
@@ -50,9 +63,11 @@ class GigatokenBackend:
     def encoder(self, tokenizer: TextTokenizer) -> GigatokenEncoder:
         gigatoken = _import()
         if tokenizer.kind == "hf":
-            return GigatokenEncoder(gigatoken.Tokenizer(_load_hf(tokenizer.path)))
+            data = _hf_json(tokenizer.path)
+            return GigatokenEncoder(lambda: gigatoken.Tokenizer(_load_hf(data)))
         if tokenizer.kind == "tiktoken" and tokenizer.name in PRETOKENIZERS:
-            return GigatokenEncoder(gigatoken.Tokenizer(_load_tiktoken(tokenizer.name, tokenizer.rank_file)))
+            contents = _tiktoken_ranks(tokenizer.name, tokenizer.rank_file)
+            return GigatokenEncoder(lambda: gigatoken.Tokenizer(_load_tiktoken(tokenizer.name, contents)))
         raise Unsupported(f"no {tokenizer.kind} tokenizer {tokenizer.identity().get('name', '')}")
 
 
@@ -64,9 +79,8 @@ def _import() -> Any:
     return gigatoken
 
 
-def _load_hf(path) -> Any:
-    from gigatoken.gigatoken_rs import load_hf_json
-
+def _hf_json(path) -> bytes:
+    """The tokenizer.json's bytes, refused (Unsupported) for what gigatoken encodes differently."""
     data = path.read_bytes()
     try:
         config = json.loads(data)
@@ -75,19 +89,30 @@ def _load_hf(path) -> Any:
     single_word = [t.get("content") for t in config.get("added_tokens") or [] if t.get("single_word")]
     if single_word:
         raise Unsupported(f"added token {single_word[0]!r} is single_word, which gigatoken matches differently")
+    return data
+
+
+def _load_hf(data: bytes) -> Any:
+    from gigatoken.gigatoken_rs import load_hf_json
+
     try:
         return load_hf_json(data)
     except (RuntimeError, ValueError) as e:  # gigatoken's way of saying what it lacks
         raise Unsupported(" ".join(str(e).split("Location:")[0].split())) from e
 
 
-def _load_tiktoken(name: str, rank_file) -> Any:
-    """gigatoken reads an uncompressed rank file from a path: decompress it into a temporary file."""
-    from gigatoken.gigatoken_rs import BPETokenizer
-
+def _tiktoken_ranks(name: str, rank_file) -> bytes:
+    """The uncompressed rank file, checked against tiktoken's sha256."""
     contents = gzip.decompress(rank_file.read_bytes()) if rank_file.suffix == ".gz" else rank_file.read_bytes()
     if hashlib.sha256(contents).hexdigest() != TIKTOKEN_ENCODINGS[name]["rank_sha256"]:
         raise InputError(f"rank file {rank_file} does not have tiktoken's sha256; reinstall bpe-openai")
+    return contents
+
+
+def _load_tiktoken(name: str, contents: bytes) -> Any:
+    """gigatoken reads an uncompressed rank file from a path: ``contents`` go to a temporary file."""
+    from gigatoken.gigatoken_rs import BPETokenizer
+
     with tempfile.TemporaryDirectory(prefix="raypack-ranks-") as directory:
         path = os.path.join(directory, f"{name}.tiktoken")
         with open(path, "wb") as f:
@@ -98,11 +123,26 @@ def _load_tiktoken(name: str, rank_file) -> Any:
             raise Unsupported(" ".join(str(e).split("Location:")[0].split())) from e
 
 
-class GigatokenEncoder:
-    """``encode_flat`` through ``gigatoken.Tokenizer.encode_batch``, no Python object per document."""
+CACHE_BUDGET = 1 << 30
+"""Bytes this process may grow by, after its gigatoken tokenizer was loaded, before a fresh one
+replaces it (its pretoken table is the part that grows with the text: the module doc)."""
 
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
+
+class GigatokenEncoder:
+    """``encode_flat`` through ``gigatoken.Tokenizer.encode_batch``, no Python object per document.
+
+    ``load()`` makes the tokenizer; it is called again, after an encode, when the process has grown
+    by more than ``cache_budget`` bytes since the first encode after the last load (``rss``: this
+    process's resident bytes, 0 where unknown: then the tokenizer is never replaced). So the
+    process stays within ``cache_budget`` plus one call's growth (~6 bytes per byte of the call's
+    text at worst) of where that first encode left it. :attr:`reloads` counts the loads after the first."""
+
+    def __init__(self, load: Callable[[], Any], *, cache_budget: int = CACHE_BUDGET,
+                 rss: Callable[[], int] | None = None) -> None:
+        self._load, self.cache_budget, self._rss = load, cache_budget, rss or resident_bytes
+        self.reloads = 0
+        self.tokenizer = load()
+        self._baseline: int | None = None  # taken after the first encode: the pool and its buffers exist then
 
     def encode_flat(self, texts: pa.StringArray | pa.LargeStringArray) -> FlatIds:
         """Cost: the Rust encode, plus O(n) numpy for the offsets; ids are not copied."""
@@ -110,7 +150,31 @@ class GigatokenEncoder:
         if len(texts) == 0:
             return FlatIds(np.zeros(0, dtype=np.uint32), np.zeros(1, dtype=np.int64))
         layout = self.tokenizer.encode_batch(_awkward_strings(texts)).layout.to_ListOffsetArray64(True)
-        return FlatIds(np.asarray(layout.content.data), np.asarray(layout.offsets.data))
+        flat = FlatIds(np.asarray(layout.content.data), np.asarray(layout.offsets.data))
+        self._bound_cache()
+        return flat
+
+    def _bound_cache(self) -> None:
+        if self._baseline is None:
+            self._baseline = self._rss()
+            return
+        grown = self._rss() - self._baseline
+        if self._baseline and grown > self.cache_budget:
+            log.info("gigatoken's pretoken table: this process grew by %d MiB since its tokenizer was loaded, "
+                     "more than %d MiB; loading a fresh one", grown >> 20, self.cache_budget >> 20)
+            self.tokenizer = None  # the old table is freed before the new tokenizer is built
+            self.tokenizer = self._load()
+            self.reloads += 1
+            self._baseline = self._rss()
+
+
+def resident_bytes() -> int:
+    """This process's resident set size (Linux /proc/self/statm), 0 where it is not available."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _awkward_strings(texts: pa.Array) -> Any:
