@@ -137,9 +137,10 @@ class GigatokenEncoder:
     process stays within ``cache_budget`` plus one call's growth (~6 bytes per byte of the call's
     text at worst) of where that first encode left it. :attr:`reloads` counts the loads after the first."""
 
-    def __init__(self, load: Callable[[], Any], *, cache_budget: int = CACHE_BUDGET,
+    def __init__(self, load: Callable[[], Any], *, cache_budget: int | None = None,
                  rss: Callable[[], int] | None = None) -> None:
-        self._load, self.cache_budget, self._rss = load, cache_budget, rss or resident_bytes
+        self._load, self._rss = load, rss or resident_bytes
+        self.cache_budget = CACHE_BUDGET if cache_budget is None else cache_budget
         self.reloads = 0
         self.tokenizer = load()
         self._baseline: int | None = None  # taken after the first encode: the pool and its buffers exist then
