@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from raypack.errors import InputError
 from raypack.io.untrusted import show
-from raypack.tokenize.tokenizers import FlatIds, TextTokenizer
+from raypack.tokenize.tokenizers import FlatIds, TextTokenizer, text_offsets
 
 SAMPLE_LOG2 = 11
 """A document is a candidate with probability 2**-SAMPLE_LOG2 (and document 0 always)."""
@@ -40,13 +40,6 @@ def splitmix64(values: np.ndarray) -> np.ndarray:
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return z ^ (z >> np.uint64(31))
-
-
-def _text_bytes(texts: pa.Array) -> int:
-    """The UTF-8 bytes of a string/large_string array, from its offsets (O(1))."""
-    width = np.int64 if pa.types.is_large_string(texts.type) else np.int32
-    offsets = np.frombuffer(texts.buffers()[1], dtype=width)
-    return int(offsets[texts.offset + len(texts)]) - int(offsets[texts.offset])
 
 
 def candidates(doc_indices: np.ndarray) -> np.ndarray:
@@ -81,7 +74,8 @@ class ReferenceGuard:
                     self.num_checked_bytes += int(lens[rows].sum())
                 self.num_bytes += int(lens.sum())
             else:
-                self.num_bytes += _text_bytes(texts)
+                offsets = text_offsets(texts)
+                self.num_bytes += int(offsets[-1]) - int(offsets[0])
         self.num_docs += len(texts)
 
     def _sample(self, lens: np.ndarray, rows: np.ndarray) -> np.ndarray:

@@ -59,6 +59,7 @@ __all__ = [
     "ids_to_list_array",
     "lists_to_flat",
     "load_tokenizer",
+    "text_offsets",
     "token_dtype_for",
 ]
 
@@ -181,6 +182,13 @@ def _with_bos_eos(body: np.ndarray, offsets: np.ndarray, bos_id: int | None, eos
         is_body[offsets[1:] - 1] = False
     values[is_body] = body
     return values
+
+
+def text_offsets(texts: pa.StringArray | pa.LargeStringArray) -> np.ndarray:
+    """The ``len(texts) + 1`` offsets of a string/large_string array into its UTF-8 bytes (a view of
+    its buffer, int32 or int64, slices honoured). O(1)."""
+    width = np.int64 if pa.types.is_large_string(texts.type) else np.int32
+    return np.frombuffer(texts.buffers()[1], dtype=width)[texts.offset:texts.offset + len(texts) + 1]
 
 
 def check_texts(texts: pa.Array) -> None:

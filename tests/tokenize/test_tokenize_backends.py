@@ -182,26 +182,23 @@ def test_the_pretoken_table_is_replaced_past_its_budget_from_the_bytes_first_loa
 
 _TABLE_CHILD = r"""
 import json, sys
-import numpy as np, pyarrow as pa
+import pyarrow as pa
 from raypack.tokenize.backends import BACKENDS
 from raypack.tokenize.backends.gigatoken import resident_bytes
 from raypack.tokenize.tokenizers import load_tokenizer
 encoder = BACKENDS["gigatoken"].encoder(load_tokenizer(sys.argv[1]))
 encoder.cache_budget = int(sys.argv[2])
-alphabet = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz0123456789", np.uint8)
 start, grown = resident_bytes(), []
-for seed in range(16):  # 16 calls of 2.2 MB of words never seen before
-    words = np.full((200_000, 11), ord(" "), np.uint8)
-    words[:, 1:] = alphabet[np.random.default_rng(seed).integers(0, alphabet.size, size=(200_000, 10))]
-    text = words.tobytes().decode()
-    encoder.encode_flat(pa.array([text[k::4] for k in range(4)], pa.large_string()))
+reader = pa.ipc.open_file(pa.OSFile(sys.argv[3]))  # each batch read into memory, freed after its call
+for k in range(reader.num_record_batches):  # one call per batch of words never seen before
+    encoder.encode_flat(reader.get_batch(k).column(0))
     grown.append(resident_bytes() - start)
 print(json.dumps({"reloads": encoder.reloads, "grown": grown}))
 """
 
 
 @needs_gigatoken
-def test_the_pretoken_table_is_freed_when_replaced(tokenizer_files):
+def test_the_pretoken_table_is_freed_when_replaced(tokenizer_files, tmp_path):
     """The real thing, in a fresh process: distinct random words grow it by ~6 bytes a byte of text;
     with a 32 MiB budget it replaces its tokenizer and stays within the budget plus one call's growth
     (and the allocator's slack) of where its first call left it. With no budget it grows past that."""
@@ -212,10 +209,17 @@ def test_the_pretoken_table_is_freed_when_replaced(tokenizer_files):
 
     if not resident_bytes():
         pytest.skip("no /proc/self/statm here")
+    words = tmp_path / "words.arrow"  # 16 calls of 4 texts, 2.2 MB of distinct words each
+    schema = pa.schema([("text", pa.large_string())])
+    with pa.OSFile(str(words), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+        for seed in range(16):
+            text = _random_words(200_000, seed)
+            writer.write_batch(pa.record_batch([pa.array([text[k::4] for k in range(4)], pa.large_string())],
+                                               schema=schema))
     runs = {}
     for budget in (32 << 20, 1 << 40):
-        done = subprocess.run([sys.executable, "-c", _TABLE_CHILD, tokenizer_files["byte_level"], str(budget)],
-                              capture_output=True, text=True, check=True)
+        done = subprocess.run([sys.executable, "-c", _TABLE_CHILD, tokenizer_files["byte_level"], str(budget),
+                               str(words)], capture_output=True, text=True, check=True)
         runs[budget] = json.loads(done.stdout.splitlines()[-1])
     bounded, unbounded = runs[32 << 20], runs[1 << 40]
     assert bounded["reloads"] >= 2 and unbounded["reloads"] == 0
@@ -223,8 +227,6 @@ def test_the_pretoken_table_is_freed_when_replaced(tokenizer_files):
     assert max(bounded["grown"]) < bounded["grown"][0] + (32 + 6 * 2.2 + 32) * 2**20
     assert max(unbounded["grown"]) > max(bounded["grown"]) + 64 * 2**20
 
-
-# ------------------------------------------------------------------------- auto, fallback, refusals
 
 # ------------------------------------------------------------------------- auto, fallback, refusals
 

@@ -19,8 +19,8 @@ which would take a long-running worker to any size). So a :class:`GigatokenEncod
 tokenizer, from the bytes it first loaded (never the file again), once this process has grown by
 more than ``cache_budget`` (CACHE_BUDGET, 1 GiB) since its tokenizer's first encode: the table is
 freed, and the worker's memory stays within that budget (plus one call's growth) of where the
-first encode left it, whatever the text. The ids do
-not change; the fresh table is cold, so the next pieces encode ~25% slower until it warms.
+first encode left it, whatever the text. The ids do not change; the fresh table is cold, so the
+next pieces encode ~25% slower until it warms.
 
 Threads: gigatoken's process-global Rayon pool (RAYON_NUM_THREADS, set per worker by
 :func:`raypack.tokenize.tasks.set_thread_env`); inside a multiprocessing worker or a forked child
@@ -42,7 +42,14 @@ import pyarrow as pa
 
 from raypack.errors import InputError
 from raypack.tokenize.backends.base import Unsupported, package_version
-from raypack.tokenize.tokenizers import TEXT_EXTRA, TIKTOKEN_ENCODINGS, FlatIds, TextTokenizer, check_texts
+from raypack.tokenize.tokenizers import (
+    TEXT_EXTRA,
+    TIKTOKEN_ENCODINGS,
+    FlatIds,
+    TextTokenizer,
+    check_texts,
+    text_offsets,
+)
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +131,7 @@ def _load_tiktoken(name: str, contents: bytes) -> Any:
 
 
 CACHE_BUDGET = 1 << 30
-"""Bytes this process may grow by, after its gigatoken tokenizer was loaded, before a fresh one
+"""Bytes this process may grow by, after its gigatoken tokenizer's first encode, before a fresh one
 replaces it (its pretoken table is the part that grows with the text: the module doc)."""
 
 
@@ -161,7 +168,7 @@ class GigatokenEncoder:
             return
         grown = self._rss() - self._baseline
         if self._baseline and grown > self.cache_budget:
-            log.info("gigatoken's pretoken table: this process grew by %d MiB since its tokenizer was loaded, "
+            log.info("gigatoken's pretoken table: this process grew by %d MiB since its tokenizer's first encode, "
                      "more than %d MiB; loading a fresh one", grown >> 20, self.cache_budget >> 20)
             self.tokenizer = None  # the old table is freed before the new tokenizer is built
             self.tokenizer = self._load()
@@ -182,9 +189,8 @@ def _awkward_strings(texts: pa.Array) -> Any:
     """An awkward string array over ``texts``' buffers (gigatoken wants int64 offsets)."""
     import awkward as ak
 
-    offsets_buffer, data_buffer = texts.buffers()[1:3]
-    width = np.int64 if pa.types.is_large_string(texts.type) else np.int32
-    offsets = np.frombuffer(offsets_buffer, dtype=width)[texts.offset:texts.offset + len(texts) + 1]
+    data_buffer = texts.buffers()[2]
+    offsets = text_offsets(texts)
     data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.zeros(0, dtype=np.uint8)
     content = ak.contents.NumpyArray(data, parameters={"__array__": "char"})
     strings = ak.contents.ListOffsetArray(ak.index.Index64(offsets.astype(np.int64)), content,
