@@ -64,9 +64,9 @@ def init_ray(address: str | None = None, *, verbose: bool | None = None) -> None
     the client's token raises :class:`InputError` naming the fix, within CONNECT_TIMEOUT_S.
     ``verbose`` None: the CLI's ``-v`` (:data:`raypack.io.terminal.RAY_VERBOSE`).
     """
+    check_cwd_does_not_shadow()  # a Ray started by the caller starts its workers here too
     if ray.is_initialized():
         return
-    check_cwd_does_not_shadow()
     if verbose is None:
         verbose = RAY_VERBOSE.get()
     quiet = {"log_to_driver": verbose, "logging_level": logging.INFO if verbose else logging.ERROR}
