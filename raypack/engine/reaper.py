@@ -6,10 +6,16 @@ SIGKILLed (an OOM kill, ``kill -9``, a scheduler's hard timeout) runs no shutdow
 notices its GCS is gone, but the two agents ignore SIGTERM and linger for a minute or more
 (issue 25, item 13). So an embedded Ray gets a reaper: a small process, started in its own
 session, that holds the read end of a pipe whose write end only the driver holds. It blocks until
-the pipe reads EOF, which happens when the driver exits for any reason, then SIGKILLs every
-process of that Ray session (:func:`session_processes`: its command line names the session's
-directory, or it holds a file open inside it), and exits. After a clean ``ray.shutdown`` none is
-left, so it does nothing. Linux (``/proc``); elsewhere it is not started. No Ray import here.
+the pipe reads EOF, which happens when the driver exits for any reason, waits until the driver is
+gone (this process's parent changes), then SIGKILLs every process of that Ray session
+(:func:`session_processes`: its command line names the session's directory, or it holds a file
+open inside it), and exits.
+
+The wait matters: the pipe can read EOF before the driver has ended (its interpreter's shutdown
+closes the pipe, then runs atexit handlers and Ray's own shutdown), and the driver holds files in
+the session directory, so reaping at EOF could SIGKILL the driver itself (a Ctrl-C that ended
+with exit -9 instead of 130). After a clean ``ray.shutdown`` none is left, so it does nothing.
+Linux (``/proc``); elsewhere it is not started. No Ray import here.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ def start_reaper(session_dir: str) -> subprocess.Popen | None:
     reaper = _REAPERS.get(session_dir)
     if reaper is None or reaper.poll() is not None:
         reaper = _REAPERS[session_dir] = subprocess.Popen(
-            [sys.executable, "-m", "raypack.engine.reaper", session_dir], stdin=subprocess.PIPE,
+            [sys.executable, "-m", "raypack.engine.reaper", session_dir, str(os.getpid())], stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
     return reaper
 
@@ -74,11 +80,12 @@ def _holds_a_file_in(pid: str, root: str) -> bool:
     return False
 
 
-def reap(session_dir: str, rounds: int = 3) -> int:
-    """SIGKILL every process of the session (a few rounds: one may start another); how many."""
+def reap(session_dir: str, rounds: int = 3, spare: tuple[int, ...] = ()) -> int:
+    """SIGKILL every process of the session but this one and ``spare`` (a few rounds: one may start
+    another); how many."""
     killed = 0
     for _ in range(rounds):
-        pids = session_processes(session_dir, exclude=(os.getpid(),))
+        pids = session_processes(session_dir, exclude=(os.getpid(), *spare))
         if not pids:
             break
         for pid in pids:
@@ -92,15 +99,17 @@ def reap(session_dir: str, rounds: int = 3) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    session_dir = argv[0]
+    session_dir, driver = argv[0], int(argv[1])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     try:
         while sys.stdin.buffer.read(1 << 16):
             pass
     except OSError:
         pass
+    while os.getppid() == driver:  # EOF can come while the driver is still ending: wait until it has
+        time.sleep(0.05)
     time.sleep(0.5)  # a clean ray.shutdown that is still ending its processes finishes first
-    reap(session_dir)
+    reap(session_dir, spare=(driver,))  # the pid is the driver's no longer, but never kill it by mistake
     return 0
 
 

@@ -60,3 +60,38 @@ def test_a_sigkilled_driver_leaves_no_ray_process_behind(tmp_path):
     finally:
         if driver.poll() is None:
             driver.kill()
+
+
+_EARLY_EOF = r"""
+import os, sys, time
+import ray
+from raypack.engine import pipeline, reaper
+pipeline.init_ray(None)
+session = ray._private.worker._global_node.get_session_dir_path()
+print(session, flush=True)
+for r in reaper._REAPERS.values():
+    r.stdin.close()  # as an interpreter's shutdown may, before its atexit handlers have run
+time.sleep(2.5)  # the driver goes on (Ray's shutdown, a slow atexit) and holds files in the session
+print("alive", flush=True)
+os._exit(7)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the reaper reads /proc")
+def test_a_pipe_closed_before_the_driver_ends_does_not_kill_the_driver(tmp_path):
+    """The Ctrl-C test once ended with -9 instead of 130: the reaper saw EOF while the driver was still
+    shutting down, and the driver holds files inside the session directory."""
+    env = {k: v for k, v in {**os.environ, "PYTHONPATH": REPO}.items() if k != "RAY_ADDRESS"}
+    driver = subprocess.Popen([sys.executable, "-c", _EARLY_EOF], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True, env=env, cwd=str(tmp_path))
+    try:
+        session_dir = driver.stdout.readline().strip()
+        assert session_dir.startswith("/"), session_dir
+        rest = driver.stdout.read()
+        assert driver.wait(timeout=30) == 7 and rest.strip() == "alive", (driver.returncode, rest)
+        left = _wait_for_none(session_dir, 20)  # and once it has ended, its Ray is reaped
+        assert not left, [open(f"/proc/{p}/cmdline", "rb").read()[:80] for p in left if os.path.exists(f"/proc/{p}")]
+    finally:
+        if driver.poll() is None:
+            driver.kill()
