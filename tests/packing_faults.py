@@ -11,11 +11,11 @@ def fail_at_shard(monkeypatch, index: int, error: BaseException) -> list[int]:
     """Make the packer raise ``error`` on shard ``index`` (local engine); return the shards packed."""
     packed, real = [], shard_pack.pack_shard
 
-    def flaky(task, settings):
+    def flaky(task, settings, stop=None):
         if task.shard_index == index:
             raise error
         packed.append(task.shard_index)
-        return real(task, settings)
+        return real(task, settings, stop)
 
     monkeypatch.setattr(job, "pack_shard", flaky)
     return packed

@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--extra-columns", type=_comma_list, metavar="NAME[=FILL],...",
                       help="per-token list columns of the inputs (integers or bools, one value per token) packed "
                            "with the tokens, e.g. loss_mask,labels=-100 (FILL: the value on padding, default 0)")
-    pack.add_argument("--workers", dest="num_workers", type=int, help="packer actors")
+    pack.add_argument("--workers", dest="num_workers", type=int,
+                      help="packers: Ray actors, or with --local threads of this process (token inputs)")
     pack.add_argument("--read-batch-size", type=int,
                       help="documents per record batch read (0: from each shard's mean document length)")
     pack.add_argument("--read-batch-tokens", type=int, metavar="TOKENS",
@@ -292,7 +293,8 @@ def _run_tokenize(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Bad input: one line, exit 2. A Ray worker that failed otherwise: one line, exit 1. Ctrl-C: one
-    line with the ``--resume`` command, exit 130. A closed stdout (``| head``): quiet, exit 141."""
+    line with the ``--resume`` command, exit 130. A closed stdout (``| head``): quiet, exit 141. A
+    thread the system refused: one line, exit 1."""
     from raypack.errors import WorkerError
     from raypack.io.terminal import RAY_VERBOSE, interrupted_line, silence_stdout
 
@@ -318,6 +320,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         silence_stdout()
         return 141
+    except RuntimeError as e:  # threading's words when the OS refuses a thread (ulimit -u, ulimit -v)
+        if "can't start new thread" not in str(e):
+            raise
+        print(f"raypack: error: {NO_THREAD}", file=sys.stderr)
+        return 1
+
+
+NO_THREAD = ("the system refused to start a thread (this process reached its limit on threads or on address "
+             "space: ulimit -u, ulimit -v); raise the limit, or pass --workers 1")
 
 
 def _run_verify(args: argparse.Namespace) -> int:

@@ -89,7 +89,7 @@ class PackConfig:
     left), so that one large file keeps every worker busy; 0: one task per shard. Decides which
     files hold the chunks, never the chunks (raypack.pack.plan.split_units)."""
     num_workers: int = 2
-    """Packer actors."""
+    """Packer actors; with the local engine, packer threads of the process (raypack.pack.local)."""
     worker_num_cpus: float = 0.5
     """CPUs each packer actor reserves; fractional so reads and writes can always run."""
     overwrite: bool = False

@@ -16,6 +16,7 @@ from raypack.inputs.shards import discover_shards
 from raypack.io.progress import Progress
 from raypack.pack.assemble import check_coverage, count_stats, stitch_boundaries, write_boundaries
 from raypack.pack.config import PackConfig
+from raypack.pack.local import run_tasks
 from raypack.pack.packer import count_task, current_rss_bytes, pack_shard
 from raypack.pack.plan import Plan, check_output_outside_inputs, make_plan, place_counts, settings_for
 from raypack.pack.publish import LocalOutput, ObjectStoreOutput, run_published
@@ -150,7 +151,7 @@ def _pack_shards(plan: Plan, settings: PackSettings, config: PackConfig, engine:
         log.info("resume: %d of %d %s kept (verified), %d to pack", len(kept), len(plan.tasks),
                  _unit(plan), len(todo))
     if engine == "local" or not todo:
-        packed = _pack_locally(todo, settings, _unit(plan))
+        packed = _pack_locally(todo, settings, config.num_workers, _unit(plan))
     else:
         packed = _pack_with_ray(todo, settings, config, _unit(plan))
     return sorted([*kept.values(), *packed], key=lambda r: r.task_index)
@@ -166,21 +167,21 @@ def _count_tasks(plan: Plan, settings: PackSettings, config: PackConfig, engine:
     """The first pass: each task's chunk count (if its strategy counts) and long_docs' cuts, from
     document lengths alone."""
     if engine == "local" or not plan.tasks:
-        return [count_task(t, settings) for t in plan.tasks]
+        return run_tasks(lambda task, stop: count_task(task, settings, stop), plan.tasks, config.num_workers)
     return _on_ray(config, lambda pipeline: pipeline.count_chunks(
         plan.tasks, settings, num_workers=config.num_workers, worker_num_cpus=config.worker_num_cpus),
         "a chunk counter (the first pass)")
 
 
-def _pack_locally(tasks, settings: PackSettings, unit: str = "shards") -> list[ShardResult]:
-    """One process, task after task, with a progress line at most once a second."""
-    results, progress = [], Progress("packed", len(tasks), unit)
-    for task in tasks:
-        base = current_rss_bytes()  # this process also holds whatever its caller holds
-        result = pack_shard(task, settings)
-        results.append(replace(result, peak_rss_bytes=max(0, result.peak_rss_bytes - base)))
-        progress.add(result.num_tokens)
-    return results
+def _pack_locally(tasks, settings: PackSettings, workers: int, unit: str = "shards") -> list[ShardResult]:
+    """This process, ``workers`` tasks at a time on threads (raypack.pack.local), with a progress line
+    at most once a second. Each result's ``peak_rss_bytes`` is what this process grew by, at its
+    peak, while the task ran (with other tasks beside it on threads: theirs too)."""
+    progress = Progress("packed", len(tasks), unit)
+    base = current_rss_bytes()  # this process also holds whatever its caller holds
+    results = run_tasks(lambda task, stop: pack_shard(task, settings, stop), tasks, workers,
+                        on_result=lambda r: progress.add(r.num_tokens))
+    return [replace(r, peak_rss_bytes=max(0, r.peak_rss_bytes - base)) for r in results]
 
 
 def _pack_with_ray(tasks, settings: PackSettings, config: PackConfig, unit: str = "shards") -> list[ShardResult]:

@@ -11,6 +11,7 @@ owns all of its chunks from ``task.first_chunk``, counted first by :func:`count_
 from __future__ import annotations
 
 import resource
+import threading
 import time
 from typing import Any, Iterable
 
@@ -21,6 +22,7 @@ from raypack.errors import InputError
 from raypack.inputs.base import DocumentBatch
 from raypack.inputs.reading import iter_document_batches
 from raypack.io.prefetch import prefetched
+from raypack.pack.local import until_stopped
 from raypack.pack.resume import identify_input, save_result
 from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts, read_batch_rows
 from raypack.pack.watchdog import ProgressWatchdog
@@ -32,8 +34,9 @@ from raypack.rules.token_checks import check_tokens_fit
 from raypack.strategies.base import ShardPacker
 
 
-def pack_shard(task: ShardTask, settings: PackSettings) -> ShardResult:
-    """Pack ``task``'s shard; its file appears (rename, or one upload) only when complete.
+def pack_shard(task: ShardTask, settings: PackSettings, stop: threading.Event | None = None) -> ShardResult:
+    """Pack ``task``'s shard; its file appears (rename, or one upload) only when complete. ``stop``
+    (the local engine's threads, raypack.pack.local): set, the task gives up before its next batch.
 
     The input's identity for the resume record is taken first, so a file that changes while it
     is packed is not recorded as the new version (cost: see raypack/pack/resume.py).
@@ -45,7 +48,8 @@ def pack_shard(task: ShardTask, settings: PackSettings) -> ShardResult:
                                     extra_columns=tuple(c.name for c in settings.extra_columns),
                                     max_document_tokens=settings.max_document_tokens, **task.read_range())
     # the next batch is read (pyarrow, without the GIL) while this one is packed: one more batch held
-    return pack_documents(task, settings, prefetched(batches), identity, started_at)
+    return pack_documents(task, settings, until_stopped(prefetched(batches), stop, task.describe()), identity,
+                          started_at)
 
 
 def pack_documents(task: ShardTask, settings: PackSettings, batches: Iterable[DocumentBatch],
@@ -86,13 +90,15 @@ def count_shard_chunks(task: ShardTask, settings: PackSettings) -> int:
     return count_task(task, settings).num_chunks
 
 
-def count_task(task: ShardTask, settings: PackSettings) -> TaskCounts:
+def count_task(task: ShardTask, settings: PackSettings, stop: threading.Event | None = None) -> TaskCounts:
     """The first pass (raypack.pack.plan.Plan.needs_counting_pass): ``task``'s chunks, when its strategy
     counts them, and what ``long_docs`` leaves out, from document lengths alone (tokens are read
-    but not validated). Cost: one read of the task's token column; O(documents) numpy work."""
-    batches = iter_document_batches(task.path, task.format, settings.token_column, read_batch_rows(task, settings),
-                                    validate=False, max_document_tokens=settings.max_document_tokens,
-                                    **task.read_range())
+    but not validated). Cost: one read of the task's token column; O(documents) numpy work. ``stop``:
+    as for :func:`pack_shard`."""
+    batches = until_stopped(
+        iter_document_batches(task.path, task.format, settings.token_column, read_batch_rows(task, settings),
+                              validate=False, max_document_tokens=settings.max_document_tokens, **task.read_range()),
+        stop, task.describe())
     return count_lengths((np.diff(batch.tokens.offsets.to_numpy()).astype(np.int64) for batch in batches), settings)
 
 

@@ -34,8 +34,12 @@ HOSTILE = [-1, 2**63, 2**64 + 7, "x", "", [], {}, None, 1.5, True, [{}] * 3, "ff
 class Child:
     def __init__(self) -> None:
         repo = str(CHILD.parent.parent)
+        # MALLOC_ARENA_MAX: glibc gives each new thread an arena that reserves 64 MiB of address
+        # space, which RLIMIT_AS counts though it is not memory; with a packer's threads (two packers
+        # on --local) up to 16 arenas took the child to the 2 GiB cap ("can't start new thread").
+        env = {**os.environ, "PYTHONPATH": repo, "MALLOC_ARENA_MAX": "2"}
         self.proc = subprocess.Popen([sys.executable, str(CHILD), str(LIMIT)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": repo})
+                                     stdout=subprocess.PIPE, text=True, env=env)
         self.count = 0
 
     def run(self, argv: list[str], timeout: int = 20) -> dict[str, Any]:

@@ -35,8 +35,10 @@ def corpus(tmp_path_factory):
 
 
 def config(tmp_path, corpus, name="out", **overrides):
+    """One local packer (num_workers=1): these tests name the shards packed again, which with the
+    local engine's threads depends on their timing (test_threaded_crash_... covers those)."""
     values = dict(inputs=[corpus], output=str(tmp_path / name), context_length=16, pad_token=0,
-                  read_batch_size=7, chunks_per_record_batch=4)
+                  read_batch_size=7, chunks_per_record_batch=4, num_workers=1)
     values.update(overrides)
     return make_config(values)
 
@@ -302,7 +304,8 @@ def big_corpus(tmp_path_factory):
 
 
 def big_config(tmp_path, corpus, name="out", **overrides):
-    values = dict(inputs=[corpus], output=str(tmp_path / name), context_length=512, pad_token=0)
+    """One local packer, as :func:`config`: the tests name the shards packed again."""
+    values = dict(inputs=[corpus], output=str(tmp_path / name), context_length=512, pad_token=0, num_workers=1)
     values.update(overrides)
     return make_config(values)
 

@@ -1,0 +1,115 @@
+"""The local engine's threads: a run's tasks packed (or counted) ``workers`` at a time, in this process. No Ray.
+
+pyarrow's readers, numpy's copies, the Arrow IPC writer and hashlib release the GIL, so two packers
+on two threads share two cores where one packer, with its read-ahead, writer and digest threads,
+left part of one idle (BENCHMARKS.md, "The token-only job on threads": 1.20x). Each task writes its own files
+and returns its own result, so the output does not depend on the number of threads or on their
+timing: the results come back in task order.
+
+The first failure ends the run as it would without threads: the tasks not started are not started,
+a running one stops before its next read batch (:func:`until_stopped`: its partial file is
+removed, as on any error), and the failure is raised here, in the caller's thread. Ctrl-C does the
+same. A task that does not stop within JOIN_TIMEOUT_S (a read that hangs) is left to its daemon
+thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Callable, Iterator, Sequence, TypeVar
+
+__all__ = ["JOIN_TIMEOUT_S", "Stopped", "run_tasks", "until_stopped"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+JOIN_TIMEOUT_S = 10.0
+"""How long a failed or interrupted run waits for its running tasks to stop."""
+POLL_S = 0.5
+
+
+class Stopped(Exception):
+    """A task given up because another task of its run failed, or the run was interrupted."""
+
+
+def run_tasks(fn: Callable[[T, threading.Event | None], R], tasks: Sequence[T], workers: int,
+              on_result: Callable[[R], None] | None = None) -> list[R]:
+    """``fn(task, stop)`` for every task, at most ``workers`` at once (in task order of starting),
+    ``on_result`` called in this thread as each one ends; the results in task order. With one
+    worker (or one task) the tasks run here, one after another, with ``stop`` None."""
+    if workers <= 1 or len(tasks) <= 1:
+        results = []
+        for task in tasks:
+            results.append(fn(task, None))
+            if on_result is not None:
+                on_result(results[-1])
+        return results
+
+    stop = threading.Event()
+    ended: queue.Queue = queue.Queue()
+    pending = iter(enumerate(tasks))
+    take = threading.Lock()
+
+    def work() -> None:
+        while not stop.is_set():
+            with take:
+                item = next(pending, None)
+            if item is None:
+                return
+            k, task = item
+            try:
+                ended.put((k, fn(task, stop), None))
+            except BaseException as e:  # noqa: BLE001 - raised by the caller's thread
+                ended.put((k, None, e))
+                return
+
+    threads = [threading.Thread(target=work, name=f"raypack-packer-{i}", daemon=True)
+               for i in range(min(workers, len(tasks)))]
+    for thread in threads:
+        thread.start()
+    results: list = [None] * len(tasks)
+    try:
+        for _ in range(len(tasks)):
+            k, result, error = _next(ended)
+            if error is not None:
+                raise error
+            results[k] = result
+            if on_result is not None:
+                on_result(result)
+    except BaseException:
+        stop.set()
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        raise
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def _next(ended: queue.Queue) -> tuple:
+    """The next task's end; waits in steps, so that Ctrl-C is raised here promptly."""
+    while True:
+        try:
+            return ended.get(timeout=POLL_S)
+        except queue.Empty:
+            continue
+
+
+def until_stopped(items: Iterator[T], stop: threading.Event | None, what: str) -> Iterator[T]:
+    """``items``, raising :class:`Stopped` before the next one once ``stop`` is set (``items`` is
+    closed either way, so a read-ahead thread behind it ends)."""
+    if stop is None:
+        yield from items
+        return
+    try:
+        for item in items:
+            if stop.is_set():
+                raise Stopped(f"{what}: stopped, another task of this run failed or it was interrupted")
+            yield item
+    finally:
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()
