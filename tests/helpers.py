@@ -46,6 +46,17 @@ def read_output(out: str) -> tuple[np.ndarray, np.ndarray, dict]:
     return input_ids, np.repeat(seg_ids, seg_lens).reshape(-1, c), manifest
 
 
+def write_long_token_shards(root, num_shards: int, docs_per_shard: int, seed: int = 0) -> None:
+    """``num_shards`` Parquet shards ``000.parquet``, ... of random int32 documents of 1-1999 tokens:
+    enough work that a run can be interrupted after its first tasks."""
+    rng = np.random.default_rng(seed)
+    os.makedirs(root, exist_ok=True)
+    for k in range(num_shards):
+        offsets = np.concatenate([[0], np.cumsum(rng.integers(1, 2000, docs_per_shard))]).astype(np.int32)
+        docs = pa.ListArray.from_arrays(offsets, pa.array(rng.integers(0, 1000, offsets[-1]).astype(np.int32)))
+        pq.write_table(pa.table({"input_ids": docs}), os.path.join(root, f"{k:03d}.parquet"))
+
+
 def file_digests(out: str) -> dict[str, str]:
     """The chunk files of ``out`` (name -> sha256)."""
     return {os.path.basename(p): hashlib.sha256(open(p, "rb").read()).hexdigest()

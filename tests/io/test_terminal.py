@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -20,6 +19,8 @@ from raypack.errors import InputError, WorkerError
 from raypack.io.progress import Progress
 from raypack.io.terminal import interrupted_line
 from raypack.outputs import read_packed
+
+from helpers import write_long_token_shards
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -149,12 +150,7 @@ def test_connect_hint_names_the_token_variables():
 @pytest.mark.slow
 def test_ctrl_c_is_one_line_with_the_resume_command(tmp_path):
     """On Ray, SIGINT once a few shards are packed: one line, exit 130, the work kept."""
-    rng = np.random.default_rng(0)
-    os.makedirs(tmp_path / "in")
-    for k in range(150):
-        offsets = np.concatenate([[0], np.cumsum(rng.integers(1, 2000, 400))]).astype(np.int32)
-        docs = pa.ListArray.from_arrays(offsets, pa.array(rng.integers(0, 1000, offsets[-1]).astype(np.int32)))
-        pq.write_table(pa.table({"input_ids": docs}), tmp_path / "in" / f"{k:03d}.parquet")
+    write_long_token_shards(tmp_path / "in", 150, 400)
     env = {**os.environ, "PYTHONPATH": REPO}
     args = ["pack", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
             "--context-length", "64", "--pad-token", "0", "--workers", "1"]

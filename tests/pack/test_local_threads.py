@@ -25,7 +25,7 @@ from raypack.pack.publish import staging_dir
 from raypack.packed.writer import TMP_PREFIX
 from raypack.sample import write_sample_corpus
 
-from helpers import tree_digest
+from helpers import tree_digest, write_long_token_shards
 from packing_faults import fail_at_shard
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -87,12 +87,7 @@ def test_the_first_failure_is_raised_the_running_task_stops_and_the_rest_never_s
         if k == 1:
             time.sleep(0.05)
             raise ValueError("task 1 is bad")
-        try:
-            for _ in until_stopped(_slow_items(), stop, f"task {k}"):
-                pass
-        except Stopped:
-            stopped.append(k)
-            raise
+        _run_until_stopped(k, stop, stopped)
         return k
 
     before = time.monotonic()
@@ -103,16 +98,21 @@ def test_the_first_failure_is_raised_the_running_task_stops_and_the_rest_never_s
     assert not [t for t in threading.enumerate() if t.name.startswith("raypack-packer")]
 
 
+def _run_until_stopped(k, stop, stopped: list[int]) -> None:
+    """A task of ~50 s that notes ``k`` in ``stopped`` when it is stopped."""
+    try:
+        for _ in until_stopped(_slow_items(), stop, f"task {k}"):
+            pass
+    except Stopped:
+        stopped.append(k)
+        raise
+
+
 def test_ctrl_c_in_the_caller_stops_the_running_tasks():
     stopped = []
 
     def task(k, stop):
-        try:
-            for _ in until_stopped(_slow_items(), stop, f"task {k}"):
-                pass
-        except Stopped:
-            stopped.append(k)
-            raise
+        _run_until_stopped(k, stop, stopped)
 
     main = threading.main_thread().ident
     timer = threading.Timer(0.2, lambda: signal.pthread_kill(main, signal.SIGINT))
@@ -205,12 +205,7 @@ def test_bad_input_on_a_thread_is_one_line_and_leaves_nothing(tmp_path):
 
 
 def test_ctrl_c_with_local_threads_is_one_line_and_leaves_no_partial_file(tmp_path):
-    rng = np.random.default_rng(0)
-    os.makedirs(tmp_path / "in")
-    for k in range(40):
-        offsets = np.concatenate([[0], np.cumsum(rng.integers(1, 2000, 300))]).astype(np.int32)
-        docs = pa.ListArray.from_arrays(offsets, pa.array(rng.integers(0, 1000, offsets[-1]).astype(np.int32)))
-        pq.write_table(pa.table({"input_ids": docs}), tmp_path / "in" / f"{k:03d}.parquet")
+    write_long_token_shards(tmp_path / "in", 40, 300)
     args = ["pack", "--local", "--workers", "2", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
             "--context-length", "64", "--pad-token", "0"]
     proc = subprocess.Popen([sys.executable, "-m", "raypack.cli", *args], stdout=subprocess.PIPE,
