@@ -35,16 +35,18 @@ demo: $(STAMP)
 	$(PY) -m raypack.sample --output build/sample --shards 8 --docs-per-shard 2000 --context-length 512
 	$(VENV)/bin/raypack pack --config configs/tiny.toml --input build/sample --output build/packed --overwrite
 
-## Lint (ruff, configured in pyproject.toml), then run the whole test suite.
+## Lint (ruff, configured in pyproject.toml), then run the whole test suite on TEST_WORKERS pytest-xdist
+## workers (default 2: each has its own session Ray, so more workers than cores only adds contention).
+TEST_WORKERS ?= 2
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check raypack tests bench jobs
 
 ## The inner loop: the suite without the tests marked slow (Ray subprocesses, faults, S3 server).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow"
 
 bench: $(STAMP)
 	$(PY) bench/bench_core.py

@@ -1,4 +1,5 @@
-"""Shared fixtures. One local Ray for the whole test session (starting one takes seconds).
+"""Shared fixtures. One local Ray per test session (starting one takes seconds): one per
+pytest-xdist worker under `make test`.
 
 Every test that uses ``ray_session`` is marked ``slow`` here, so ``make test-fast``
 (``pytest -m "not slow"``) runs no Ray; other slow tests carry ``@pytest.mark.slow`` themselves.
