@@ -73,7 +73,7 @@ def floor(texts: list[str], tokenizer_path: Path, backend: str) -> tuple[int, fl
 
 
 _JOB_SCRIPT = r"""
-import json, sys, time
+import json, os, shutil, sys, time
 from raypack.pack.config import make_config
 from raypack.pack.job import run_pack
 from raypack.tokenize.job import TextOptions
@@ -97,6 +97,8 @@ for _ in range(int(rounds)):
     for name, path in (("big", big), ("tiny", tiny)):
         config = make_config(dict(inputs=[path], output=out, context_length=2048, num_workers=int(workers),
                                   overwrite=True))
+        if os.path.exists(out):
+            shutil.rmtree(out)  # a fresh output, not the other run's deleted on the clock
         start = time.perf_counter()
         summary = run_pack(config, engine=engine, text=text)
         row[name] = (summary.manifest["counts"]["tokens"], time.perf_counter() - start)

@@ -8,9 +8,10 @@ Corpus: ``raypack.sample.write_sample_corpus`` (int32 token lists, lognormal len
 ``--shards`` Parquet shards; a tiny corpus of ``--tiny-tokens`` in 2 shards. Each figure is
 marginal: (tokens big - tokens tiny) / (seconds big - seconds tiny), so fixed costs (Ray Data's
 pipeline start, actor start, publish) cancel. The floor is the same: bench_job.pyarrow_copy of the
-big and the tiny corpus (one process, batch by batch). The jobs run in one child process per
-engine (Ray started before the clock), ``--repeats`` x (big, tiny); the first round of each is
-printed, the medians are over the later ones (warm). Prints the load average.
+big and the tiny corpus (one process, batch by batch). The marginal CPU seconds per token (this
+process's threads; ``--engines local`` only) bound the job on the machine's cores. The jobs run in
+one child process per engine (Ray started before the clock), ``--repeats`` x (big, tiny); the first
+round of each is printed, the medians are over the later ones (warm). Prints the load average.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -31,7 +33,7 @@ from bench_job import pyarrow_copy  # noqa: E402
 from raypack.sample import write_sample_corpus  # noqa: E402
 
 _JOB = r"""
-import json, sys, time
+import json, os, resource, shutil, sys, time
 from raypack.pack.config import make_config
 from raypack.pack.job import run_pack
 engine, big, tiny, out, workers, rounds = sys.argv[1:7]
@@ -43,9 +45,13 @@ for _ in range(int(rounds)):
     for name, path in (("big", big), ("tiny", tiny)):
         config = make_config(dict(inputs=[path], output=out, context_length=2048, pad_token=0,
                                   num_workers=int(workers), overwrite=True))
-        start = time.perf_counter()
+        if os.path.exists(out):
+            shutil.rmtree(out)  # into a fresh directory, as the floor copies (deleting 400 MB is ~0.2 s here)
+        usage, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         summary = run_pack(config, engine=engine)
-        row[name] = (summary.manifest["counts"]["tokens"], time.perf_counter() - start)
+        seconds, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
+        cpu = after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime  # this process's threads
+        row[name] = (summary.manifest["counts"]["tokens"], seconds, cpu)
     print(json.dumps(row), flush=True)
 """
 
@@ -57,8 +63,20 @@ def corpus(root: Path, tokens: float, shards: int) -> Path:
     return root
 
 
-def marginal(big: tuple[int, float], tiny: tuple[int, float]) -> float:
-    return (big[0] - tiny[0]) / (big[1] - tiny[1])
+def marginal(big: tuple, tiny: tuple, field: int = 1) -> float:
+    """Tokens per second of ``field`` (1: wall, 2: CPU) between the tiny and the big run."""
+    return (big[0] - tiny[0]) / (big[field] - tiny[field])
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def copy_run(shards: list[str], out_dir: str, tokens: int) -> tuple[int, float, float]:
+    cpu = cpu_seconds()
+    seconds = pyarrow_copy(shards, out_dir)
+    return tokens, seconds, cpu_seconds() - cpu
 
 
 def main() -> None:
@@ -81,11 +99,12 @@ def main() -> None:
     tokens_big, tokens_tiny = (sum(map(_tokens, shards)) for shards in (big_shards, tiny_shards))
     floors = []
     for _ in range(args.repeats):
-        seconds_big = pyarrow_copy(big_shards, str(root / "copy"))
-        seconds_tiny = pyarrow_copy(tiny_shards, str(root / "copy-tiny"))
-        floors.append(marginal((tokens_big, seconds_big), (tokens_tiny, seconds_tiny)))
-        print(f"floor (Parquet -> IPC copy): big {seconds_big:.2f}s tiny {seconds_tiny:.2f}s -> marginal "
-              f"{floors[-1] / 1e6:.1f}M tokens/s  load {os.getloadavg()[0]:.2f}", flush=True)
+        run_big = copy_run(big_shards, str(root / "copy"), tokens_big)
+        run_tiny = copy_run(tiny_shards, str(root / "copy-tiny"), tokens_tiny)
+        floors.append(marginal(run_big, run_tiny))
+        print(f"floor (Parquet -> IPC copy): big {run_big[1]:.2f}s tiny {run_tiny[1]:.2f}s -> marginal "
+              f"{floors[-1] / 1e6:.1f}M tokens/s, {1e8 / marginal(run_big, run_tiny, 2):.2f} CPU-s per 100M tokens  "
+              f"load {os.getloadavg()[0]:.2f}", flush=True)
         shutil.rmtree(root / "copy"), shutil.rmtree(root / "copy-tiny")
     floor = statistics.median(floors[1:] or floors)
     print(f"{tokens_big:,} tokens in {len(big_shards)} shards; floor (warm median) {floor / 1e6:.1f}M tokens/s")
@@ -101,9 +120,12 @@ def main() -> None:
             if line.startswith("{"):
                 row = json.loads(line)
                 rates.append(marginal(row["big"], row["tiny"]))
+                per_cpu = marginal(row["big"], row["tiny"], 2)
+                cpu = (f", {1e8 / per_cpu:.2f} CPU-s per 100M tokens: at most {os.cpu_count() * per_cpu / 1e6:.1f}M "
+                       f"tokens/s on {os.cpu_count()} cores" if engine == "local" else "")
                 print(f"  {engine}: big {row['big'][1]:.2f}s tiny {row['tiny'][1]:.2f}s -> marginal "
-                      f"{rates[-1] / 1e6:.1f}M tokens/s, whole big run {row['big'][0] / row['big'][1] / 1e6:.1f}M  "
-                      f"load {os.getloadavg()[0]:.2f}", flush=True)
+                      f"{rates[-1] / 1e6:.1f}M tokens/s{cpu}, whole big run "
+                      f"{row['big'][0] / row['big'][1] / 1e6:.1f}M  load {os.getloadavg()[0]:.2f}", flush=True)
         value = statistics.median(rates[1:] or rates)
         print(f"median {engine} (warm rounds): {value / 1e6:.1f}M tokens/s = {value / floor:.2f}x the copy floor")
     print(f"load average after: {os.getloadavg()}")
