@@ -6,11 +6,12 @@ left part of one idle (BENCHMARKS.md, "The token-only job on threads": 1.20x). E
 and returns its own result, so the output does not depend on the number of threads or on their
 timing: the results come back in task order.
 
-The first failure ends the run as it would without threads: the tasks not started are not started,
-a running one stops before its next read batch (:func:`until_stopped`: its partial file is
-removed, as on any error), and the failure is raised here, in the caller's thread. Ctrl-C does the
-same. A task that does not stop within JOIN_TIMEOUT_S (a read that hangs) is left to its daemon
-thread.
+A failure ends the run as it would without threads, with the same error: the tasks not started
+are not started, the running tasks after the failed one stop before their next read batch
+(:func:`until_stopped`: their partial files are removed, as on any error), the running tasks
+before it finish (one of them may fail too), and the failure of the earliest task is raised here,
+in the caller's thread. Ctrl-C stops every running task. A task that does not stop within
+JOIN_TIMEOUT_S (a read that hangs) is left to its daemon thread.
 """
 
 from __future__ import annotations
@@ -47,39 +48,60 @@ def run_tasks(fn: Callable[[T, threading.Event | None], R], tasks: Sequence[T], 
                 on_result(results[-1])
         return results
 
-    stop = threading.Event()
+    halt = threading.Event()  # set: no task starts any more
+    stops: dict[int, threading.Event] = {}  # a started task's own stop
     ended: queue.Queue = queue.Queue()
     pending = iter(enumerate(tasks))
     take = threading.Lock()
 
     def work() -> None:
-        while not stop.is_set():
+        while not halt.is_set():
             with take:
                 item = next(pending, None)
-            if item is None:
-                return
-            k, task = item
+                if item is None:
+                    return
+                k, task = item
+                stops[k] = threading.Event()
             try:
-                ended.put((k, fn(task, stop), None))
+                ended.put((k, fn(task, stops[k]), None))
             except BaseException as e:  # noqa: BLE001 - raised by the caller's thread
+                halt.set()
                 ended.put((k, None, e))
-                return
 
     threads = [threading.Thread(target=work, name=f"raypack-packer-{i}", daemon=True)
                for i in range(min(workers, len(tasks)))]
     for thread in threads:
         thread.start()
     results: list = [None] * len(tasks)
+    failure: tuple[int, BaseException] | None = None
+    done: set[int] = set()
     try:
-        for _ in range(len(tasks)):
+        while len(done) < len(tasks):
+            if failure is not None:
+                with take:
+                    earlier = [j for j in stops if j < failure[0] and j not in done]
+                if not earlier:
+                    break  # every task before the failed one has ended: its error is the run's
             k, result, error = _next(ended)
-            if error is not None:
-                raise error
-            results[k] = result
-            if on_result is not None:
-                on_result(result)
+            done.add(k)
+            if error is None:
+                results[k] = result
+                if on_result is not None:
+                    on_result(result)
+            elif failure is None or k < failure[0]:
+                failure = (k, error)
+                halt.set()
+                with take:
+                    for j, event in stops.items():
+                        if j > k:
+                            event.set()  # later tasks stop; earlier ones finish, as one after another
+        if failure is not None:
+            raise failure[1]
     except BaseException:
-        stop.set()
+        halt.set()
+        with take:
+            for event in stops.values():
+                event.set()
         deadline = time.monotonic() + JOIN_TIMEOUT_S
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))

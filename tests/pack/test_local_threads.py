@@ -1,7 +1,8 @@
 """The local engine's threads (raypack.pack.local): results in task order, at most ``workers`` at once,
-the first failure (or Ctrl-C) raised in the caller with the running tasks stopped and the rest not
-started; end to end, ``--local --workers 2`` gives the bytes of one packer, after a crash and a
-resume too, and Ctrl-C in the CLI leaves no partial file."""
+the earliest task's failure raised in the caller (the error of one worker running them in order),
+the later running tasks stopped and the rest not started (Ctrl-C stops every one); end to end,
+``--local --workers 2`` gives the bytes of one packer, after a crash and a resume too, the error
+line of one packer when two shards are bad, and Ctrl-C in the CLI leaves no partial file."""
 
 from __future__ import annotations
 
@@ -79,23 +80,61 @@ def _slow_items(n: int = 10_000):
         yield k
 
 
-def test_the_first_failure_is_raised_the_running_task_stops_and_the_rest_never_start():
+def test_a_failure_stops_the_later_running_task_and_the_rest_never_start():
     started, stopped = [], []
 
     def task(k, stop):
         started.append(k)
-        if k == 1:
+        if k == 0:
             time.sleep(0.05)
-            raise ValueError("task 1 is bad")
+            raise ValueError("task 0 is bad")
         _run_until_stopped(k, stop, stopped)
         return k
 
     before = time.monotonic()
-    with pytest.raises(ValueError, match="task 1 is bad"):
+    with pytest.raises(ValueError, match="task 0 is bad"):
         run_tasks(task, list(range(6)), 2)
-    assert time.monotonic() - before < 5  # task 0 would take 50 s: it was stopped
-    assert sorted(started) == [0, 1] and stopped == [0]
+    assert time.monotonic() - before < 5  # task 1 would take 50 s: it was stopped
+    assert sorted(started) == [0, 1] and stopped == [1]
     assert not [t for t in threading.enumerate() if t.name.startswith("raypack-packer")]
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_the_error_raised_is_the_earliest_tasks_whatever_fails_first_in_time(workers):
+    """Task 2 fails at once, task 1 a little later: the run raises task 1's error, as one worker
+    running them in order would (the error line does not depend on --workers)."""
+    started = []
+
+    def task(k, stop):
+        started.append(k)
+        if k == 2:
+            raise ValueError("task 2 is bad")
+        if k == 1:
+            time.sleep(0.2)
+            raise ValueError("task 1 is bad")
+        return k
+
+    with pytest.raises(ValueError, match="task 1 is bad"):
+        run_tasks(task, list(range(8)), workers)
+    if workers == 1:
+        assert started == [0, 1]
+    assert not [t for t in threading.enumerate() if t.name.startswith("raypack-packer")]
+
+
+def test_an_earlier_task_that_succeeds_is_finished_and_the_later_failure_raised():
+    finished = []
+
+    def task(k, stop):
+        if k == 1:
+            raise ValueError("task 1 is bad")
+        time.sleep(0.3)  # task 0 ends after task 1 failed: it is not stopped
+        finished.append(k)
+        return k
+
+    with pytest.raises(ValueError, match="task 1 is bad"):
+        run_tasks(task, [0, 1, 2, 3], 2, on_result=lambda r: finished.append(("result", r)))
+    assert finished[:2] == [0, ("result", 0)]
+    assert 3 not in finished
 
 
 def _run_until_stopped(k, stop, stopped: list[int]) -> None:
@@ -201,6 +240,28 @@ def test_bad_input_on_a_thread_is_one_line_and_leaves_nothing(tmp_path):
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if not line.startswith("packed ")]
     assert len(lines) == 1 and "s2.parquet" in lines[0] and "-7" in lines[0], proc.stderr
+    assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_two_bad_shards_give_the_first_shards_line_for_any_workers(tmp_path, workers):
+    """Shard 0's bad token is its last; shard 1's is its first, so with two threads shard 1 fails
+    first in time. The line names shard 0, as one packer reading them in order does."""
+    root = tmp_path / "in"
+    root.mkdir()
+    rng = np.random.default_rng(2)
+    for k, (num_docs, bad_row) in enumerate([(6000, 5999), (200, 0), (200, None)]):
+        docs = [list(rng.integers(0, 50, 30)) for _ in range(num_docs)]
+        if bad_row is not None:
+            docs[bad_row][4] = -7 - k
+        pq.write_table(pa.table({"input_ids": pa.array(docs, pa.list_(pa.int32()))}), root / f"s{k}.parquet")
+    proc = subprocess.run([sys.executable, "-m", "raypack.cli", "pack", "--local", "--workers", workers,
+                           "--read-batch-size", "64", "--input", str(root), "--output", str(tmp_path / "out"),
+                           "--context-length", "16", "--pad-token", "0"],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO})
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith("packed ")]
+    assert len(lines) == 1 and "s0.parquet" in lines[0] and "-7" in lines[0], proc.stderr
     assert sorted(os.listdir(tmp_path)) == ["in"]
 
 
