@@ -323,12 +323,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RuntimeError as e:  # threading's words when the OS refuses a thread (ulimit -u, ulimit -v)
         if "can't start new thread" not in str(e):
             raise
-        print(f"raypack: error: {NO_THREAD}", file=sys.stderr)
+        has_workers = "num_workers" in vars(args) or "workers" in vars(args)
+        print(f"raypack: error: {NO_THREAD}{NO_THREAD_WORKERS if has_workers else ''}", file=sys.stderr)
         return 1
 
 
 NO_THREAD = ("the system refused to start a thread (this process reached its limit on threads or on address "
-             "space: ulimit -u, ulimit -v); raise the limit, or pass --workers 1")
+             "space: ulimit -u, ulimit -v); raise the limit")
+NO_THREAD_WORKERS = ", or pass --workers 1"
+"""Added to NO_THREAD for the commands that take ``--workers``."""
 
 
 def _run_verify(args: argparse.Namespace) -> int:

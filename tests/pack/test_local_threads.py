@@ -296,7 +296,7 @@ def test_ctrl_c_with_local_threads_is_one_line_and_leaves_no_partial_file(tmp_pa
 
 def test_a_thread_the_system_refuses_is_one_line_naming_the_limit_and_leaves_nothing(tmp_path, capsys, monkeypatch,
                                                                                       corpus):
-    from raypack.cli import NO_THREAD, main
+    from raypack.cli import NO_THREAD, NO_THREAD_WORKERS, main
 
     out = tmp_path / "out"
 
@@ -307,5 +307,17 @@ def test_a_thread_the_system_refuses_is_one_line_naming_the_limit_and_leaves_not
     code = main(["pack", "--local", "--workers", "2", "--input", corpus, "--output", str(out),
                  "--context-length", "16"])
     err = capsys.readouterr().err.strip()
-    assert code == 1 and err == f"raypack: error: {NO_THREAD}", err
+    assert code == 1 and err == f"raypack: error: {NO_THREAD}{NO_THREAD_WORKERS}", err
     assert not out.exists() and not [p for p in os.listdir(tmp_path) if "raypack-staging" in p]
+
+
+def test_a_refused_thread_in_a_command_without_workers_does_not_suggest_them(tmp_path, capsys, monkeypatch):
+    import raypack.cli as cli
+
+    def refuse(args):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(cli, "_run_stats", refuse)
+    code = cli.main(["stats", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and err == f"raypack: error: {cli.NO_THREAD}" and "--workers" not in err, err
