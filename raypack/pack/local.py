@@ -57,7 +57,7 @@ def run_tasks(fn: Callable[[T, threading.Event | None], R], tasks: Sequence[T], 
     def work() -> None:
         while not halt.is_set():
             with take:
-                item = next(pending, None)
+                item = None if halt.is_set() else next(pending, None)  # halt may come after the loop's check
                 if item is None:
                     return
                 k, task = item
