@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="per-token list columns of the inputs (integers or bools, one value per token) packed "
                            "with the tokens, e.g. loss_mask,labels=-100 (FILL: the value on padding, default 0)")
     pack.add_argument("--workers", dest="num_workers", type=int,
-                      help="packers: Ray actors, or with --local threads of this process (token inputs)")
+                      help="packers: Ray actors, or with --local threads of this process (token inputs); "
+                           "with --local --tokenizer, 1 tokenizes and packs each task in turn (one task held)")
     pack.add_argument("--read-batch-size", type=int,
                       help="documents per record batch read (0: from each shard's mean document length)")
     pack.add_argument("--read-batch-tokens", type=int, metavar="TOKENS",

@@ -18,8 +18,9 @@ same, whatever the engine or the number of workers.
 Memory: a worker holds the ids of the tasks it has tokenized and not yet packed, each
 ``tokens x itemsize`` bytes (uint16/int32 ids as the manifest's token dtype) plus int32 offsets
 per document: at most two tasks per Ray actor (raypack.engine.pipeline.pack_texts) and with
-``--local`` (one packed while the next is tokenized on a thread); one more while a task whose
-resume record did not hold is tokenized again. A task holds at most ``task_bytes`` bytes of text
+``--local`` (one packed while the next is tokenized on a thread), one with ``--local --workers 1``
+(each task tokenized, then packed, on the caller's thread); one more while a task whose resume
+record did not hold is tokenized again. A task holds at most ``task_bytes`` bytes of text
 (or ``task_rows`` rows; a Parquet row group larger than that is one task), about ``bytes / 4``
 tokens for English text and a byte-level BPE.
 
@@ -225,16 +226,21 @@ def run_onepass(work_dir: str, config: PackConfig, tasks: list[TextTask], text_s
     settings = settings_for(config, skeleton, work_dir)
     placer = Placer(tasks, settings, text_settings, resume)
     if engine == "local" or on_ray is None:
-        results = _run_locally(placer, text_settings, settings, tokenizer, progress)
+        results = _run_locally(placer, text_settings, settings, tokenizer, progress, config.num_workers)
     else:
         results = on_ray(placer, text_settings, settings)
     return placer.plan(skeleton), settings, sorted(results, key=lambda r: r.task_index)
 
 
 def _run_locally(placer: Placer, text_settings: TokenizeSettings, settings: PackSettings, tokenizer,
-                 progress) -> list[ShardResult]:
+                 progress, workers: int = 2) -> list[ShardResult]:
     """Task after task, in order, with one task tokenized ahead on a thread while the one before is
-    packed (the backend and the Parquet reader release the GIL): at most two tasks' ids held."""
+    packed (the backend and the Parquet reader release the GIL): at most two tasks' ids held. With
+    ``workers`` 1 (``--workers 1``), no such thread: each task is tokenized, then packed, in this
+    thread, so one task's ids are held (BENCHMARKS.md: two tokenize threads, or one thread per
+    task, were faster by 5-16% and held up to 1.5x the memory)."""
+    if workers <= 1:
+        return _run_in_order(placer, text_settings, settings, tokenizer, progress)
     queue, results, held = list(placer.to_tokenize()), [], {}
     ahead: list[tuple[TextTask, Future]] = []
 
@@ -271,3 +277,31 @@ def _run_locally(placer: Placer, text_settings: TokenizeSettings, settings: Pack
         finally:
             for _, future in ahead:
                 future.cancel()
+
+
+def _run_in_order(placer: Placer, text_settings: TokenizeSettings, settings: PackSettings, tokenizer,
+                  progress) -> list[ShardResult]:
+    """``_run_locally`` with one worker: each task tokenized, then packed, here."""
+    queue, results, held = list(placer.to_tokenize()), [], {}
+    steps = placer.advance()
+    while True:
+        for step in steps:
+            if step.kind == "tokenize":
+                queue.insert(0, step.text)
+                continue
+            if step.kind == "kept":
+                results.append(step.result)
+            else:
+                base = current_rss_bytes()
+                result = pack_held(held.pop(step.index), step.task, settings)
+                results.append(replace(result, peak_rss_bytes=max(0, result.peak_rss_bytes - base)))
+            if progress is not None:
+                progress.add(step.task.num_tokens)
+        if placer.done:
+            return results
+        if not queue:
+            raise RuntimeError(f"internal error: text task {placer.next_index} is neither recorded nor queued")
+        text = queue.pop(0)
+        held[text.task_index] = tokenize_held(text, text_settings, tokenizer, settings)
+        placer.report(text.task_index, held[text.task_index].report)
+        steps = placer.advance()

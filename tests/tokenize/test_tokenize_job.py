@@ -612,3 +612,48 @@ def test_ray_one_pass_equals_local_for_any_workers(ray_session, tmp_path, text_d
         assert digests(tmp_path / f"ray{workers}", "*.arrow") == digests(tmp_path / "one", "*.arrow")
         assert manifest(tmp_path / f"ray{workers}") == manifest(tmp_path / "one")
     assert one.manifest["content_sha256"] == two.manifest["content_sha256"]
+
+
+def no_tokenize_thread(monkeypatch) -> None:
+    def refused(*args, **kwargs):
+        raise AssertionError("--workers 1 started a tokenize thread")
+
+    monkeypatch.setattr(onepass, "ThreadPoolExecutor", refused)
+
+
+@pytest.mark.parametrize("pack_kw, text_kw", [CASES[1], CASES[3], CASES[4]])
+def test_one_pass_with_one_worker_has_no_thread_and_the_same_bytes(tmp_path, text_dir, tok, pack_kw, text_kw,
+                                                                   monkeypatch):
+    """``--local --workers 1``: each task tokenized, then packed, on the caller's thread (one task's
+    ids held), and the output is byte for byte the two-worker one."""
+    one, two = pack_both(tmp_path, text_dir, tok, pack_kw, text_kw)
+    no_tokenize_thread(monkeypatch)
+    pack_both(tmp_path, text_dir, tok, pack_kw, text_kw, workers=1, name="w1")
+    assert len(one.manifest["shards"]) > 3
+    assert digests(tmp_path / "w1", "*.arrow") == digests(tmp_path / "one", "*.arrow")
+    assert manifest(tmp_path / "w1") == {**manifest(tmp_path / "one"), "config": manifest(tmp_path / "w1")["config"]}
+    assert manifest(tmp_path / "w1")["content_sha256"] == two.manifest["content_sha256"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_resume_tokenizes_again_a_task_whose_chunk_file_is_gone(tmp_path, text_dir, tok, monkeypatch, workers):
+    """A recorded task whose chunk file was deleted does not hold: it alone is tokenized again, between
+    kept tasks, and the output equals a clean run."""
+    kw = dict(context_length=32, strategy="best_fit", best_fit_window=16, num_workers=workers)
+    clean = run_pack(make_config(dict(inputs=[text_dir], output=str(tmp_path / "clean"), **kw)), engine="local",
+                     text=options(tok))
+    last = len(clean.manifest["shards"]) - 1
+    config = make_config(dict(inputs=[text_dir], output=str(tmp_path / "out"), **kw))
+    tokenized_tasks(monkeypatch, fail_at=last)
+    with pytest.raises(RuntimeError, match="killed"):
+        run_pack(config, engine="local", text=options(tok))
+    record = json.load(open(tmp_path / STAGING / "_results" / "task-000002.json"))
+    os.remove(tmp_path / STAGING / record["result"]["file"]["path"])
+    monkeypatch.undo()
+    if workers == 1:
+        no_tokenize_thread(monkeypatch)
+    done = tokenized_tasks(monkeypatch)
+    summary = run_pack(config, engine="local", resume=True, text=options(tok))
+    assert sorted(done) == [2, last]
+    assert digests(tmp_path / "out", "*") == digests(tmp_path / "clean", "*")
+    assert summary.manifest["content_sha256"] == clean.manifest["content_sha256"]
