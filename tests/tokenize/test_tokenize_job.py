@@ -570,9 +570,10 @@ def test_resume_keeps_finished_tasks_without_tokenizing_them(tmp_path, text_dir,
     assert digests(tmp_path / "out", "*") == digests(tmp_path / "clean", "*")
 
 
-def test_resume_keeps_recorded_tasks_after_a_gap(tmp_path, text_dir, tok, monkeypatch):
-    """A finished task after an unfinished one (as Ray leaves them) is kept once its offsets check."""
-    kw = dict(context_length=32, strategy="best_fit", best_fit_window=16)
+def crashed_at_the_last_task(tmp_path, text_dir, tok, monkeypatch, **kw):
+    """A clean run, then a run into ``out`` killed while tokenizing its last task:
+    ``(clean summary, last task index, out's config)``."""
+    kw = dict(context_length=32, strategy="best_fit", best_fit_window=16, **kw)
     clean = run_pack(make_config(dict(inputs=[text_dir], output=str(tmp_path / "clean"), **kw)), engine="local",
                      text=options(tok))
     last = len(clean.manifest["shards"]) - 1
@@ -580,6 +581,12 @@ def test_resume_keeps_recorded_tasks_after_a_gap(tmp_path, text_dir, tok, monkey
     tokenized_tasks(monkeypatch, fail_at=last)
     with pytest.raises(RuntimeError, match="killed"):
         run_pack(config, engine="local", text=options(tok))
+    return clean, last, config
+
+
+def test_resume_keeps_recorded_tasks_after_a_gap(tmp_path, text_dir, tok, monkeypatch):
+    """A finished task after an unfinished one (as Ray leaves them) is kept once its offsets check."""
+    clean, last, config = crashed_at_the_last_task(tmp_path, text_dir, tok, monkeypatch)
     os.remove(tmp_path / STAGING / "_results" / "task-000001.json")
     monkeypatch.undo()
     done = tokenized_tasks(monkeypatch)
@@ -639,14 +646,7 @@ def test_one_pass_with_one_worker_has_no_thread_and_the_same_bytes(tmp_path, tex
 def test_resume_tokenizes_again_a_task_whose_chunk_file_is_gone(tmp_path, text_dir, tok, monkeypatch, workers):
     """A recorded task whose chunk file was deleted does not hold: it alone is tokenized again, between
     kept tasks, and the output equals a clean run."""
-    kw = dict(context_length=32, strategy="best_fit", best_fit_window=16, num_workers=workers)
-    clean = run_pack(make_config(dict(inputs=[text_dir], output=str(tmp_path / "clean"), **kw)), engine="local",
-                     text=options(tok))
-    last = len(clean.manifest["shards"]) - 1
-    config = make_config(dict(inputs=[text_dir], output=str(tmp_path / "out"), **kw))
-    tokenized_tasks(monkeypatch, fail_at=last)
-    with pytest.raises(RuntimeError, match="killed"):
-        run_pack(config, engine="local", text=options(tok))
+    clean, last, config = crashed_at_the_last_task(tmp_path, text_dir, tok, monkeypatch, num_workers=workers)
     record = json.load(open(tmp_path / STAGING / "_results" / "task-000002.json"))
     os.remove(tmp_path / STAGING / record["result"]["file"]["path"])
     monkeypatch.undo()
