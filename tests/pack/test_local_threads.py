@@ -154,12 +154,17 @@ def test_ctrl_c_in_the_caller_stops_the_running_tasks():
         _run_until_stopped(k, stop, stopped)
 
     main = threading.main_thread().ident
+    # Python's own handler: a suite started in the background (``cmd &``) inherits SIGINT ignored
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.2, lambda: signal.pthread_kill(main, signal.SIGINT))
-    timer.start()
-    before = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        run_tasks(task, list(range(5)), 2)
-    timer.join()
+    try:
+        timer.start()
+        before = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            run_tasks(task, list(range(5)), 2)
+        timer.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - before < 5
     assert sorted(stopped) == [0, 1]
     assert not [t for t in threading.enumerate() if t.name.startswith("raypack-packer")]
