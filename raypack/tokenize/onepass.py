@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, NamedTuple
 
@@ -239,16 +240,17 @@ def _run_locally(placer: Placer, text_settings: TokenizeSettings, settings: Pack
     ``workers`` 1 (``--workers 1``), no such thread: each task is tokenized, then packed, in this
     thread, so one task's ids are held (BENCHMARKS.md: two tokenize threads, or one thread per
     task, were faster by 5-16% and held up to 1.5x the memory)."""
-    if workers <= 1:
-        return _run_in_order(placer, text_settings, settings, tokenizer, progress)
     queue, results, held = list(placer.to_tokenize()), [], {}
     ahead: list[tuple[TextTask, Future]] = []
+    threaded = workers > 1
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raypack-tokenize") if threaded else nullcontext()
 
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="raypack-tokenize") as pool:
+    with executor as pool:
         def start_next() -> None:
             if not ahead and queue:
                 text = queue.pop(0)
-                ahead.append((text, pool.submit(tokenize_held, text, text_settings, tokenizer, settings)))
+                args = (text, text_settings, tokenizer, settings)
+                ahead.append((text, pool.submit(tokenize_held, *args) if threaded else _done(tokenize_held(*args))))
 
         steps = placer.advance()
         try:
@@ -259,7 +261,8 @@ def _run_locally(placer: Placer, text_settings: TokenizeSettings, settings: Pack
                     elif step.kind == "tokenize":
                         queue.insert(0, step.text)
                     else:
-                        start_next()
+                        if threaded:
+                            start_next()
                         base = current_rss_bytes()
                         result = pack_held(held.pop(step.index), step.task, settings)
                         results.append(replace(result, peak_rss_bytes=max(0, result.peak_rss_bytes - base)))
@@ -279,29 +282,8 @@ def _run_locally(placer: Placer, text_settings: TokenizeSettings, settings: Pack
                 future.cancel()
 
 
-def _run_in_order(placer: Placer, text_settings: TokenizeSettings, settings: PackSettings, tokenizer,
-                  progress) -> list[ShardResult]:
-    """``_run_locally`` with one worker: each task tokenized, then packed, here."""
-    queue, results, held = list(placer.to_tokenize()), [], {}
-    steps = placer.advance()
-    while True:
-        for step in steps:
-            if step.kind == "tokenize":
-                queue.insert(0, step.text)
-                continue
-            if step.kind == "kept":
-                results.append(step.result)
-            else:
-                base = current_rss_bytes()
-                result = pack_held(held.pop(step.index), step.task, settings)
-                results.append(replace(result, peak_rss_bytes=max(0, result.peak_rss_bytes - base)))
-            if progress is not None:
-                progress.add(step.task.num_tokens)
-        if placer.done:
-            return results
-        if not queue:
-            raise RuntimeError(f"internal error: text task {placer.next_index} is neither recorded nor queued")
-        text = queue.pop(0)
-        held[text.task_index] = tokenize_held(text, text_settings, tokenizer, settings)
-        placer.report(text.task_index, held[text.task_index].report)
-        steps = placer.advance()
+
+def _done(value) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
