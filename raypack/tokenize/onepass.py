@@ -20,9 +20,11 @@ Memory: a worker holds the ids of the tasks it has tokenized and not yet packed,
 per document: at most two tasks per Ray actor (raypack.engine.pipeline.pack_texts) and with
 ``--local`` (one packed while the next is tokenized on a thread), one with ``--local --workers 1``
 (each task tokenized, then packed, on the caller's thread); one more while a task whose resume
-record did not hold is tokenized again. A task holds at most ``task_bytes`` bytes of text
-(or ``task_rows`` rows; a Parquet row group larger than that is one task), about ``bytes / 4``
-tokens for English text and a byte-level BPE.
+record did not hold is tokenized again. A task's ids are freed piece by piece as it is packed
+(:func:`pack_held`), so a task being packed and the next one tokenized beside it hold about one
+task's ids between them, plus the piece being packed and the one before it. A task holds at
+most ``task_bytes`` bytes of text (or ``task_rows`` rows; a Parquet row group larger than that is
+one task), about ``bytes / 4`` tokens for English text and a byte-level BPE.
 
 Resume: task k's record is the packer's (``_results/task-NNNNNN.json``, raypack.pack.resume) with
 the text task and the tokenize settings in its input identity; a record whose text task and
@@ -38,7 +40,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -108,13 +110,22 @@ def tokenize_held(task: TextTask, settings: TokenizeSettings, tokenizer, pack: P
 
 
 def pack_held(held: HeldTask, task: ShardTask, settings: PackSettings) -> ShardResult:
-    """Pack ``held`` as ``task`` (its offsets placed) from the ids in memory."""
+    """Pack ``held`` as ``task`` (its offsets placed) from the ids in memory. The pieces are taken
+    out of ``held`` as they are packed, so each is freed once its chunks are written (while the next
+    task is tokenized beside this one, the two tasks' ids hold about one task's worth, not two)."""
     reset_peak_rss()
-    batches, row = [], 0
-    for ids in held.pieces:
-        batches.append(DocumentBatch(row, ids))
+    return pack_documents(task, settings, _consumed(held.pieces), held.identity, held.started_at)
+
+
+def _consumed(pieces: list[pa.Array]) -> Iterator[DocumentBatch]:
+    """``pieces`` as document batches in order, each removed from the list before it is yielded."""
+    pieces.reverse()
+    row = 0
+    while pieces:
+        ids = pieces.pop()
+        yield DocumentBatch(row, ids)
         row += len(ids)
-    return pack_documents(task, settings, batches, held.identity, held.started_at)
+        del ids
 
 
 class Step(NamedTuple):

@@ -642,6 +642,36 @@ def test_one_pass_with_one_worker_has_no_thread_and_the_same_bytes(tmp_path, tex
     assert manifest(tmp_path / "w1")["content_sha256"] == two.manifest["content_sha256"]
 
 
+def test_a_held_task_frees_its_pieces_as_they_are_packed(tmp_path, text_dir, tok, monkeypatch):
+    """Packing a tokenized task releases each piece of its ids once the packer has moved past it, so
+    the task being packed and the next one being tokenized hold about one task's ids, not two. A
+    piece may stay alive while the packer still reads it (the one just handed out, the one before)."""
+    import weakref
+
+    real, handed_out, most = onepass.pack_documents, [], []
+
+    def watched(task, settings, batches, *args):
+        def watching():
+            for k, batch in enumerate(batches):
+                most.append(k + 1)
+                alive = [j for j, ref in enumerate(handed_out[:max(0, k - 1)]) if ref() is not None]
+                assert not alive, f"task {task.task_index}: pieces {alive} still alive when piece {k} is packed"
+                handed_out.append(weakref.ref(batch.tokens))
+                yield batch
+        handed_out.clear()
+        return real(task, settings, watching(), *args)
+
+    monkeypatch.setattr(onepass, "pack_documents", watched)
+    summary = run_pack(make_config(dict(inputs=[text_dir], output=str(tmp_path / "out"), context_length=32)),
+                       engine="local", text=options(tok))
+    assert summary.manifest["counts"]["documents"] == len(TEXTS)
+    assert max(most) >= 4  # a task of several pieces
+    monkeypatch.undo()
+    again = run_pack(make_config(dict(inputs=[text_dir], output=str(tmp_path / "again"), context_length=32)),
+                     engine="local", text=options(tok))
+    assert again.manifest["content_sha256"] == summary.manifest["content_sha256"]
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_resume_tokenizes_again_a_task_whose_chunk_file_is_gone(tmp_path, text_dir, tok, monkeypatch, workers):
     """A recorded task whose chunk file was deleted does not hold: it alone is tokenized again, between
