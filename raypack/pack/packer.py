@@ -151,7 +151,7 @@ def _push_checked(packer: ShardPacker, writer: ChunkFileWriter, tokens: np.ndarr
     output dtype raises InputError naming its row."""
     try:
         _push_sliced(packer, writer, tokens, lengths, task.doc_offset + first_row - task.row_start,
-                     settings.read_batch_tokens, beat)
+                     settings.read_batch_tokens, beat, align=settings.context_length * settings.chunks_per_record_batch)
     except ValueError as e:
         check_tokens_fit(tokens, lengths, settings.token_dtype, path=task.path, first_row=first_row)
         raise InputError(f"shard {task.path} rows {first_row}..{first_row + len(lengths) - 1}: {e}") from e
@@ -171,10 +171,20 @@ def _with_sides(tokens: np.ndarray, lengths: np.ndarray, sides: tuple[pa.Array, 
 
 
 def _push_sliced(packer: ShardPacker, writer: ChunkFileWriter, tokens: np.ndarray,
-                 lengths: np.ndarray, first_doc_id: int, max_tokens: int, beat=lambda: None) -> None:
+                 lengths: np.ndarray, first_doc_id: int, max_tokens: int, beat=lambda: None, align: int = 0) -> None:
     """Push a read batch in slices of at most ``max_tokens`` tokens (a long document across
-    several), so that beyond the reader's batch the packer holds O(max_tokens) tokens."""
-    for slice_tokens, run_lengths, slice_first_id in iter_run_slices(tokens, lengths, first_doc_id, max_tokens):
+    several), so that beyond the reader's batch the packer holds O(max_tokens) tokens.
+
+    ``align`` (the tokens of one record batch): where the packer cuts chunks from the stream in
+    order (``packer.stream_position``) and ``max_tokens >= align``, the slices end on global
+    multiples of ``align``. A record batch inside one read batch is then one zero-copy part, which
+    the writer takes as is instead of concatenating two slices' parts (the bytes are the same)."""
+    first, position = None, packer.stream_position
+    if position is not None and 0 < align <= max_tokens:
+        max_tokens -= max_tokens % align
+        first = max_tokens - position % align
+    for slice_tokens, run_lengths, slice_first_id in iter_run_slices(tokens, lengths, first_doc_id, max_tokens,
+                                                                     first):
         for chunks in packer.push_runs_parts(slice_tokens, run_lengths, slice_first_id):
             if chunks.num_chunks:
                 writer.write(chunks)

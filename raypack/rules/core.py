@@ -248,7 +248,8 @@ def _first_bad_token(doc: Any) -> Any:
 
 
 def iter_run_slices(
-    tokens: npt.NDArray[np.integer], lengths: npt.NDArray[np.integer], first_doc_id: int, max_tokens: int
+    tokens: npt.NDArray[np.integer], lengths: npt.NDArray[np.integer], first_doc_id: int, max_tokens: int,
+    first: int | None = None,
 ) -> Iterator[tuple[npt.NDArray[np.integer], npt.NDArray[np.int64], int]]:
     """Cut flat documents into consecutive slices of at most ``max_tokens`` tokens.
 
@@ -256,22 +257,28 @@ def iter_run_slices(
     the (n,) int64 lengths of the runs of consecutive documents it holds, and the id of its
     first run's document. A document cut by a slice boundary ends one slice and starts the
     next with the same id; an empty document goes with the slice holding its position (the
-    last one at the end). Always at least one slice. Cost: O(documents + slices).
+    last one at the end). Always at least one slice. ``first`` (1..max_tokens): the first slice
+    holds at most that many tokens and the next ones ``max_tokens`` each, so a caller chooses
+    where the boundaries fall. Cost: O(documents + slices).
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens={max_tokens} must be >= 1")
+    if first is not None and not 1 <= first <= max_tokens:
+        raise ValueError(f"first={first} must be in [1, max_tokens={max_tokens}]")
+    shift = 0 if first is None else max_tokens - first  # slices cut the positions [shift, shift + size)
+    size = int(tokens.size)
     lengths = np.asarray(lengths, dtype=np.int64)
-    ends = np.cumsum(lengths)
+    ends = np.cumsum(lengths) + shift
     starts = ends - lengths
-    num_slices = max(1, -(-int(tokens.size) // max_tokens))
+    num_slices = max(1, -(-(size + shift) // max_tokens))
     first_slice = np.minimum(starts // max_tokens, num_slices - 1)
     last_slice = np.minimum(np.maximum(starts, ends - 1) // max_tokens, num_slices - 1)
     for k in range(num_slices):
         lo = int(np.searchsorted(last_slice, k, side="left"))
         hi = int(np.searchsorted(first_slice, k, side="right"))
-        start, end = k * max_tokens, min((k + 1) * max_tokens, int(tokens.size))
+        start, end = max(k * max_tokens, shift), min((k + 1) * max_tokens, size + shift)
         run_lengths = np.clip(ends[lo:hi], start, end) - np.clip(starts[lo:hi], start, end)
-        yield tokens[start:end], run_lengths, first_doc_id + lo
+        yield tokens[start - shift:end - shift], run_lengths, first_doc_id + lo
 
 
 # ----------------------------------------------------------------------------- segments

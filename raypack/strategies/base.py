@@ -55,6 +55,10 @@ class ShardPacker(Protocol):
     head: Fragment | None
     tail: Fragment | None
     """Edge fragments for the driver to stitch (None when the shard owns all its chunks)."""
+    stream_position: int | None
+    """Where chunks are cut from the stream in order (concat): the global position of the next token
+    pushed, so the driver can cut its slices at record-batch boundaries and the writer take whole
+    record batches as views of the input (raypack.pack.packer); None otherwise."""
 
     def push_runs_parts(self, tokens: np.ndarray, run_lengths: np.ndarray, first_doc_id: int) -> list[Chunks]: ...
     def count_split(self, lengths: np.ndarray) -> int: ...

@@ -40,12 +40,14 @@ def docs_of(tokens: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
     return [d.tolist() for d in np.split(tokens, np.cumsum(lengths)[:-1])] if lengths.size else []
 
 
-def sliced(tokens, lengths, first_doc_id, max_tokens, batch_cuts=()):
-    """Read batches cut at ``batch_cuts`` (document indices), each cut in token slices."""
+def sliced(tokens, lengths, first_doc_id, max_tokens, batch_cuts=(), first=None):
+    """Read batches cut at ``batch_cuts`` (document indices), each cut in token slices (the first
+    slice of each of at most ``first`` tokens, when given)."""
     bounds = [0, *sorted(batch_cuts), lengths.size]
     token_bounds = np.r_[0, np.cumsum(lengths)]
     for a, b in zip(bounds, bounds[1:]):
-        yield from iter_run_slices(tokens[token_bounds[a]:token_bounds[b]], lengths[a:b], first_doc_id + a, max_tokens)
+        yield from iter_run_slices(tokens[token_bounds[a]:token_bounds[b]], lengths[a:b], first_doc_id + a, max_tokens,
+                                   first)
 
 
 # ----------------------------------------------------------------------------- iter_run_slices
@@ -69,13 +71,31 @@ def test_literal_slices_boundaries_and_no_tokens():
         next(iter_run_slices(tokens, np.array([8]), 0, 0))
 
 
+def test_literal_slices_with_a_shorter_first_one():
+    tokens = np.arange(10, dtype=np.int32)
+    got = [(t.tolist(), r.tolist(), i) for t, r, i in iter_run_slices(tokens, np.array([0, 7, 0, 3, 0]), 5, 4, 1)]
+    assert got == [([0], [0, 1], 5),                   # the first slice: 1 token
+                   ([1, 2, 3, 4], [4], 6),             # doc 6 continues
+                   ([5, 6, 7, 8], [2, 0, 2], 6),       # doc 6 ends; empty 7; doc 8 begins
+                   ([9], [1, 0], 8)]                   # doc 8 ends; the empty last doc at the end
+    got = [(t.size, r.tolist(), i) for t, r, i in iter_run_slices(np.zeros(0, np.int32), np.array([0]), 3, 4, 2)]
+    assert got == [(0, [0], 3)]
+    for first in (0, 5):
+        with pytest.raises(ValueError, match=f"first={first} must be in"):
+            next(iter_run_slices(tokens, np.array([10]), 0, 4, first))
+
+
 @SETTINGS
-@given(corpus=corpora(), max_tokens=st.integers(1, 20))
-def test_slices_cover_every_token_and_document_once(corpus, max_tokens):
+@given(corpus=corpora(), max_tokens=st.integers(1, 20), data=st.data())
+def test_slices_cover_every_token_and_document_once(corpus, max_tokens, data):
     c, lengths = corpus
     tokens = flat_tokens(lengths)
-    slices = list(iter_run_slices(tokens, lengths, 100, max_tokens))
+    first = data.draw(st.one_of(st.none(), st.integers(1, max_tokens)))
+    slices = list(iter_run_slices(tokens, lengths, 100, max_tokens, first))
     assert all(t.size <= max_tokens for t, _, _ in slices)
+    if first is not None:  # boundaries at first, first + max_tokens, ...
+        ends = np.cumsum([t.size for t, _, _ in slices])[:-1]
+        assert ends.tolist() == list(range(first, tokens.size, max_tokens))
     assert np.concatenate([t for t, _, _ in slices]).tolist() == tokens.tolist()
     per_doc = np.zeros(lengths.size, np.int64)
     next_id = 100
@@ -97,9 +117,10 @@ def test_concat_slices_give_the_same_chunks(corpus, max_tokens, data):
     c, lengths = corpus
     tokens = flat_tokens(lengths)
     cuts = data.draw(st.lists(st.integers(0, lengths.size), max_size=4))
+    first = data.draw(st.one_of(st.none(), st.integers(1, max_tokens)))
     packer = StreamPacker(c, 0, dtype=np.int32)
     parts = []
-    for t, runs, first_id in sliced(tokens, lengths, 0, max_tokens, cuts):
+    for t, runs, first_id in sliced(tokens, lengths, 0, max_tokens, cuts, first):
         parts += packer.push_runs_parts(t, runs, np.arange(first_id, first_id + runs.size))
     parts.append(packer.finish(pad=True))
     got = concat_chunks(parts, c, np.int32)

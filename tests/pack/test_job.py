@@ -148,3 +148,30 @@ def test_non_empty_output_is_refused_then_overwritten(tmp_path):
     assert not (out / "old.txt").exists()
     check_equals_reference(str(out), [[1, 2, 3]], 8)
     assert not [p for p in os.listdir(tmp_path) if "staging" in p]
+
+
+def test_record_batches_inside_a_read_batch_are_written_without_a_copy(tmp_path, monkeypatch):
+    """concat: slices end on record-batch boundaries of the global stream, so the writer takes a record
+    batch that lies inside one read batch as one zero-copy part (only those that straddle a read batch
+    are concatenated). Same bytes as slices that do not line up (read_batch_tokens below a record batch)."""
+    import raypack.packed.writer as writer
+
+    docs = random_corpus(3, 300, 60)
+    shard_dir = write_shards(str(tmp_path), docs, [170])  # two shards; the second starts mid-chunk
+    real, copied = writer.concat_chunks, []
+
+    def counting(parts, *args):
+        copied.append(sum(1 for p in parts if p.num_chunks) > 1)
+        return real(parts, *args)
+
+    monkeypatch.setattr(writer, "concat_chunks", counting)
+    runs = {}
+    for name, read_batch_tokens in (("aligned", 64), ("unaligned", 63)):
+        copied.clear()
+        pack(tmp_path, shard_dir, name=name, read_batch_size=10_000, read_batch_tokens=read_batch_tokens,
+             chunks_per_record_batch=8)  # a record batch: 8 x 8 = 64 tokens; one read batch per shard
+        runs[name] = sum(copied), len(copied)
+    assert runs["aligned"][0] <= 2  # at most the record batch where a shard's read batch ends, per shard
+    assert runs["unaligned"][0] > 10 * runs["aligned"][0] + 10  # the test can tell them apart
+    assert file_digests(str(tmp_path / "aligned")) == file_digests(str(tmp_path / "unaligned"))
+    check_equals_reference(str(tmp_path / "aligned"), docs, 8)

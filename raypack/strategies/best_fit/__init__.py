@@ -148,6 +148,7 @@ class BestFitShardPacker:
                                      first_doc_id=task.doc_offset, dtype=settings.packed_dtype,
                                      max_segments=max_segments)
         self.head = self.tail = None
+        self.stream_position = None  # chunks are windows of documents, not cut from the stream
 
     def push_runs_parts(self, tokens: np.ndarray, run_lengths: np.ndarray, first_doc_id: int) -> list[Chunks]:
         """Runs of documents from ``first_doc_id`` (the first may continue the last one pushed)."""

@@ -63,6 +63,10 @@ class ConcatShardPacker:
         doc_ids = np.arange(first_doc_id, first_doc_id + run_lengths.size, dtype=np.int64)
         return self._packer.push_runs_parts(tokens, run_lengths, doc_ids)
 
+    @property
+    def stream_position(self) -> int:
+        return self._packer.position
+
     def count_split(self, lengths: np.ndarray) -> int:
         """Call before ``push_runs_parts``: documents of this batch that cross a chunk boundary."""
         return count_split_documents(lengths, self._packer.position, self.context_length)
