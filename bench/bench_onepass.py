@@ -120,7 +120,8 @@ def job_rounds(repo: str, big: Path, tiny: Path, tokenizer_path: Path, out: Path
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
-def peak_rss(shard: Path, root: Path, tokenizer_path: Path, backend: str, repo: str, repeats: int) -> None:
+def peak_rss(shard: Path, root: Path, tokenizer_path: Path, backend: str, repo: str, repeats: int,
+             token_dtype: str = "auto") -> None:
     """Whole-process peak RSS of ``raypack pack --tokenizer --local`` (a fresh process per run) on
     ``shard`` and on its rows repeated 2, 10 and 20 times (one row group per copy), and the ratios."""
     table = pq.read_table(shard, columns=["text"])
@@ -135,7 +136,8 @@ def peak_rss(shard: Path, root: Path, tokenizer_path: Path, backend: str, repo: 
             # GNU time's %M: the child's own peak (a child forked from this process would start with its RSS)
             command = ["/usr/bin/time", "-f", "%M", sys.executable, "-m", "raypack.cli", "pack", "--input",
                        str(root / f"rss-x{copies}"), "--output", str(root / "rss-out"), "--overwrite", "--local",
-                       "--context-length", "2048", "--tokenizer", str(tokenizer_path), "--tokenizer-backend", backend]
+                       "--context-length", "2048", "--tokenizer", str(tokenizer_path), "--tokenizer-backend", backend,
+                       "--token-dtype", token_dtype]
             done = subprocess.run(command, env=env, cwd=str(root), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                   text=True, check=True)
             peaks.setdefault(copies, []).append(int(done.stderr.split()[-1]) // 1024)
@@ -159,6 +161,8 @@ def main() -> None:
     parser.add_argument("--backend", default="gigatoken")
     parser.add_argument("--batch-mib", type=float, default=0,
                         help="TextOptions.batch_bytes in MiB (default 0: the backend's)")
+    parser.add_argument("--token-dtype", default="auto",
+                        help="--rss: the runs' --token-dtype (int64: 8-byte ids, so a task's ids weigh more)")
     parser.add_argument("--rss", action="store_true",
                         help="only the peak RSS of --local runs on shard 0 and on it repeated 2, 10, 20 times")
     parser.add_argument("--corpus", choices=("installed", "stdlib"), default="installed",
@@ -178,7 +182,8 @@ def main() -> None:
         big_dir, tiny_dir = write_shards(texts, root / "big", args.shards), write_shards(tiny, root / "tiny", 2)
         if args.rss:
             for repo in repos:
-                peak_rss(big_dir / "text-000.parquet", root, tokenizer_path, args.backend, repo, args.repeats)
+                peak_rss(big_dir / "text-000.parquet", root, tokenizer_path, args.backend, repo, args.repeats,
+                         args.token_dtype)
             return
         figures: dict[str, list[float]] = {"floor": []}
         ratios: dict[str, list[float]] = {}

@@ -8,6 +8,12 @@ UTF-8 check), the backend's ``encode_flat`` (all cores), the ids as list arrays,
 read's decompression alone (``pyarrow.Codec("snappy")`` over the text bytes). The printed bound is
 the best a job on ``os.cpu_count()`` cores can do against the floor if reading and encoding were
 all it did and every core stayed busy: encode wall / ((read CPU + encode CPU) / cores).
+
+``--scaling``: instead, how gigatoken's encode scales over the cores (BENCHMARKS.md, "2026-12-03,
+evening"): the texts in memory in 16 MiB pieces, a fresh tokenizer per pass, each pass timed
+(wall and CPU) on the calling thread (``parallel=False``), on Rayon's pool piece after piece, in
+one call, on two Python threads of ``parallel=False`` halves, and in two processes each encoding
+half of the pieces (the slower one's wall). A warm-up pass per process comes first.
 """
 
 from __future__ import annotations
@@ -15,9 +21,11 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -45,12 +53,70 @@ def timed(name: str, fn):
     return out, cpu, wall
 
 
+def text_pieces(shards: list[str], piece_bytes: int = 16 << 20) -> tuple[list, object]:
+    """The shards' texts as one awkward string array over their Arrow buffers (what the gigatoken
+    backend hands the encoder) and as slices of it of ~``piece_bytes`` (the one pass's encode calls)."""
+    import awkward as ak
+
+    texts = pa.concat_arrays([t.cast(pa.large_string()) for p in shards
+                              for _, t in iter_parquet_texts(p, "text", None, 1 << 20)])
+    offsets = np.frombuffer(texts.buffers()[1], np.int64)[texts.offset:texts.offset + len(texts) + 1]
+    cuts = np.unique(np.searchsorted(offsets, np.arange(offsets[0], offsets[-1], piece_bytes)))
+    bounds = [*cuts[cuts < len(texts)].tolist(), len(texts)]
+    whole = ak.from_arrow(texts, generate_bitmasks=False)
+    return [whole[a:b] for a, b in zip(bounds, bounds[1:])], whole
+
+
+def encode_pieces(tokenizer_path: str, pieces: tuple[list, object], how: str) -> None:
+    pieces, whole = pieces
+    tokenizer = load_backed_tokenizer(tokenizer_path, "gigatoken").encoder.tokenizer  # fresh: a cold cache
+    if how == "one call":
+        tokenizer.encode_batch(whole, parallel=True)
+    elif how == "two threads":
+        with ThreadPoolExecutor(2) as pool:
+            for piece in pieces:
+                half = len(piece) // 2
+                list(pool.map(lambda texts: tokenizer.encode_batch(texts, parallel=False),
+                              [piece[:half], piece[half:]]))
+    else:
+        for piece in pieces:
+            tokenizer.encode_batch(piece, parallel=how == "rayon")
+
+
+def scaling(shards: list[str], tokenizer_path: str, repeats: int) -> None:
+    pieces = text_pieces(shards)
+    encode_pieces(tokenizer_path, pieces, "rayon")  # warm-up
+    for _ in range(repeats):
+        for name, how in (("parallel=False, the calling thread", "thread"), ("Rayon, piece after piece", "rayon"),
+                          ("Rayon, one call", "one call"), ("two threads of parallel=False", "two threads")):
+            timed(name, lambda: encode_pieces(tokenizer_path, pieces, how))
+        halves = [subprocess.Popen([sys.executable, __file__, "--half", str(k), "--tokenizer", tokenizer_path,
+                                    *shards], stdout=subprocess.PIPE, text=True) for k in (0, 1)]
+        walls = [float(h.communicate()[0].split()[-1]) for h in halves]
+        print(f"  {'two processes, half each (slower)':34s}                wall {max(walls):5.2f} s", flush=True)
+
+
+def half(k: int, tokenizer_path: str, shards: list[str]) -> None:
+    pieces, whole = text_pieces(shards)
+    pieces = (pieces[k::2], whole)
+    encode_pieces(tokenizer_path, pieces, "thread")  # warm-up
+    start = time.perf_counter()
+    encode_pieces(tokenizer_path, pieces, "thread")
+    print(time.perf_counter() - start)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--vocab", type=int, default=16000)
     parser.add_argument("--shards", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--scaling", action="store_true", help="how the encode scales over the cores (above)")
+    parser.add_argument("--half", type=int, help=argparse.SUPPRESS)  # --scaling's child process
+    parser.add_argument("--tokenizer", help=argparse.SUPPRESS)
+    parser.add_argument("files", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.half is not None:
+        return half(args.half, args.tokenizer, args.files)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         texts = installed_texts()
@@ -60,6 +126,8 @@ def main() -> None:
         size = sum(len(t.encode()) for t in texts)
         print(f"{len(texts)} documents, {size / 1e6:.1f} MB of text in {len(shards)} shards, "
               f"{os.cpu_count()} CPUs")
+        if args.scaling:
+            return scaling(shards, str(tokenizer_path), args.repeats)
         encoder = load_backed_tokenizer(str(tokenizer_path), "gigatoken").encoder
         encoder.encode_flat(pa.array(texts[:100], pa.large_string()))  # the pool's first call
         for round_ in range(args.repeats):
