@@ -2,7 +2,7 @@
 of the same shards (issue "Text at the speed of the fastest exact tokenizer": goal >= 1.0x).
 
     PYTHONPATH=. .venv/bin/python bench/bench_token_job.py [--tokens 200e6] [--tiny-tokens 2e6]
-        [--shards 16] [--engines local,ray] [--workers 2] [--repeats 3] [--workdir DIR]
+        [--shards 16] [--engines local,ray] [--workers 2] [--repeats 3] [--workdir DIR] [--repo DIR ...]
 
 Corpus: ``raypack.sample.write_sample_corpus`` (int32 token lists, lognormal lengths of mean 685),
 ``--shards`` Parquet shards; a tiny corpus of ``--tiny-tokens`` in 2 shards. Each figure is
@@ -12,6 +12,8 @@ big and the tiny corpus (one process, batch by batch). The marginal CPU seconds 
 process's threads; ``--engines local`` only) bound the job on the machine's cores. The jobs run in
 one child process per engine (Ray started before the clock), ``--repeats`` x (big, tiny); the first
 round of each is printed, the medians are over the later ones (warm). Prints the load average.
+``--repo`` (repeatable): run the jobs with PYTHONPATH=DIR, each checkout in turn (an A/B of two
+commits on one corpus and one floor; the printed ``cores`` is a big run's CPU over its wall).
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", help="keep the corpus here (reused when present)")
+    parser.add_argument("--repo", action="append", help="PYTHONPATH of a raypack checkout (default: cwd)")
     args = parser.parse_args()
     print(f"load average before: {os.getloadavg()}, {os.cpu_count()} CPUs")
     root = Path(args.workdir or tempfile.mkdtemp(prefix="raypack-token-job-"))
@@ -108,8 +111,8 @@ def main() -> None:
         shutil.rmtree(root / "copy"), shutil.rmtree(root / "copy-tiny")
     floor = statistics.median(floors[1:] or floors)
     print(f"{tokens_big:,} tokens in {len(big_shards)} shards; floor (warm median) {floor / 1e6:.1f}M tokens/s")
-    env = {**os.environ, "RAYPACK_NO_PROGRESS": "1"}
-    for engine in args.engines.split(","):
+    for repo, engine in ((repo, engine) for repo in args.repo or [os.getcwd()] for engine in args.engines.split(",")):
+        env = {**os.environ, "RAYPACK_NO_PROGRESS": "1", "PYTHONPATH": repo}
         done = subprocess.run([sys.executable, "-c", _JOB, engine, str(big), str(tiny), str(root / "out"),
                                str(args.workers), str(args.repeats)], capture_output=True, text=True, env=env,
                               cwd=str(root))
@@ -123,11 +126,13 @@ def main() -> None:
                 per_cpu = marginal(row["big"], row["tiny"], 2)
                 cpu = (f", {1e8 / per_cpu:.2f} CPU-s per 100M tokens: at most {os.cpu_count() * per_cpu / 1e6:.1f}M "
                        f"tokens/s on {os.cpu_count()} cores" if engine == "local" else "")
-                print(f"  {engine}: big {row['big'][1]:.2f}s tiny {row['tiny'][1]:.2f}s -> marginal "
+                cores = f", cores {row['big'][2] / row['big'][1]:.2f}" if engine == "local" else ""
+                print(f"  {repo} {engine}: big {row['big'][1]:.2f}s tiny {row['tiny'][1]:.2f}s -> marginal "
                       f"{rates[-1] / 1e6:.1f}M tokens/s{cpu}, whole big run "
-                      f"{row['big'][0] / row['big'][1] / 1e6:.1f}M  load {os.getloadavg()[0]:.2f}", flush=True)
+                      f"{row['big'][0] / row['big'][1] / 1e6:.1f}M{cores}  load {os.getloadavg()[0]:.2f}", flush=True)
         value = statistics.median(rates[1:] or rates)
-        print(f"median {engine} (warm rounds): {value / 1e6:.1f}M tokens/s = {value / floor:.2f}x the copy floor")
+        print(f"median {repo} {engine} (warm rounds): {value / 1e6:.1f}M tokens/s = {value / floor:.2f}x the copy "
+              "floor")
     print(f"load average after: {os.getloadavg()}")
     if not args.workdir:
         shutil.rmtree(root)

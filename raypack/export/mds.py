@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import posixpath
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterable, Iterator, NamedTuple
 
 import numpy as np
@@ -50,7 +49,7 @@ from raypack.export.sources import ChunkPart, Source
 from raypack.io.fs import resolve_filesystem
 from raypack.outputs import read_packed
 from raypack.packed.reader import PackedDataset
-from raypack.packed.writer import AtomicFile
+from raypack.packed.writer import AtomicFile, Committer, publish_or_abort
 from raypack.rules.core import Chunks, concat_chunks
 
 log = logging.getLogger(__name__)
@@ -60,62 +59,6 @@ WRITE_BLOCK_BYTES = 8 << 20
 
 
 # ----------------------------------------------------------------------------- writing
-
-
-class Committer:
-    """Publishes :class:`AtomicFile` s in order on one background thread (fsync and rename release
-    the GIL), so that a shard's fsync overlaps writing the next one. :meth:`wait` blocks until
-    every file submitted is published and raises the first error; a file whose commit fails is
-    aborted. Use as a context manager (the thread ends on exit)."""
-
-    MAX_PENDING = 2
-
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raypack-mds-commit")
-        self._futures: list[Future] = []
-
-    def submit(self, file: AtomicFile) -> None:
-        """Queue ``file``'s commit once fewer than MAX_PENDING are queued (each holds an open file);
-        raise the error of an earlier commit first, so a full disk stops the export within
-        MAX_PENDING shards, not at its end."""
-        while len(self._futures) >= self.MAX_PENDING:
-            self._futures[0].exception()  # waits for it
-            self._futures = [f for f in self._futures if not f.done() or f.exception() is not None]
-            failed = next((f.exception() for f in self._futures if f.done()), None)
-            if failed is not None:
-                file.abort()
-                raise failed
-        self._futures.append(self._pool.submit(_commit_or_abort, file))
-
-    def wait(self) -> None:
-        """Wait for every commit submitted; raise the first error (after all have ended)."""
-        futures, self._futures = self._futures, []
-        errors = [f.exception() for f in futures]
-        first = next((e for e in errors if e is not None), None)
-        if first is not None:
-            raise first
-
-    def drain(self) -> None:
-        """Wait for every commit submitted, ignoring their errors (before cleaning up after one)."""
-        futures, self._futures = self._futures, []
-        for future in futures:
-            future.exception()
-
-    def __enter__(self) -> Committer:
-        return self
-
-    def __exit__(self, exc_type: type | None, *exc_info: object) -> None:
-        self._pool.shutdown(wait=True)  # every commit has ended: published, or failed and aborted
-        if exc_type is None:
-            self.wait()
-
-
-def _commit_or_abort(file: AtomicFile) -> None:
-    try:
-        file.commit()
-    except BaseException:
-        file.abort()
-        raise
 
 
 class PartWriter:
@@ -188,9 +131,9 @@ class PartWriter:
             file.abort()
             raise
         if self._committer is None:
-            _commit_or_abort(file)
+            publish_or_abort(file.commit, file.abort)
         else:
-            self._committer.submit(file)
+            self._committer.submit_file(file)
         num_bytes = int(4 + 4 * (sizes.size + 1) + len(self._config_bytes) + sizes.sum())
         self._entries.append({"samples": int(sizes.size), "raw_data": {"basename": name, "bytes": num_bytes,
                                                                       "hashes": {}},

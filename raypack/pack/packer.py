@@ -26,7 +26,7 @@ from raypack.pack.local import until_stopped
 from raypack.pack.resume import identify_input, save_result
 from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts, read_batch_rows
 from raypack.pack.watchdog import ProgressWatchdog
-from raypack.packed.writer import ChunkFileWriter, chunk_schema
+from raypack.packed.writer import ChunkFileWriter, Committer, chunk_schema, publish_or_abort
 from raypack.rules.core import cast_tokens, flatten_documents, iter_run_slices
 from raypack.rules.long_docs import CutCounts, count_cut, keep_prefixes, kept_lengths
 from raypack.rules.side_columns import combine, opaque
@@ -34,9 +34,11 @@ from raypack.rules.token_checks import check_tokens_fit
 from raypack.strategies.base import ShardPacker
 
 
-def pack_shard(task: ShardTask, settings: PackSettings, stop: threading.Event | None = None) -> ShardResult:
+def pack_shard(task: ShardTask, settings: PackSettings, stop: threading.Event | None = None,
+               committer: Committer | None = None) -> ShardResult:
     """Pack ``task``'s shard; its file appears (rename, or one upload) only when complete. ``stop``
     (the local engine's threads, raypack.pack.local): set, the task gives up before its next batch.
+    ``committer``: see :func:`pack_documents`.
 
     The input's identity for the resume record is taken first, so a file that changes while it
     is packed is not recorded as the new version (cost: see raypack/pack/resume.py).
@@ -49,14 +51,18 @@ def pack_shard(task: ShardTask, settings: PackSettings, stop: threading.Event | 
                                     max_document_tokens=settings.max_document_tokens, **task.read_range())
     # the next batch is read (pyarrow, without the GIL) while this one is packed: one more batch held
     return pack_documents(task, settings, until_stopped(prefetched(batches), stop, task.describe()), identity,
-                          started_at)
+                          started_at, committer)
 
 
 def pack_documents(task: ShardTask, settings: PackSettings, batches: Iterable[DocumentBatch],
-                   identity: dict[str, Any], started_at: float) -> ShardResult:
+                   identity: dict[str, Any], started_at: float, committer: Committer | None = None) -> ShardResult:
     """Pack ``task`` from ``batches`` (its documents in order, rows counted from ``task.row_start``:
     read from its shard by :func:`pack_shard`, or held in memory by ``pack --tokenizer``'s one pass,
-    raypack.tokenize.onepass) and record the result with the input's ``identity``."""
+    raypack.tokenize.onepass) and record the result with the input's ``identity``.
+
+    Publishing (the chunk file's fsync and rename, then the resume record) happens here, or, given
+    a ``committer`` (the local engine's: raypack.pack.job), on its thread while the caller packs
+    the next task; the caller then waits for it (``Committer.wait``) before it publishes the output."""
     dtype = np.dtype(settings.token_dtype)
     packer = settings.packing.make_shard_packer(task, settings)
     schema = chunk_schema(settings.context_length, pa.from_numpy_dtype(dtype), settings.pad_token,
@@ -72,7 +78,7 @@ def pack_documents(task: ShardTask, settings: PackSettings, batches: Iterable[Do
             writer.write(last)
         _check_counts(task, counts)
         packer.check_num_chunks(task, writer.num_chunks)
-        written = writer.close() if writer.num_chunks else None
+        written = writer.finish() if writer.num_chunks else None
         if written is None:
             writer.abort()
     except BaseException:
@@ -81,8 +87,24 @@ def pack_documents(task: ShardTask, settings: PackSettings, batches: Iterable[Do
     result = ShardResult(task.shard_index, written, packer.head, packer.tail, counts["docs"],
                          counts["nonempty"], counts["tokens"], counts["split"], peak_rss_bytes(),
                          started_at, time.time(), task.task_index)
-    save_result(task, settings, result, identity)
+
+    def publish() -> None:
+        if written is not None:
+            writer.publish()
+        save_result(task, settings, result, identity)  # after its file: a record names a published file
+
+    if committer is None:
+        publish_or_abort(publish, writer.abort)
+    else:
+        committer.submit(publish, writer.abort)
     return result
+
+
+def local_publisher(workers: int) -> Committer:
+    """The local engine's :class:`Committer` for ``workers`` packer threads: each may have two
+    finished tasks waiting to be published (an open file each) before it waits. Ray's actors
+    publish each task before returning it (a driver's wait cannot reach another node's disk)."""
+    return Committer(max_pending=2 * max(1, workers))
 
 
 def count_shard_chunks(task: ShardTask, settings: PackSettings) -> int:

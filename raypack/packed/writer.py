@@ -21,7 +21,7 @@ import re
 import threading
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -222,6 +222,86 @@ class AtomicFile:
             log.warning("could not delete the partial object %s: %s", path, e)
 
 
+class Committer:
+    """Publishes finished files on one background thread, in the order submitted, so that a file's
+    fsync (a wait on the disk, not CPU) overlaps writing the next one.
+
+    ``submit(publish, abort)`` queues ``publish()`` (e.g. :meth:`AtomicFile.commit`, or a chunk
+    file's commit and then its resume record); if it raises, ``abort()`` runs on the thread and the
+    error is kept. Each queued job holds what its publish needs (an open file), so at most
+    ``max_pending`` are queued: a submit beyond waits for the oldest. An earlier job's error is raised
+    by the next :meth:`submit` (which then aborts its own job without running it), so a full disk
+    stops the writers within ``max_pending`` files, not at the end. :meth:`wait` blocks until every
+    job submitted has ended and raises the first error; :meth:`drain` does the same without raising.
+    Several threads may submit. As a context manager: the thread ends on exit, after every job
+    (published, or failed and aborted); on a clean exit the first error is raised.
+    """
+
+    def __init__(self, max_pending: int = 2) -> None:
+        if max_pending < 1:
+            raise ValueError(f"max_pending={max_pending} must be >= 1")
+        self.max_pending = max_pending
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raypack-publish")
+        self._futures: collections.deque[Future] = collections.deque()
+        self._lock = threading.Lock()
+
+    def submit(self, publish: Callable[[], None], abort: Callable[[], None]) -> None:
+        with self._lock:
+            try:
+                self._raise_failed()
+                while len(self._futures) >= self.max_pending:
+                    self._futures[0].exception()  # waits for the oldest
+                    self._raise_failed()
+            except BaseException:
+                abort()
+                raise
+            self._futures.append(self._pool.submit(publish_or_abort, publish, abort))
+
+    def submit_file(self, file: AtomicFile) -> None:
+        """Queue ``file``'s commit (fsync and rename; one upload on an object store)."""
+        self.submit(file.commit, file.abort)
+
+    def _raise_failed(self) -> None:
+        """Forget the jobs that ended well; raise the error of one that failed."""
+        while self._futures and self._futures[0].done():
+            error = self._futures.popleft().exception()
+            if error is not None:
+                raise error
+
+    def wait(self) -> None:
+        """Wait for every job submitted; raise the first error (after all have ended)."""
+        with self._lock:
+            futures, self._futures = list(self._futures), collections.deque()
+        errors = [f.exception() for f in futures]
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise first
+
+    def drain(self) -> None:
+        """Wait for every job submitted, ignoring their errors (before cleaning up after one)."""
+        with self._lock:
+            futures, self._futures = list(self._futures), collections.deque()
+        for future in futures:
+            future.exception()
+
+    def __enter__(self) -> Committer:
+        return self
+
+    def __exit__(self, exc_type: type | None, *exc_info: object) -> None:
+        self._pool.shutdown(wait=True)  # every job has ended: published, or failed and aborted
+        if exc_type is None:
+            self.wait()
+
+
+def publish_or_abort(publish: Callable[[], None], abort: Callable[[], None]) -> None:
+    """``publish()``; if it raises, ``abort()`` and re-raise (what a :class:`Committer` runs, here)."""
+    try:
+        publish()
+    except BaseException:
+        abort()
+        raise
+
+
 class HashingSink:
     """A write-only file object that hashes what passes through it and writes it to ``f``.
 
@@ -334,6 +414,7 @@ class ChunkFileWriter:
         self._digesting: Future | None = None
         self._digest_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raypack-chunk-digests")
         self.record = schema_record_dtype(schema)
+        self._name = ""
 
     @property
     def num_chunks(self) -> int:
@@ -371,18 +452,29 @@ class ChunkFileWriter:
             digesting, self._digesting = self._digesting, None
             digesting.result()
 
-    def close(self) -> WrittenFile:
-        """Finish the file and publish it (local: fsync and rename)."""
+    def finish(self) -> WrittenFile:
+        """Write the last record batch and the footer: the file is complete, not yet visible
+        (:meth:`publish` shows it under its name; :meth:`abort` drops it)."""
         self._flush()
         self._wait_for_digests()
         self._digest_thread.shutdown()
         self._writer.close()
         self._sink.finish()
         sha256 = self._sink.sha256.hexdigest()
-        name = chunk_file_name(self.first_chunk, sha256)
-        self._file.commit(name)
-        return WrittenFile(name, self.first_chunk, self.next_chunk - self.first_chunk, self._sink.num_bytes, sha256,
-                           self._digester.hex())
+        self._name = chunk_file_name(self.first_chunk, sha256)
+        return WrittenFile(self._name, self.first_chunk, self.next_chunk - self.first_chunk, self._sink.num_bytes,
+                           sha256, self._digester.hex())
+
+    def publish(self) -> None:
+        """Make the finished file visible under its content-addressed name (local: fsync and rename;
+        on a :class:`Committer`'s thread, where the caller gives it one)."""
+        self._file.commit(self._name)
+
+    def close(self) -> WrittenFile:
+        """:meth:`finish` the file and :meth:`publish` it."""
+        written = self.finish()
+        self.publish()
+        return written
 
     def abort(self) -> None:
         """Drop what was written (on error)."""

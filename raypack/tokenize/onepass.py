@@ -47,10 +47,11 @@ import pyarrow as pa
 
 from raypack.inputs.base import DocumentBatch, ShardInfo, check_document_lengths
 from raypack.pack.config import PackConfig
-from raypack.pack.packer import count_lengths, current_rss_bytes, pack_documents, reset_peak_rss
+from raypack.pack.packer import count_lengths, current_rss_bytes, local_publisher, pack_documents, reset_peak_rss
 from raypack.pack.plan import Plan, resolve_token_dtype, settings_for
 from raypack.pack.resume import identify_input, load_verified_result, recorded_task
 from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts
+from raypack.packed.writer import Committer
 from raypack.rules.long_docs import CutCounts
 from raypack.tokenize.tasks import TextTask, TokenizeSettings, output_settings, tokenize_in_memory
 
@@ -109,12 +110,14 @@ def tokenize_held(task: TextTask, settings: TokenizeSettings, tokenizer, pack: P
     return HeldTask(task, pieces, TaskReport(row, num_tokens, counts), identity, started_at)
 
 
-def pack_held(held: HeldTask, task: ShardTask, settings: PackSettings) -> ShardResult:
+def pack_held(held: HeldTask, task: ShardTask, settings: PackSettings, committer: Committer | None = None
+              ) -> ShardResult:
     """Pack ``held`` as ``task`` (its offsets placed) from the ids in memory. The pieces are taken
     out of ``held`` as they are packed, so each is freed once its chunks are written (while the next
-    task is tokenized beside this one, the two tasks' ids hold about one task's worth, not two)."""
+    task is tokenized beside this one, the two tasks' ids hold about one task's worth, not two).
+    ``committer``: as for :func:`raypack.pack.packer.pack_documents`."""
     reset_peak_rss()
-    return pack_documents(task, settings, _consumed(held.pieces), held.identity, held.started_at)
+    return pack_documents(task, settings, _consumed(held.pieces), held.identity, held.started_at, committer)
 
 
 def _consumed(pieces: list[pa.Array]) -> Iterator[DocumentBatch]:
@@ -256,7 +259,7 @@ def _run_locally(placer: Placer, text_settings: TokenizeSettings, settings: Pack
     threaded = workers > 1
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raypack-tokenize") if threaded else nullcontext()
 
-    with executor as pool:
+    with local_publisher(1) as committer, executor as pool:
         def start_next() -> None:
             if not ahead and queue:
                 text = queue.pop(0)
@@ -275,7 +278,7 @@ def _run_locally(placer: Placer, text_settings: TokenizeSettings, settings: Pack
                         if threaded:
                             start_next()
                         base = current_rss_bytes()
-                        result = pack_held(held.pop(step.index), step.task, settings)
+                        result = pack_held(held.pop(step.index), step.task, settings, committer)
                         results.append(replace(result, peak_rss_bytes=max(0, result.peak_rss_bytes - base)))
                     if progress is not None and step.kind != "tokenize":
                         progress.add(step.task.num_tokens)

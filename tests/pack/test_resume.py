@@ -24,7 +24,7 @@ from raypack.pack.resume import record_name
 from raypack.sample import write_sample_corpus
 
 from helpers import tree_digest
-from packing_faults import fail_at_shard
+from packing_faults import check_published_before_the_manifest, fail_at_shard, record_fsyncs
 
 
 @pytest.fixture(scope="module")
@@ -410,3 +410,24 @@ def test_parquet_footer_is_part_of_the_identity_however_large(tmp_path):
     assert pq.read_metadata(path).num_rows == 1
     assert sampled_identity(path, "parquet") != before
     assert sampled_identity(path, "jsonl") == sampled_identity(path, "jsonl")
+
+
+# ----------------------------------------------------------------------------- publishing off the packers
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_local_packers_publish_on_the_committer_and_every_file_before_the_manifest(tmp_path, corpus, clean_run,
+                                                                                   monkeypatch, workers):
+    """The local engine's chunk files are fsynced and renamed (then their resume records written) on
+    a Committer thread while the packers go on, and all of them before the manifest: the same bytes."""
+    fsyncs = record_fsyncs(monkeypatch)
+    run_pack(config(tmp_path, corpus, "clean", num_workers=workers, overwrite=True), engine="local")
+    check_published_before_the_manifest(str(tmp_path / "clean"), fsyncs)
+    assert tree_digest(tmp_path / "clean") == clean_run
+
+
+def test_a_failed_fsync_on_the_committer_is_the_full_disk_line_and_leaves_nothing(tmp_path, corpus, monkeypatch):
+    record_fsyncs(monkeypatch, fail_on_publish_thread=OSError(errno.ENOSPC, "No space left on device"))
+    with pytest.raises(InputError, match="No space left on device.*nothing was published"):
+        run_pack(config(tmp_path, corpus, num_workers=2), engine="local")
+    assert sorted(os.listdir(tmp_path)) == []

@@ -281,11 +281,11 @@ def fail_at_task(monkeypatch, index: int) -> list[int]:
     """The local packer raises on task ``index`` (-1: never); returns the tasks packed."""
     packed, real = [], shard_pack.pack_shard
 
-    def flaky(task, settings, stop=None):
+    def flaky(task, settings, stop=None, committer=None):
         if task.task_index == index:
             raise RuntimeError("crash")
         packed.append(task.task_index)
-        return real(task, settings, stop)
+        return real(task, settings, stop, committer)
 
     monkeypatch.setattr(job, "pack_shard", flaky)
     return packed

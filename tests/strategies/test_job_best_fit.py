@@ -96,11 +96,11 @@ def test_resume_finishes_a_best_fit_run_byte_identically(tmp_path, monkeypatch):
     real = job.pack_shard
     calls = []
 
-    def dies_on_third(task, settings, stop=None):
+    def dies_on_third(task, settings, stop=None, committer=None):
         calls.append(task.shard_index)
         if len(calls) == 3:
             raise RuntimeError("simulated crash")
-        return real(task, settings, stop)
+        return real(task, settings, stop, committer)
 
     monkeypatch.setattr(job, "pack_shard", dies_on_third)
     with pytest.raises(RuntimeError, match="simulated crash"):

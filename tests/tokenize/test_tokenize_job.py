@@ -26,6 +26,7 @@ from raypack.tokenize.job import TextOptions, TokenizeConfig, run_tokenize
 from raypack.tokenize.tasks import rayon_threads
 
 from helpers import CORPUS, train_byte_level_bpe
+from packing_faults import check_published_before_the_manifest, record_fsyncs
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -509,6 +510,15 @@ def test_one_pass_equals_tokenize_then_pack(tmp_path, text_dir, tok, pack_kw, te
     assert manifest(tmp_path / "one") == two_step_as_one(manifest(tmp_path / "two-one"), [text_dir])
     assert sorted(os.listdir(tmp_path / "one")) == sorted(["manifest.json", *digests(tmp_path / "one", "*.arrow")])
     assert main(["verify", str(tmp_path / "one")]) == 0
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_one_pass_publishes_on_the_committer_and_every_file_before_the_manifest(tmp_path, text_dir, tok,
+                                                                                monkeypatch, workers):
+    fsyncs = record_fsyncs(monkeypatch)
+    run_pack(make_config(dict(inputs=[text_dir], output=str(tmp_path / "out"), context_length=32, num_workers=workers)),
+             engine="local", text=options(tok))
+    check_published_before_the_manifest(str(tmp_path / "out"), fsyncs)
 
 
 def test_one_pass_writes_no_tokenized_parquet(tmp_path, text_dir, tok, monkeypatch):
