@@ -128,8 +128,9 @@ def peak_rss(shard: Path, root: Path, tokenizer_path: Path, backend: str, repo: 
     peaks: dict[int, list[int]] = {}
     for copies in (1, 2, 10, 20):
         folder = root / f"rss-x{copies}"
-        folder.mkdir()
-        pq.write_table(pa.concat_tables([table] * copies), folder / "shard.parquet", row_group_size=table.num_rows)
+        if not folder.exists():  # written once, for every --repo
+            folder.mkdir()
+            pq.write_table(pa.concat_tables([table] * copies), folder / "shard.parquet", row_group_size=table.num_rows)
     env = {**os.environ, "PYTHONPATH": repo, "RAYPACK_NO_PROGRESS": "1"}
     for _ in range(repeats):
         for copies in (1, 10, 2, 20):
