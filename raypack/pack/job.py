@@ -177,8 +177,9 @@ def _pack_locally(tasks, settings: PackSettings, workers: int, unit: str = "shar
     """This process, ``workers`` tasks at a time on threads (raypack.pack.local), with a progress line
     at most once a second. Each result's ``peak_rss_bytes`` is what this process grew by, at its
     peak, while the task ran (with other tasks beside it on threads: theirs too). The chunk files
-    are published (fsync, rename, resume record) on a background thread while the packers go
-    on (:func:`raypack.pack.packer.local_publisher`), and all of them before this returns (BENCHMARKS.md: the fsyncs had left the cores idle)."""
+    are published (fsync, rename, resume record) on a background thread while the packers go on
+    (:func:`raypack.pack.packer.local_publisher`), all of them before this returns (BENCHMARKS.md,
+    2026-12-04: the fsyncs had left the cores idle)."""
     progress = Progress("packed", len(tasks), unit)
     base = current_rss_bytes()  # this process also holds whatever its caller holds
     with local_publisher(workers) as committer:

@@ -252,10 +252,10 @@ class Committer:
                 while len(self._futures) >= self.max_pending:
                     self._futures[0].exception()  # waits for the oldest
                     self._raise_failed()
-            except BaseException:
+                self._futures.append(self._pool.submit(publish_or_abort, publish, abort))
+            except BaseException:  # an earlier job's error, Ctrl-C while waiting, or a closed committer
                 abort()
                 raise
-            self._futures.append(self._pool.submit(publish_or_abort, publish, abort))
 
     def submit_file(self, file: AtomicFile) -> None:
         """Queue ``file``'s commit (fsync and rename; one upload on an object store)."""
