@@ -7,6 +7,7 @@ import dataclasses
 import importlib.util
 import inspect
 import logging
+import shlex
 import sys
 from typing import Any, Mapping, Sequence
 
@@ -300,7 +301,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from raypack.io.terminal import RAY_VERBOSE, interrupted_line, silence_stdout
 
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        hint = stray_paths_hint(args, argv, extra)
+        if hint is None:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        print(f"raypack: error: {hint}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     RAY_VERBOSE.set(bool(vars(args).pop("verbose", False)))
     try:
@@ -327,6 +335,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         has_workers = "num_workers" in vars(args) or "workers" in vars(args)
         print(f"raypack: error: {NO_THREAD}{NO_THREAD_WORKERS if has_workers else ''}", file=sys.stderr)
         return 1
+
+
+def stray_paths_hint(args: argparse.Namespace, argv: Sequence[str], extra: Sequence[str]) -> str | None:
+    """The line for paths given bare to a command that takes them as ``--input`` (``raypack verify OUT
+    IN``, ``raypack pack IN OUT``): the command as it should be; None for anything else."""
+    if "inputs" not in vars(args) or any(a.startswith("-") for a in extra):
+        return None
+    inputs, output = list(extra), []
+    if args.command == "pack" and args.output is None and len(extra) > 1:
+        inputs, output = inputs[:-1], ["--output", inputs[-1]]
+    kept = list(argv)
+    for a in extra:
+        kept.remove(a)
+    suggested = [*kept, *[w for path in inputs for w in ("--input", path)], *output]
+    return (f"unexpected argument{'s' if len(extra) > 1 else ''} {' '.join(map(repr, extra))}: raypack "
+            f"{args.command} takes each input as --input PATH; run: raypack {shlex.join(suggested)}")
 
 
 NO_THREAD = ("the system refused to start a thread (this process reached its limit on threads or on address "

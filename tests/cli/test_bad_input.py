@@ -269,3 +269,41 @@ def test_a_mistyped_tokenizer_or_eos_is_one_line_before_ray_starts(tmp_path, cap
     assert len(err) == 1 and err[0].startswith("raypack: error: "), err
     assert ("nope.json" in err[0]) if mistake == "tokenizer" else ("not a token" in err[0]), err
     assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
+@pytest.mark.parametrize("argv, wanted", [
+    (["verify", "OUT", "IN"], ["verify", "OUT", "--input", "IN"]),
+    (["verify", "OUT", "a", "b c"], ["verify", "OUT", "--input", "a", "--input", "b c"]),
+    (["pack", "IN", "OUT", "--context-length", "4", "--pad-token", "0", "--local"],
+     ["pack", "--context-length", "4", "--pad-token", "0", "--local", "--input", "IN", "--output", "OUT"]),
+    (["pack", "--output", "OUT", "IN", "--context-length", "4", "--pad-token", "0", "--local"],
+     ["pack", "--output", "OUT", "--context-length", "4", "--pad-token", "0", "--local", "--input", "IN"]),
+])
+def test_paths_given_bare_are_one_line_with_the_command_to_run(tmp_path, capsys, monkeypatch, shards, argv,
+                                                                wanted):
+    """A new user's ``raypack verify OUT IN`` or ``raypack pack IN OUT``: one line whose command runs."""
+    import shlex
+
+    monkeypatch.chdir(tmp_path)
+    main(["pack", "--local", "--input", str(shards), "--output", "OUT", "--context-length", "4", "--pad-token", "0"])
+    os.symlink(shards, tmp_path / "IN")
+    for name, shard in (("a", "a.parquet"), ("b c", "b.parquet")):  # the two shards, as two inputs
+        os.mkdir(tmp_path / name)
+        os.symlink(shards / shard, tmp_path / name / shard)
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("raypack: error: unexpected argument"), err
+    assert "takes each input as --input PATH" in err
+    suggested = shlex.split(err.split("run: raypack ", 1)[1])
+    assert suggested == wanted
+    if argv[0] == "pack":
+        suggested.append("--overwrite")
+    assert main(suggested) == 0, capsys.readouterr().err
+
+
+def test_other_unknown_arguments_keep_argparses_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["verify", "OUT", "--bogus"])
+    assert e.value.code == 2
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
