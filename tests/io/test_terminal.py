@@ -206,6 +206,20 @@ def test_progress_is_at_most_one_line_a_second(caplog):
     assert lines[-1] == "packed 16/16 shards, 1.5M tokens/s"
 
 
+def test_progress_paces_from_the_first_finished_item(caplog):
+    """Start-up (Ray's, 20 s here) before the first item is not the pace of the rest: 0.5 s a shard."""
+    now = [0.0]
+    progress = Progress("packed", 11, "shards", clock=lambda: now[0])
+    with caplog.at_level("INFO", logger="raypack.io.progress"):
+        now[0] = 20.0
+        progress.add(1_000_000)
+        for _ in range(2):
+            now[0] += 0.5
+            progress.add(1_000_000)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["packed 1/11 shards, 50.0k tokens/s, ETA 200s", "packed 3/11 shards, 2.0M tokens/s, ETA 4s"]
+
+
 @pytest.mark.slow
 def test_a_fresh_ray_run_shows_only_raypacks_lines(tmp_path):
     """A new process with its own Ray: no Ray INFO/WARNING/C++ lines, no tracebacks; the one error line."""
