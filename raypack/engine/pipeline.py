@@ -10,7 +10,8 @@ the edge fragments. Actors reserve a fraction of a CPU so that Ray Data's read a
 tasks can always be scheduled beside them (whole-CPU actors deadlock a 2-CPU machine).
 Each actor holds its next task queued (two calls in flight; it runs them one after the
 other), so it starts that task as soon as it ends one instead of waiting for the driver's
-scheduling loop to notice and dispatch.
+scheduling loop to notice and dispatch. The first pass of best_fit and ``long_docs`` keeps no
+state, so it maps Ray tasks instead of actors (:func:`count_chunks`): no new processes to start.
 
 Terminal: quiet unless ``-v`` (:func:`init_ray`). Bad input met by an actor comes back as an
 error row (``task_index``, ``error``), not as an exception through Ray, and the driver raises it
@@ -210,22 +211,21 @@ class ShardPackerActor:
                 yield result_to_table(result, self.token_type, self.settings.record_dtype)
 
 
-class ShardCounterActor:
-    """The first pass (best_fit's chunks, long_docs' cuts): counts each task from its document lengths."""
-
-    def __init__(self, settings: dict) -> None:
-        self.settings = PackSettings(**settings)
-
-    def __call__(self, batch: pa.Table) -> Iterator[pa.Table]:
-        for row in batch.to_pylist():
-            task = ShardTask(**row)
-            try:
-                counts = count_task(task, self.settings)
-            except InputError as e:
-                yield _error_table(task.task_index, e)
-            else:
-                yield pa.table({"task_index": [task.task_index], "num_chunks": [counts.num_chunks],
-                                **{key: [value] for key, value in counts.cut.as_dict().items()}})
+def _count_tasks(batch: pa.Table, settings: dict) -> Iterator[pa.Table]:
+    """The first pass (best_fit's chunks, long_docs' cuts), a Ray Data *task* function: counts each
+    task from its document lengths. Stateless, so not an actor pool: Ray reuses its task workers
+    (those prestarted with the cluster, or left by an earlier pass), where each actor of a pool is a
+    new process that imports Ray Data first (~3.5 CPU-s apiece here, before any work)."""
+    pack_settings = PackSettings(**settings)
+    for row in batch.to_pylist():
+        task = ShardTask(**row)
+        try:
+            counts = count_task(task, pack_settings)
+        except InputError as e:
+            yield _error_table(task.task_index, e)
+        else:
+            yield pa.table({"task_index": [task.task_index], "num_chunks": [counts.num_chunks],
+                            **{key: [value] for key, value in counts.cut.as_dict().items()}})
 
 
 def pack_shards(
@@ -251,8 +251,14 @@ def count_chunks(
     tasks: Sequence[ShardTask], settings: PackSettings, *, num_workers: int, worker_num_cpus: float
 ) -> list[TaskCounts]:
     """The first pass: every task's counts (raypack.pack.packer.count_task), in task order."""
+    if not tasks:
+        return []
     counts, errors = {}, {}
-    for block in _blocks(_map_shards(ShardCounterActor, tasks, settings, num_workers, worker_num_cpus), errors):
+    dataset = ray.data.from_items([asdict(t) for t in tasks], override_num_blocks=len(tasks))
+    mapped = dataset.map_batches(_count_tasks, fn_kwargs={"settings": asdict(settings)}, batch_size=1,
+                                 batch_format="pyarrow", num_cpus=worker_num_cpus,
+                                 compute=ray.data.TaskPoolStrategy(size=max(1, min(num_workers, len(tasks)))))
+    for block in _blocks(mapped.iter_batches(batch_size=None, batch_format="pyarrow"), errors):
         for row in block.to_pylist():
             cut = CutCounts(*(row[key] for key in CutCounts._fields))
             counts[row["task_index"]] = TaskCounts(row["num_chunks"], cut)
