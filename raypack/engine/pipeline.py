@@ -254,8 +254,7 @@ def count_chunks(
     if not tasks:
         return []
     counts, errors = {}, {}
-    dataset = ray.data.from_items([asdict(t) for t in tasks], override_num_blocks=len(tasks))
-    mapped = dataset.map_batches(_count_tasks, fn_kwargs={"settings": asdict(settings)}, batch_size=1,
+    mapped = _task_rows(tasks).map_batches(_count_tasks, fn_kwargs={"settings": asdict(settings)}, batch_size=1,
                                  batch_format="pyarrow", num_cpus=worker_num_cpus,
                                  compute=ray.data.TaskPoolStrategy(size=max(1, min(num_workers, len(tasks)))))
     for block in _blocks(mapped.iter_batches(batch_size=None, batch_format="pyarrow"), errors):
@@ -273,8 +272,7 @@ def _map_shards(actor_class: type, tasks: Sequence[ShardTask], settings: PackSet
     first actor that is free: best for long tasks of uneven size)."""
     if not tasks:
         return iter(())
-    dataset = ray.data.from_items([asdict(t) for t in tasks], override_num_blocks=len(tasks))
-    mapped = dataset.map_batches(
+    mapped = _task_rows(tasks).map_batches(
         actor_class,
         fn_constructor_kwargs={"settings": asdict(settings)},
         batch_size=1,
@@ -284,6 +282,11 @@ def _map_shards(actor_class: type, tasks: Sequence[ShardTask], settings: PackSet
         num_cpus=worker_num_cpus,
     )
     return mapped.iter_batches(batch_size=None, batch_format="pyarrow")
+
+
+def _task_rows(tasks: Sequence[ShardTask]) -> ray.data.Dataset:
+    """One row, and one block, per task, in task order."""
+    return ray.data.from_items([asdict(t) for t in tasks], override_num_blocks=len(tasks))
 
 
 def original_error(error: BaseException) -> BaseException:
