@@ -1,7 +1,7 @@
 """The local engine's threads: a run's tasks packed (or counted) ``workers`` at a time, in this process. No Ray.
 
 pyarrow's readers, numpy's copies, the Arrow IPC writer and hashlib release the GIL, so two packers
-on two threads share two cores where one packer, with its read-ahead, writer and digest threads,
+on two threads share two cores where one packer, with its read-ahead and writer threads,
 left part of one idle (BENCHMARKS.md, "The token-only job on threads": 1.20x). Each task writes its own files
 and returns its own result, so the output does not depend on the number of threads or on their
 timing: the results come back in task order.

@@ -394,9 +394,10 @@ class ChunkFileWriter:
 
     Rows are buffered until a record batch boundary (a global multiple of
     ``chunks_per_record_batch``), so the bytes do not depend on how chunks arrive. The chunks'
-    range digests (raypack.rules.content_digest) are computed as each batch is written, on a
-    thread (hashlib releases the GIL) while the caller builds the next batch: at most one batch
-    waits to be digested. They are returned in :attr:`WrittenFile.digests`.
+    range digests (raypack.rules.content_digest) are computed as each batch is written, on the
+    caller's thread (a thread of their own cost the token job ~8% of its wall time on 2 cores:
+    BENCHMARKS.md, "The content digest on the packer's thread"); the file's bytes are hashed and
+    written on :class:`HashingSink`'s thread. The digests are returned in :attr:`WrittenFile.digests`.
     """
 
     def __init__(self, out_dir: str, first_chunk: int, schema: pa.Schema, chunks_per_record_batch: int) -> None:
@@ -411,8 +412,6 @@ class ChunkFileWriter:
         self._pending: list[Chunks] = []
         self._pending_rows = 0
         self._digester = RangeDigester(first_chunk)
-        self._digesting: Future | None = None
-        self._digest_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raypack-chunk-digests")
         self.record = schema_record_dtype(schema)
         self._name = ""
 
@@ -441,23 +440,14 @@ class ChunkFileWriter:
         tokens, sides = split_fields(merged.input_ids, self.record)
         merged = merged._replace(input_ids=tokens, sides=sides)
         self._writer.write_batch(chunks_to_record_batch(merged, self.next_chunk, self.schema))
-        self._wait_for_digests()
-        self._digesting = self._digest_thread.submit(self._digester.add, tokens, merged.segment_offsets,
-                                                     merged.segment_doc_ids, merged.segment_lengths, sides)
+        self._digester.add(tokens, merged.segment_offsets, merged.segment_doc_ids, merged.segment_lengths, sides)
         self.next_chunk += self._pending_rows
         self._pending, self._pending_rows = [], 0
-
-    def _wait_for_digests(self) -> None:
-        if self._digesting is not None:
-            digesting, self._digesting = self._digesting, None
-            digesting.result()
 
     def finish(self) -> WrittenFile:
         """Write the last record batch and the footer: the file is complete, not yet visible
         (:meth:`publish` shows it under its name; :meth:`abort` drops it)."""
         self._flush()
-        self._wait_for_digests()
-        self._digest_thread.shutdown()
         self._writer.close()
         self._sink.finish()
         sha256 = self._sink.sha256.hexdigest()
@@ -482,7 +472,6 @@ class ChunkFileWriter:
             self._sink.finish()
         except BaseException:  # noqa: BLE001 - the caller is already handling an error
             pass
-        self._digest_thread.shutdown(cancel_futures=True)
         self._file.abort()
 
 
