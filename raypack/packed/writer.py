@@ -395,8 +395,8 @@ class ChunkFileWriter:
     Rows are buffered until a record batch boundary (a global multiple of
     ``chunks_per_record_batch``), so the bytes do not depend on how chunks arrive. The chunks'
     range digests (raypack.rules.content_digest) are computed as each batch is written, on the
-    caller's thread (a thread of their own cost the token job ~8% of its wall time on 2 cores:
-    BENCHMARKS.md, "The content digest on the packer's thread"); the file's bytes are hashed and
+    caller's thread (a thread of their own cost the token job 8-13% of its wall time on 2 cores:
+    BENCHMARKS.md, "2026-12-05: the content digest on the packer's thread"); the file's bytes are hashed and
     written on :class:`HashingSink`'s thread. The digests are returned in :attr:`WrittenFile.digests`.
     """
 
