@@ -99,7 +99,7 @@ def main() -> None:
         corpus(big, args.tokens, args.shards)
         corpus(tiny, args.tiny_tokens, 2)
     big_shards, tiny_shards = sorted(map(str, big.glob("*.parquet"))), sorted(map(str, tiny.glob("*.parquet")))
-    tokens_big, tokens_tiny = (sum(map(_tokens, shards)) for shards in (big_shards, tiny_shards))
+    tokens_big, tokens_tiny = (sum(map(shard_tokens, shards)) for shards in (big_shards, tiny_shards))
     floors = []
     for _ in range(args.repeats):
         run_big = copy_run(big_shards, str(root / "copy"), tokens_big)
@@ -138,7 +138,8 @@ def main() -> None:
         shutil.rmtree(root)
 
 
-def _tokens(path: str) -> int:
+def shard_tokens(path: str) -> int:
+    """The tokens of Parquet shard ``path``'s ``input_ids`` column."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 

@@ -27,6 +27,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_token_job import shard_tokens  # noqa: E402
+
 VARIANTS = ("read", "checks", "pack", "write", "file_sha", "full")
 
 _CHILD = r"""
@@ -98,7 +101,7 @@ def main() -> None:
     shards = sorted(glob.glob(str(big / "*.parquet")))
     if not shards:
         raise SystemExit(f"no Parquet shards in {big}: run bench/bench_token_job.py --workdir {args.workdir} first")
-    tokens = _tokens(shards)
+    tokens = sum(map(shard_tokens, shards))
     print(f"{tokens:,} tokens in {len(shards)} shards, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
     env = {**os.environ, "RAYPACK_NO_PROGRESS": "1", "PYTHONPATH": os.getcwd()}
     previous = None
@@ -112,14 +115,6 @@ def main() -> None:
         step = "" if previous is None else f"   +{(cpu - previous) * per:.2f} CPU-s"
         print(f"{variant:9s} {cpu * per:5.2f} CPU-s  {wall * per:5.2f} s wall per 100M tokens{step}", flush=True)
         previous = cpu
-
-
-def _tokens(shards: list[str]) -> int:
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    return sum(int(pc.sum(pc.list_value_length(pq.read_table(p, columns=["input_ids"]).column(0))).as_py() or 0)
-               for p in shards)
 
 
 if __name__ == "__main__":
