@@ -35,18 +35,57 @@ from raypack.pack.job import run_pack  # noqa: E402
 from raypack.sample import write_sample_corpus  # noqa: E402
 
 
-def pyarrow_copy(shards: list[str], out_dir: str, column: str = "input_ids") -> float:
-    """Parquet read -> Arrow IPC write, one process, batch by batch. Returns seconds."""
+def pyarrow_copy(shards: list[str], out_dir: str, column: str = "input_ids", *, drop_cache: bool = False) -> float:
+    """Parquet read -> Arrow IPC write, one process, batch by batch. Returns seconds.
+
+    ``drop_cache``: every 8 MiB written, ask the kernel to write back the new bytes and drop the
+    bytes before them from the page cache (POSIX_FADV_DONTNEED; raypack's writer starts writeback
+    every 8 MiB too), so the copy never holds much dirty page cache. Here the plain copy of 2.4 GB
+    took 9.7-9.8 s in a fresh process (6.3 s of system CPU) and this one 5.4-5.6 s; of 400 MB, the
+    plain copy was the faster (BENCHMARKS.md, 2026-12-05)."""
     os.makedirs(out_dir, exist_ok=True)
     start = time.perf_counter()
     for k, path in enumerate(shards):
         reader = pq.ParquetFile(path)
         schema = reader.schema_arrow
-        with pa.OSFile(os.path.join(out_dir, f"copy-{k:05d}.arrow"), "wb") as sink:
+        name = os.path.join(out_dir, f"copy-{k:05d}.arrow")
+        with (pa.PythonFile(_DroppingFile(name), mode="w") if drop_cache else pa.OSFile(name, "wb")) as sink:
             with pa.ipc.new_file(sink, pa.schema([schema.field(column)])) as writer:
                 for batch in reader.iter_batches(batch_size=8192, columns=[column]):
                     writer.write_batch(batch)
     return time.perf_counter() - start
+
+
+class _DroppingFile:
+    """A file written in 8 MiB steps: each step starts the writeback of its bytes and drops the
+    step before it (already written back) from the page cache."""
+
+    def __init__(self, path: str) -> None:
+        self._file = open(path, "wb")
+        self._written = self._step = self._dropped = 0
+
+    def write(self, data) -> int:
+        n = self._file.write(data)
+        self._written += n
+        if self._written - self._step >= 8 << 20:
+            self._file.flush()
+            os.posix_fadvise(self._file.fileno(), self._dropped, self._written - self._dropped,
+                             os.POSIX_FADV_DONTNEED)
+            self._dropped, self._step = self._step, self._written
+        return n
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._file.closed
+
+    def writable(self) -> bool:
+        return True
 
 
 STRATEGY: dict = {}
