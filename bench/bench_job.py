@@ -67,7 +67,7 @@ class _DroppingFile:
     def write(self, data) -> int:
         n = self._file.write(data)
         self._written += n
-        if self._written - self._step >= 8 << 20:
+        if self._written - self._step >= 8 << 20 and hasattr(os, "posix_fadvise"):  # Linux; elsewhere a plain copy
             self._file.flush()
             os.posix_fadvise(self._file.fileno(), self._dropped, self._written - self._dropped,
                              os.POSIX_FADV_DONTNEED)
