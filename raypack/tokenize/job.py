@@ -63,8 +63,9 @@ class TextOptions:
     task_bytes: int = 64 << 20
     """Bytes of text per task: JSONL, nominal (compressed JSONL: one task per file); Parquet, row
     groups are merged while they hold at most this many bytes (footer sizes; a larger row group is
-    a task alone). ``pack --tokenizer`` holds a task's ids (raypack.tokenize.onepass), so this bounds
-    a worker's memory whatever the file's size."""
+    a task alone). ``pack --tokenizer`` holds up to ``task_bytes // 4`` of a task's ids in memory
+    (about the ids of that much English text; the rest of a larger row group, or of denser text,
+    waits in a spill file: raypack.tokenize.onepass), so this bounds a worker's memory whatever the file."""
     row_group_tokens: int = 1 << 20
     row_group_docs: int = 65536
     batch_rows: int = 1024
@@ -265,7 +266,7 @@ def _text_settings(out_dir: str, text: TextOptions, tokenizer, inputs) -> tuple[
                                 token_dtype, bos_id, eos_id, text.row_group_tokens, text.row_group_docs,
                                 text.batch_rows, text.batch_bytes or tokenizer.batch_bytes,
                                 tokenizer_backend=tokenizer.backend,
-                                max_document_bytes=text.max_document_bytes)
+                                max_document_bytes=text.max_document_bytes, held_tokens=text.task_bytes // 4)
     options = {**text.output_dict(), "bos_id": bos_id, "eos_id": eos_id, "inputs": list(inputs)}
     return settings, options
 

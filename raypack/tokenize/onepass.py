@@ -15,16 +15,17 @@ there too (a tokenized part is never split), so the chunk files, their names, th
 results and the manifest (whose ``shards`` rows name the text each task came from) are the
 same, whatever the engine or the number of workers.
 
-Memory: a worker holds the ids of the tasks it has tokenized and not yet packed, each
-``tokens x itemsize`` bytes (uint16/int32 ids as the manifest's token dtype) plus int32 offsets
-per document: at most two tasks per Ray actor (raypack.engine.pipeline.pack_texts) and with
-``--local`` (one packed while the next is tokenized on a thread), one with ``--local --workers 1``
-(each task tokenized, then packed, on the caller's thread); one more while a task whose resume
-record did not hold is tokenized again. A task's ids are freed piece by piece as it is packed
-(:func:`pack_held`), so a task being packed and the next one tokenized beside it hold about one
-task's ids between them, plus the piece being packed and the one before it. A task holds at
-most ``task_bytes`` bytes of text (or ``task_rows`` rows; a Parquet row group larger than that is
-one task), about ``bytes / 4`` tokens for English text and a byte-level BPE.
+Memory: a worker holds the ids of the tasks it has tokenized and not yet packed: at most two
+tasks per Ray actor (raypack.engine.pipeline.pack_texts) and with ``--local`` (one packed while the
+next is tokenized on a thread), one with ``--local --workers 1`` (each task tokenized, then packed,
+on the caller's thread); one more while a task whose resume record did not hold is tokenized
+again. Of each, at most ``held_tokens`` ids (``task_bytes // 4``: about the ids of ``task_bytes``
+of English text with a byte-level BPE) of ``itemsize`` bytes (the manifest's token dtype) stay in
+memory, plus int64 lengths per document; the ids past them (a Parquet row group of more than
+``task_bytes`` of text is one task; denser text) go to a spill file (:class:`Spill`) that is read
+back, a piece at a time, as the task is packed. A task's ids are freed piece by piece as it is
+packed (:func:`pack_held`), so a task being packed and the next one tokenized beside it hold about
+one task's ids between them, plus the piece being packed and the one before it.
 
 Resume: task k's record is the packer's (``_results/task-NNNNNN.json``, raypack.pack.resume) with
 the text task and the tokenize settings in its input identity; a record whose text task and
@@ -35,8 +36,13 @@ tokenized again.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import tempfile
 import time
+import uuid
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
@@ -46,12 +52,13 @@ import numpy as np
 import pyarrow as pa
 
 from raypack.inputs.base import DocumentBatch, ShardInfo, check_document_lengths
+from raypack.io.fs import is_uri
 from raypack.pack.config import PackConfig
 from raypack.pack.packer import count_lengths, current_rss_bytes, local_publisher, pack_documents, reset_peak_rss
 from raypack.pack.plan import Plan, resolve_token_dtype, settings_for
 from raypack.pack.resume import identify_input, load_verified_result, recorded_task
 from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts
-from raypack.packed.writer import Committer
+from raypack.packed.writer import TMP_PREFIX, Committer
 from raypack.rules.long_docs import CutCounts
 from raypack.tokenize.tasks import TextTask, TokenizeSettings, output_settings, tokenize_in_memory
 
@@ -76,17 +83,70 @@ class TaskReport(NamedTuple):
         return cls(int(d["num_docs"]), int(d["num_tokens"]), TaskCounts(int(d["num_chunks"]), cut))
 
 
+class Spill:
+    """The ids of a task past its first ``held_tokens``, in order, in an Arrow IPC stream file: in
+    the run's staging directory when that is local (so a crash leaves it to the next run's sweep),
+    else in the system's temporary directory. :meth:`read` yields the pieces back and deletes the
+    file; so does :meth:`discard`, or this object's end (``weakref.finalize``, at exit too).
+    Memory: one piece at a time, either way."""
+
+    def __init__(self, staging_dir: str, task_index: int, ids_type: pa.DataType) -> None:
+        directory = tempfile.gettempdir() if is_uri(staging_dir) else staging_dir
+        self.path = os.path.join(directory, f"{TMP_PREFIX}spill-{uuid.uuid4().hex}-task-{task_index:06d}.arrow")
+        self._finalizer = weakref.finalize(self, _remove_quietly, self.path)
+        self._sink = pa.OSFile(self.path, "wb")
+        self._writer = pa.ipc.new_stream(self._sink, pa.schema([("ids", ids_type)]))
+
+    def write(self, ids: pa.Array) -> None:
+        self._writer.write_batch(pa.record_batch([ids], names=["ids"]))
+
+    def close(self) -> None:
+        """The last piece is written."""
+        self._writer.close()
+        self._sink.close()
+
+    def read(self) -> Iterator[pa.Array]:
+        """The pieces, in order; the file is deleted once they are all read."""
+        with pa.OSFile(self.path, "rb") as source:
+            for batch in pa.ipc.open_stream(source):
+                yield batch.column(0)
+        self.discard()
+
+    def discard(self) -> None:
+        """Delete the file (unread, or half written after an error)."""
+        if not self._sink.closed:
+            with contextlib.suppress(Exception):  # after an error, which is the one to report
+                self._writer.close()
+            self._sink.close()
+        self._finalizer()
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
 @dataclass
 class HeldTask:
     """A text task tokenized into memory, waiting for its offsets."""
 
     task: TextTask
     pieces: list[pa.Array]
-    """list<token_dtype> arrays, in document order."""
+    """list<token_dtype> arrays, in document order: the task's first ``held_tokens`` ids."""
     report: TaskReport
     identity: dict[str, Any]
     """The input's identity, taken before its text was read (for the resume record)."""
     started_at: float
+    spill: Spill | None = None
+    """The pieces after those, when there are more."""
+
+    def discard(self) -> None:
+        """Free what the task holds (its spill file included), unpacked."""
+        self.pieces.clear()
+        if self.spill is not None:
+            self.spill.discard()
 
 
 def text_identity(task: TextTask, settings: TokenizeSettings) -> dict[str, Any]:
@@ -99,15 +159,27 @@ def tokenize_held(task: TextTask, settings: TokenizeSettings, tokenizer, pack: P
     started_at = time.time()
     identity = identify_input(ShardTask(task.task_index, task.path, task.format, 0, 0, 0, 0), pack)
     identity[IDENTITY_KEY] = text_identity(task, settings)
-    pieces, lengths, row = [], [], 0
-    for ids in tokenize_in_memory(task, settings, tokenizer):
-        check_document_lengths(ids, pack.max_document_tokens, path=task.path, first_row=row)
-        pieces.append(ids)
-        lengths.append(np.diff(ids.offsets.to_numpy()).astype(np.int64))
-        row += len(ids)
+    pieces, lengths, row, tokens, spill = [], [], 0, 0, None
+    try:
+        for ids in tokenize_in_memory(task, settings, tokenizer):
+            check_document_lengths(ids, pack.max_document_tokens, path=task.path, first_row=row)
+            lengths.append(np.diff(ids.offsets.to_numpy()).astype(np.int64))
+            row += len(ids)
+            tokens += int(lengths[-1].sum())
+            if spill is None and tokens > settings.held_tokens:
+                spill = Spill(pack.out_dir, task.task_index, ids.type)
+            if spill is None:
+                pieces.append(ids)
+            else:
+                spill.write(ids)
+        if spill is not None:
+            spill.close()
+    except BaseException:
+        if spill is not None:
+            spill.discard()
+        raise
     counts = count_lengths(lengths, pack)
-    num_tokens = int(sum(int(x.sum()) for x in lengths))
-    return HeldTask(task, pieces, TaskReport(row, num_tokens, counts), identity, started_at)
+    return HeldTask(task, pieces, TaskReport(row, tokens, counts), identity, started_at, spill)
 
 
 def pack_held(held: HeldTask, task: ShardTask, settings: PackSettings, committer: Committer | None = None
@@ -117,11 +189,16 @@ def pack_held(held: HeldTask, task: ShardTask, settings: PackSettings, committer
     task is tokenized beside this one, the two tasks' ids hold about one task's worth, not two).
     ``committer``: as for :func:`raypack.pack.packer.pack_documents`."""
     reset_peak_rss()
-    return pack_documents(task, settings, _consumed(held.pieces), held.identity, held.started_at, committer)
+    try:
+        return pack_documents(task, settings, _consumed(held), held.identity, held.started_at, committer)
+    finally:
+        held.discard()
 
 
-def _consumed(pieces: list[pa.Array]) -> Iterator[DocumentBatch]:
-    """``pieces`` as document batches in order, each removed from the list before it is yielded."""
+def _consumed(held: HeldTask) -> Iterator[DocumentBatch]:
+    """``held``'s pieces as document batches in order, each removed from the list before it is
+    yielded, then its spilled pieces."""
+    pieces = held.pieces
     pieces.reverse()
     row = 0
     while pieces:
@@ -129,6 +206,10 @@ def _consumed(pieces: list[pa.Array]) -> Iterator[DocumentBatch]:
         yield DocumentBatch(row, ids)
         row += len(ids)
         del ids
+    if held.spill is not None:
+        for ids in held.spill.read():
+            yield DocumentBatch(row, ids)
+            row += len(ids)
 
 
 class Step(NamedTuple):

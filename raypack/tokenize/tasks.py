@@ -56,7 +56,7 @@ RECORD_VERSION = 1
 PARQUET_WRITE_OPTIONS = {"compression": "zstd", "use_dictionary": False, "write_statistics": True}
 """Fixed, so a part file's bytes depend only on its documents."""
 _NOT_OUTPUT_SETTINGS = ("out_dir", "tokenizer", "batch_rows", "batch_bytes", "num_threads", "tokenizer_backend",
-                        "max_document_bytes")
+                        "max_document_bytes", "held_tokens")
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,10 @@ class TokenizeSettings:
     the output (the ids are the reference's, checked on a sample: raypack.tokenize.guard)."""
     max_document_bytes: int = 16 << 20
     """A longer text is refused before it is encoded (raypack.tokenize.job.TextOptions)."""
+    held_tokens: int = 16 << 20
+    """``pack --tokenizer``: the ids a task keeps in memory; the rest of a larger task (a Parquet
+    row group of more than ``task_bytes`` of text) wait in a spill file (raypack.tokenize.onepass).
+    No effect on the output."""
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,13 @@ reuses finished tasks, bad input exits 2 with one line and publishes nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import gzip
 import hashlib
 import json
 import os
+import tempfile
 
 import numpy as np
 import pyarrow as pa
@@ -19,6 +21,7 @@ import raypack.tokenize.job as tokenize_job
 import raypack.tokenize.onepass as onepass
 import raypack.tokenize.tasks as text_tasks
 from raypack.cli import main
+from raypack.errors import InputError
 from raypack.pack.config import make_config
 from raypack.pack.job import run_pack
 from raypack.pack.plan import make_plan
@@ -697,3 +700,113 @@ def test_resume_tokenizes_again_a_task_whose_chunk_file_is_gone(tmp_path, text_d
     assert sorted(done) == [2, last]
     assert digests(tmp_path / "out", "*") == digests(tmp_path / "clean", "*")
     assert summary.manifest["content_sha256"] == clean.manifest["content_sha256"]
+
+
+# ----------------------------------------------------------------------------- a task larger than it may hold
+# A Parquet row group of more than task_bytes of text is one task: past ``held_tokens`` (task_bytes // 4)
+# its ids wait in a spill file, read back as it is packed, and deleted.
+
+
+def hold_at_most(monkeypatch, tokens: int) -> list:
+    """Each task keeps at most ``tokens`` ids in memory (the task layout unchanged); the spills made
+    in this process, recorded."""
+    real_settings, spills = tokenize_job._text_settings, []
+
+    def settings(*args, **kwargs):
+        values, options_ = real_settings(*args, **kwargs)
+        return dataclasses.replace(values, held_tokens=tokens), options_
+
+    class Recorded(onepass.Spill):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            spills.append(self.path)
+
+    monkeypatch.setattr(tokenize_job, "_text_settings", settings)
+    monkeypatch.setattr(onepass, "Spill", Recorded)
+    return spills
+
+
+@pytest.mark.parametrize("pack_kw, text_kw", [CASES[0], CASES[3], CASES[4]])
+def test_a_task_past_held_tokens_spills_and_gives_the_same_bytes(tmp_path, text_dir, tok, pack_kw, text_kw,
+                                                                 monkeypatch):
+    one, two = pack_both(tmp_path, text_dir, tok, pack_kw, text_kw)
+    spills = hold_at_most(monkeypatch, 50)
+    pack_both(tmp_path, text_dir, tok, pack_kw, text_kw, name="spilled")
+    assert len(spills) >= len(one.manifest["shards"]) - 1  # nearly every task holds more than 50 ids
+    assert not [p for p in spills if os.path.exists(p)]
+    assert all(os.path.basename(p).startswith(".tmp-spill-") for p in spills)
+    assert digests(tmp_path / "spilled", "*.arrow") == digests(tmp_path / "one", "*.arrow")
+    assert manifest(tmp_path / "spilled") == manifest(tmp_path / "one")
+    assert one.manifest["content_sha256"] == two.manifest["content_sha256"]
+
+
+def test_ray_one_pass_spills_and_gives_the_same_bytes(ray_session, tmp_path, text_dir, tok, monkeypatch):
+    one, _ = pack_both(tmp_path, text_dir, tok, *CASES[1].values)
+    hold_at_most(monkeypatch, 50)  # the settings travel to the actors
+    pack_both(tmp_path, text_dir, tok, *CASES[1].values, engine="ray", name="ray")
+    assert digests(tmp_path / "ray", "*.arrow") == digests(tmp_path / "one", "*.arrow")
+    assert manifest(tmp_path / "ray") == manifest(tmp_path / "one")
+
+
+def test_a_spill_is_deleted_when_its_task_fails_while_tokenizing(tmp_path, text_dir, tok, monkeypatch, capsys):
+    """The long document (~30k ids, row 120 of a.parquet) is refused while its task is spilling: the
+    spill file is gone when the error leaves the task, before the run removes its staging directory."""
+    spills = hold_at_most(monkeypatch, 20)
+    real, seen = onepass.tokenize_held, []
+
+    def checked(task, *args, **kwargs):
+        try:
+            return real(task, *args, **kwargs)
+        except InputError:
+            seen.append((task.task_index, [p for p in spills if os.path.exists(p)]))
+            raise
+
+    monkeypatch.setattr(onepass, "tokenize_held", checked)
+    config = make_config(dict(inputs=[text_dir], output=str(tmp_path / "out"), context_length=32,
+                              max_document_tokens=5000, num_workers=1))
+    with pytest.raises(InputError, match="a.parquet"):
+        run_pack(config, engine="local", text=options(tok))
+    [(failed, left)] = seen
+    assert any(p.endswith(f"task-{failed:06d}.arrow") for p in spills)  # the failing task had spilled
+    assert left == []  # and its file was gone
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_a_spill_reads_back_in_order_and_is_deleted(tmp_path):
+    spill = onepass.Spill(str(tmp_path), 7, pa.list_(pa.uint16()))
+    pieces = [pa.array([[1, 2], [], [3]], pa.list_(pa.uint16())), pa.array([[4, 5, 6]], pa.list_(pa.uint16()))]
+    for piece in pieces:
+        spill.write(piece)
+    spill.close()
+    assert os.path.basename(spill.path).startswith(".tmp-spill-") and spill.path.endswith("task-000007.arrow")
+    assert [p.to_pylist() for p in spill.read()] == [p.to_pylist() for p in pieces]
+    assert not os.path.exists(spill.path)
+
+
+def test_a_spill_never_read_is_deleted_when_it_goes(tmp_path):
+    import gc
+
+    spill = onepass.Spill("s3://bucket/out", 0, pa.list_(pa.int32()))  # not a local directory: the temp dir
+    spill.write(pa.array([[1]], pa.list_(pa.int32())))
+    path = spill.path
+    assert os.path.dirname(path) == tempfile.gettempdir() and os.path.exists(path)
+    del spill
+    gc.collect()
+    assert not os.path.exists(path)
+
+
+def test_resume_sweeps_the_spill_file_of_a_killed_run(tmp_path, text_dir, tok, monkeypatch):
+    """A process killed while it held a spilled task leaves its spill file in the staging directory
+    (no finalizer runs under SIGKILL): --resume finishes the run and publishes without it."""
+    hold_at_most(monkeypatch, 50)
+    clean, last, config = crashed_at_the_last_task(tmp_path, text_dir, tok, monkeypatch)
+    left = tmp_path / STAGING / ".tmp-spill-0123456789abcdef0123456789abcdef-task-000002.arrow"
+    left.write_bytes(b"what a killed worker left")
+    monkeypatch.undo()
+    spills = hold_at_most(monkeypatch, 50)
+    summary = run_pack(config, engine="local", resume=True, text=options(tok))
+    assert spills and not [p for p in spills if os.path.exists(p)]
+    assert summary.manifest["content_sha256"] == clean.manifest["content_sha256"]
+    assert digests(tmp_path / "out", "*") == digests(tmp_path / "clean", "*")
+    assert sorted(os.listdir(tmp_path / "out")) == sorted(os.listdir(tmp_path / "clean"))  # dot files too
+    assert not os.path.exists(tmp_path / STAGING)
