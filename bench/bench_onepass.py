@@ -30,8 +30,9 @@ Prints the load average (the machine is shared).
 
 ``--rss``: instead, the whole-process peak RSS (GNU ``/usr/bin/time -f %M``) of ``raypack pack --tokenizer
 --local`` on shard 0 and on its rows repeated 2, 10 and 20 times (one row group per copy, so a
-task per copy), a fresh process per run, ``--repeats`` runs each: the issue's "worker peak RSS when
-a task's text grows 10x" (goal <= 1.2x).
+task per copy), and repeated 10 times in one row group (one task of 10x the text, whose ids past
+``task_bytes / 4`` spill), a fresh process per run, ``--repeats`` runs each: the issue's "worker
+peak RSS when a task's text grows 10x" (goal <= 1.2x).
 """
 
 from __future__ import annotations
@@ -125,15 +126,17 @@ def peak_rss(shard: Path, root: Path, tokenizer_path: Path, backend: str, repo: 
     """Whole-process peak RSS of ``raypack pack --tokenizer --local`` (a fresh process per run) on
     ``shard`` and on its rows repeated 2, 10 and 20 times (one row group per copy), and the ratios."""
     table = pq.read_table(shard, columns=["text"])
-    peaks: dict[int, list[int]] = {}
-    for copies in (1, 2, 10, 20):
+    peaks: dict[int | str, list[int]] = {}
+    for copies in (1, 2, 10, 20, "10one"):
         folder = root / f"rss-x{copies}"
         if not folder.exists():  # written once, for every --repo
             folder.mkdir()
-            pq.write_table(pa.concat_tables([table] * copies), folder / "shard.parquet", row_group_size=table.num_rows)
+            n = 10 if copies == "10one" else copies
+            pq.write_table(pa.concat_tables([table] * n), folder / "shard.parquet",
+                           row_group_size=table.num_rows * (n if copies == "10one" else 1))
     env = {**os.environ, "PYTHONPATH": repo, "RAYPACK_NO_PROGRESS": "1"}
     for _ in range(repeats):
-        for copies in (1, 10, 2, 20):
+        for copies in (1, 10, 2, 20, "10one"):
             # GNU time's %M: the child's own peak (a child forked from this process would start with its RSS)
             command = ["/usr/bin/time", "-f", "%M", sys.executable, "-m", "raypack.cli", "pack", "--input",
                        str(root / f"rss-x{copies}"), "--output", str(root / "rss-out"), "--overwrite", "--local",
@@ -142,10 +145,10 @@ def peak_rss(shard: Path, root: Path, tokenizer_path: Path, backend: str, repo: 
             done = subprocess.run(command, env=env, cwd=str(root), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                   text=True, check=True)
             peaks.setdefault(copies, []).append(int(done.stderr.split()[-1]) // 1024)
-    print(f"peak RSS, MiB, runs of shard {shard.name} ({table.num_rows} documents) x1/x2/x10/x20: {peaks}")
+    print(f"peak RSS, MiB, runs of shard {shard.name} ({table.num_rows} documents) x1/x2/x10/x20/x10one: {peaks}")
     high = {k: max(v) for k, v in peaks.items()}
     print(f"  the largest of each: {high}; x10/x1 {high[10] / high[1]:.2f}, x20/x2 {high[20] / high[2]:.2f} "
-          "(goal <= 1.2)")
+          f"(goal <= 1.2); x10 in one row group (one task of 10x the text)/x1 {high['10one'] / high[1]:.2f}")
 
 
 def main() -> None:
