@@ -152,7 +152,7 @@ class AtomicFile:
         self.path = posixpath.join(self._base, name)
         self.is_local = isinstance(self._fs, pafs.LocalFileSystem)
         self._stream = None
-        self._flushed_to = self._unflushed = 0
+        self._dropped_to = self._flushed_to = self._unflushed = 0
         self._upload_path = self.path
         tmp_name = f"{TMP_PREFIX}{uuid.uuid4().hex}-{posixpath.basename(name)}"
         if self.is_local:
@@ -175,12 +175,23 @@ class AtomicFile:
 
     def _start_writeback(self) -> None:
         """Have the kernel start writing what was written so far, without waiting for it, so
-        that the fsync in :meth:`commit` finds little left to write. Durability still comes
-        from that fsync; this only spreads the disk writes over the time the file is written.
-        (On Linux, POSIX_FADV_DONTNEED starts writeback of the range's dirty pages.)"""
+        that the fsync in :meth:`commit` finds little left to write, and drop from the page cache
+        what the step before wrote (written back by now, mostly). Durability still comes from that
+        fsync; this only spreads the disk writes over the time the file is written.
+
+        On Linux, POSIX_FADV_DONTNEED starts writeback of the range's dirty pages and drops its
+        clean ones; pages still dirty or under writeback stay, and the fsync writes them. So a file
+        being written holds about two ``WRITEBACK_BYTES`` steps of page cache, not all its bytes:
+        a large job does not fill the page cache with its output, and its writes reuse the same
+        pages. Measured on this project's 2-core VM, ``raypack pack --local`` of 600M int32 tokens
+        (2.4 GB out): 6.0-6.3 s against 7.5-8.8 s, 1.7-2.3 against 4.6-6.9 system CPU-s, and the
+        page cache grew by 0.4 against 2.5 GB (BENCHMARKS.md, 2026-12-05).
+        """
         self._stream.flush()
-        os.posix_fadvise(self._stream.fileno(), self._flushed_to, self._unflushed, os.POSIX_FADV_DONTNEED)
-        self._flushed_to += self._unflushed
+        # From the step before's start: its pages have had this step's time to be written back.
+        end = self._flushed_to + self._unflushed
+        os.posix_fadvise(self._stream.fileno(), self._dropped_to, end - self._dropped_to, os.POSIX_FADV_DONTNEED)
+        self._dropped_to, self._flushed_to = self._flushed_to, end
         self._unflushed = 0
 
     def commit(self, name: str | None = None) -> None:

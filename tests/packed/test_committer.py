@@ -4,6 +4,7 @@ submitted, at most ``max_pending`` queued, an earlier failure raised by the next
 from __future__ import annotations
 
 import errno
+import os
 import threading
 import time
 
@@ -110,3 +111,26 @@ def _wait_until(predicate, timeout: float = 30.0) -> None:
     while not predicate() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert predicate()
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise here")
+def test_a_local_file_starts_writeback_each_step_and_drops_the_step_before(tmp_path, monkeypatch):
+    """Each step asks the kernel to write back the new bytes and to drop the previous step's (by then
+    written back) from the page cache; the bytes on disk are those written."""
+    from raypack.packed import writer
+
+    calls = []
+    real = os.posix_fadvise
+    monkeypatch.setattr(writer, "WRITEBACK_BYTES", 1000)
+    monkeypatch.setattr(writer.os, "posix_fadvise", lambda fd, offset, length, advice: (
+        calls.append((offset, length, advice)), real(fd, offset, length, advice))[-1])
+    f = AtomicFile(str(tmp_path), "f")
+    data = bytes(range(256)) * 40  # 10,240 bytes
+    for k in range(0, len(data), 700):
+        f.write(data[k:k + 700])
+    f.commit()
+    assert (tmp_path / "f").read_bytes() == data
+    assert {advice for _, _, advice in calls} == {os.POSIX_FADV_DONTNEED}
+    ends = [offset + length for offset, length, _ in calls]
+    assert ends == [1400, 2800, 4200, 5600, 7000, 8400, 9800]  # a step each time 1,000 bytes are unflushed
+    assert [offset for offset, _, _ in calls] == [0, 0] + ends[:-2]  # from the step before's start
