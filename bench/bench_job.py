@@ -39,8 +39,8 @@ def pyarrow_copy(shards: list[str], out_dir: str, column: str = "input_ids", *, 
     """Parquet read -> Arrow IPC write, one process, batch by batch. Returns seconds.
 
     ``drop_cache``: every 8 MiB written, ask the kernel to write back the new bytes and drop the
-    bytes before them from the page cache (POSIX_FADV_DONTNEED; raypack's writer starts writeback
-    every 8 MiB too), so the copy never holds much dirty page cache. Here the plain copy of 2.4 GB
+    bytes before them from the page cache (POSIX_FADV_DONTNEED), as raypack's writer does
+    (raypack.packed.writer.AtomicFile), so the copy never holds much page cache. Here the plain copy of 2.4 GB
     took 9.7-9.8 s in a fresh process (6.3 s of system CPU) and this one 5.4-5.6 s; of 400 MB, the
     plain copy was the faster (BENCHMARKS.md, 2026-12-05)."""
     os.makedirs(out_dir, exist_ok=True)

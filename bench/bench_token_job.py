@@ -17,8 +17,8 @@ commits on one corpus and one floor; the printed ``cores`` is a big run's CPU ov
 
 Two copies, alternating: the plain copy (the issue's floor), and the same copy starting the
 writeback of every 8 MiB it writes and dropping what was written back from the page cache
-(``pyarrow_copy(..., drop_cache=True)``; raypack's writer starts writeback every 8 MiB too). The job
-is also compared with the faster of the two in each round. On this VM the plain copy of 2.4 GB
+(``pyarrow_copy(..., drop_cache=True)``), as raypack's writer does. The job is also compared with
+the faster of the two in each round. On this VM the plain copy of 2.4 GB
 (600M int32 tokens) pays for its dirty page cache (9.7-9.8 s, 6.3 s of it system CPU, in a fresh
 process; 4.8-7.7 s back to back) where the other takes 4.4-5.6 s; at 400 MB the plain copy is the
 faster one (BENCHMARKS.md, 2026-12-05).
