@@ -36,7 +36,6 @@ tokenized again.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import tempfile
@@ -44,7 +43,7 @@ import time
 import uuid
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Iterator, NamedTuple
 
@@ -115,17 +114,15 @@ class Spill:
     def discard(self) -> None:
         """Delete the file (unread, or half written after an error)."""
         if not self._sink.closed:
-            with contextlib.suppress(Exception):  # after an error, which is the one to report
+            with suppress(Exception):  # after an error, which is the one to report
                 self._writer.close()
             self._sink.close()
         self._finalizer()
 
 
 def _remove_quietly(path: str) -> None:
-    try:
+    with suppress(FileNotFoundError):
         os.remove(path)
-    except FileNotFoundError:
-        pass
 
 
 @dataclass
