@@ -16,8 +16,9 @@
     pyarrow's decode of one batch holding it (the document's values and levels, ~6-10 bytes per
     token, plus about the limit's worth of other rows), never a packer's copies of it;
   * text (``raypack tokenize``): tasks are row-group ranges from the footer
-    (:func:`parquet_row_group_tasks`); :func:`iter_parquet_texts` reads one, checking every batch
-    (no null text, valid UTF-8) and naming the file row of a failure.
+    (:func:`parquet_row_group_tasks`); :func:`iter_parquet_texts` reads one in batches of about
+    TEXT_BATCH_BYTES of text (at most ``batch_rows`` rows), checking every batch (no null text,
+    valid UTF-8) and naming the file row of a failure.
 """
 
 from __future__ import annotations
@@ -118,6 +119,11 @@ class ParquetFormat(InputFormat):
     def write(self, path: str, table: pa.Table, rows_per_unit: int | None = None) -> None:
         pq.write_table(table, path, row_group_size=rows_per_unit)
 
+
+TEXT_BATCH_BYTES = 16 << 20
+"""Bytes of text a Parquet text batch holds, about (:func:`text_batch_rows`): as a JSON Lines block
+(raypack.inputs.jsonl.JSONL_BLOCK_BYTES). A batch of ``batch_rows`` rows of books would be gigabytes
+(BENCHMARKS.md: 360 texts of 1 MB in one row group took the one pass to 1.25 GB)."""
 
 ROWS_PER_BYTE = 64
 """A footer may claim at most ``max(MIN_ROWS_CAP, ROWS_PER_BYTE x file bytes)`` rows: pyarrow sizes
@@ -280,12 +286,15 @@ def parquet_row_group_tasks(path: str, *, target_rows: int | None = None,
 
 
 def iter_parquet_texts(
-    path: str, column: str = "text", row_groups: tuple[int, int] | None = None, batch_rows: int = 8192
+    path: str, column: str = "text", row_groups: tuple[int, int] | None = None, batch_rows: int = 8192,
+    *, batch_bytes: int = TEXT_BATCH_BYTES,
 ) -> Iterator[tuple[int, pa.StringArray | pa.LargeStringArray]]:
     """Yield ``(first_row, texts)`` for row groups ``row_groups`` (default: all), in file order.
 
-    ``first_row`` is task-local (the first row of ``row_groups`` is 0). Memory: one batch of
-    ``batch_rows`` texts (plus pyarrow's buffers for one row group).
+    ``first_row`` is task-local (the first row of ``row_groups`` is 0). Memory: one batch of at
+    most ``batch_rows`` texts, fewer where the row group's texts are long: as many as hold
+    ``batch_bytes`` at the row group's mean (:func:`text_batch_rows`), plus pyarrow's buffers for
+    the batch (about twice its text).
     """
     check_batch_rows(batch_rows)
     fs, fs_path = resolve_filesystem(path)
@@ -300,13 +309,29 @@ def iter_parquet_texts(
         # One iter_batches per row group: over a range, pyarrow reads ahead and its memory grows
         # with the number of row groups (bench_text_job.py: 14 MiB flat vs 18 -> 92 MiB, 3 -> 30 groups).
         batches = itertools.chain.from_iterable(
-            parquet_file.iter_batches(batch_size=batch_rows, row_groups=[group], columns=[column])
+            parquet_file.iter_batches(batch_size=text_batch_rows(parquet_file.metadata, group, column, batch_rows,
+                                                                 batch_bytes),
+                                      row_groups=[group], columns=[column])
             for group in range(start, end))
         for batch in _read_text_batches(batches, path):
             texts = batch.column(0)
             _check_parquet_texts(texts, path, column, file_row + first_row)
             yield first_row, texts
             first_row += len(texts)
+
+
+def text_batch_rows(metadata: pq.FileMetaData, group: int, column: str, batch_rows: int, batch_bytes: int) -> int:
+    """Rows of row group ``group`` read at once: ``batch_rows``, or fewer, at least 1, to hold about
+    ``batch_bytes`` of text at the mean row size the footer gives (``column``'s uncompressed bytes;
+    the row group's when the column is not found). A footer that understates its sizes (or a
+    dictionary-encoded column of repeated long texts, whose encoded size is less than its text)
+    gives bigger batches, never more than ``batch_rows`` rows. O(columns)."""
+    row_group = metadata.row_group(group)
+    size = next((row_group.column(i).total_uncompressed_size for i in range(row_group.num_columns)
+                 if row_group.column(i).path_in_schema == column), row_group.total_byte_size)
+    if row_group.num_rows <= 0 or size <= 0:
+        return batch_rows
+    return max(1, min(batch_rows, batch_bytes * row_group.num_rows // size))
 
 
 def _read_text_batches(batches: Iterator[pa.RecordBatch], path: str) -> Iterator[pa.RecordBatch]:

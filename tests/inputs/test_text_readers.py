@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from raypack.errors import InputError
 from raypack.inputs.jsonl import iter_jsonl_texts, jsonl_byte_range_tasks
-from raypack.inputs.parquet import iter_parquet_texts, parquet_row_group_tasks
+from raypack.inputs.parquet import iter_parquet_texts, parquet_row_group_tasks, text_batch_rows
 
 TEXTS = ["first", "", "東京 😀", "שלום مرحبا", "  ", "line\nwith newline escaped", "x" * 1000, "last"]
 
@@ -194,6 +194,35 @@ def test_parquet_tasks_cover_every_row_in_order(tmp_path, text_type, row_group_s
             rows += len(batch)
         assert rows == task.num_rows
     assert got == TEXTS
+
+
+def test_parquet_text_batches_hold_about_batch_bytes_of_long_texts(tmp_path):
+    """Long texts in one big row group (a book corpus written with pyarrow's defaults) are read a
+    few at a time, not ``batch_rows`` at once (which was gigabytes); short ones ``batch_rows`` at once."""
+    books = [chr(ord("a") + i % 26) * (10_000 + 37 * i) for i in range(120)]  # ~1.5 MB, one row group
+    path = write_parquet(tmp_path / "books.parquet", books, 10**6)
+    batch_bytes = 64_000
+    got, sizes = [], []
+    for first_row, batch in iter_parquet_texts(str(path), "text", None, 1024, batch_bytes=batch_bytes):
+        assert first_row == len(got)
+        got += batch.to_pylist()
+        sizes.append(sum(map(len, batch.to_pylist())))
+    assert got == books
+    assert len(sizes) > 10 and max(sizes) <= 2 * batch_bytes  # rows at the mean size: ~5 of ~12.2 kB
+    short = write_parquet(tmp_path / "short.parquet", ["ab"] * 3000, 10**6)
+    assert [len(b) for _, b in iter_parquet_texts(str(short), "text", None, 1024, batch_bytes=batch_bytes)] == \
+        [1024, 1024, 952]
+
+
+def test_text_batch_rows_from_the_footer(tmp_path):
+    path = write_parquet(tmp_path / "a.parquet", ["x" * 1000] * 100, 50)
+    metadata = pq.ParquetFile(path).metadata
+    size = metadata.row_group(0).column(1).total_uncompressed_size  # the text column's, not the row group's
+    assert text_batch_rows(metadata, 0, "text", 1024, size) == 50
+    assert text_batch_rows(metadata, 1, "text", 1024, size // 5) in (9, 10)
+    assert text_batch_rows(metadata, 0, "text", 7, size) == 7  # never more than batch_rows
+    assert text_batch_rows(metadata, 0, "text", 1024, 1) == 1  # never fewer than one row
+    assert text_batch_rows(metadata, 0, "nope", 1024, metadata.row_group(0).total_byte_size) == 50
 
 
 def test_parquet_row_group_tasks_literal(tmp_path):
