@@ -30,9 +30,13 @@ Prints the load average (the machine is shared).
 
 ``--rss``: instead, the whole-process peak RSS (GNU ``/usr/bin/time -f %M``) of ``raypack pack --tokenizer
 --local`` on shard 0 and on its rows repeated 2, 10 and 20 times (one row group per copy, so a
-task per copy), and repeated 10 times in one row group (one task of 10x the text, whose ids past
-``task_bytes / 4`` spill), a fresh process per run, ``--repeats`` runs each: the issue's "worker
-peak RSS when a task's text grows 10x" (goal <= 1.2x).
+task per copy), repeated 10 times in one row group (one task of 10x the text, whose ids past
+``task_bytes / 4`` spill), and "10books": 10x shard 0's bytes of distinct text (shard 0's and the
+next shards') joined into ~1 MB documents, in one row group (a book corpus: one task of long
+texts; written with ``write_batch_size=8``: pyarrow's default of 1,024 puts every text of such a
+row group in one page, dictionary or data, which a reader must decompress whole), a fresh process
+per run, ``--repeats`` runs each: the issue's "worker peak RSS when a task's text grows 10x"
+(goal <= 1.2x).
 """
 
 from __future__ import annotations
@@ -127,16 +131,21 @@ def peak_rss(shard: Path, root: Path, tokenizer_path: Path, backend: str, repo: 
     ``shard`` and on its rows repeated 2, 10 and 20 times (one row group per copy), and the ratios."""
     table = pq.read_table(shard, columns=["text"])
     peaks: dict[int | str, list[int]] = {}
-    for copies in (1, 2, 10, 20, "10one"):
+    cases = (1, 10, 2, 20, "10one", "10books")
+    for copies in cases:
         folder = root / f"rss-x{copies}"
         if not folder.exists():  # written once, for every --repo
             folder.mkdir()
+            if copies == "10books":  # distinct text: shard 0's and the next shards', 10x shard 0's bytes
+                pq.write_table(books(distinct_texts(shard, 10 * table.column("text").nbytes)),
+                               folder / "shard.parquet", write_batch_size=8)
+                continue
             n = 10 if copies == "10one" else copies
             pq.write_table(pa.concat_tables([table] * n), folder / "shard.parquet",
                            row_group_size=table.num_rows * (n if copies == "10one" else 1))
     env = {**os.environ, "PYTHONPATH": repo, "RAYPACK_NO_PROGRESS": "1"}
     for _ in range(repeats):
-        for copies in (1, 10, 2, 20, "10one"):
+        for copies in cases:
             # GNU time's %M: the child's own peak (a child forked from this process would start with its RSS)
             command = ["/usr/bin/time", "-f", "%M", sys.executable, "-m", "raypack.cli", "pack", "--input",
                        str(root / f"rss-x{copies}"), "--output", str(root / "rss-out"), "--overwrite", "--local",
@@ -145,10 +154,40 @@ def peak_rss(shard: Path, root: Path, tokenizer_path: Path, backend: str, repo: 
             done = subprocess.run(command, env=env, cwd=str(root), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                   text=True, check=True)
             peaks.setdefault(copies, []).append(int(done.stderr.split()[-1]) // 1024)
-    print(f"peak RSS, MiB, runs of shard {shard.name} ({table.num_rows} documents) x1/x2/x10/x20/x10one: {peaks}")
+    print(f"peak RSS, MiB, runs of shard {shard.name} ({table.num_rows} documents) "
+          f"x1/x10/x2/x20/x10one/x10books: {peaks}")
     high = {k: max(v) for k, v in peaks.items()}
     print(f"  the largest of each: {high}; x10/x1 {high[10] / high[1]:.2f}, x20/x2 {high[20] / high[2]:.2f} "
-          f"(goal <= 1.2); x10 in one row group (one task of 10x the text)/x1 {high['10one'] / high[1]:.2f}")
+          f"(goal <= 1.2); x10 in one row group (one task of 10x the text)/x1 {high['10one'] / high[1]:.2f}; "
+          f"x10 as ~1 MB documents in one row group/x1 {high['10books'] / high[1]:.2f}")
+
+
+def distinct_texts(shard: Path, num_bytes: int) -> list[str]:
+    """The texts of ``shard`` and the shards after it, in order, until ``num_bytes`` of them."""
+    texts, total = [], 0
+    for path in sorted(shard.parent.glob("*.parquet")):
+        if path.name < shard.name:
+            continue
+        for text in pq.read_table(path, columns=["text"]).column("text").to_pylist():
+            texts.append(text)
+            total += len(text.encode())
+            if total >= num_bytes:
+                return texts
+    return texts
+
+
+def books(texts: list[str], size: int = 1 << 20) -> pa.Table:
+    """``texts`` joined, in order, into documents of about ``size`` characters (a book corpus)."""
+    docs, current, length = [], [], 0
+    for text in texts:
+        current.append(text)
+        length += len(text)
+        if length >= size:
+            docs.append("".join(current))
+            current, length = [], 0
+    if current:
+        docs.append("".join(current))
+    return pa.table({"text": docs})
 
 
 def main() -> None:
