@@ -25,7 +25,11 @@ memory, plus int64 lengths per document; the ids past them (a Parquet row group 
 ``task_bytes`` of text is one task; denser text) go to a spill file (:class:`Spill`) that is read
 back, a piece at a time, as the task is packed. A task's ids are freed piece by piece as it is
 packed (:func:`pack_held`), so a task being packed and the next one tokenized beside it hold about
-one task's ids between them, plus the piece being packed and the one before it.
+one task's ids between them, plus the piece being packed and the one before it. A task that spills
+gives back its freed memory after each spilled piece (``give_back_freed_memory``: Arrow's pool
+keeps freed pages about a second, glibc's arenas until trimmed, and over a long task they grew
+with it: BENCHMARKS.md, one task of 10x the text 1.40x -> ~1.0x the peak of one); other tasks do
+not, as faulting the pages in again costs more than they hold.
 
 Resume: task k's record is the packer's (``_results/task-NNNNNN.json``, raypack.pack.resume) with
 the text task and the tokenize settings in its input identity; a record whose text task and
@@ -53,7 +57,14 @@ import pyarrow as pa
 from raypack.inputs.base import DocumentBatch, ShardInfo, check_document_lengths
 from raypack.io.fs import is_uri
 from raypack.pack.config import PackConfig
-from raypack.pack.packer import count_lengths, current_rss_bytes, local_publisher, pack_documents, reset_peak_rss
+from raypack.pack.packer import (
+    count_lengths,
+    current_rss_bytes,
+    give_back_freed_memory,
+    local_publisher,
+    pack_documents,
+    reset_peak_rss,
+)
 from raypack.pack.plan import Plan, resolve_token_dtype, settings_for
 from raypack.pack.resume import identify_input, load_verified_result, recorded_task
 from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts
@@ -169,6 +180,8 @@ def tokenize_held(task: TextTask, settings: TokenizeSettings, tokenizer, pack: P
                 pieces.append(ids)
             else:
                 spill.write(ids)
+                del ids
+                give_back_freed_memory()  # a long task: else its allocators' free pages grow with it
         if spill is not None:
             spill.close()
     except BaseException:

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import raypack.pack.packer as packer
 import raypack.tokenize.job as tokenize_job
 import raypack.tokenize.onepass as onepass
 import raypack.tokenize.tasks as text_tasks
@@ -738,6 +739,26 @@ def test_a_task_past_held_tokens_spills_and_gives_the_same_bytes(tmp_path, text_
     assert digests(tmp_path / "spilled", "*.arrow") == digests(tmp_path / "one", "*.arrow")
     assert manifest(tmp_path / "spilled") == manifest(tmp_path / "one")
     assert one.manifest["content_sha256"] == two.manifest["content_sha256"]
+
+
+def test_a_spilling_task_gives_back_freed_memory_after_each_spilled_piece(tmp_path, text_dir, tok, monkeypatch):
+    """Only a task that spills gives its allocators' free pages back (one call per spilled piece):
+    faulting them in again would cost the common, shorter tasks more than they hold."""
+    calls, written = [], []
+    monkeypatch.setattr(onepass, "give_back_freed_memory", lambda: calls.append(1))
+    none = hold_at_most(monkeypatch, 10**12)
+    pack_both(tmp_path, text_dir, tok, *CASES[0].values, name="held")
+    assert none == [] and calls == []
+    spills = hold_at_most(monkeypatch, 50)
+    real_write = onepass.Spill.write
+    monkeypatch.setattr(onepass.Spill, "write", lambda self, ids: (written.append(len(ids)), real_write(self, ids)))
+    pack_both(tmp_path, text_dir, tok, *CASES[0].values, name="spilled")
+    assert spills and len(calls) == len(written) > len(spills)
+
+
+def test_give_back_freed_memory_runs_here():
+    packer.give_back_freed_memory()
+    packer.give_back_freed_memory()
 
 
 def test_ray_one_pass_spills_and_gives_the_same_bytes(ray_session, tmp_path, text_dir, tok, monkeypatch):
