@@ -32,11 +32,9 @@ Prints the load average (the machine is shared).
 --local`` on shard 0 and on its rows repeated 2, 10 and 20 times (one row group per copy, so a
 task per copy), repeated 10 times in one row group (one task of 10x the text, whose ids past
 ``task_bytes / 4`` spill), and "10books": 10x shard 0's bytes of distinct text (shard 0's and the
-next shards') joined into ~1 MB documents, in one row group (a book corpus: one task of long
-texts; written with ``write_batch_size=8``: pyarrow's default of 1,024 puts every text of such a
-row group in one page, dictionary or data, which a reader must decompress whole), a fresh process
-per run, ``--repeats`` runs each: the issue's "worker peak RSS when a task's text grows 10x"
-(goal <= 1.2x).
+next shards') joined into ~1 MB documents, in one row group written with pyarrow's defaults (a
+book corpus: one task of long texts), a fresh process per run, ``--repeats`` runs each: the
+issue's "worker peak RSS when a task's text grows 10x" (goal <= 1.2x).
 """
 
 from __future__ import annotations
@@ -138,7 +136,7 @@ def peak_rss(shard: Path, root: Path, tokenizer_path: Path, backend: str, repo: 
             folder.mkdir()
             if copies == "10books":  # distinct text: shard 0's and the next shards', 10x shard 0's bytes
                 pq.write_table(books(distinct_texts(shard, 10 * table.column("text").nbytes)),
-                               folder / "shard.parquet", write_batch_size=8)
+                               folder / "shard.parquet")
                 continue
             n = 10 if copies == "10one" else copies
             pq.write_table(pa.concat_tables([table] * n), folder / "shard.parquet",
