@@ -246,7 +246,7 @@ def give_back_freed_memory() -> None:
 def _malloc_trim() -> Callable[[int], int] | None:
     try:
         return ctypes.CDLL(None).malloc_trim  # the process's own symbols: glibc's, where it is glibc
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # no malloc_trim (musl, macOS), or no CDLL(None) (Windows)
         return None
 
 
