@@ -225,6 +225,26 @@ def test_text_batch_rows_from_the_footer(tmp_path):
     assert text_batch_rows(metadata, 0, "nope", 1024, metadata.row_group(0).total_byte_size) == 50
 
 
+@pytest.mark.parametrize("claimed, rows", [(0, 1024), (-5, 1024), (1, 1024), (2**62, 1), (100 * 16 << 20, 10)])
+def test_text_batch_rows_from_a_footer_that_lies(claimed, rows):
+    """Sizes come from the footer, which may lie: the batch stays within [1, batch_rows] rows."""
+
+    class Column:
+        path_in_schema, total_uncompressed_size = "text", claimed
+
+    class RowGroup:
+        num_rows, num_columns, total_byte_size = 1000, 1, claimed
+
+        def column(self, i):
+            return Column()
+
+    class Metadata:
+        def row_group(self, g):
+            return RowGroup()
+
+    assert text_batch_rows(Metadata(), 0, "text", 1024, 16 << 20) == rows
+
+
 def test_parquet_row_group_tasks_literal(tmp_path):
     path = write_parquet(tmp_path / "a.parquet", TEXTS, 3)  # row groups of 3, 3, 2 rows
     assert [t[:3] for t in parquet_row_group_tasks(str(path))] == [(0, 1, 3), (1, 2, 3), (2, 3, 2)]
