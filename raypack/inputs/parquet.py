@@ -123,7 +123,7 @@ class ParquetFormat(InputFormat):
 TEXT_BATCH_BYTES = 16 << 20
 """Bytes of text a Parquet text batch holds, about (:func:`text_batch_rows`): as a JSON Lines block
 (raypack.inputs.jsonl.JSONL_BLOCK_BYTES). A batch of ``batch_rows`` rows of books would be gigabytes
-(BENCHMARKS.md: 360 texts of 1 MB in one row group took the one pass to 1.25 GB)."""
+(BENCHMARKS.md: 350 texts of ~1 MB in one row group took the one pass to 0.75-1.88 GB)."""
 
 ROWS_PER_BYTE = 64
 """A footer may claim at most ``max(MIN_ROWS_CAP, ROWS_PER_BYTE x file bytes)`` rows: pyarrow sizes
@@ -294,7 +294,7 @@ def iter_parquet_texts(
     ``first_row`` is task-local (the first row of ``row_groups`` is 0). Memory: one batch of at
     most ``batch_rows`` texts, fewer where the row group's texts are long: as many as hold
     ``batch_bytes`` at the row group's mean (:func:`text_batch_rows`), plus pyarrow's buffers for
-    the batch (about twice its text).
+    the batch (measured: up to about three times its text).
     """
     check_batch_rows(batch_rows)
     fs, fs_path = resolve_filesystem(path)

@@ -28,7 +28,7 @@ packed (:func:`pack_held`), so a task being packed and the next one tokenized be
 one task's ids between them, plus the piece being packed and the one before it. A task that spills
 gives back its freed memory after each spilled piece (``give_back_freed_memory``: Arrow's pool
 keeps freed pages about a second, glibc's arenas until trimmed, and over a long task they grew
-with it: BENCHMARKS.md, one task of 10x the text 1.40x -> ~1.0x the peak of one); other tasks do
+with it: BENCHMARKS.md, one task of 10x the text 1.42x -> 0.92x the peak of one); other tasks do
 not, as faulting the pages in again costs more than they hold.
 
 Resume: task k's record is the packer's (``_results/task-NNNNNN.json``, raypack.pack.resume) with
