@@ -3,14 +3,16 @@ fast backend's batch encode on all cores with the texts in memory.
 
     PYTHONPATH=. .venv/bin/python bench/bench_onepass.py [--mb 31] [--copies 3] [--tiny-mb 1]
         [--vocab 16000] [--workers 2] [--shards 16] [--engines local,ray] [--repeats 2]
-        [--repo DIR ...] [--backend gigatoken] [--batch-mib 0] [--corpus installed|stdlib]
+        [--repo DIR ...] [--backend gigatoken] [--batch-mib 0] [--corpus installed|stdlib] [--doc-chars 0]
 
 Text (``--corpus``): ``installed`` (default), every distinct source, header, doc and licence file of
 the standard library and the installed packages once (bench_tokenize.installed_texts: ~42,000
 documents, 386 MB, ~119M tokens in this repository's venv; no repeated text to flatter a cache), or
 ``stdlib``, the standard library's .py files up to ``--mb`` MB repeated ``--copies`` times; as
 ``--shards`` Parquet shards (column ``text``). A tiny run takes the stdlib's first ``--tiny-mb`` MB
-(2 shards). Tokenizer: a byte-level BPE of ``--vocab`` ids trained here on 8 MB of the stdlib.
+(2 shards). ``--doc-chars N`` cuts every text into documents of at most N characters (a corpus of
+short documents: chat turns, snippets). Tokenizer: a byte-level BPE of ``--vocab`` ids trained here
+on 8 MB of the stdlib.
 
   floor: ``encode_flat`` of the backend (gigatoken: ``Tokenizer.encode_batch`` over awkward
          strings, ids taken zero-copy) in this process, all cores, over all texts at once;
@@ -206,6 +208,9 @@ def main() -> None:
                         help="--rss: the runs' --token-dtype (int64: 8-byte ids, so a task's ids weigh more)")
     parser.add_argument("--rss", action="store_true",
                         help="only the peak RSS of --local runs on shard 0 and on it repeated 2, 10, 20 times")
+    parser.add_argument("--doc-chars", type=int, default=0,
+                        help="cut every text into documents of at most this many characters (0: as they are), "
+                             "e.g. 400 for a corpus of short documents")
     parser.add_argument("--corpus", choices=("installed", "stdlib"), default="installed",
                         help="installed: every distinct source/doc/licence file of the stdlib and the installed "
                              "packages, once (~100M tokens, no repeats); stdlib: its .py files, --copies times")
@@ -219,6 +224,8 @@ def main() -> None:
         train_bpe(stdlib_texts(int(min(args.mb, 8) * 1e6)), args.vocab, tokenizer_path)
         tiny = stdlib_texts(int(args.tiny_mb * 1e6))
         texts = texts * (args.copies if args.corpus == "stdlib" else 1)
+        if args.doc_chars:
+            texts = [t[i:i + args.doc_chars] for t in texts for i in range(0, len(t), args.doc_chars)]
         print(f"{len(texts)} docs, {sum(len(t.encode()) for t in texts) / 1e6:.1f} MB; tiny {len(tiny)} docs")
         big_dir, tiny_dir = write_shards(texts, root / "big", args.shards), write_shards(tiny, root / "tiny", 2)
         if args.rss:

@@ -120,10 +120,11 @@ class ParquetFormat(InputFormat):
         pq.write_table(table, path, row_group_size=rows_per_unit)
 
 
-TEXT_BATCH_BYTES = 16 << 20
-"""Bytes of text a Parquet text batch holds, about (:func:`text_batch_rows`): as a JSON Lines block
-(raypack.inputs.jsonl.JSONL_BLOCK_BYTES). A batch of ``batch_rows`` rows of books would be gigabytes
-(BENCHMARKS.md: 350 texts of ~1 MB in one row group took the one pass to 0.75-1.88 GB)."""
+TEXT_BATCH_BYTES = 8 << 20
+"""Bytes of text a Parquet text batch holds, about (:func:`text_batch_rows`; a JSON Lines block holds
+up to twice that, raypack.inputs.jsonl.JSONL_BLOCK_BYTES). A batch of ``batch_rows`` rows of books
+would be gigabytes (BENCHMARKS.md: 350 texts of ~1 MB in one row group took the one pass to
+0.75-1.88 GB). 16 MiB measured the same speed but a higher peak (x1 374 against 331 MiB)."""
 
 ROWS_PER_BYTE = 64
 """A footer may claim at most ``max(MIN_ROWS_CAP, ROWS_PER_BYTE x file bytes)`` rows: pyarrow sizes

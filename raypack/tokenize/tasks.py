@@ -87,8 +87,8 @@ class TokenizeSettings:
     eos_id: int | None = None
     row_group_tokens: int = 1 << 20
     row_group_docs: int = 65536
-    batch_rows: int = 1024
-    """Texts read at once; no effect on the output."""
+    batch_rows: int = 8192
+    """Texts read at once, at most (raypack.tokenize.job.TextOptions.batch_rows); no effect on the output."""
     batch_bytes: int = 1 << 20
     """Bytes of text encoded at once (a read batch is cut into pieces of at most this many
     bytes, or one longer text): the tokenizer's per-token objects, about 100 bytes a token,
