@@ -4,6 +4,7 @@ fast backend's batch encode on all cores with the texts in memory.
     PYTHONPATH=. .venv/bin/python bench/bench_onepass.py [--mb 31] [--copies 3] [--tiny-mb 1]
         [--vocab 16000] [--workers 2] [--shards 16] [--engines local,ray] [--repeats 2]
         [--repo DIR ...] [--backend gigatoken] [--batch-mib 0] [--corpus installed|stdlib] [--doc-chars 0]
+        [--rss | --budget]
 
 Text (``--corpus``): ``installed`` (default), every distinct source, header, doc and licence file of
 the standard library and the installed packages once (bench_tokenize.installed_texts: ~42,000
@@ -37,6 +38,14 @@ task per copy), repeated 10 times in one row group (one task of 10x the text, wh
 next shards') joined into ~1 MB documents, in one row group written with pyarrow's defaults (a
 book corpus: one task of long texts), a fresh process per run, ``--repeats`` runs each: the
 issue's "worker peak RSS when a task's text grows 10x" (goal <= 1.2x).
+
+``--budget``: instead, where a ``--local`` one pass's CPU goes, in one process, ``--repeats``
+alternating rounds of four stages over the same shards: ``read`` (the Parquet text reader alone,
+every task), ``encode`` (the backend's ``encode_flat`` over the texts in memory, in the job's
+pieces of ``batch_bytes``: its tokenizer warm), ``tokenize`` (``tokenize_in_memory``, every task:
+read, check, encode, the reference guard, list arrays; nothing packed) and ``job`` (``run_pack``
+``--local``). Each: wall seconds, this process's CPU-seconds (all threads), cores used
+(CPU-s / wall) and the machine's idle share over it (/proc/stat).
 """
 
 from __future__ import annotations
@@ -162,6 +171,76 @@ def peak_rss(shard: Path, root: Path, tokenizer_path: Path, backend: str, repo: 
           f"x10 as ~1 MB documents in one row group/x1 {high['10books'] / high[1]:.2f}")
 
 
+def cpu_budget(big: Path, tokenizer_path: Path, backend: str, out: Path, workers: int, rounds: int) -> None:
+    """Wall, CPU-s and idle share of the one pass's stages, in this process (see ``--budget``)."""
+    import resource
+
+    import numpy as np
+
+    from raypack.inputs.registry import format_named
+    from raypack.pack.config import make_config
+    from raypack.pack.job import run_pack
+    from raypack.tokenize.job import TextOptions, plan_text_tasks
+    from raypack.tokenize.tasks import TokenizeSettings, tokenize_in_memory
+    from raypack.tokenize.tokenizers import text_offsets, token_dtype_for
+
+    options = TextOptions(tokenizer=str(tokenizer_path), tokenizer_backend=backend)
+    tasks = plan_text_tasks((str(big),), options)
+    tokenizer = load_backed_tokenizer(str(tokenizer_path), backend)
+    dtype = token_dtype_for(tokenizer.vocab_size).name
+    settings = TokenizeSettings(str(out), str(tokenizer_path), "", "text", dtype, batch_rows=options.batch_rows,
+                                batch_bytes=tokenizer.batch_bytes, tokenizer_backend=tokenizer.backend)
+
+    def texts_of(task):
+        return format_named(task.format).iter_texts(task.path, "text", task.start, task.end, settings.batch_rows)
+
+    pieces = []
+    for task in tasks:
+        for _, texts in texts_of(task):
+            offsets, start = text_offsets(texts), 0
+            while start < len(texts):
+                end = int(np.searchsorted(offsets, offsets[start] + settings.batch_bytes, side="right")) - 1
+                pieces.append(texts.slice(start, max(end, start + 1) - start))
+                start = max(end, start + 1)
+
+    def job() -> int:
+        config = make_config(dict(inputs=[str(big)], output=str(out), context_length=2048, num_workers=workers,
+                                  overwrite=True))
+        return run_pack(config, engine="local", text=options).manifest.counts.tokens
+
+    stages = {
+        "read": lambda: sum(len(texts) for task in tasks for _, texts in texts_of(task)),
+        "encode": lambda: sum(int(tokenizer.encode_flat(piece).offsets[-1]) for piece in pieces),
+        "tokenize": lambda: sum(len(ids.values) for task in tasks for ids in tokenize_in_memory(task, settings,
+                                                                                                  tokenizer)),
+        "job": job,
+    }
+
+    def machine() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:]]
+        return ticks[3] + ticks[4], sum(ticks)  # idle + iowait, all
+
+    rows: dict[str, list[tuple[float, float, float]]] = {}
+    for k in range(rounds + 1):  # round 0 warms every stage up and is not counted
+        for name, stage in stages.items():
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            cpu0, (idle0, all0), start = usage.ru_utime + usage.ru_stime, machine(), time.perf_counter()
+            count = stage()
+            wall = time.perf_counter() - start
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            cpu, (idle, total) = usage.ru_utime + usage.ru_stime - cpu0, machine()
+            idle_share = (idle - idle0) / max(1, total - all0)
+            if k:
+                rows.setdefault(name, []).append((wall, cpu, idle_share))
+            print(f"  round {k} {name:8s} {count:>13,} {'texts' if name == 'read' else 'tokens'} {wall:5.2f}s "
+                  f"{cpu:5.2f} CPU-s ({cpu / wall:.2f} cores), machine idle {100 * idle_share:.0f}%", flush=True)
+    for name, values in rows.items():
+        wall, cpu, idle = (statistics.median(v[i] for v in values) for i in range(3))
+        print(f"median {name:8s} {wall:.2f}s wall, {cpu:.2f} CPU-s, {cpu / wall:.2f} cores, machine idle "
+              f"{100 * idle:.0f}%")
+
+
 def distinct_texts(shard: Path, num_bytes: int) -> list[str]:
     """The texts of ``shard`` and the shards after it, in order, until ``num_bytes`` of them."""
     texts, total = [], 0
@@ -208,6 +287,8 @@ def main() -> None:
                         help="--rss: the runs' --token-dtype (int64: 8-byte ids, so a task's ids weigh more)")
     parser.add_argument("--rss", action="store_true",
                         help="only the peak RSS of --local runs on shard 0 and on it repeated 2, 10, 20 times")
+    parser.add_argument("--budget", action="store_true",
+                        help="only where a --local one pass's CPU goes: read, encode, tokenize, job (one process)")
     parser.add_argument("--doc-chars", type=int, default=0,
                         help="cut every text into documents of at most this many characters (0: as they are), "
                              "e.g. 400 for a corpus of short documents")
@@ -228,6 +309,9 @@ def main() -> None:
             texts = [t[i:i + args.doc_chars] for t in texts for i in range(0, len(t), args.doc_chars)]
         print(f"{len(texts)} docs, {sum(len(t.encode()) for t in texts) / 1e6:.1f} MB; tiny {len(tiny)} docs")
         big_dir, tiny_dir = write_shards(texts, root / "big", args.shards), write_shards(tiny, root / "tiny", 2)
+        if args.budget:
+            cpu_budget(big_dir, tokenizer_path, args.backend, root / "out", args.workers, args.repeats)
+            return
         if args.rss:
             for repo in repos:
                 peak_rss(big_dir / "text-000.parquet", root, tokenizer_path, args.backend, repo, args.repeats,
