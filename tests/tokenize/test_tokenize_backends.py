@@ -149,6 +149,42 @@ def test_ids_come_out_as_numpy_without_python_lists(tokenizer_files, monkeypatch
     assert flat.values.base is not None  # a view of the backend's buffer, not a copy
 
 
+@needs_gigatoken
+@pytest.mark.parametrize("name", ["byte_level", "cl100k_base"])
+@pytest.mark.parametrize("threads, parallel", [("1", False), ("2", None), ("", None)])
+def test_a_one_thread_pool_encodes_on_the_calling_thread_with_the_same_ids(tokenizer_files, monkeypatch, name,
+                                                                             threads, parallel):
+    """A Ray actor given one CPU (RAYON_NUM_THREADS=1) encodes on its own thread: the cheaper path,
+    the same ids; with a pool of threads to share, gigatoken's rule (None) stays."""
+    monkeypatch.setenv("RAYON_NUM_THREADS", threads)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    reference = load_tokenizer(tokenizer_files[name])
+    encoder = GigatokenBackend().encoder(reference)
+    calls, encode_batch = [], encoder.tokenizer.encode_batch
+
+    def recorded(inputs, *, parallel=None):
+        calls.append(parallel)
+        return encode_batch(inputs, parallel=parallel)
+
+    monkeypatch.setattr(encoder.tokenizer, "encode_batch", recorded)
+    texts = CORPUS[:-1]
+    got = encoder.encode_flat(pa.array(texts))
+    assert calls == [parallel]
+    assert_same_ids(got, reference.encode_flat(pa.array(texts)), texts)
+    assert got.offsets[-1] > 10_000
+
+
+def test_the_pool_size_follows_rayons_rule(monkeypatch):
+    from raypack.tokenize.backends.gigatoken import pool_threads
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    for value, want in (("1", 1), ("4", 4), ("", 3), ("0", 3), ("x", 3)):
+        monkeypatch.setenv("RAYON_NUM_THREADS", value)
+        assert pool_threads() == want, value
+    monkeypatch.delenv("RAYON_NUM_THREADS")
+    assert pool_threads() == 3
+
+
 def _random_words(num_words: int, seed: int) -> str:
     """Distinct 10-character words: every one a new short pretoken for gigatoken's table."""
     alphabet = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz0123456789", np.uint8)

@@ -24,7 +24,11 @@ next pieces encode ~25% slower until it warms.
 
 Threads: gigatoken's process-global Rayon pool (RAYON_NUM_THREADS, set per worker by
 :func:`raypack.tokenize.tasks.set_thread_env`); inside a multiprocessing worker or a forked child
-it encodes on the calling thread (gigatoken's own rule), which gives the same ids.
+it encodes on the calling thread (gigatoken's own rule), which gives the same ids. Where that pool
+would have one thread (a Ray actor given one CPU: ``rayon_threads``; a one-core machine), a call
+encodes on the calling thread too (``parallel=False``): the same ids, ~20% less CPU than handing
+the call to a one-thread pool (BENCHMARKS.md, "the encoder's two paths"). That path holds the
+GIL for the call, which is why it is not taken where the pool has threads to share.
 """
 
 from __future__ import annotations
@@ -157,7 +161,9 @@ class GigatokenEncoder:
         check_texts(texts)
         if len(texts) == 0:
             return FlatIds(np.zeros(0, dtype=np.uint32), np.zeros(1, dtype=np.int64))
-        layout = self.tokenizer.encode_batch(_awkward_strings(texts)).layout.to_ListOffsetArray64(True)
+        strings = _awkward_strings(texts)
+        parallel = None if pool_threads() > 1 else False  # None: gigatoken's own rule (see the module docstring)
+        layout = self.tokenizer.encode_batch(strings, parallel=parallel).layout.to_ListOffsetArray64(True)
         flat = FlatIds(np.asarray(layout.content.data), np.asarray(layout.offsets.data))
         self._bound_cache()
         return flat
@@ -174,6 +180,15 @@ class GigatokenEncoder:
             self.tokenizer = self._load()
             self.reloads += 1
             self._baseline = self._rss()
+
+
+def pool_threads() -> int:
+    """The threads of this process's Rayon pool, by Rayon's rule: RAYON_NUM_THREADS when it is a
+    positive integer, else the CPUs this process may run on."""
+    value = os.environ.get("RAYON_NUM_THREADS", "")
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def resident_bytes() -> int:
