@@ -4,7 +4,7 @@ fast backend's batch encode on all cores with the texts in memory.
     PYTHONPATH=. .venv/bin/python bench/bench_onepass.py [--mb 31] [--copies 3] [--tiny-mb 1]
         [--vocab 16000] [--workers 2] [--shards 16] [--engines local,ray] [--repeats 2]
         [--repo DIR ...] [--backend gigatoken] [--batch-mib 0] [--corpus installed|stdlib] [--doc-chars 0]
-        [--rss | --budget]
+        [--rss | --budget | --paths]
 
 Text (``--corpus``): ``installed`` (default), every distinct source, header, doc and licence file of
 the standard library and the installed packages once (bench_tokenize.installed_texts: ~42,000
@@ -46,6 +46,13 @@ pieces of ``batch_bytes``: its tokenizer warm), ``tokenize`` (``tokenize_in_memo
 read, check, encode, the reference guard, list arrays; nothing packed) and ``job`` (``run_pack``
 ``--local``). Each: wall seconds, this process's CPU-seconds (all threads), cores used
 (CPU-s / wall) and the machine's idle share over it (/proc/stat).
+
+``--paths``: instead, gigatoken's two ways to run a call, over the texts in memory in the backend's
+pieces (``batch_bytes``): on its Rayon pool (``parallel=True``; the pool's size is
+RAYON_NUM_THREADS, else the CPUs: run with ``RAYON_NUM_THREADS=1`` for what a Ray actor given one
+CPU has) and on the calling thread (``parallel=False``, which holds the GIL), each with a fresh
+tokenizer (cold: what a job has) and again with it (warm), ``--repeats`` alternating rounds: wall
+and this process's CPU-seconds.
 """
 
 from __future__ import annotations
@@ -241,6 +248,52 @@ def cpu_budget(big: Path, tokenizer_path: Path, backend: str, out: Path, workers
               f"{100 * idle:.0f}%")
 
 
+def encode_paths(big: Path, tokenizer_path: Path, rounds: int) -> None:
+    """gigatoken on its pool and on the calling thread, cold and warm (see ``--paths``)."""
+    import resource
+
+    import numpy as np
+
+    from raypack.tokenize.backends.gigatoken import _awkward_strings, pool_threads
+    from raypack.tokenize.tokenizers import text_offsets
+
+    spec = str(tokenizer_path)
+    batch_bytes = load_backed_tokenizer(spec, "gigatoken").batch_bytes
+    pieces = []
+    for path in sorted(big.glob("*.parquet")):
+        texts = pq.read_table(path, columns=["text"]).column(0).combine_chunks()
+        offsets, start = text_offsets(texts), 0
+        while start < len(texts):
+            end = max(int(np.searchsorted(offsets, offsets[start] + batch_bytes, side="right")) - 1, start + 1)
+            pieces.append(_awkward_strings(texts.slice(start, end - start)))
+            start = end
+
+    def cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+    def encode(tokenizer, parallel: bool) -> tuple[int, float, float]:
+        cpu0, start = cpu(), time.perf_counter()
+        tokens = sum(len(tokenizer.encode_batch(p, parallel=parallel).layout.content) for p in pieces)
+        return tokens, time.perf_counter() - start, cpu() - cpu0
+
+    print(f"{len(pieces)} pieces of at most {batch_bytes >> 20} MiB; the pool has {pool_threads()} threads")
+    rows: dict[str, list[tuple[float, float]]] = {}
+    for k in range(rounds + 1):  # round 0 warms the process up and is not counted
+        for parallel in (True, False) if k % 2 else (False, True):
+            tokenizer = load_backed_tokenizer(spec, "gigatoken").encoder.tokenizer
+            for state in ("cold", "warm"):
+                tokens, wall, cpu_s = encode(tokenizer, parallel)
+                name = f"{'pool' if parallel else 'calling thread'}, {state}"
+                if k:
+                    rows.setdefault(name, []).append((wall, cpu_s))
+                print(f"  round {k} {name:20s} {tokens:,} tokens {wall:5.2f}s {cpu_s:5.2f} CPU-s "
+                      f"({tokens / wall / 1e6:.0f}M tok/s)", flush=True)
+    for name, values in sorted(rows.items()):
+        wall, cpu_s = (statistics.median(v[i] for v in values) for i in range(2))
+        print(f"median {name:20s} {wall:.2f}s wall, {cpu_s:.2f} CPU-s")
+
+
 def distinct_texts(shard: Path, num_bytes: int) -> list[str]:
     """The texts of ``shard`` and the shards after it, in order, until ``num_bytes`` of them."""
     texts, total = [], 0
@@ -289,6 +342,8 @@ def main() -> None:
                         help="only the peak RSS of --local runs on shard 0 and on it repeated 2, 10, 20 times")
     parser.add_argument("--budget", action="store_true",
                         help="only where a --local one pass's CPU goes: read, encode, tokenize, job (one process)")
+    parser.add_argument("--paths", action="store_true",
+                        help="only gigatoken's two ways to run a call (pool, calling thread), cold and warm")
     parser.add_argument("--doc-chars", type=int, default=0,
                         help="cut every text into documents of at most this many characters (0: as they are), "
                              "e.g. 400 for a corpus of short documents")
@@ -309,6 +364,9 @@ def main() -> None:
             texts = [t[i:i + args.doc_chars] for t in texts for i in range(0, len(t), args.doc_chars)]
         print(f"{len(texts)} docs, {sum(len(t.encode()) for t in texts) / 1e6:.1f} MB; tiny {len(tiny)} docs")
         big_dir, tiny_dir = write_shards(texts, root / "big", args.shards), write_shards(tiny, root / "tiny", 2)
+        if args.paths:
+            encode_paths(big_dir, tokenizer_path, args.repeats)
+            return
         if args.budget:
             cpu_budget(big_dir, tokenizer_path, args.backend, root / "out", args.workers, args.repeats)
             return
