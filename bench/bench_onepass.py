@@ -44,10 +44,8 @@ alternating rounds of four stages over the same shards: ``read`` (the Parquet te
 every task), ``encode`` (the backend's ``encode_flat`` over the texts in memory, in the job's
 pieces of ``batch_bytes``: its tokenizer warm), ``tokenize`` (``tokenize_in_memory``, every task:
 read, check, encode, the reference guard, list arrays; nothing packed) and ``job`` (``run_pack``
-``--local``), and ``job-1`` (the same with ``--workers 1``: nothing overlaps, so it also prints
-the CPU-s spent inside the backend's encode calls, with the job's own cold tokenizer). Each: wall
-seconds, this process's CPU-seconds (all threads), cores used (CPU-s / wall) and the machine's idle
-share over it (/proc/stat).
+``--local``). Each: wall seconds, this process's CPU-seconds (all threads), cores used
+(CPU-s / wall) and the machine's idle share over it (/proc/stat).
 
 ``--paths``: instead, gigatoken's two ways to run a call, over the texts in memory in the backend's
 pieces (``batch_bytes``): on its Rayon pool (``parallel=True``; the pool's size is
@@ -212,34 +210,10 @@ def cpu_budget(big: Path, tokenizer_path: Path, backend: str, out: Path, workers
                 pieces.append(texts.slice(start, max(end, start + 1) - start))
                 start = max(end, start + 1)
 
-    def job(num_workers: int = workers) -> int:
-        config = make_config(dict(inputs=[str(big)], output=str(out), context_length=2048, num_workers=num_workers,
+    def job() -> int:
+        config = make_config(dict(inputs=[str(big)], output=str(out), context_length=2048, num_workers=workers,
                                   overwrite=True))
         return run_pack(config, engine="local", text=options).manifest.counts.tokens
-
-    from raypack.tokenize.backends.gigatoken import GigatokenEncoder
-
-    encode_cpu = [0.0]  # CPU-s of this process inside the backend's encode calls of the "job-1" stage
-    plain_encode = GigatokenEncoder.encode_flat
-
-    def timed_encode(self, texts):
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        try:
-            return plain_encode(self, texts)
-        finally:
-            after = resource.getrusage(resource.RUSAGE_SELF)
-            encode_cpu[0] += after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime
-
-    def job_one_worker() -> int:
-        """``--workers 1``: each task tokenized, then packed, on one thread, so the CPU-s inside the
-        encode calls are the encoder's own (with the job's cold tokenizer)."""
-        encode_cpu[0] = 0.0
-        GigatokenEncoder.encode_flat = timed_encode
-        try:
-            return job(1)
-        finally:
-            GigatokenEncoder.encode_flat = plain_encode
-            print(f"    (job-1: {encode_cpu[0]:.2f} CPU-s inside the backend's encode calls)")
 
     stages = {
         "read": lambda: sum(len(texts) for task in tasks for _, texts in texts_of(task)),
@@ -247,7 +221,6 @@ def cpu_budget(big: Path, tokenizer_path: Path, backend: str, out: Path, workers
         "tokenize": lambda: sum(len(ids.values) for task in tasks for ids in tokenize_in_memory(task, settings,
                                                                                                   tokenizer)),
         "job": job,
-        "job-1": job_one_worker,
     }
 
     def machine() -> tuple[int, int]:
