@@ -47,12 +47,12 @@ read, check, encode, the reference guard, list arrays; nothing packed) and ``job
 ``--local``). Each: wall seconds, this process's CPU-seconds (all threads), cores used
 (CPU-s / wall) and the machine's idle share over it (/proc/stat).
 
-``--paths``: instead, gigatoken's two ways to run a call, over the texts in memory in the backend's
-pieces (``batch_bytes``): on its Rayon pool (``parallel=True``; the pool's size is
-RAYON_NUM_THREADS, else the CPUs: run with ``RAYON_NUM_THREADS=1`` for what a Ray actor given one
-CPU has) and on the calling thread (``parallel=False``, which holds the GIL), each with a fresh
-tokenizer (cold: what a job has) and again with it (warm), ``--repeats`` alternating rounds: wall
-and this process's CPU-seconds.
+``--paths``: instead, gigatoken's two ways to run a call, over the texts in memory in the job's
+pieces (its Parquet read batches, cut at the backend's ``batch_bytes``): on its Rayon pool
+(``parallel=True``; the pool's size is RAYON_NUM_THREADS, else the CPUs: run with
+``RAYON_NUM_THREADS=1`` for what a Ray actor given one CPU has) and on the calling thread
+(``parallel=False``, which holds the GIL), each with a fresh tokenizer (cold: what a job has) and
+again with it (warm), ``--repeats`` alternating rounds: wall and this process's CPU-seconds.
 """
 
 from __future__ import annotations
@@ -254,14 +254,19 @@ def encode_paths(big: Path, tokenizer_path: Path, rounds: int) -> None:
 
     import numpy as np
 
+    from raypack.inputs.registry import format_named
     from raypack.tokenize.backends.gigatoken import _awkward_strings, pool_threads
+    from raypack.tokenize.job import TextOptions, plan_text_tasks
     from raypack.tokenize.tokenizers import text_offsets
 
     spec = str(tokenizer_path)
     batch_bytes = load_backed_tokenizer(spec, "gigatoken").batch_bytes
     pieces = []
-    for path in sorted(big.glob("*.parquet")):
-        texts = pq.read_table(path, columns=["text"]).column(0).combine_chunks()
+    options = TextOptions(tokenizer=spec, tokenizer_backend="gigatoken")
+    batches = (texts for task in plan_text_tasks((str(big),), options)
+               for _, texts in format_named(task.format).iter_texts(task.path, "text", task.start, task.end,
+                                                                    options.batch_rows))
+    for texts in batches:  # the job's read batches, cut as the job cuts them
         offsets, start = text_offsets(texts), 0
         while start < len(texts):
             end = max(int(np.searchsorted(offsets, offsets[start] + batch_bytes, side="right")) - 1, start + 1)
@@ -277,7 +282,8 @@ def encode_paths(big: Path, tokenizer_path: Path, rounds: int) -> None:
         tokens = sum(len(tokenizer.encode_batch(p, parallel=parallel).layout.content) for p in pieces)
         return tokens, time.perf_counter() - start, cpu() - cpu0
 
-    print(f"{len(pieces)} pieces of at most {batch_bytes >> 20} MiB; the pool has {pool_threads()} threads")
+    print(f"{len(pieces)} pieces (the job's: read batches cut at {batch_bytes >> 20} MiB); the pool has "
+          f"{pool_threads()} threads")
     rows: dict[str, list[tuple[float, float]]] = {}
     for k in range(rounds + 1):  # round 0 warms the process up and is not counted
         for parallel in (True, False) if k % 2 else (False, True):
