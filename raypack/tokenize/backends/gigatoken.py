@@ -26,9 +26,9 @@ Threads: gigatoken's process-global Rayon pool (RAYON_NUM_THREADS, set per worke
 :func:`raypack.tokenize.tasks.set_thread_env`); inside a multiprocessing worker or a forked child
 it encodes on the calling thread (gigatoken's own rule), which gives the same ids. Where that pool
 would have one thread (a Ray actor given one CPU: ``rayon_threads``; a one-core machine), a call
-encodes on the calling thread too (``parallel=False``): the same ids, ~20% less CPU than handing
-the call to a one-thread pool (BENCHMARKS.md, "the encoder's two paths"). That path holds the
-GIL for the call, which is why it is not taken where the pool has threads to share.
+encodes on the calling thread too (``parallel=False``): the same ids, 12-24% less CPU than
+handing the call to a one-thread pool (BENCHMARKS.md, "the encoder's two paths"). That path
+holds the GIL for the call, which is why it is not taken where the pool has threads to share.
 """
 
 from __future__ import annotations
