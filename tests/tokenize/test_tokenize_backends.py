@@ -25,7 +25,7 @@ from raypack.cli import main
 from raypack.errors import InputError
 from raypack.tokenize import backends as backends_module
 from raypack.tokenize.backends import AUTO_ORDER, BACKENDS, load_backed_tokenizer, select_encoder
-from raypack.tokenize.backends.gigatoken import GigatokenBackend, GigatokenEncoder
+from raypack.tokenize.backends.gigatoken import GigatokenBackend, GigatokenEncoder, pool_threads
 from raypack.tokenize.guard import BYTES_SHARE, FREE_BYTES, ReferenceGuard, candidates
 from raypack.tokenize.job import TextOptions, TokenizeConfig, run_tokenize
 from raypack.tokenize.tokenizers import FlatIds, load_tokenizer
@@ -175,8 +175,6 @@ def test_a_one_thread_pool_encodes_on_the_calling_thread_with_the_same_ids(token
 
 
 def test_the_pool_size_follows_rayons_rule(monkeypatch):
-    from raypack.tokenize.backends.gigatoken import pool_threads
-
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
     for value, want in (("1", 1), ("4", 4), ("", 3), ("0", 3), ("x", 3)):
         monkeypatch.setenv("RAYON_NUM_THREADS", value)
