@@ -184,7 +184,8 @@ class GigatokenEncoder:
 
 def pool_threads() -> int:
     """The threads of this process's Rayon pool, by Rayon's rule: RAYON_NUM_THREADS when it is a
-    positive integer, else the CPUs this process may run on."""
+    positive integer, else the CPUs this process may run on. (Rayon also reads a cgroup's CPU quota;
+    this does not, so under a one-CPU quota a call keeps the pool path, as before.)"""
     value = os.environ.get("RAYON_NUM_THREADS", "")
     if value.isdigit() and int(value) > 0:
         return int(value)
