@@ -5,15 +5,23 @@ The sample is a function of the task's document sequence alone (so a rerun check
 documents): document k of the task (counted from 0 in the task's order) is a candidate when
 ``k == 0`` or the top ``SAMPLE_LOG2`` bits of splitmix64(k) are zero (1 document in 2,048), and a
 candidate is checked when the bytes checked so far, its own included, stay within
-``FREE_BYTES + BYTES_SHARE x`` the task's bytes up to and including it. So at most 4 KiB plus
-1/5000 of a task's text is encoded twice, however its documents' lengths are spread.
+``FREE_BYTES + BYTES_SHARE x`` the task's bytes up to and including it. So at most 1 KiB plus
+1/20000 of a task's text is encoded twice, however its documents' lengths are spread; a document
+longer than that budget (~4.4 KB by the end of a 64 MiB task) is never in the sample. That is a
+tripwire for a backend that goes wrong, not a proof: the proofs are the token-for-token tests and
+``raypack verify OUT --check-tokenizer N``, which re-encodes documents of any length.
 
-Cost (BENCHMARKS.md, "Tokenizer backends" and "The guard's share"): the reference encodes text at
-R_ref and the task runs at R_run, so the guard adds at most BYTES_SHARE x R_run / R_ref of the
-task's time, plus 4 KiB per task at R_ref. The one-pass ``pack --tokenizer`` runs ~90 times faster
-than the reference encodes these few documents (2 MB/s, one at a time), so the share's bound is
-1.8%; measured, with the few numpy steps per batch, the guard took 1.7-2.0% of that run. A batch
-with no candidate costs O(1) here.
+The sampled documents' texts and ids are kept as the task's batches pass (:meth:`ReferenceGuard.check`:
+the batch's document indices hashed, then a loop over its few candidates) and re-encoded in one
+reference call at the task's end (:meth:`ReferenceGuard.finish`), before the task's file is
+committed or its counts reported.
+
+Cost (BENCHMARKS.md, "The guard's share"): the reference re-encodes the sample at R_ref (1-2 MB/s
+here, cold, a few documents a call) while a one-pass run reads text at R_run (~100 MB/s), so the
+share costs BYTES_SHARE x R_run / R_ref of a task's time (~0.5-1%), plus 1 KiB per task at
+R_ref and ~50 microseconds per batch. Measured against the same runs without the guard: 1.3% +-
+0.8% of a one-pass run on 400-byte documents, where it had been 7.8% +- 1.4% (a reference call per
+batch, 4 KiB + 1/5000 a task).
 """
 
 from __future__ import annotations
@@ -22,7 +30,6 @@ from typing import Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from raypack.errors import InputError
 from raypack.io.untrusted import show
@@ -30,8 +37,8 @@ from raypack.tokenize.tokenizers import FlatIds, TextTokenizer, text_offsets
 
 SAMPLE_LOG2 = 11
 """A document is a candidate with probability 2**-SAMPLE_LOG2 (and document 0 always)."""
-BYTES_SHARE = 1 / 5000
-FREE_BYTES = 4 << 10
+BYTES_SHARE = 1 / 20000
+FREE_BYTES = 1 << 10
 
 
 def splitmix64(values: np.ndarray) -> np.ndarray:
@@ -48,10 +55,15 @@ def candidates(doc_indices: np.ndarray) -> np.ndarray:
 
 
 class ReferenceGuard:
-    """Checks the ids of a backed tokenizer against its reference, batch after batch of one task.
+    """Checks the ids of a backed tokenizer against its reference, over one task.
 
-    ``name_document(k)`` names document k of the task for the error (file, task, position). A
-    tokenizer whose ids come from its reference library is not checked."""
+    :meth:`check` takes each batch's sampled documents (their texts and the backend's ids; a few
+    KiB a task); :meth:`finish`, at the task's end, re-encodes them all with the reference in one
+    call and refuses on any difference. One call a task, not one a batch: on short documents
+    (8,192 a batch) the reference's calls, each taking the GIL back from the packer, had made the
+    guard 7.8% of a one-pass run (BENCHMARKS.md, "The guard's share"). ``name_document(k)`` names
+    document k of the task for the error (file, task, position). A tokenizer whose ids come from
+    its reference library is not checked."""
 
     def __init__(self, tokenizer: TextTokenizer, name_document: Callable[[int], str]) -> None:
         reference = getattr(tokenizer, "reference", None)
@@ -60,48 +72,56 @@ class ReferenceGuard:
         self.name_document = name_document
         self.num_docs = self.num_bytes = 0
         self.num_checked_docs = self.num_checked_bytes = 0
+        self._texts: list[pa.Array] = []  # the sampled documents' texts, batch by batch
+        self._ids: list[np.ndarray] = []  # the backend's ids of each sampled document (copies)
+        self._docs: list[int] = []  # each one's index in the task
 
     def check(self, texts: pa.Array, flat: FlatIds) -> None:
-        """Re-encode this batch's sampled documents with the reference; InputError on a difference."""
+        """Take this batch's sampled documents (their texts and ids) for :meth:`finish`. Cost: the
+        batch's document indices hashed (numpy), then a loop over its few candidates."""
         if self.reference is not None and len(texts):
-            rows = np.flatnonzero(candidates(self.num_docs + np.arange(len(texts), dtype=np.int64)))
-            if rows.size:
-                lens = pc.binary_length(texts).to_numpy(zero_copy_only=False).astype(np.int64)
-                rows = self._sample(lens, rows)
-                if rows.size:
-                    self._compare(texts.take(pa.array(rows)), flat, rows)
-                    self.num_checked_docs += int(rows.size)
-                    self.num_checked_bytes += int(lens[rows].sum())
-                self.num_bytes += int(lens.sum())
-            else:
-                offsets = text_offsets(texts)
-                self.num_bytes += int(offsets[-1]) - int(offsets[0])
+            offsets = text_offsets(texts)
+            first = int(offsets[0])
+            picked, checked = [], self.num_checked_bytes
+            for row in (self._candidates(self.num_docs, self.num_docs + len(texts)) - self.num_docs).tolist():
+                size = int(offsets[row + 1]) - int(offsets[row])
+                bytes_through = self.num_bytes + int(offsets[row + 1]) - first  # the task's bytes up to this one
+                if checked + size <= FREE_BYTES + BYTES_SHARE * bytes_through:
+                    picked.append(row)
+                    checked += size
+            if picked:
+                self._texts.append(texts.take(pa.array(picked)).cast(pa.large_string()))
+                self._ids.extend(flat.values[flat.offsets[row]:flat.offsets[row + 1]].copy() for row in picked)
+                self._docs.extend(self.num_docs + row for row in picked)
+                self.num_checked_docs += len(picked)
+                self.num_checked_bytes = checked
+            self.num_bytes += int(offsets[-1]) - first
         self.num_docs += len(texts)
 
-    def _sample(self, lens: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """Rows of this batch to check among the candidates ``rows``, in order (a loop over those few)."""
-        bytes_through = self.num_bytes + np.cumsum(lens)
-        picked, checked = [], self.num_checked_bytes
-        for row in rows:
-            if checked + lens[row] <= FREE_BYTES + BYTES_SHARE * bytes_through[row]:
-                picked.append(int(row))
-                checked += int(lens[row])
-        return np.asarray(picked, dtype=np.int64)
+    def _candidates(self, start: int, end: int) -> np.ndarray:
+        """The candidate documents in [start, end), ascending (the batches come in order)."""
+        indices = np.arange(start, end, dtype=np.int64)
+        return indices[candidates(indices)]
 
-    def _compare(self, sample: pa.Array, flat: FlatIds, rows: np.ndarray) -> None:
+    def finish(self) -> None:
+        """Re-encode the task's sample with the reference in one call; InputError on a difference."""
+        if not self._texts:
+            return
+        sample = pa.concat_arrays(self._texts)
+        ids, docs = self._ids, self._docs
+        self._texts, self._ids, self._docs = [], [], []
         expected = self.reference.encode_flat(sample)
-        for k, row in enumerate(rows):
-            got = flat.values[flat.offsets[row]:flat.offsets[row + 1]]
+        for k, (doc, got) in enumerate(zip(docs, ids)):
             want = expected.values[expected.offsets[k]:expected.offsets[k + 1]]
             if got.shape != want.shape or not np.array_equal(got, want):
-                self._refuse(int(row), sample[k].as_py(), got, want)
+                self._refuse(doc, sample[k].as_py(), got, want)
 
-    def _refuse(self, row: int, text: str, got: np.ndarray, want: np.ndarray) -> None:
+    def _refuse(self, doc: int, text: str, got: np.ndarray, want: np.ndarray) -> None:
         size = min(got.size, want.size)
         at = int(np.flatnonzero(got[:size] != want[:size])[0]) if (got[:size] != want[:size]).any() else size
         seen = lambda ids: "end" if at >= ids.size else str(int(ids[at]))  # noqa: E731
         raise InputError(
-            f"{self.name_document(self.num_docs + row)} (text {show(text, 60)}): the {self.backend} tokenizer "
+            f"{self.name_document(doc)} (text {show(text, 60)}): the {self.backend} tokenizer "
             f"backend gives {got.size} ids, the reference {getattr(self.reference, 'library', '')} {want.size}, "
             f"first differing at id {at} ({seen(got)} vs {seen(want)}); rerun with --tokenizer-backend reference "
             f"and report it to {self.backend}")

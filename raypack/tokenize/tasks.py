@@ -138,22 +138,24 @@ def tokenize_task(task: TextTask, settings: TokenizeSettings, tokenizer: TextTok
     """Tokenize ``task``'s texts into its part file, then record the result durably."""
     identity = sampled_identity(task.path, task.format)
     token_type = pa.from_numpy_dtype(np.dtype(settings.token_dtype))
-    guard = ReferenceGuard(tokenizer, lambda k: document_name(task, k))
-    pieces = (piece for _, texts in _iter_texts(task, settings) for piece in _byte_pieces(texts, settings.batch_bytes))
-    id_lists = (_encode(piece, tokenizer, settings, token_type, guard) for piece in pieces)
-    result = write_part(settings.out_dir, task.task_index, id_lists, token_type, settings)
+    result = write_part(settings.out_dir, task.task_index, tokenize_in_memory(task, settings, tokenizer), token_type,
+                        settings)
     save_record(task, settings, result, identity)
     return result
 
 
 def tokenize_in_memory(task: TextTask, settings: TokenizeSettings, tokenizer: TextTokenizer) -> Iterator[pa.Array]:
     """``task``'s ids as list<token_dtype> arrays, in order, one per piece of at most ``batch_bytes``
-    of text (what :func:`tokenize_task` writes, kept in memory: ``pack --tokenizer``'s one pass)."""
+    of text (what :func:`tokenize_task` writes; kept in memory, ``pack --tokenizer``'s one pass). The
+    reference guard's check of the task's sample runs after the last piece is taken, before the
+    iteration ends: a difference raises there, before the task's file is committed or its counts
+    reported."""
     token_type = pa.from_numpy_dtype(np.dtype(settings.token_dtype))
     guard = ReferenceGuard(tokenizer, lambda k: document_name(task, k))
     for _, texts in _iter_texts(task, settings):
         for piece in _byte_pieces(texts, settings.batch_bytes):
             yield _encode(piece, tokenizer, settings, token_type, guard)
+    guard.finish()
 
 
 def _iter_texts(task: TextTask, settings: TokenizeSettings) -> Iterator[tuple[int, pa.Array]]:
@@ -194,7 +196,7 @@ def document_name(task: TextTask, k: int) -> str:
 
 def _encode(texts: pa.Array, tokenizer: TextTokenizer, settings: TokenizeSettings, token_type: pa.DataType,
             guard: ReferenceGuard) -> pa.Array:
-    """The ids of ``texts`` as list<token_type>, [bos] + ids + [eos]; the guard checks its sample."""
+    """The ids of ``texts`` as list<token_type>, [bos] + ids + [eos]; the guard takes its sample."""
     flat = tokenizer.encode_flat(texts)
     guard.check(texts, flat)
     ids = flat_to_list_array(flat, np.dtype(settings.token_dtype), bos_id=settings.bos_id, eos_id=settings.eos_id)

@@ -386,20 +386,54 @@ def test_the_ids_and_content_sha256_do_not_depend_on_the_backend(tmp_path, token
     assert {k for k in ref if ref[k] != fast[k]} == {"backend"}
 
 
-@needs_gigatoken
-def test_the_guard_refuses_a_backend_that_differs_naming_the_document(tmp_path, tokenizer_files, monkeypatch):
-    real = GigatokenEncoder.encode_flat
+def _reverse_the_first_document_once(monkeypatch) -> None:
+    """gigatoken's encoder, wrong once: the first batch's first document's ids in reverse order
+    (ids of the vocabulary, so only the guard can tell)."""
+    real, calls = GigatokenEncoder.encode_flat, []
 
-    def off_by_one(self, texts):
+    def reversed_first(self, texts):
         flat = real(self, texts)
+        calls.append(len(texts))
+        if len(calls) > 1:
+            return flat
         values = flat.values.copy()
-        values[flat.offsets[0]:flat.offsets[1]] ^= 1  # the first document of every batch
+        first = slice(int(flat.offsets[0]), int(flat.offsets[1]))
+        values[first] = values[first][::-1]
+        assert not np.array_equal(values[first], flat.values[first])
         return FlatIds(values, flat.offsets)
 
-    monkeypatch.setattr(GigatokenEncoder, "encode_flat", off_by_one)
-    with pytest.raises(InputError, match=r"in\.parquet: document 0 of row groups \[0, 2\) \(tokenize task 0\) "
-                                         r"\(text .*\): the gigatoken tokenizer backend gives"):
+    monkeypatch.setattr(GigatokenEncoder, "encode_flat", reversed_first)
+
+
+GUARD_REFUSAL = (r"in\.parquet: document 0 of row groups \[0, 2\) \(tokenize task 0\) \(text .*\): the gigatoken "
+                 r"tokenizer backend gives")
+
+
+@needs_gigatoken
+def test_the_guard_refuses_a_backend_that_differs_naming_the_document(tmp_path, tokenizer_files, monkeypatch):
+    _reverse_the_first_document_once(monkeypatch)
+    with pytest.raises(InputError, match=GUARD_REFUSAL):
         _tokenize(tmp_path, "out", tokenizer_files["byte_level"], "gigatoken", ["first doc", *CORPUS[10:300]])
+    assert not (tmp_path / "out").exists()
+
+
+@needs_gigatoken
+def test_the_guard_refuses_in_the_one_pass_before_anything_is_published(tmp_path, tokenizer_files, monkeypatch):
+    """The sample is checked once, at the task's end: the refusal still comes before the task is
+    packed, with the same line, and no output is left."""
+    from raypack.pack.config import make_config
+    from raypack.pack.job import run_pack
+
+    source = tmp_path / "text"
+    source.mkdir()
+    pq.write_table(pa.table({"text": ["first doc", *CORPUS[10:300]]}), source / "in.parquet", row_group_size=64)
+    _reverse_the_first_document_once(monkeypatch)
+    text = TextOptions(tokenizer=tokenizer_files["byte_level"], tokenizer_backend="gigatoken", task_rows=128,
+                       batch_bytes=4096)
+    config = make_config(dict(inputs=[str(source)], output=str(tmp_path / "packed"), context_length=64))
+    with pytest.raises(InputError, match=GUARD_REFUSAL):
+        run_pack(config, engine="local", text=text)
+    assert not (tmp_path / "packed").exists()
 
 
 class _Reference:
@@ -438,10 +472,15 @@ def test_the_guard_sample_is_the_same_however_the_task_is_batched_and_stays_in_b
             lengths = np.array(lens[start:end], dtype=np.int64)
             flat = FlatIds(np.zeros(int(lengths.sum()), np.uint32), np.concatenate([[0], np.cumsum(lengths)]))
             guard.check(batch, flat)
-        samples.append([t for call in tokenizer.reference.calls for t in call])
+        assert tokenizer.reference.calls == []  # the batches only take their sample
+        guard.finish()
+        assert len(tokenizer.reference.calls) == (guard.num_checked_docs > 0)  # at most one call for the task
+        samples.append(tokenizer.reference.calls[0] if tokenizer.reference.calls else [])
         assert guard.num_checked_bytes <= FREE_BYTES + BYTES_SHARE * sum(lens)
         assert guard.num_docs == len(texts) and guard.num_bytes == sum(lens)
-    assert samples[0] == samples[1] and samples[0][0] == texts[0]  # document 0 is always checked (it is small)
+    assert samples[0] == samples[1]
+    if lens[0] <= FREE_BYTES:
+        assert samples[0][0] == texts[0]  # document 0 is always checked when it is small
 
 
 def test_the_guard_samples_about_one_document_in_2048():
