@@ -178,18 +178,29 @@ def peak_rss(shard: Path, root: Path, tokenizer_path: Path, backend: str, repo: 
           f"x10 as ~1 MB documents in one row group/x1 {high['10books'] / high[1]:.2f}")
 
 
+def job_pieces(big: Path, options, batch_bytes: int) -> list[pa.Array]:
+    """The texts of every task under ``big`` in the job's pieces: its read batches (the format's
+    ``iter_texts``), cut at ``batch_bytes`` by the job's own cutter (raypack.tokenize.tasks)."""
+    from raypack.inputs.registry import format_named
+    from raypack.tokenize.job import plan_text_tasks
+    from raypack.tokenize.tasks import _byte_pieces
+
+    return [piece for task in plan_text_tasks((str(big),), options)
+            for _, texts in format_named(task.format).iter_texts(task.path, "text", task.start, task.end,
+                                                                 options.batch_rows)
+            for piece in _byte_pieces(texts, batch_bytes)]
+
+
 def cpu_budget(big: Path, tokenizer_path: Path, backend: str, out: Path, workers: int, rounds: int) -> None:
     """Wall, CPU-s and idle share of the one pass's stages, in this process (see ``--budget``)."""
     import resource
-
-    import numpy as np
 
     from raypack.inputs.registry import format_named
     from raypack.pack.config import make_config
     from raypack.pack.job import run_pack
     from raypack.tokenize.job import TextOptions, plan_text_tasks
     from raypack.tokenize.tasks import TokenizeSettings, tokenize_in_memory
-    from raypack.tokenize.tokenizers import text_offsets, token_dtype_for
+    from raypack.tokenize.tokenizers import token_dtype_for
 
     options = TextOptions(tokenizer=str(tokenizer_path), tokenizer_backend=backend)
     tasks = plan_text_tasks((str(big),), options)
@@ -201,14 +212,7 @@ def cpu_budget(big: Path, tokenizer_path: Path, backend: str, out: Path, workers
     def texts_of(task):
         return format_named(task.format).iter_texts(task.path, "text", task.start, task.end, settings.batch_rows)
 
-    pieces = []
-    for task in tasks:
-        for _, texts in texts_of(task):
-            offsets, start = text_offsets(texts), 0
-            while start < len(texts):
-                end = int(np.searchsorted(offsets, offsets[start] + settings.batch_bytes, side="right")) - 1
-                pieces.append(texts.slice(start, max(end, start + 1) - start))
-                start = max(end, start + 1)
+    pieces = job_pieces(big, options, settings.batch_bytes)
 
     def job() -> int:
         config = make_config(dict(inputs=[str(big)], output=str(out), context_length=2048, num_workers=workers,
@@ -252,26 +256,13 @@ def encode_paths(big: Path, tokenizer_path: Path, rounds: int) -> None:
     """gigatoken on its pool and on the calling thread, cold and warm (see ``--paths``)."""
     import resource
 
-    import numpy as np
-
-    from raypack.inputs.registry import format_named
     from raypack.tokenize.backends.gigatoken import _awkward_strings, pool_threads
-    from raypack.tokenize.job import TextOptions, plan_text_tasks
-    from raypack.tokenize.tokenizers import text_offsets
+    from raypack.tokenize.job import TextOptions
 
     spec = str(tokenizer_path)
     batch_bytes = load_backed_tokenizer(spec, "gigatoken").batch_bytes
-    pieces = []
     options = TextOptions(tokenizer=spec, tokenizer_backend="gigatoken")
-    batches = (texts for task in plan_text_tasks((str(big),), options)
-               for _, texts in format_named(task.format).iter_texts(task.path, "text", task.start, task.end,
-                                                                    options.batch_rows))
-    for texts in batches:  # the job's read batches, cut as the job cuts them
-        offsets, start = text_offsets(texts), 0
-        while start < len(texts):
-            end = max(int(np.searchsorted(offsets, offsets[start] + batch_bytes, side="right")) - 1, start + 1)
-            pieces.append(_awkward_strings(texts.slice(start, end - start)))
-            start = end
+    pieces = [_awkward_strings(piece) for piece in job_pieces(big, options, batch_bytes)]
 
     def cpu() -> float:
         usage = resource.getrusage(resource.RUSAGE_SELF)

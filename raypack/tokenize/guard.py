@@ -83,7 +83,8 @@ class ReferenceGuard:
             offsets = text_offsets(texts)
             first = int(offsets[0])
             picked, checked = [], self.num_checked_bytes
-            for row in (self._candidates(self.num_docs, self.num_docs + len(texts)) - self.num_docs).tolist():
+            rows = np.flatnonzero(candidates(self.num_docs + np.arange(len(texts), dtype=np.int64)))
+            for row in rows.tolist():
                 size = int(offsets[row + 1]) - int(offsets[row])
                 bytes_through = self.num_bytes + int(offsets[row + 1]) - first  # the task's bytes up to this one
                 if checked + size <= FREE_BYTES + BYTES_SHARE * bytes_through:
@@ -97,11 +98,6 @@ class ReferenceGuard:
                 self.num_checked_bytes = checked
             self.num_bytes += int(offsets[-1]) - first
         self.num_docs += len(texts)
-
-    def _candidates(self, start: int, end: int) -> np.ndarray:
-        """The candidate documents in [start, end), ascending (the batches come in order)."""
-        indices = np.arange(start, end, dtype=np.int64)
-        return indices[candidates(indices)]
 
     def finish(self) -> None:
         """Re-encode the task's sample with the reference in one call; InputError on a difference."""
