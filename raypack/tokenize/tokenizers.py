@@ -7,7 +7,7 @@
     ``Tokenizer.encode(text, add_special_tokens=False).ids`` with the file's truncation and
     padding switched off (padding would make ids depend on the batch, truncation would drop
     text). Added tokens written in the text (e.g. ``"<|endoftext|>"``) are matched as the
-    tokenizer itself matches them.
+    tokenizer itself matches them. A BPE with dropout is refused: its ids are drawn at random.
   * ``"tiktoken"``: ``tiktoken:NAME`` for NAME in ``TIKTOKEN_ENCODINGS``, built from the rank
     file the ``bpe-openai`` package ships (gzip) with the pattern and special tokens of
     tiktoken's own ``tiktoken_ext/openai_public.py``; no network, no cache directory. A
@@ -255,6 +255,12 @@ class HFTokenizer:
                 f"tokenizer {path} is not a Hugging Face tokenizer.json ({first_line}); "
                 f"give the tokenizer.json a model ships, or tiktoken:NAME"
             ) from e
+        dropout = getattr(tokenizer.model, "dropout", None)
+        if dropout:  # BPE dropout draws other merges at every call: the ids would differ run to run
+            raise InputError(
+                f"tokenizer {path} has BPE dropout {dropout:.3g}, so its ids would change from run to run; "
+                f'give a tokenizer.json whose model has "dropout": null'
+            )
         tokenizer.no_padding()
         tokenizer.no_truncation()
         self.path = Path(os.path.abspath(path))  # manifests name the file wherever the run was started

@@ -3,9 +3,12 @@ with byte fallback from a ``tokenizer.json``, and the tiktoken encodings from th
 
 What it cannot do is refused at load (``Unsupported``, so ``auto`` falls back to the reference):
 gigatoken itself raises for a normalizer, a pre-tokenizer (its pre-tokenizers are hand-written
-equivalents of the known split regexes) or a model it lacks (WordPiece, Unigram, ...), and this
-module refuses what gigatoken loads but encodes differently from ``tokenizers`` (found by
-tests/tokenize/test_tokenize_backends.py): added tokens with ``single_word``.
+equivalents of the known split regexes) or a model it lacks (WordPiece, Unigram, ...). But it also
+loads shapes it then encodes differently from ``tokenizers`` (it keeps a Sequence's one Split and
+drops the rest, ignores a Split's behavior, ByteLevel's flags beside a Split, and a subword
+prefix or suffix): so this module takes a ``tokenizer.json`` only in the shapes
+tests/tokenize/test_tokenize_backends.py proves token for token (:func:`inexact`), and refuses
+every other one, naming what is outside them.
 
 Ids without Python lists: the texts go in as an awkward array over the Arrow buffers (offsets
 widened to int64, the UTF-8 bytes borrowed), the ids come back as an awkward list array whose
@@ -74,7 +77,7 @@ class GigatokenBackend:
     def encoder(self, tokenizer: TextTokenizer) -> GigatokenEncoder:
         gigatoken = _import()
         if tokenizer.kind == "hf":
-            data = _hf_json(tokenizer.path)
+            data = _hf_json(tokenizer)
             return GigatokenEncoder(lambda: gigatoken.Tokenizer(_load_hf(data)))
         if tokenizer.kind == "tiktoken" and tokenizer.name in PRETOKENIZERS:
             contents = _tiktoken_ranks(tokenizer.name, tokenizer.rank_file)
@@ -90,17 +93,95 @@ def _import() -> Any:
     return gigatoken
 
 
-def _hf_json(path) -> bytes:
-    """The tokenizer.json's bytes, refused (Unsupported) for what gigatoken encodes differently."""
+def _hf_json(tokenizer: TextTokenizer) -> bytes:
+    """The tokenizer.json's bytes, refused (Unsupported) outside the shapes gigatoken encodes exactly."""
+    path = tokenizer.path
     data = path.read_bytes()
     try:
         config = json.loads(data)
     except ValueError as e:
         raise Unsupported(f"{path} is not JSON") from e
-    single_word = [t.get("content") for t in config.get("added_tokens") or [] if t.get("single_word")]
-    if single_word:
-        raise Unsupported(f"added token {single_word[0]!r} is single_word, which gigatoken matches differently")
+    reason = inexact(config) if isinstance(config, dict) else "not a JSON object"
+    if reason is None:
+        reason = _renumbered_added_token(config, tokenizer)
+    if reason is not None:
+        raise Unsupported(reason)
     return data
+
+
+def inexact(config: dict[str, Any]) -> str | None:
+    """Why gigatoken may give other ids than ``tokenizers`` for this tokenizer.json; None when its
+    shape is one the tests prove token for token:
+
+    * a BPE model without ``continuing_subword_prefix`` or ``end_of_word_suffix``, and no added
+      token with ``single_word``;
+    * byte-level (no ``byte_fallback``): the pre-tokenizer ``ByteLevel`` with ``use_regex`` (GPT-2),
+      or ``Sequence[Split(regex, Isolated), ByteLevel(use_regex=false, add_prefix_space=false)]``
+      (Llama 3, Qwen 2, o200k-style; gigatoken refuses a regex it does not know);
+    * SentencePiece-style (``byte_fallback``): no pre-tokenizer, or ``Metaspace``.
+
+    Normalizers are gigatoken's to refuse (it takes NFC, and Prepend/Replace for SentencePiece
+    style, and encodes those exactly)."""
+    model = config.get("model") or {}
+    if model.get("type") != "BPE":
+        return None  # gigatoken refuses other models itself, naming them
+    for field in ("continuing_subword_prefix", "end_of_word_suffix"):
+        if model.get(field):
+            return f"the BPE model's {field} {model[field]!r}, which gigatoken ignores"
+    for token in config.get("added_tokens") or []:
+        if isinstance(token, dict) and token.get("single_word"):
+            return f"added token {token.get('content')!r} is single_word, which gigatoken matches differently"
+    pre = config.get("pre_tokenizer")
+    if model.get("byte_fallback"):
+        if pre is None or _is(pre, "Metaspace"):
+            return None
+        return f"pre-tokenizer {_describe(pre)} with byte_fallback; gigatoken is proven exact with none or Metaspace"
+    if _is(pre, "ByteLevel") and pre.get("use_regex", True):
+        return None
+    if _is(pre, "Sequence"):
+        parts = pre.get("pretokenizers") or []
+        if (len(parts) == 2 and _is(parts[0], "Split") and "Regex" in (parts[0].get("pattern") or {})
+                and parts[0].get("behavior") == "Isolated" and not parts[0].get("invert")
+                and _is(parts[1], "ByteLevel") and parts[1].get("use_regex") is False
+                and parts[1].get("add_prefix_space", True) is False):
+            return None
+    return (f"pre-tokenizer {_describe(pre)}; gigatoken is proven exact with ByteLevel(use_regex=true), or "
+            f"Split(Isolated) then ByteLevel(use_regex=false, add_prefix_space=false)")
+
+
+def _is(part: Any, kind: str) -> bool:
+    return isinstance(part, dict) and part.get("type") == kind
+
+
+def _describe(pre: Any) -> str:
+    """A pre-tokenizer in a few words: ``Sequence[Digits, Split(Isolated), ByteLevel(use_regex=false)]``."""
+    if not isinstance(pre, dict):
+        return "none" if pre is None else repr(pre)[:40]
+    kind = pre.get("type")
+    if kind == "Sequence":
+        return "Sequence[" + ", ".join(_describe(p) for p in pre.get("pretokenizers") or []) + "]"
+    if kind == "Split":
+        return f"Split({pre.get('behavior')}{', invert' if pre.get('invert') else ''})"
+    if kind == "ByteLevel":
+        flags = [f"{k}={str(bool(pre.get(k, True))).lower()}" for k in ("use_regex", "add_prefix_space")]
+        return f"ByteLevel({', '.join(flags)})"
+    return str(kind)
+
+
+def _renumbered_added_token(config: dict[str, Any], tokenizer: TextTokenizer) -> str | None:
+    """An added token whose id in the file is not the id ``tokenizers`` gives it (it numbers added
+    tokens after the vocabulary, whatever a file with a gap says; gigatoken takes the file's)."""
+    for token in config.get("added_tokens") or []:
+        if not isinstance(token, dict) or not isinstance(token.get("content"), str):
+            continue
+        try:
+            actual = tokenizer.token_id(token["content"])
+        except InputError:
+            actual = None
+        if actual != token.get("id"):
+            return (f"added token {token['content']!r} has id {token.get('id')} in the file but "
+                    f"{actual} in tokenizers, which gigatoken would not follow")
+    return None
 
 
 def _load_hf(data: bytes) -> Any:
