@@ -58,7 +58,7 @@ _PEAK_SCRIPT = r"""
 import json, sys
 from raypack.pack.packer import current_rss_bytes
 from raypack.tokenize.tasks import TextTask, TokenizeSettings, load_worker_tokenizer, tokenize_task
-from raypack.tokenize.tasks import set_thread_env
+from raypack.tokenize.backends import set_thread_env
 settings = TokenizeSettings(**json.loads(sys.argv[1]))
 set_thread_env(settings.num_threads)  # as the job's actor does, before the first encode
 tokenizer = load_worker_tokenizer(settings)

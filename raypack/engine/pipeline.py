@@ -391,7 +391,8 @@ class TextTokenizerActor:
     """Tokenizes text tasks, one per call. Loads the tokenizer once, from its spec string."""
 
     def __init__(self, settings: dict) -> None:
-        from raypack.tokenize.tasks import TokenizeSettings, load_worker_tokenizer, set_thread_env
+        from raypack.tokenize.backends import set_thread_env
+        from raypack.tokenize.tasks import TokenizeSettings, load_worker_tokenizer
 
         self.settings = TokenizeSettings(**settings)
         set_thread_env(self.settings.num_threads)  # before the tokenizer's pool first starts
@@ -443,7 +444,8 @@ class TextPackerActor:
     (raypack.tokenize.onepass). Holds the ids of the tasks it has tokenized and not packed."""
 
     def __init__(self, text_settings: dict, settings: dict) -> None:
-        from raypack.tokenize.tasks import TokenizeSettings, load_worker_tokenizer, set_thread_env
+        from raypack.tokenize.backends import set_thread_env
+        from raypack.tokenize.tasks import TokenizeSettings, load_worker_tokenizer
 
         self.text_settings = TokenizeSettings(**text_settings)
         self.settings = PackSettings(**settings)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import posixpath
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator
@@ -340,7 +339,3 @@ def rayon_threads(num_cpus: float, num_workers: int) -> int:
     return max(1, int(num_cpus) // max(1, num_workers))
 
 
-def set_thread_env(num_threads: int) -> None:
-    """Size the tokenizer's thread pool for this process (before its first encode)."""
-    if num_threads:
-        os.environ["RAYON_NUM_THREADS"] = str(num_threads)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import random
 
 import numpy as np
@@ -25,6 +26,7 @@ from raypack.cli import main
 from raypack.errors import InputError
 from raypack.tokenize import backends as backends_module
 from raypack.tokenize.backends import AUTO_ORDER, BACKENDS, Unsupported, load_backed_tokenizer, select_encoder
+from raypack.tokenize.backends.fastokens import FastokensBackend
 from raypack.tokenize.backends.gigatoken import GigatokenBackend, GigatokenEncoder, pool_threads
 from raypack.tokenize.guard import BYTES_SHARE, FREE_BYTES, ReferenceGuard, candidates
 from raypack.tokenize.job import TextOptions, TokenizeConfig, run_tokenize
@@ -33,8 +35,13 @@ from raypack.tokenize.tokenizers import FlatIds, load_tokenizer
 from helpers import train_byte_level_bpe, train_sentencepiece_style_bpe
 
 FAST = [name for name in BACKENDS if name != "reference"]
+FAST_INSTALLED = [pytest.param(name, marks=pytest.mark.skipif(BACKENDS[name].version() is None,
+                                                             reason=f"{name} is not installed (raypack[text])"))
+                  for name in FAST]
 needs_gigatoken = pytest.mark.skipif(GigatokenBackend().version() is None,
                                      reason="gigatoken is not installed (pip install 'raypack[text]')")
+needs_fastokens = pytest.mark.skipif(FastokensBackend().version() is None,
+                                     reason="fastokens is not installed (pip install 'raypack[text]' on x86_64)")
 
 
 # --------------------------------------------------------------------------------------- corpus
@@ -91,8 +98,7 @@ def assert_same_ids(got: FlatIds, want: FlatIds, texts: list[str]) -> None:
 # ------------------------------------------------------------------------------ token for token
 
 
-@needs_gigatoken
-@pytest.mark.parametrize("backend", FAST)
+@pytest.mark.parametrize("backend", FAST_INSTALLED)
 @pytest.mark.parametrize("name", ["byte_level", "sp_byte_fallback", "cl100k_base", "o200k_base"])
 def test_every_backend_gives_the_reference_ids(tokenizer_files, name, backend):
     reference = load_tokenizer(tokenizer_files[name])
@@ -126,8 +132,8 @@ _PAIRS: list = []
 
 
 def _hypothesis_pairs() -> list:
-    """(reference, gigatoken encoder) for a byte-level BPE and cl100k_base, loaded once (fixtures
-    do not mix with @given)."""
+    """(reference, encoder) of every installed fast backend for a byte-level BPE and cl100k_base,
+    loaded once (fixtures do not mix with @given)."""
     if not _PAIRS:
         import tempfile
 
@@ -135,7 +141,9 @@ def _hypothesis_pairs() -> list:
         train_byte_level_bpe(CORPUS[:200], 500).save(path)
         for spec in (path, "tiktoken:cl100k_base"):
             reference = load_tokenizer(spec)
-            _PAIRS.append((reference, GigatokenBackend().encoder(reference)))
+            for backend in FAST:
+                if BACKENDS[backend].version() is not None:
+                    _PAIRS.append((reference, BACKENDS[backend].encoder(reference)))
     return _PAIRS
 
 
@@ -294,7 +302,8 @@ def test_auto_takes_the_fast_backend_and_records_it(tokenizer_files):
 
 
 @needs_gigatoken
-@pytest.mark.parametrize("kind, lacks", [("nfkc", "NFKC"), ("wordpiece", "WordPiece"), ("single_word", "single_word")])
+@needs_fastokens
+@pytest.mark.parametrize("kind, lacks", [("nfkc", "NFKC"), ("wordpiece", "WordPiece")])
 def test_auto_falls_back_to_the_reference_with_one_info_line(tmp_path, caplog, kind, lacks):
     path = _unsupported_tokenizer(tmp_path, kind)
     with caplog.at_level(logging.INFO, logger="raypack.tokenize.backends"):
@@ -302,6 +311,21 @@ def test_auto_falls_back_to_the_reference_with_one_info_line(tmp_path, caplog, k
     assert tokenizer.backend == "reference" and tokenizer.encoder is tokenizer.reference
     lines = [r.getMessage() for r in caplog.records if r.name == "raypack.tokenize.backends"]
     assert len(lines) == 1 and "\n" not in lines[0] and lacks in lines[0] and "tokenizers" in lines[0]
+    assert "gigatoken cannot" in lines[0] and "fastokens cannot" in lines[0]
+
+
+@needs_gigatoken
+@needs_fastokens
+def test_auto_takes_the_next_backend_that_takes_the_tokenizer_with_one_info_line(tmp_path, caplog):
+    path = _unsupported_tokenizer(tmp_path, "single_word")
+    with caplog.at_level(logging.INFO, logger="raypack.tokenize.backends"):
+        tokenizer = load_backed_tokenizer(path)
+    assert tokenizer.backend == "fastokens" and tokenizer.backend_record()["name"] == "fastokens"
+    lines = [r.getMessage() for r in caplog.records if r.name == "raypack.tokenize.backends"]
+    assert len(lines) == 1 and "gigatoken cannot" in lines[0] and "single_word" in lines[0]
+    assert lines[0].endswith("using fastokens")
+    texts = pa.array(["Hello <x>world  <x> ok<x>", *CORPUS[:50]])
+    assert_same_ids(tokenizer.encode_flat(texts), tokenizer.reference.encode_flat(texts), texts.to_pylist())
 
 
 @needs_gigatoken
@@ -322,13 +346,17 @@ def test_a_backend_that_is_not_installed_names_the_extra(tokenizer_files, monkey
     monkeypatch.setattr(GigatokenBackend, "version", lambda self: None)
     with pytest.raises(InputError, match=r"'gigatoken' package is not installed; pip install \"raypack\[text\]\""):
         load_backed_tokenizer(tokenizer_files["cl100k_base"], "gigatoken")
+    monkeypatch.setattr(FastokensBackend, "version", lambda self: None)
     with caplog.at_level(logging.INFO, logger="raypack.tokenize.backends"):
         assert load_backed_tokenizer(tokenizer_files["cl100k_base"]).backend == "reference"
-    assert "not installed" in caplog.text
+    lines = [r.getMessage() for r in caplog.records if r.name == "raypack.tokenize.backends"]
+    assert len(lines) == 1 and "gigatoken is not installed; fastokens is not installed" in lines[0]
+    assert 'pip install "raypack[text]"' in lines[0]
 
 
 def test_an_unknown_backend_is_refused(capsys):
-    with pytest.raises(InputError, match="--tokenizer-backend 'fastest' is not one of auto, gigatoken, reference"):
+    with pytest.raises(InputError, match="--tokenizer-backend 'fastest' is not one of auto, gigatoken, fastokens, "
+                                         "reference"):
         TextOptions(tokenizer="tiktoken:cl100k_base", tokenizer_backend="fastest")
     with pytest.raises(SystemExit) as exit_info:
         main(["tokenize", "--input", "x", "--output", "y", "--tokenizer", "t", "--tokenizer-backend", "fastest"])
@@ -472,33 +500,53 @@ def _reference_ids(path) -> FlatIds:
     return load_tokenizer(str(path)).encode_flat(pa.array(SHAPE_TEXTS))
 
 
-@needs_gigatoken
+FASTOKENS_REFUSES = {"sp Metaspace", "sp Metaspace always, no split", "no pre-tokenizer, byte-level",
+                     "Split, Punctuation, ByteLevel", "sp NFKC", "an added token's id past a gap"}
+TAKES = {"gigatoken": GIGATOKEN_TAKES, "fastokens": set(SHAPES) - FASTOKENS_REFUSES}
+MISENCODES = {"gigatoken": GIGATOKEN_MISENCODES,
+              "fastokens": ["no pre-tokenizer, byte-level", "an added token's id past a gap"]}
+
+
+@pytest.mark.parametrize("backend", FAST_INSTALLED)
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_gigatoken_takes_a_tokenizer_only_in_a_shape_it_encodes_exactly(shape_files, shape):
-    """Taken: the reference's ids on every text. Refused: the one INFO line of auto names why."""
+def test_a_backend_takes_a_tokenizer_only_in_a_shape_it_encodes_exactly(shape_files, shape, backend):
+    """Taken: the reference's ids on every text. Refused: one line naming why (auto's INFO line)."""
     reference = load_tokenizer(str(shape_files[shape]))
     try:
-        encoder = BACKENDS["gigatoken"].encoder(reference)
+        encoder = BACKENDS[backend].encoder(reference)
     except Unsupported as e:
-        assert shape not in GIGATOKEN_TAKES, f"{shape} was refused: {e}"
+        assert shape not in TAKES[backend], f"{shape} was refused: {e}"
         assert "\n" not in str(e) and str(e)
         return
-    assert shape in GIGATOKEN_TAKES, f"{shape} was taken"
+    assert shape in TAKES[backend], f"{shape} was taken"
     got = encoder.encode_flat(pa.array(SHAPE_TEXTS))
     assert_same_ids(got, _reference_ids(shape_files[shape]), SHAPE_TEXTS)
-    assert got.offsets[-1] > 10_000  # not vacuous
+    assert got.offsets[-1] > (0 if shape == "Split Removed" else 10_000)  # not vacuous (Removed drops the text)
 
 
-@needs_gigatoken
-@pytest.mark.parametrize("shape", GIGATOKEN_MISENCODES)
-def test_gigatoken_misencodes_the_shapes_it_is_refused(shape_files, shape):
-    """gigatoken itself loads each of these and gives other ids: why the backend refuses them."""
-    from gigatoken.gigatoken_rs import load_hf_json
+def _raw_ids(backend: str, path) -> list[list[int]]:
+    """The library's own ids for SHAPE_TEXTS from the file, without the backend's refusals."""
+    if backend == "gigatoken":
+        from gigatoken.gigatoken_rs import load_hf_json
 
-    raw = load_hf_json(shape_files[shape].read_bytes()).encode_batch(SHAPE_TEXTS).tolist()
+        return [list(ids) for ids in load_hf_json(path.read_bytes()).encode_batch(SHAPE_TEXTS).tolist()]
+    import fastokens
+
+    tok = fastokens.Tokenizer.from_file(str(path))
+    tok.no_truncation()
+    ids, offsets = tok.encode_batch_flat(SHAPE_TEXTS)
+    ids, offsets = np.frombuffer(ids, np.uint32), np.frombuffer(offsets, np.uint64)
+    return [ids[offsets[k]:offsets[k + 1]].tolist() for k in range(len(SHAPE_TEXTS))]
+
+
+@pytest.mark.parametrize("backend, shape", [pytest.param(b, shape, marks=p.marks) for p in FAST_INSTALLED
+                                            for b in p.values for shape in MISENCODES[b]])
+def test_a_backend_misencodes_the_shapes_it_is_refused(shape_files, backend, shape):
+    """The library itself loads each of these and gives other ids: why the backend refuses them."""
+    raw = _raw_ids(backend, shape_files[shape])
     want = _reference_ids(shape_files[shape])
-    differ = [k for k, ids in enumerate(raw) if list(ids) != want.values[want.offsets[k]:want.offsets[k + 1]].tolist()]
-    assert differ, f"gigatoken now encodes {shape} exactly: it may join GIGATOKEN_TAKES"
+    differ = [k for k, ids in enumerate(raw) if ids != want.values[want.offsets[k]:want.offsets[k + 1]].tolist()]
+    assert differ, f"{backend} now encodes {shape} exactly: it may be taken"
 
 
 def test_a_bpe_with_dropout_is_refused_with_one_line(tmp_path, capsys):
@@ -537,13 +585,17 @@ def _tokenize(tmp_path, name: str, spec: str, backend: str, docs: list[str]):
 @needs_gigatoken
 def test_the_ids_and_content_sha256_do_not_depend_on_the_backend(tmp_path, tokenizer_files):
     docs = [d for d in CORPUS if len(d) < 20000]
-    runs = {b: _tokenize(tmp_path, b, tokenizer_files["byte_level"], b, docs) for b in ("reference", "gigatoken")}
-    ref, fast = runs["reference"].manifest, runs["gigatoken"].manifest
-    assert fast["backend"]["name"] == "gigatoken" and ref["backend"]["name"] == "reference"
-    assert fast["content_sha256"] == ref["content_sha256"] and len(fast["shards"]) > 1
-    for a, b in zip(ref["shards"], fast["shards"]):
-        assert (tmp_path / "reference" / a["path"]).read_bytes() == (tmp_path / "gigatoken" / b["path"]).read_bytes()
-    assert {k for k in ref if ref[k] != fast[k]} == {"backend"}
+    backends = ["reference", *[b for b in FAST if BACKENDS[b].version() is not None]]
+    runs = {b: _tokenize(tmp_path, b, tokenizer_files["byte_level"], b, docs) for b in backends}
+    ref = runs["reference"].manifest
+    assert ref["backend"]["name"] == "reference" and len(backends) > 1
+    for backend in backends[1:]:
+        fast = runs[backend].manifest
+        assert fast["backend"]["name"] == backend
+        assert fast["content_sha256"] == ref["content_sha256"] and len(fast["shards"]) > 1
+        for a, b in zip(ref["shards"], fast["shards"]):
+            assert (tmp_path / "reference" / a["path"]).read_bytes() == (tmp_path / backend / b["path"]).read_bytes()
+        assert {k for k in ref if ref[k] != fast[k]} == {"backend"}
 
 
 def _reverse_the_first_document_once(monkeypatch) -> None:
@@ -655,7 +707,17 @@ def test_the_reference_backend_is_not_checked(tokenizer_files):
 
 
 def test_backends_module_registers_in_one_place():
-    assert list(BACKENDS) == ["gigatoken", "reference"] and backends_module.backend_names()[0] == "auto"
+    assert list(BACKENDS) == ["gigatoken", "fastokens", "reference"] and backends_module.backend_names()[0] == "auto"
+    assert AUTO_ORDER == ("gigatoken", "fastokens")
+
+
+def test_every_backend_pool_is_sized_before_its_first_encode(monkeypatch):
+    for name in ("RAYON_NUM_THREADS", "FASTOKENS_BPE_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    backends_module.set_thread_env(0)
+    assert "RAYON_NUM_THREADS" not in os.environ
+    backends_module.set_thread_env(3)
+    assert os.environ["RAYON_NUM_THREADS"] == "3" and os.environ["FASTOKENS_BPE_THREADS"] == "3"
 
 
 @pytest.mark.parametrize("backend", ["gigatoken", "reference"])

@@ -10,20 +10,25 @@ sample at run time, :mod:`raypack.tokenize.guard`). So the ids, the part files a
 ``--tokenizer-backend`` (config ``tokenizer_backend``):
 
   * ``auto`` (default): the first backend of ``AUTO_ORDER`` (fastest first, measured by
-    bench/bench_backends.py) that is installed and supports the tokenizer, else the reference,
-    with one INFO line saying why;
+    bench/bench_backends.py and bench/bench_backend_candidates.py: gigatoken, then fastokens for
+    the tokenizer.json shapes gigatoken does not take) that is installed and takes the tokenizer,
+    else the reference; one INFO line says why each faster one was passed over;
   * ``reference``: the reference library itself;
   * a backend's name (``gigatoken``): that one, or an InputError when it is not installed
     (naming the extra) or cannot do this tokenizer (naming what it lacks).
 
-Adding a backend: a module with a class like ``GigatokenBackend`` (``name``, ``version()``,
-``encoder(tokenizer)``), one line in ``BACKENDS``, and its name in ``AUTO_ORDER`` once
-bench/bench_backends.py shows where it ranks and the backend tests pass for it.
+A backend takes a tokenizer only in the shapes the tests prove it encodes exactly (each module's
+``inexact``): a library that loads a tokenizer.json may still encode it otherwise.
+
+Adding a backend: a module with a class like ``GigatokenBackend`` (``name``, ``batch_bytes``,
+``thread_env``, ``version()``, ``encoder(tokenizer)``), one line in ``BACKENDS``, and its name in
+``AUTO_ORDER`` once the benches show where it ranks and the backend tests pass for it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import numpy as np
@@ -31,12 +36,13 @@ import pyarrow as pa
 
 from raypack.errors import InputError
 from raypack.tokenize.backends.base import TokenizerBackend, Unsupported, package_version
+from raypack.tokenize.backends.fastokens import FastokensBackend
 from raypack.tokenize.backends.gigatoken import GigatokenBackend
 from raypack.tokenize.backends.reference import ReferenceBackend
 from raypack.tokenize.tokenizers import TEXT_EXTRA, Encoder, FlatIds, TextTokenizer, encode_with, load_tokenizer
 
 __all__ = ["AUTO", "AUTO_ORDER", "BACKENDS", "BackedTokenizer", "TokenizerBackend", "Unsupported",
-           "backend_names", "check_backend_name", "load_backed_tokenizer", "select_encoder"]
+           "backend_names", "check_backend_name", "load_backed_tokenizer", "select_encoder", "set_thread_env"]
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +51,10 @@ AUTO = "auto"
 
 BACKENDS: dict[str, TokenizerBackend] = {
     GigatokenBackend.name: GigatokenBackend(),
+    FastokensBackend.name: FastokensBackend(),
     ReferenceBackend.name: ReferenceBackend(),
 }
-AUTO_ORDER = (GigatokenBackend.name,)
+AUTO_ORDER = (GigatokenBackend.name, FastokensBackend.name)
 """Backends ``auto`` tries, fastest first (BENCHMARKS.md, "Tokenizer backends")."""
 
 
@@ -106,17 +113,22 @@ def select_encoder(tokenizer: TextTokenizer, requested: str = AUTO) -> tuple[str
         return requested, tokenizer
     if requested != AUTO:
         return requested, _explicit(BACKENDS[requested], tokenizer)
+    passed = []  # why each faster backend was passed over: said in one line
     for name in AUTO_ORDER:
         backend = BACKENDS[name]
         if backend.version() is None:
-            log.info("tokenizer backend auto: %s is not installed (%s); using the reference, %s", name,
-                     TEXT_EXTRA, tokenizer.library)
-            return ReferenceBackend.name, tokenizer
+            passed.append(f"{name} is not installed")
+            continue
         try:
-            return name, backend.encoder(tokenizer)
+            encoder = backend.encoder(tokenizer)
         except Unsupported as e:
-            log.info("tokenizer backend auto: %s cannot do this tokenizer (%s); using the reference, %s", name, e,
-                     tokenizer.library)
+            passed.append(f"{name} cannot do this tokenizer ({e})")
+            continue
+        if passed:
+            log.info("tokenizer backend auto: %s; using %s", "; ".join(passed), name)
+        return name, encoder
+    log.info("tokenizer backend auto: %s; using the reference, %s (%s)", "; ".join(passed), tokenizer.library,
+             TEXT_EXTRA)
     return ReferenceBackend.name, tokenizer
 
 
@@ -129,6 +141,14 @@ def _explicit(backend: TokenizerBackend, tokenizer: TextTokenizer) -> Encoder:
     except Unsupported as e:
         raise InputError(f"--tokenizer-backend {backend.name} cannot encode this tokenizer exactly ({e}); "
                          f"use --tokenizer-backend auto or reference") from e
+
+
+def set_thread_env(num_threads: int) -> None:
+    """Size every backend's thread pool for this process (before its first encode): ``num_threads``
+    (0: leave the environment as it is)."""
+    if num_threads:
+        for name in dict.fromkeys(v for backend in BACKENDS.values() for v in backend.thread_env):
+            os.environ[name] = str(num_threads)
 
 
 def load_backed_tokenizer(spec: str, backend: str = AUTO) -> BackedTokenizer:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import importlib.metadata
-from typing import Protocol
+import json
+from typing import Any, Callable, Protocol
 
-from raypack.tokenize.tokenizers import Encoder, TextTokenizer
+from raypack.errors import InputError
+from raypack.tokenize.tokenizers import TIKTOKEN_ENCODINGS, Encoder, TextTokenizer
 
 
 class Unsupported(Exception):
@@ -18,6 +22,9 @@ class TokenizerBackend(Protocol):
     batch_bytes: int
     """Bytes of text per encode call by default (``TextOptions.batch_bytes``): large enough that a
     call's fixed cost is small, small enough that what the encoder builds per token stays bounded."""
+    thread_env: tuple[str, ...]
+    """Environment variables that size the backend's thread pool, read before its first encode
+    (:func:`raypack.tokenize.backends.set_thread_env`)."""
 
     def version(self) -> str | None:
         """The installed version, or None when the backend is not installed (nothing is imported)."""
@@ -34,3 +41,38 @@ def package_version(distribution: str) -> str | None:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def tokenizer_json(tokenizer: TextTokenizer, inexact: Callable[[dict[str, Any]], str | None], backend: str) -> bytes:
+    """The bytes of ``tokenizer``'s tokenizer.json, or ``Unsupported`` naming why ``backend`` may not
+    give its ids: ``inexact(config)`` (the backend's proven shapes), or an added token whose id in
+    the file is not the one ``tokenizers`` gives it (it numbers added tokens after the vocabulary,
+    whatever a file with a gap says; the Rust backends take the file's)."""
+    data = tokenizer.path.read_bytes()
+    try:
+        config = json.loads(data)
+    except ValueError as e:
+        raise Unsupported(f"{tokenizer.path} is not JSON") from e
+    reason = inexact(config) if isinstance(config, dict) else "not a JSON object"
+    for token in (config.get("added_tokens") or []) if reason is None else []:
+        if not isinstance(token, dict) or not isinstance(token.get("content"), str):
+            continue
+        try:
+            actual = tokenizer.token_id(token["content"])
+        except InputError:
+            actual = None
+        if actual != token.get("id"):
+            reason = (f"added token {token['content']!r} has id {token.get('id')} in the file but {actual} in "
+                      f"tokenizers, which {backend} would not follow")
+            break
+    if reason is not None:
+        raise Unsupported(reason)
+    return data
+
+
+def tiktoken_ranks(name: str, rank_file) -> bytes:
+    """The uncompressed rank file of tiktoken encoding ``name``, checked against tiktoken's sha256."""
+    contents = gzip.decompress(rank_file.read_bytes()) if rank_file.suffix == ".gz" else rank_file.read_bytes()
+    if hashlib.sha256(contents).hexdigest() != TIKTOKEN_ENCODINGS[name]["rank_sha256"]:
+        raise InputError(f"rank file {rank_file} does not have tiktoken's sha256; reinstall bpe-openai")
+    return contents

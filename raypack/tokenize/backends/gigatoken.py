@@ -26,7 +26,7 @@ first encode left it, whatever the text. The ids do not change; the fresh table 
 next pieces encode ~25% slower until it warms.
 
 Threads: gigatoken's process-global Rayon pool (RAYON_NUM_THREADS, set per worker by
-:func:`raypack.tokenize.tasks.set_thread_env`); inside a multiprocessing worker or a forked child
+:func:`raypack.tokenize.backends.set_thread_env`); inside a multiprocessing worker or a forked child
 it encodes on the calling thread (gigatoken's own rule), which gives the same ids. Where that pool
 would have one thread (a Ray actor given one CPU: ``rayon_threads``; a one-core machine), a call
 encodes on the calling thread too (``parallel=False``): the same ids, 12-24% less CPU than
@@ -36,9 +36,6 @@ holds the GIL for the call, which is why it is not taken where the pool has thre
 
 from __future__ import annotations
 
-import gzip
-import hashlib
-import json
 import logging
 import os
 import tempfile
@@ -48,10 +45,9 @@ import numpy as np
 import pyarrow as pa
 
 from raypack.errors import InputError
-from raypack.tokenize.backends.base import Unsupported, package_version
+from raypack.tokenize.backends.base import Unsupported, package_version, tiktoken_ranks, tokenizer_json
 from raypack.tokenize.tokenizers import (
     TEXT_EXTRA,
-    TIKTOKEN_ENCODINGS,
     FlatIds,
     TextTokenizer,
     check_texts,
@@ -71,16 +67,18 @@ class GigatokenBackend:
     """Flat uint32 ids, ~1-2 bytes per byte of text: 16 MiB pieces cost ~30 MiB and make each call's
     fixed cost (the awkward arrays around it, waking the Rayon pool) small."""
 
+    thread_env = ("RAYON_NUM_THREADS",)
+
     def version(self) -> str | None:
         return package_version("gigatoken")
 
     def encoder(self, tokenizer: TextTokenizer) -> GigatokenEncoder:
         gigatoken = _import()
         if tokenizer.kind == "hf":
-            data = _hf_json(tokenizer)
+            data = tokenizer_json(tokenizer, inexact, self.name)
             return GigatokenEncoder(lambda: gigatoken.Tokenizer(_load_hf(data)))
         if tokenizer.kind == "tiktoken" and tokenizer.name in PRETOKENIZERS:
-            contents = _tiktoken_ranks(tokenizer.name, tokenizer.rank_file)
+            contents = tiktoken_ranks(tokenizer.name, tokenizer.rank_file)
             return GigatokenEncoder(lambda: gigatoken.Tokenizer(_load_tiktoken(tokenizer.name, contents)))
         raise Unsupported(f"no {tokenizer.kind} tokenizer {tokenizer.identity().get('name', '')}")
 
@@ -91,22 +89,6 @@ def _import() -> Any:
     except ImportError as e:
         raise InputError(f"the gigatoken backend does not import ({e}); {TEXT_EXTRA}") from e
     return gigatoken
-
-
-def _hf_json(tokenizer: TextTokenizer) -> bytes:
-    """The tokenizer.json's bytes, refused (Unsupported) outside the shapes gigatoken encodes exactly."""
-    path = tokenizer.path
-    data = path.read_bytes()
-    try:
-        config = json.loads(data)
-    except ValueError as e:
-        raise Unsupported(f"{path} is not JSON") from e
-    reason = inexact(config) if isinstance(config, dict) else "not a JSON object"
-    if reason is None:
-        reason = _renumbered_added_token(config, tokenizer)
-    if reason is not None:
-        raise Unsupported(reason)
-    return data
 
 
 def inexact(config: dict[str, Any]) -> str | None:
@@ -168,22 +150,6 @@ def _describe(pre: Any) -> str:
     return str(kind)
 
 
-def _renumbered_added_token(config: dict[str, Any], tokenizer: TextTokenizer) -> str | None:
-    """An added token whose id in the file is not the id ``tokenizers`` gives it (it numbers added
-    tokens after the vocabulary, whatever a file with a gap says; gigatoken takes the file's)."""
-    for token in config.get("added_tokens") or []:
-        if not isinstance(token, dict) or not isinstance(token.get("content"), str):
-            continue
-        try:
-            actual = tokenizer.token_id(token["content"])
-        except InputError:
-            actual = None
-        if actual != token.get("id"):
-            return (f"added token {token['content']!r} has id {token.get('id')} in the file but "
-                    f"{actual} in tokenizers, which gigatoken would not follow")
-    return None
-
-
 def _load_hf(data: bytes) -> Any:
     from gigatoken.gigatoken_rs import load_hf_json
 
@@ -191,14 +157,6 @@ def _load_hf(data: bytes) -> Any:
         return load_hf_json(data)
     except (RuntimeError, ValueError) as e:  # gigatoken's way of saying what it lacks
         raise Unsupported(" ".join(str(e).split("Location:")[0].split())) from e
-
-
-def _tiktoken_ranks(name: str, rank_file) -> bytes:
-    """The uncompressed rank file, checked against tiktoken's sha256."""
-    contents = gzip.decompress(rank_file.read_bytes()) if rank_file.suffix == ".gz" else rank_file.read_bytes()
-    if hashlib.sha256(contents).hexdigest() != TIKTOKEN_ENCODINGS[name]["rank_sha256"]:
-        raise InputError(f"rank file {rank_file} does not have tiktoken's sha256; reinstall bpe-openai")
-    return contents
 
 
 def _load_tiktoken(name: str, contents: bytes) -> Any:

@@ -10,6 +10,7 @@ class ReferenceBackend:
     summary = "the library that defines the tokenizer: tokenizers (tokenizer.json) or tiktoken"
     batch_bytes = 1 << 20
     """HF ``tokenizers`` builds an ``Encoding`` of about 100-300 bytes a token: 1 MiB pieces."""
+    thread_env = ("RAYON_NUM_THREADS",)  # tokenizers' pool (tiktoken's threads are per call)
 
     def version(self) -> str | None:
         return "n/a"  # installed whenever a tokenizer loads; its library's version is recorded instead

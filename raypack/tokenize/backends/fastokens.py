@@ -1,0 +1,126 @@
+"""The fastokens backend (PyPI ``fastokens``, Rust, Apache-2.0): BPE from a ``tokenizer.json`` with
+generic Split regexes (PCRE2), Digits and the common normalizers; and the tiktoken encodings.
+
+What it is taken for is what tests/tokenize/test_tokenize_backends.py proves token for token
+(:func:`inexact` refuses the rest, naming it, so ``auto`` falls back): a BPE model without
+dropout; normalizers NFC, Lowercase, Prepend, Replace and Sequences of them; pre-tokenizers
+ByteLevel, Split, Digits and Sequences of them (fastokens refuses Metaspace, WhitespaceSplit,
+Punctuation, NFKC, NFD ... itself); no pre-tokenizer only with ``byte_fallback`` (without it,
+fastokens' ids differ). tiktoken semantics are ``encode_ordinary``: ``split_special_tokens``, so
+``<|endoftext|>`` in a text is ordinary text.
+
+Ids without Python lists: fastokens takes Python strs (one per document: the Arrow strings are
+decoded once, ~0.3 ns a byte) and returns the ids as one little-endian uint32 buffer and n + 1
+uint64 offsets, which numpy views without a copy. Its thread pool (FASTOKENS_BPE_THREADS) runs
+with the GIL released. Its memory does not grow with the text it has seen (no pretoken table:
+flat at ~320 MiB over 350 MB of distinct random words, BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from raypack.errors import InputError
+from raypack.tokenize.backends.base import Unsupported, package_version, tiktoken_ranks, tokenizer_json
+from raypack.tokenize.tokenizers import TEXT_EXTRA, TIKTOKEN_ENCODINGS, FlatIds, TextTokenizer, check_texts
+
+NORMALIZERS = {"NFC", "Lowercase", "Prepend", "Replace", "Sequence"}
+PRE_TOKENIZERS = {"ByteLevel", "Split", "Digits", "Sequence"}
+
+
+class FastokensBackend:
+    name = "fastokens"
+    summary = "fastokens (Rust): BPE tokenizer.json with any Split regex, Digits, common normalizers; tiktoken"
+    batch_bytes = 16 << 20
+    """Flat uint32 ids plus the documents as Python strs: ~2-3 bytes per byte of text."""
+
+    thread_env = ("FASTOKENS_BPE_THREADS",)
+    """fastokens' own pool (it does not read RAYON_NUM_THREADS)."""
+
+    def version(self) -> str | None:
+        return package_version("fastokens")
+
+    def encoder(self, tokenizer: TextTokenizer) -> FastokensEncoder:
+        fastokens = _import()
+        if tokenizer.kind == "hf":
+            data = tokenizer_json(tokenizer, inexact, self.name)
+            try:
+                loaded = fastokens.Tokenizer.from_json_str(data.decode("utf-8"))
+            except (ValueError, RuntimeError) as e:
+                raise Unsupported(" ".join(str(e).split())[:200]) from e
+            loaded.no_truncation()
+            loaded.no_padding()
+            return FastokensEncoder(loaded, split_special_tokens=False)
+        if tokenizer.kind == "tiktoken" and tokenizer.name in TIKTOKEN_ENCODINGS:
+            return FastokensEncoder(_load_tiktoken(fastokens, tokenizer.name, tokenizer.rank_file),
+                                    split_special_tokens=True)
+        raise Unsupported(f"no {tokenizer.kind} tokenizer {tokenizer.identity().get('name', '')}")
+
+
+def inexact(config: dict[str, Any]) -> str | None:
+    """Why fastokens may give other ids than ``tokenizers``; None for the shapes the tests prove."""
+    model = config.get("model") or {}
+    if model.get("type") != "BPE":
+        return f"model {model.get('type')}; fastokens is proven exact with BPE"
+    normalizer, pre = config.get("normalizer"), config.get("pre_tokenizer")
+    for kind in _types(normalizer, "normalizers"):
+        if kind not in NORMALIZERS:
+            return f"normalizer {kind}; fastokens is proven exact with {', '.join(sorted(NORMALIZERS))}"
+    for kind in _types(pre, "pretokenizers"):
+        if kind not in PRE_TOKENIZERS:
+            return f"pre-tokenizer {kind}; fastokens is proven exact with {', '.join(sorted(PRE_TOKENIZERS))}"
+    if pre is None and not model.get("byte_fallback"):
+        return "no pre-tokenizer without byte_fallback, where fastokens' ids differ"
+    return None
+
+
+def _types(part: Any, children: str) -> list[str]:
+    """The ``type`` of ``part`` and of every part nested in its Sequences."""
+    if not isinstance(part, dict):
+        return []
+    kinds = [str(part.get("type"))]
+    for child in part.get(children) or []:
+        kinds += _types(child, children)
+    return kinds
+
+
+def _import() -> Any:
+    try:
+        import fastokens
+    except ImportError as e:
+        raise InputError(f"the fastokens backend does not import ({e}); {TEXT_EXTRA}") from e
+    return fastokens
+
+
+def _load_tiktoken(fastokens: Any, name: str, rank_file) -> Any:
+    """fastokens reads an uncompressed rank file from a path: the checked contents go to a temporary file."""
+    contents = tiktoken_ranks(name, rank_file)
+    with tempfile.TemporaryDirectory(prefix="raypack-ranks-") as directory:
+        path = os.path.join(directory, f"{name}.tiktoken")
+        with open(path, "wb") as f:
+            f.write(contents)
+        try:
+            return fastokens.Tokenizer.from_tiktoken(path, encoding=name)
+        except (ValueError, RuntimeError) as e:
+            raise Unsupported(" ".join(str(e).split())[:200]) from e
+
+
+class FastokensEncoder:
+    """``encode_flat`` through ``fastokens.Tokenizer.encode_batch_flat``."""
+
+    def __init__(self, tokenizer: Any, *, split_special_tokens: bool) -> None:
+        self.tokenizer = tokenizer
+        self.split_special_tokens = split_special_tokens
+
+    def encode_flat(self, texts: pa.StringArray | pa.LargeStringArray) -> FlatIds:
+        check_texts(texts)
+        if len(texts) == 0:
+            return FlatIds(np.zeros(0, dtype=np.uint32), np.zeros(1, dtype=np.int64))
+        ids, offsets = self.tokenizer.encode_batch_flat(texts.to_pylist(),
+                                                       split_special_tokens=self.split_special_tokens)
+        return FlatIds(np.frombuffer(ids, dtype="<u4"), np.frombuffer(offsets, dtype="<u8").view(np.int64))
