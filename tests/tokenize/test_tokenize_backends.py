@@ -315,6 +315,19 @@ def test_auto_falls_back_to_the_reference_with_one_info_line(tmp_path, caplog, k
 
 
 @needs_gigatoken
+def test_autos_line_is_said_once_per_tokenizer_though_a_run_loads_it_twice(tmp_path, caplog):
+    path = _unsupported_tokenizer(tmp_path, "nfkc")
+    other = tmp_path / "copy" / "nfkc.json"
+    other.parent.mkdir()
+    other.write_bytes(open(path, "rb").read())
+    with caplog.at_level(logging.INFO, logger="raypack.tokenize.backends"):
+        for spec in (path, path, str(other)):
+            assert load_backed_tokenizer(spec).backend == "reference"
+    lines = [r.getMessage() for r in caplog.records if r.name == "raypack.tokenize.backends"]
+    assert len(lines) == 2 and lines[0] == lines[1] and "NFKC" in lines[0]
+
+
+@needs_gigatoken
 @needs_fastokens
 def test_auto_takes_the_next_backend_that_takes_the_tokenizer_with_one_info_line(tmp_path, caplog):
     path = _unsupported_tokenizer(tmp_path, "single_word")

@@ -125,11 +125,23 @@ def select_encoder(tokenizer: TextTokenizer, requested: str = AUTO) -> tuple[str
             passed.append(f"{name} cannot do this tokenizer ({e})")
             continue
         if passed:
-            log.info("tokenizer backend auto: %s; using %s", "; ".join(passed), name)
+            _say_once(tokenizer, f"tokenizer backend auto: {'; '.join(passed)}; using {name}")
         return name, encoder
-    log.info("tokenizer backend auto: %s; using the reference, %s (%s)", "; ".join(passed), tokenizer.library,
-             TEXT_EXTRA)
+    _say_once(tokenizer, f"tokenizer backend auto: {'; '.join(passed)}; using the reference, {tokenizer.library} "
+                         f"({TEXT_EXTRA})")
     return ReferenceBackend.name, tokenizer
+
+
+_SAID: set[tuple[str, str]] = set()
+
+
+def _say_once(tokenizer: TextTokenizer, line: str) -> None:
+    """auto's INFO line, once per process and tokenizer (a run loads its tokenizer to check it
+    before Ray starts, and again to plan: the user reads the line once)."""
+    key = (str(getattr(tokenizer, "path", None) or getattr(tokenizer, "name", "")), line)
+    if key not in _SAID:
+        _SAID.add(key)
+        log.info("%s", line)
 
 
 def _explicit(backend: TokenizerBackend, tokenizer: TextTokenizer) -> Encoder:
