@@ -1,4 +1,8 @@
-"""What a tokenizer backend is: the protocol, its one error, and how versions are read."""
+"""What a tokenizer backend is: its protocol, its one error, and what every backend reads alike.
+
+Versions, a tokenizer.json (parsed, checked against the backend's proven shapes and the added
+tokens' ids), and a tiktoken rank file (checked against tiktoken's sha256).
+"""
 
 from __future__ import annotations
 
