@@ -468,6 +468,9 @@ SHAPES = {
     "two Splits": ("bl", {"pre_tokenizer": _seq(_split(), _split(r"\p{N}{1,3}"), _bl(regex=False))}, []),
     "Digits then ByteLevel": ("bl", {"pre_tokenizer": _seq(_DIGITS, _bl())}, []),
     "gpt2 Lowercase": ("bl", {"normalizer": {"type": "Lowercase"}}, []),
+    "sp Replace by a regex": ("sp", {"normalizer": {"type": "Sequence", "normalizers": [
+        {"type": "Prepend", "prepend": "\u2581"},
+        {"type": "Replace", "pattern": {"Regex": " +"}, "content": "\u2581"}]}}, []),
     "sp NFKC": ("sp", {"normalizer": {"type": "NFKC"}}, []),
     "sp Digits": ("sp", {"pre_tokenizer": _DIGITS}, []),
 }

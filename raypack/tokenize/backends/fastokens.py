@@ -10,7 +10,7 @@ fastokens' ids differ). tiktoken semantics are ``encode_ordinary``: ``split_spec
 ``<|endoftext|>`` in a text is ordinary text.
 
 Ids without Python lists: fastokens takes Python strs (one per document: the Arrow strings are
-decoded once, ~0.3 ns a byte) and returns the ids as one little-endian uint32 buffer and n + 1
+decoded once, 0.3-0.7 ns a byte) and returns the ids as one little-endian uint32 buffer and n + 1
 uint64 offsets, which numpy views without a copy. Its thread pool (FASTOKENS_BPE_THREADS) runs
 with the GIL released. Its memory does not grow with the text it has seen (no pretoken table:
 flat at ~320 MiB over 350 MB of distinct random words, BENCHMARKS.md).
