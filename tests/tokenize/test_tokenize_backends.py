@@ -565,6 +565,60 @@ def test_a_backend_misencodes_the_shapes_it_is_refused(shape_files, backend, sha
     assert differ, f"{backend} now encodes {shape} exactly: it may be taken"
 
 
+class _Panic(BaseException):
+    """What pyo3 raises for a Rust panic (pyo3_runtime.PanicException derives from BaseException)."""
+
+
+class _FailsOn:
+    """An encoder that fails the way a library does on any batch holding ``bad``."""
+
+    def __init__(self, bad: str, error: BaseException) -> None:
+        self.bad, self.error, self.calls = bad, error, 0
+
+    def encode_flat(self, texts):
+        self.calls += 1
+        if any(self.bad in t for t in texts.to_pylist()):
+            raise self.error
+        return FlatIds(np.zeros(len(texts), np.uint32), np.arange(len(texts) + 1, dtype=np.int64))
+
+
+@pytest.mark.parametrize("error", [ValueError("PCRE2: error matching: match limit exceeded\nmore"),
+                                   _Panic("Onig: Regex search error: retry-limit-in-match over")])
+def test_a_document_the_library_fails_on_is_one_line_naming_it(error):
+    from raypack.tokenize.tasks import encode_naming
+
+    texts = pa.array(["a", "bb", "BOOM" + "x" * 50, "ccc", "BOOM"])
+    with pytest.raises(InputError) as raised:
+        encode_naming(_FailsOn("BOOM", error), texts, lambda k: f"doc {k + 10}")
+    line = str(raised.value)
+    assert line.startswith("doc 12 (54 bytes of text) cannot be encoded by the tokenizer: ") and "\n" not in line
+    assert str(error).split("\n")[0] in line and "--max-document-bytes" in line
+    one = _FailsOn("BOOM", error)  # a batch of one is not encoded again (a panic prints each time)
+    with pytest.raises(InputError, match="^doc 0 "):
+        encode_naming(one, pa.array(["BOOM"]), lambda k: f"doc {k}")
+    assert one.calls == 1
+    with pytest.raises(KeyboardInterrupt):  # Ctrl-C is not a document's fault
+        encode_naming(_FailsOn("BOOM", KeyboardInterrupt()), texts, str)
+    fine = encode_naming(_FailsOn("BOOM", error), pa.array(["a", "b"]), str)
+    assert fine.offsets.tolist() == [0, 1, 2]
+
+
+@needs_fastokens
+@pytest.mark.parametrize("command", ["tokenize", "pack"])
+def test_a_document_past_fastokens_regex_limit_is_one_line_and_nothing_is_written(shape_files, tmp_path, capsys,
+                                                                                   command):
+    """12 MB of spaces exceed PCRE2's match limit in the Split of a Digits+Split+ByteLevel tokenizer."""
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"text": ["hello world", " " * (12 << 20), "bye"]}), tmp_path / "in" / "in.parquet")
+    args = [command, "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--tokenizer",
+            str(shape_files["Digits, Split, ByteLevel"]), "--tokenizer-backend", "fastokens", "--local"]
+    code = main(args + (["--context-length", "64"] if command == "pack" else []))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and not (tmp_path / "out").exists()
+    assert "in.parquet: document 1 of row groups [0, 1)" in err[0] and "12,582,912 bytes" in err[0]
+    assert "cannot be encoded by the tokenizer: " in err[0] and "match limit" in err[0]
+
+
 def test_a_bpe_with_dropout_is_refused_with_one_line(tmp_path, capsys):
     """Dropout draws other merges at every call, so no run could be reproduced (any backend)."""
     tok = train_byte_level_bpe(CORPUS[10:200], 400)
