@@ -31,7 +31,7 @@ import json
 import logging
 import posixpath
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -47,7 +47,7 @@ from raypack.packed.writer import AtomicFile, HashingSink, write_whole
 from raypack.tokenize.backends import load_backed_tokenizer
 from raypack.tokenize.corpus import TOKEN_COLUMN, part_file_name
 from raypack.tokenize.guard import ReferenceGuard
-from raypack.tokenize.tokenizers import FlatIds, TextTokenizer, flat_to_list_array
+from raypack.tokenize.tokenizers import FlatIds, TextTokenizer, encode_naming, flat_to_list_array
 
 log = logging.getLogger(__name__)
 
@@ -194,41 +194,6 @@ def document_name(task: TextTask, k: int) -> str:
     """Document ``k`` (from 0, in order) of ``task``, for an error message."""
     where = f"{format_named(task.format).text_task_unit} [{task.start}, {task.end})"
     return f"{task.path}: document {k} of {where} (tokenize task {task.task_index})"
-
-
-def encode_naming(tokenizer: TextTokenizer, texts: pa.Array, name: Callable[[int], str]) -> FlatIds:
-    """``tokenizer.encode_flat(texts)``; where the tokenizer's library fails on the batch (an error
-    of its own, or a Rust panic: pyo3 raises those as BaseException), an InputError naming the
-    document that fails alone (``name(k)``; the longest are tried first, as a regex's match limit is
-    what long texts hit). Costs nothing unless the library fails."""
-    try:
-        return tokenizer.encode_flat(texts)
-    except (InputError, KeyboardInterrupt, SystemExit, GeneratorExit):
-        raise
-    except BaseException as e:  # noqa: BLE001 (see the docstring)
-        failure = e
-    lengths = pc.binary_length(texts).to_numpy(zero_copy_only=False)
-    if len(texts) == 1:  # that one (not encoded again: a Rust panic prints its message each time)
-        raise InputError(_cannot(name(0), int(lengths[0]), failure)) from failure
-    for k in np.argsort(-lengths, kind="stable"):
-        try:
-            tokenizer.encode_flat(texts.slice(int(k), 1))
-        except (InputError, KeyboardInterrupt, SystemExit, GeneratorExit):
-            raise
-        except BaseException as e:  # noqa: BLE001
-            raise InputError(_cannot(name(int(k)), int(lengths[k]), e)) from e
-    raise InputError(f"{name(0)} and the {len(texts) - 1} documents after it cannot be encoded together by the "
-                     f"tokenizer, though each can alone: {_first_line(failure)}") from failure
-
-
-def _cannot(document: str, size: int, error: BaseException) -> str:
-    return (f"{document} ({size:,} bytes of text) cannot be encoded by the tokenizer: {_first_line(error)}; split "
-            f"the document upstream, or lower --max-document-bytes to refuse such documents before they are encoded")
-
-
-def _first_line(error: BaseException) -> str:
-    text = " ".join(str(error).split("\n")[0].split()) or type(error).__name__
-    return text[:200]
 
 
 def _encode(texts: pa.Array, flat: FlatIds, settings: TokenizeSettings, token_type: pa.DataType,

@@ -206,6 +206,43 @@ def check_texts(texts: pa.Array) -> None:
                          f"text as UTF-8 (Python: str.encode('utf-8', 'replace'))") from e
 
 
+SPLIT_IT = "split the document upstream, or lower --max-document-bytes to refuse such documents before they are encoded"
+
+
+def encode_naming(encoder: Encoder, texts: pa.Array, name: Callable[[int], str], fix: str = SPLIT_IT) -> FlatIds:
+    """``encoder.encode_flat(texts)``; where the tokenizer's library fails on the batch (an error
+    of its own, or a Rust panic: pyo3 raises those as BaseException), an InputError naming the
+    document that fails alone (``name(k)``; the longest are tried first, as a regex's match limit is
+    what long texts hit), then ``fix``. Costs nothing unless the library fails."""
+    try:
+        return encoder.encode_flat(texts)
+    except (InputError, KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 (see the docstring)
+        failure = e
+    lengths = np.diff(text_offsets(texts))
+    if len(texts) == 1:  # that one (not encoded again: a Rust panic prints its message each time)
+        raise InputError(_cannot(name(0), int(lengths[0]), failure, fix)) from failure
+    for k in np.argsort(-lengths, kind="stable"):
+        try:
+            encoder.encode_flat(texts.slice(int(k), 1))
+        except (InputError, KeyboardInterrupt, SystemExit, GeneratorExit):
+            raise
+        except BaseException as e:  # noqa: BLE001
+            raise InputError(_cannot(name(int(k)), int(lengths[k]), e, fix)) from e
+    raise InputError(f"{name(0)} and the {len(texts) - 1} documents after it cannot be encoded together by the "
+                     f"tokenizer, though each can alone: {_first_line(failure)}") from failure
+
+
+def _cannot(document: str, size: int, error: BaseException, fix: str) -> str:
+    return f"{document} ({size:,} bytes of text) cannot be encoded by the tokenizer: {_first_line(error)}; {fix}"
+
+
+def _first_line(error: BaseException) -> str:
+    text = " ".join(str(error).split("\n")[0].split()) or type(error).__name__
+    return text[:200]
+
+
 def _texts_to_list(texts: pa.Array) -> list[str]:
     """Python strs of a string/large_string array (checked by ``check_texts``)."""
     check_texts(texts)

@@ -26,7 +26,7 @@ from raypack.inputs.registry import format_named
 from raypack.outputs import read_packed
 from raypack.packed.manifest import Manifest, load_manifest
 from raypack.rules.long_docs import DEFAULT_LONG_DOCS
-from raypack.tokenize.tokenizers import load_tokenizer
+from raypack.tokenize.tokenizers import encode_naming, load_tokenizer
 from raypack.verify.report import VerifyError
 
 DEFAULT_DOCUMENTS = 64
@@ -42,6 +42,10 @@ class TextSource(NamedTuple):
     end: int
     doc_offset: int
     num_docs: int
+
+
+CANNOT_CHECK = ("so it cannot be checked against the output; give --check-tokenizer another count, which "
+                "samples other documents")
 
 
 def check_tokenizer(out: str, num_docs: int = DEFAULT_DOCUMENTS) -> list[str]:
@@ -116,7 +120,11 @@ def _encode(sources: list[TextSource], chosen: np.ndarray, tokenizer, column: st
         for _, texts in format_named(source.format).iter_texts(source.path, column, source.start, source.end, 4096):
             take = (rows[(rows >= seen) & (rows < seen + len(texts))] - seen).tolist()
             if take:
-                flat = tokenizer.encode_flat(texts.take(pa.array(take)))
+                def name(j: int, first: int = seen, rows: list = take) -> str:
+                    doc = source.doc_offset + first + rows[j]
+                    return f"document {doc} ({source.path} row {first + rows[j]} of its task)"
+
+                flat = encode_naming(tokenizer, texts.take(pa.array(take)), name, CANNOT_CHECK)
                 for j, k in enumerate(take):
                     ids = flat.values[flat.offsets[j]:flat.offsets[j + 1]].astype(np.int64)
                     ids = np.concatenate([[bos] if bos is not None else [], ids, [eos] if eos is not None else []])

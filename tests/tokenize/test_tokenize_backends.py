@@ -585,7 +585,7 @@ class _FailsOn:
 @pytest.mark.parametrize("error", [ValueError("PCRE2: error matching: match limit exceeded\nmore"),
                                    _Panic("Onig: Regex search error: retry-limit-in-match over")])
 def test_a_document_the_library_fails_on_is_one_line_naming_it(error):
-    from raypack.tokenize.tasks import encode_naming
+    from raypack.tokenize.tokenizers import encode_naming
 
     texts = pa.array(["a", "bb", "BOOM" + "x" * 50, "ccc", "BOOM"])
     with pytest.raises(InputError) as raised:

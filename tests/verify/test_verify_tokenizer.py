@@ -63,3 +63,27 @@ def test_an_output_of_token_inputs_has_nothing_to_re_encode(tmp_path, capsys):
     assert main(["verify", str(tmp_path / "out"), "--check-tokenizer"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "was not packed from text" in err[0], err
+
+
+class _Panic(BaseException):
+    """What pyo3 raises for a Rust panic (a BaseException), e.g. Onig's retry limit on 16 MB of spaces."""
+
+
+def test_a_document_the_reference_cannot_encode_is_one_line_naming_it(tmp_path, tok, capsys, monkeypatch):
+    from raypack.tokenize.tokenizers import HFTokenizer
+
+    assert main(["pack", "--local", "--input", text_dir(tmp_path), "--output", str(tmp_path / "out"),
+                 "--context-length", "24", "--tokenizer", tok, "--task-rows", "30"]) == 0
+    capsys.readouterr()
+    real = HFTokenizer.encode_flat
+
+    def fails_on_the_last_document(self, texts):
+        if TEXTS[-1] in texts.to_pylist():
+            raise _Panic("Onig: Regex search error: retry-limit-in-match over")
+        return real(self, texts)
+
+    monkeypatch.setattr(HFTokenizer, "encode_flat", fails_on_the_last_document)
+    assert main(["verify", str(tmp_path / "out"), "--check-tokenizer", "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "document 119 (" in err[0] and "row 19 of its task" in err[0], err
+    assert "cannot be encoded by the tokenizer: Onig" in err[0] and "cannot be checked" in err[0]
