@@ -18,6 +18,11 @@ class WorkerError(RuntimeError):
     """
 
 
+class BackendError(RuntimeError):
+    """A tokenizer backend gave ids its tokenizer cannot give (outside the vocabulary): a bug in the
+    backend, not in the input. The message names the backend and says to use the reference."""
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during a run; ``kept`` is where the finished work waits for ``--resume`` (None: nothing kept)."""
 

@@ -42,7 +42,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from raypack.errors import InputError
+from raypack.errors import BackendError, InputError
 
 __all__ = [
     "TEXT_EXTRA",
@@ -209,6 +209,10 @@ def check_texts(texts: pa.Array) -> None:
 SPLIT_IT = "split the document upstream, or lower --max-document-bytes to refuse such documents before they are encoded"
 
 
+NOT_THE_DOCUMENT = (InputError, BackendError, KeyboardInterrupt, SystemExit, GeneratorExit)
+"""What ``encode_naming`` lets through as it is: errors that already say what is wrong, and Ctrl-C."""
+
+
 def encode_naming(encoder: Encoder, texts: pa.Array, name: Callable[[int], str], fix: str = SPLIT_IT) -> FlatIds:
     """``encoder.encode_flat(texts)``; where the tokenizer's library fails on the batch (an error
     of its own, or a Rust panic: pyo3 raises those as BaseException), an InputError naming the
@@ -216,7 +220,7 @@ def encode_naming(encoder: Encoder, texts: pa.Array, name: Callable[[int], str],
     what long texts hit), then ``fix``. Costs nothing unless the library fails."""
     try:
         return encoder.encode_flat(texts)
-    except (InputError, KeyboardInterrupt, SystemExit, GeneratorExit):
+    except NOT_THE_DOCUMENT:
         raise
     except BaseException as e:  # noqa: BLE001 (see the docstring)
         failure = e
@@ -226,7 +230,7 @@ def encode_naming(encoder: Encoder, texts: pa.Array, name: Callable[[int], str],
     for k in np.argsort(-lengths, kind="stable"):
         try:
             encoder.encode_flat(texts.slice(int(k), 1))
-        except (InputError, KeyboardInterrupt, SystemExit, GeneratorExit):
+        except NOT_THE_DOCUMENT:
             raise
         except BaseException as e:  # noqa: BLE001
             raise InputError(_cannot(name(int(k)), int(lengths[k]), e, fix)) from e

@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raypack.cli import main
-from raypack.errors import InputError
+from raypack.errors import BackendError, InputError
 from raypack.tokenize import backends as backends_module
 from raypack.tokenize.backends import AUTO_ORDER, BACKENDS, Unsupported, load_backed_tokenizer, select_encoder
 from raypack.tokenize.backends.fastokens import FastokensBackend
@@ -599,6 +599,8 @@ def test_a_document_the_library_fails_on_is_one_line_naming_it(error):
     assert one.calls == 1
     with pytest.raises(KeyboardInterrupt):  # Ctrl-C is not a document's fault
         encode_naming(_FailsOn("BOOM", KeyboardInterrupt()), texts, str)
+    with pytest.raises(BackendError, match="^the backend is wrong$"):  # nor a backend's bug (its own message)
+        encode_naming(_FailsOn("BOOM", BackendError("the backend is wrong")), texts, str)
     fine = encode_naming(_FailsOn("BOOM", error), pa.array(["a", "b"]), str)
     assert fine.offsets.tolist() == [0, 1, 2]
 

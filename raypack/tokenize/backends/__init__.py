@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from raypack.errors import InputError
+from raypack.errors import BackendError, InputError
 from raypack.tokenize.backends.base import TokenizerBackend, Unsupported, package_version
 from raypack.tokenize.backends.fastokens import FastokensBackend
 from raypack.tokenize.backends.gigatoken import GigatokenBackend
@@ -97,7 +97,7 @@ class BackedTokenizer:
     def encode_flat(self, texts: pa.StringArray | pa.LargeStringArray) -> FlatIds:
         flat = self.encoder.encode_flat(texts)
         if flat.values.size and int(flat.values.max()) >= self.vocab_size:  # a backend bug, not bad input
-            raise RuntimeError(f"the {self.backend} backend returned id {int(flat.values.max())}, outside the "
+            raise BackendError(f"the {self.backend} backend returned id {int(flat.values.max())}, outside the "
                                f"vocabulary [0, {self.vocab_size}); use --tokenizer-backend reference")
         return FlatIds(flat.values.astype(np.uint32, copy=False), flat.offsets)
 
