@@ -339,5 +339,3 @@ def rayon_threads(num_cpus: float, num_workers: int) -> int:
     cores (context switches, cache thrash). C // N threads each keep every core busy once.
     """
     return max(1, int(num_cpus) // max(1, num_workers))
-
-

@@ -120,9 +120,9 @@ def _encode(sources: list[TextSource], chosen: np.ndarray, tokenizer, column: st
         for _, texts in format_named(source.format).iter_texts(source.path, column, source.start, source.end, 4096):
             take = (rows[(rows >= seen) & (rows < seen + len(texts))] - seen).tolist()
             if take:
-                def name(j: int, first: int = seen, rows: list = take) -> str:
-                    doc = source.doc_offset + first + rows[j]
-                    return f"document {doc} ({source.path} row {first + rows[j]} of its task)"
+                def name(j: int, first: int = seen, taken: list = take) -> str:
+                    row = first + taken[j]
+                    return f"document {source.doc_offset + row} ({source.path} row {row} of its task)"
 
                 flat = encode_naming(tokenizer, texts.take(pa.array(take)), name, CANNOT_CHECK)
                 for j, k in enumerate(take):

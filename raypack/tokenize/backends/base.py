@@ -1,16 +1,20 @@
 """What a tokenizer backend is: its protocol, its one error, and what every backend reads alike.
 
 Versions, a tokenizer.json (parsed, checked against the backend's proven shapes and the added
-tokens' ids), and a tiktoken rank file (checked against tiktoken's sha256).
+tokens' ids), and a tiktoken rank file (checked against tiktoken's sha256, written where a Rust
+backend can read it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import importlib.metadata
 import json
-from typing import Any, Callable, Protocol
+import os
+import tempfile
+from typing import Any, Callable, Iterator, Protocol
 
 from raypack.errors import InputError
 from raypack.tokenize.tokenizers import TIKTOKEN_ENCODINGS, Encoder, TextTokenizer
@@ -80,3 +84,14 @@ def tiktoken_ranks(name: str, rank_file) -> bytes:
     if hashlib.sha256(contents).hexdigest() != TIKTOKEN_ENCODINGS[name]["rank_sha256"]:
         raise InputError(f"rank file {rank_file} does not have tiktoken's sha256; reinstall bpe-openai")
     return contents
+
+
+@contextlib.contextmanager
+def rank_file_on_disk(name: str, contents: bytes) -> Iterator[str]:
+    """The path of ``contents`` (an uncompressed rank file) written to a temporary directory, removed
+    after: the Rust backends read a rank file only from a path."""
+    with tempfile.TemporaryDirectory(prefix="raypack-ranks-") as directory:
+        path = os.path.join(directory, f"{name}.tiktoken")
+        with open(path, "wb") as f:
+            f.write(contents)
+        yield path

@@ -18,15 +18,19 @@ flat at ~320 MiB over 350 MB of distinct random words, BENCHMARKS.md).
 
 from __future__ import annotations
 
-import os
-import tempfile
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from raypack.errors import InputError
-from raypack.tokenize.backends.base import Unsupported, package_version, tiktoken_ranks, tokenizer_json
+from raypack.tokenize.backends.base import (
+    Unsupported,
+    package_version,
+    rank_file_on_disk,
+    tiktoken_ranks,
+    tokenizer_json,
+)
 from raypack.tokenize.tokenizers import TEXT_EXTRA, TIKTOKEN_ENCODINGS, FlatIds, TextTokenizer, check_texts
 
 NORMALIZERS = {"NFC", "Lowercase", "Prepend", "Replace", "Sequence"}
@@ -99,11 +103,7 @@ def _import() -> Any:
 
 def _load_tiktoken(fastokens: Any, name: str, rank_file) -> Any:
     """fastokens reads an uncompressed rank file from a path: the checked contents go to a temporary file."""
-    contents = tiktoken_ranks(name, rank_file)
-    with tempfile.TemporaryDirectory(prefix="raypack-ranks-") as directory:
-        path = os.path.join(directory, f"{name}.tiktoken")
-        with open(path, "wb") as f:
-            f.write(contents)
+    with rank_file_on_disk(name, tiktoken_ranks(name, rank_file)) as path:
         try:
             return fastokens.Tokenizer.from_tiktoken(path, encoding=name)
         except (ValueError, RuntimeError) as e:

@@ -38,14 +38,19 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
 
 from raypack.errors import InputError
-from raypack.tokenize.backends.base import Unsupported, package_version, tiktoken_ranks, tokenizer_json
+from raypack.tokenize.backends.base import (
+    Unsupported,
+    package_version,
+    rank_file_on_disk,
+    tiktoken_ranks,
+    tokenizer_json,
+)
 from raypack.tokenize.tokenizers import (
     TEXT_EXTRA,
     FlatIds,
@@ -163,10 +168,7 @@ def _load_tiktoken(name: str, contents: bytes) -> Any:
     """gigatoken reads an uncompressed rank file from a path: ``contents`` go to a temporary file."""
     from gigatoken.gigatoken_rs import BPETokenizer
 
-    with tempfile.TemporaryDirectory(prefix="raypack-ranks-") as directory:
-        path = os.path.join(directory, f"{name}.tiktoken")
-        with open(path, "wb") as f:
-            f.write(contents)
+    with rank_file_on_disk(name, contents) as path:
         try:
             return BPETokenizer.from_tiktoken(path, PRETOKENIZERS[name], {})
         except (RuntimeError, ValueError) as e:
