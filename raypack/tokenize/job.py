@@ -269,6 +269,7 @@ def _text_settings(out_dir: str, text: TextOptions, tokenizer, inputs) -> tuple[
                                 token_dtype, bos_id, eos_id, text.row_group_tokens, text.row_group_docs,
                                 text.batch_rows, text.batch_bytes or tokenizer.batch_bytes,
                                 tokenizer_backend=tokenizer.backend,
+                                tokenizer_backend_version=tokenizer.backend_record()["version"],
                                 max_document_bytes=text.max_document_bytes, held_tokens=text.task_bytes // 4)
     options = {**text.output_dict(), "bos_id": bos_id, "eos_id": eos_id, "inputs": list(inputs)}
     return settings, options

@@ -41,6 +41,7 @@ tokenized again.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 import time
@@ -70,7 +71,9 @@ from raypack.pack.resume import identify_input, load_verified_result, recorded_t
 from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts
 from raypack.packed.writer import TMP_PREFIX, Committer
 from raypack.rules.long_docs import CutCounts
-from raypack.tokenize.tasks import TextTask, TokenizeSettings, output_settings, tokenize_in_memory
+from raypack.tokenize.tasks import TextTask, TokenizeSettings, backend_changed, record_settings, tokenize_in_memory
+
+log = logging.getLogger(__name__)
 
 IDENTITY_KEY = "text"
 """The key of the text task and tokenize settings in a one-pass resume record's input identity."""
@@ -158,7 +161,7 @@ class HeldTask:
 
 
 def text_identity(task: TextTask, settings: TokenizeSettings) -> dict[str, Any]:
-    return json.loads(json.dumps({"task": asdict(task), "settings": output_settings(settings)}))
+    return json.loads(json.dumps({"task": asdict(task), "settings": record_settings(settings)}))
 
 
 def tokenize_held(task: TextTask, settings: TokenizeSettings, tokenizer, pack: PackSettings) -> HeldTask:
@@ -246,9 +249,15 @@ class Placer:
         if resume:
             for t in tasks:
                 found = recorded_task(t.task_index, settings)
-                if found and found[1].get(IDENTITY_KEY) == text_identity(t, text_settings) \
-                        and (found[0].task_index, found[0].path, found[0].format) == (t.task_index, t.path, t.format):
+                if not found or (found[0].task_index, found[0].path, found[0].format) != (t.task_index, t.path,
+                                                                                          t.format):
+                    continue
+                recorded = found[1].get(IDENTITY_KEY)
+                if recorded == text_identity(t, text_settings):
                     self.candidates[t.task_index] = found[0]
+                elif isinstance(recorded, dict) and recorded.get("task") == asdict(t) \
+                        and (why := backend_changed(recorded.get("settings"), text_settings)):
+                    log.info("resume: text task %d (%s) is tokenized again: %s", t.task_index, t.path, why)
 
     def to_tokenize(self) -> list[TextTask]:
         """The tasks to tokenize, in order (those without a matching resume record)."""

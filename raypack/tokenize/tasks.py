@@ -55,7 +55,8 @@ RECORD_VERSION = 1
 PARQUET_WRITE_OPTIONS = {"compression": "zstd", "use_dictionary": False, "write_statistics": True}
 """Fixed, so a part file's bytes depend only on its documents."""
 _NOT_OUTPUT_SETTINGS = ("out_dir", "tokenizer", "batch_rows", "batch_bytes", "num_threads", "tokenizer_backend",
-                        "max_document_bytes", "held_tokens")
+                        "tokenizer_backend_version", "max_document_bytes", "held_tokens")
+_BACKEND_SETTINGS = ("tokenizer_backend", "tokenizer_backend_version")
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,10 @@ class TokenizeSettings:
     tokenizer_backend: str = "reference"
     """The backend the driver chose (never ``auto``: every worker uses the same one); no effect on
     the output (the ids are the reference's, checked on a sample: raypack.tokenize.guard)."""
+    tokenizer_backend_version: str = ""
+    """The version of the library behind ``tokenizer_backend`` on the driver; a worker whose
+    library differs refuses to run, and a resume record made by another backend or version is
+    not kept (:func:`record_settings`)."""
     max_document_bytes: int = 16 << 20
     """A longer text is refused before it is encoded (raypack.tokenize.job.TextOptions)."""
     held_tokens: int = 16 << 20
@@ -128,6 +133,10 @@ def load_worker_tokenizer(settings: TokenizeSettings) -> TextTokenizer:
     if sha256 != settings.tokenizer_sha256:
         raise InputError(f"tokenizer {settings.tokenizer} on this worker has sha256 {sha256[:16]}..., the driver's "
                          f"has {settings.tokenizer_sha256[:16]}...; give every node the same file")
+    version = tokenizer.backend_record()["version"]
+    if settings.tokenizer_backend_version and version != settings.tokenizer_backend_version:
+        raise InputError(f"tokenizer backend {settings.tokenizer_backend} on this worker is version {version}, the "
+                         f"driver's is {settings.tokenizer_backend_version}; install the same version on every node")
     if settings.num_threads and hasattr(tokenizer.reference, "num_threads"):
         tokenizer.reference.num_threads = settings.num_threads
     return tokenizer
@@ -270,12 +279,33 @@ def output_settings(settings: TokenizeSettings) -> dict[str, Any]:
     return {k: v for k, v in asdict(settings).items() if k not in _NOT_OUTPUT_SETTINGS}
 
 
+def record_settings(settings: TokenizeSettings) -> dict[str, Any]:
+    """What a resume record must match to be kept: the settings that decide the bytes, and the
+    backend (name and version) that computed the ids. Its ids are the reference's whichever backend
+    ran, but only as far as that backend and raypack's rules for it were right: a task is not kept
+    from another backend's run (an upgrade, a fallback), so that every id of an output comes from
+    the one backend its manifest names."""
+    return {**output_settings(settings), **{k: getattr(settings, k) for k in _BACKEND_SETTINGS}}
+
+
+def backend_changed(recorded: Any, settings: TokenizeSettings) -> str | None:
+    """Why a record's settings (``recorded``) fail :func:`record_settings` on the backend alone, or
+    None (they match, or differ in more than the backend)."""
+    if not isinstance(recorded, dict) or recorded == record_settings(settings):
+        return None
+    if {k: v for k, v in recorded.items() if k not in _BACKEND_SETTINGS} != output_settings(settings):
+        return None
+    was = " ".join(str(recorded.get(k, "?")) for k in _BACKEND_SETTINGS)
+    now = " ".join(str(getattr(settings, k)) for k in _BACKEND_SETTINGS)
+    return f"its ids were computed by backend {was}, this run's is {now}"
+
+
 def _canonical(value: dict[str, Any]) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
 def save_record(task: TextTask, settings: TokenizeSettings, result: TextResult, identity: dict[str, Any]) -> None:
-    body = {"version": RECORD_VERSION, "task": asdict(task), "settings": output_settings(settings),
+    body = {"version": RECORD_VERSION, "task": asdict(task), "settings": record_settings(settings),
             "input": identity, "result": asdict(result)}
     record = {**body, "record_sha256": hashlib.sha256(_canonical(body)).hexdigest()}
     write_whole(settings.out_dir, record_name(task.task_index), _canonical(record), make_dirs=True)
@@ -309,8 +339,11 @@ def _rejection(record: dict[str, Any], claimed: str, task: TextTask, settings: T
                result: TextResult, fs, base: str) -> str | None:
     if hashlib.sha256(_canonical(record)).hexdigest() != claimed:
         return "its record fails its checksum"
+    if record.get("version") == RECORD_VERSION and record.get("task") == asdict(task) \
+            and (why := backend_changed(record.get("settings"), settings)):
+        return why
     if record.get("version") != RECORD_VERSION or record.get("task") != asdict(task) \
-            or record.get("settings") != output_settings(settings):
+            or record.get("settings") != record_settings(settings):
         return "its record was made for another version, task or settings"
     if record.get("input") != sampled_identity(task.path, task.format):
         return f"{task.path} changed (size or first/last MiB differ)"

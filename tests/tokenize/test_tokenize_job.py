@@ -329,6 +329,54 @@ def test_tokenize_resume_after_a_crash_reuses_finished_tasks(tmp_path, text_dir,
     assert digests(tmp_path / "out", "*") == digests(clean, "*")
 
 
+def another_backend_version(monkeypatch, version: str = "0.0.0-another") -> None:
+    """Make every load of the tokenizer report ``version`` for its backend (an upgrade between a
+    crash and its resume)."""
+    from raypack.tokenize.backends import BackedTokenizer
+
+    real = BackedTokenizer.backend_record
+    monkeypatch.setattr(BackedTokenizer, "backend_record", lambda self: {**real(self), "version": version})
+
+
+@pytest.mark.parametrize("change", ["version", "backend"])
+def test_tokenize_resume_keeps_no_task_another_backend_computed(tmp_path, text_dir, tok, monkeypatch, caplog,
+                                                                change):
+    """The ids are the reference's whichever backend ran, as far as that backend and raypack's
+    rules for it were right (stop 45 found shapes they were not): a resume keeps no task that
+    another backend, or another version of it, computed, so the manifest's one backend is true."""
+    if change == "backend":
+        pytest.importorskip("gigatoken")
+    first = dict(tokenizer_backend="reference")
+    clean = tokenize(tmp_path, text_dir, tok, "clean", **first)
+    fail_at_task(monkeypatch, 3)
+    with pytest.raises(RuntimeError, match="killed at task 3"):
+        tokenize(tmp_path, text_dir, tok, "out", **first)
+    monkeypatch.undo()
+    done = fail_at_task(monkeypatch, -1)
+    if change == "version":
+        another_backend_version(monkeypatch)
+        then = first
+    else:
+        then = dict(tokenizer_backend="gigatoken")
+    with caplog.at_level("INFO", logger="raypack.tokenize.tasks"):
+        tokenize(tmp_path, text_dir, tok, "out", resume=True, **then)
+    assert done == list(range(manifest_of(clean)["counts"]["shards"]))  # nothing kept
+    assert "its ids were computed by backend reference " in caplog.text
+    assert digests(tmp_path / "out", "part-*") == digests(clean, "part-*")
+    backend = manifest_of(tmp_path / "out")["backend"]
+    assert (backend["version"] == "0.0.0-another") if change == "version" else backend["name"] == "gigatoken"
+
+
+def test_a_worker_with_another_backend_version_refuses(tmp_path, text_dir, tok, monkeypatch):
+    settings, _ = tokenize_job._text_settings(str(tmp_path), options(tok, tokenizer_backend="reference"),
+                                              tokenize_job.load_backed_tokenizer(tok[1], "reference"), [text_dir])
+    assert text_tasks.load_worker_tokenizer(settings).backend == "reference"
+    another_backend_version(monkeypatch, "9.9.9")
+    with pytest.raises(InputError, match=r"reference on this worker is version 9\.9\.9, the driver's is .*install "
+                                         r"the same version on every node"):
+        text_tasks.load_worker_tokenizer(settings)
+
+
 # ----------------------------------------------------------------------------- bad input
 
 
@@ -622,6 +670,25 @@ def test_resume_tokenizes_again_when_the_tokenize_options_change(tmp_path, text_
     clean = run_pack(make_config(dict(inputs=[text_dir], output=str(tmp_path / "clean"), context_length=32)),
                      engine="local", text=options(tok, eos="<eos>"))
     assert summary.manifest["content_sha256"] == clean.manifest["content_sha256"]
+
+
+def test_one_pass_resume_keeps_no_task_another_backend_version_computed(tmp_path, text_dir, tok, monkeypatch,
+                                                                       caplog):
+    config = make_config(dict(inputs=[text_dir], output=str(tmp_path / "out"), context_length=32))
+    tokenized_tasks(monkeypatch, fail_at=4)
+    with pytest.raises(RuntimeError, match="killed"):
+        run_pack(config, engine="local", text=options(tok))
+    monkeypatch.undo()
+    done = tokenized_tasks(monkeypatch)
+    another_backend_version(monkeypatch)
+    with caplog.at_level("INFO", logger="raypack.tokenize.onepass"):
+        summary = run_pack(config, engine="local", resume=True, text=options(tok))
+    assert done[:4] == [0, 1, 2, 3]
+    assert "text task 0 " in caplog.text and "this run's is " in caplog.text and "0.0.0-another" in caplog.text
+    clean = run_pack(make_config(dict(inputs=[text_dir], output=str(tmp_path / "clean"), context_length=32)),
+                     engine="local", text=options(tok))
+    assert summary.manifest["content_sha256"] == clean.manifest["content_sha256"]
+    assert summary.manifest["tokenizer"]["backends"][0]["version"] == "0.0.0-another"
 
 
 @pytest.mark.parametrize("pack_kw, text_kw", [CASES[1], CASES[3], CASES[5]])
