@@ -315,7 +315,7 @@ def iter_parquet_texts(
                                       row_groups=[group], columns=[column])
             for group in range(start, end))
         for batch in _read_text_batches(batches, path):
-            texts = batch.column(0)
+            texts = as_text_array(batch.column(0))
             _check_parquet_texts(texts, path, column, file_row + first_row)
             yield first_row, texts
             first_row += len(texts)
@@ -353,11 +353,40 @@ def _check_text_column(schema: pa.Schema, column: str, path: str) -> None:
             f"pass the text column's name"
         )
     value_type = schema.field(column).type
-    if not (pa.types.is_string(value_type) or pa.types.is_large_string(value_type)):
+    if not is_text_type(value_type):
         raise InputError(
-            f"text file {path}: column {column!r} has type {value_type} in every row; "
-            f"it must hold strings (string or large_string)"
+            f"text file {path}: column {column!r} has type {value_type} in every row; it must hold strings "
+            f"(string, large_string or string_view, binary holding UTF-8, or a dictionary of those)"
         )
+
+
+def _is_view(t: pa.DataType) -> bool:
+    return any(getattr(pa.types, f"is_{kind}_view", lambda _: False)(t) for kind in ("string", "binary"))
+
+
+def _is_plain_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) \
+        or pa.types.is_large_binary(t) or _is_view(t)
+
+
+def is_text_type(t: pa.DataType) -> bool:
+    """Whether a text column of Arrow type ``t`` is read as text: the string types, binary ones (as
+    older writers store strings; their UTF-8 is checked row by row like any text) and dictionaries
+    of them (pandas' categoricals)."""
+    return _is_plain_text(t.value_type if pa.types.is_dictionary(t) else t)
+
+
+def as_text_array(texts: pa.Array) -> pa.Array:
+    """``texts`` (of a type :func:`is_text_type` takes) as a string or large_string array, its
+    UTF-8 not yet checked: zero-copy for string and binary, a copy for views and dictionaries."""
+    if pa.types.is_dictionary(texts.type):
+        texts = texts.dictionary_decode()
+    if _is_view(texts.type):
+        texts = texts.cast(pa.large_binary())  # a binary view's cast to a string type would check its UTF-8 here
+    if pa.types.is_binary(texts.type) or pa.types.is_large_binary(texts.type):
+        string = pa.string() if pa.types.is_binary(texts.type) else pa.large_string()
+        texts = pa.Array.from_buffers(string, len(texts), texts.buffers(), texts.null_count, texts.offset)
+    return texts
 
 
 def _check_parquet_texts(texts: pa.Array, path: str, column: str, file_row: int) -> None:

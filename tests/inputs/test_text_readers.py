@@ -284,12 +284,48 @@ def test_parquet_missing_column_lists_columns(tmp_path):
 
 
 @pytest.mark.parametrize("values, type_name",
-                         [([1, 2], "int64"), ([b"a", b"b"], "binary"), ([["a"], []], "list<.*: string>")])
+                         [([1, 2], "int64"), ([["a"], []], "list<.*: string>")])
 def test_parquet_non_string_column(tmp_path, values, type_name):
     path = tmp_path / "a.parquet"
     pq.write_table(pa.table({"text": values}), path)
     with pytest.raises(InputError, match=rf"column 'text' has type {type_name} in every row; it must hold strings"):
         list(iter_parquet_texts(str(path)))
+
+
+TEXT_TYPES = {
+    "large_string": lambda a: a.cast(pa.large_string()),
+    "string_view": lambda a: a.cast(pa.string_view()),
+    "binary": lambda a: a.cast(pa.binary()),
+    "large_binary": lambda a: a.cast(pa.large_binary()),
+    "binary_view": lambda a: a.cast(pa.binary_view()),
+    "dictionary": lambda a: a.dictionary_encode(),
+    "dictionary of large_string": lambda a: a.cast(pa.large_string()).dictionary_encode(),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(TEXT_TYPES))
+def test_parquet_text_of_any_string_type_reads_as_its_strings(tmp_path, kind):
+    """What other writers give for text (polars' views, pandas' categoricals, binary from older
+    writers) reads as the same strings, in batches the encoders take (string or large_string)."""
+    texts = TEXTS * 3 + TEXTS[:2]
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"text": TEXT_TYPES[kind](pa.array(texts))}), path, row_group_size=7)
+    assert pq.read_schema(path).field("text").type != pa.string()
+    read = list(iter_parquet_texts(str(path), "text", batch_rows=4))
+    assert all(b.type in (pa.string(), pa.large_string()) for _, b in read)
+    assert [t for _, b in read for t in b.to_pylist()] == texts
+
+
+@pytest.mark.parametrize("kind", ["binary", "binary_view", "dictionary", "string_view"])
+def test_parquet_text_of_another_type_names_a_null_or_invalid_row(tmp_path, kind):
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"text": TEXT_TYPES[kind](pa.array(["a", "b", "c", None]))}), path)
+    with pytest.raises(InputError, match=r"a\.parquet row 3: 'text' is null"):
+        list(iter_parquet_texts(str(path)))
+    if kind.startswith("binary"):
+        pq.write_table(pa.table({"text": TEXT_TYPES[kind](pa.array([b"ab", b"c", b"\xff", b"d"]))}), path)
+        with pytest.raises(InputError, match=r"a\.parquet row 2: 'text' is not valid UTF-8"):
+            list(iter_parquet_texts(str(path)))
 
 
 def test_parquet_invalid_utf8_names_the_row(tmp_path):
