@@ -359,9 +359,11 @@ def _bad_line_reason(line: bytes, column: str) -> str | None:
     except UnicodeDecodeError as e:
         return f"invalid UTF-8 (byte 0x{line[e.start]:02x} at byte {e.start} of the line)"
     try:
-        value = json.loads(text)
+        value = json.loads(text, object_pairs_hook=_keys_kept)
     except json.JSONDecodeError as e:
         return f"not JSON ({e.msg} at column {e.colno})"
+    if isinstance(value, _KeptKeys) and value.keys_seen.count(column) > 1:
+        return f"the key {column!r} appears {value.keys_seen.count(column)} times (which one is the text?)"
     if not isinstance(value, dict):
         return f"a JSON {_JSON_TYPES.get(type(value), 'string')} where an object was expected"
     if column not in value:
@@ -374,6 +376,18 @@ def _bad_line_reason(line: bytes, column: str) -> str | None:
     except UnicodeEncodeError:
         return f"{column!r} holds an unpaired surrogate escape (\\ud800-\\udfff), which is not text"
     return None
+
+
+class _KeptKeys(dict):
+    """A parsed JSON object that remembers every key in order, repeats included."""
+
+    keys_seen: list[str]
+
+
+def _keys_kept(pairs: list[tuple[str, object]]) -> _KeptKeys:
+    value = _KeptKeys(pairs)
+    value.keys_seen = [key for key, _ in pairs]
+    return value
 
 
 def _line_number(fs: pafs.FileSystem, fs_path: str, block: LineBlock, index: int) -> int:

@@ -134,6 +134,8 @@ BAD_LINES = [
     (b'{"text": "ok"}\n[1, 2]\n', r"line 2: a JSON array where an object was expected"),
     (b'{"text": "ok"}\n"just a string"\n', r"line 2: a JSON string where an object was expected"),
     (b'{"text": "ok"}\nnot json\n', r"line 2: not JSON \(Expecting value at column 1\)"),
+    (b'{"text": "ok"}\n{"text": "a", "id": {"k": 1, "k": 2}, "text": "b"}\n',
+     r"line 2: the key 'text' appears 2 times \(which one is the text\?\); fix or drop that line"),
 ]
 
 
