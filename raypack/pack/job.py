@@ -55,12 +55,29 @@ class Summary:
             f"  padding          {c.padding_positions:>14,}  ({pad_pct:.3f}% of positions)",
             f"  split documents  {c.split_documents:>14,}  ({split_pct:.2f}% of documents)",
             *_cut_lines(c),
+            *_tokenizer_lines(self.manifest),
             f"  files            {len(self.manifest.files):>14,}",
             f"  time             {self.seconds:>14.2f}s  ({rate / 1e6:,.1f}M tokens/s, start-up included)",
             f"  packing          {self.pack_seconds:>14.2f}s  (first task start to last task end)",
             f"  peak packer RSS  {self.peak_worker_rss_bytes / 2**20:>14,.0f} MiB"
             + ("  (added to this process)" if self.engine == "local" else ""),
         ]
+
+
+def _tokenizer_lines(manifest: Manifest) -> list[str]:
+    """For an output packed from text: the tokenizer and the backend(s) that computed its ids."""
+    record = manifest.tokenizer_record
+    if record is None:
+        return []
+    identity = record["identity"]
+    name = f"tiktoken:{identity.get('name')}" if identity.get("kind") == "tiktoken" else identity.get("file", "?")
+    listed = record.get("backends")
+    backends = [b for b in listed if isinstance(b, dict)] if isinstance(listed, list) else []
+    by = ", ".join(f"{b.get('name')} {b.get('library', '')} {b.get('version', '')}".replace("  ", " ").strip()
+                   for b in backends)
+    vocab = identity.get("vocab_size")
+    ids = f"{vocab:,}" if isinstance(vocab, int) else "?"  # as recorded: an input's manifest may say anything
+    return [f"  tokenizer        {name} ({ids} ids)" + (f", ids by {by}" if by else "")]
 
 
 def _cut_lines(counts: PackedCounts) -> list[str]:

@@ -232,6 +232,19 @@ def test_pack_refuses_a_tokenized_corpus_whose_file_changed(tmp_path, text_dir, 
     assert code == 2 and "\n" not in err and "part-000001.parquet is" in err and "re-run raypack tokenize" in err
 
 
+def test_pack_summary_names_the_tokenizer_and_the_backend_that_computed_the_ids(tmp_path, text_dir, tok, capsys):
+    args = ["pack", "--input", text_dir, "--output", str(tmp_path / "o"), "--local", "--context-length", "64",
+            "--tokenizer", tok[1], "--tokenizer-backend", "reference"]
+    assert main(args) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("tokenizer")]
+    import tokenizers
+    assert lines == [f"  tokenizer        {tok[1]} ({tok[0].get_vocab_size():,} ids), ids by reference tokenizers "
+                     f"{tokenizers.__version__}"]
+    assert main(["pack", "--input", tokenize(tmp_path, text_dir, tok), "--output", str(tmp_path / "t"), "--local",
+                 "--context-length", "64"]) == 0
+    assert "tokenizer" in capsys.readouterr().out  # packed from a tokenized corpus: its tokenizer is named too
+
+
 # ----------------------------------------------------------------------------- split invariance
 
 
