@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--worker-num-cpus", type=float, metavar="CPUS", help="CPUs each packer actor reserves")
     _add_strategy_arguments(pack)
     pack.add_argument("--dry-run", action="store_true",
-                      help="print what every strategy would give on a sample; write nothing")
+                      help="print what every strategy would give on a sample (with --tokenizer: the "
+                           "sample tokenized in memory); write nothing")
     pack.add_argument("--sample-docs", type=int, metavar="N",
                       help="with --dry-run: the first N documents of the stream (0: all)")
     pack.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded local Ray)")
@@ -448,14 +449,16 @@ def _run_pack(args: argparse.Namespace) -> int:
     if args.dry_run:
         from raypack.pack.dry_run import dry_run
 
-        if text is not None:
-            raise InputError("--dry-run reads tokenized shards; run raypack tokenize first, "
-                             "then pack --dry-run over its output")
-
         sample_docs = _sample_docs_default() if args.sample_docs is None else args.sample_docs
         if sample_docs < 0:
             raise InputError(f"--sample-docs={sample_docs} must be >= 0 (0: every document)")
-        print("\n".join(dry_run(config, sample_docs=sample_docs).lines()))
+        if text is not None:
+            from raypack.tokenize.job import dry_run_text
+
+            report = dry_run_text(config, text, sample_docs)
+        else:
+            report = dry_run(config, sample_docs=sample_docs)
+        print("\n".join(report.lines()))
         return 0
     summary = run_pack(config, engine="local" if args.local else "ray", resume=args.resume, text=text)
     print("\n".join(summary.lines()))

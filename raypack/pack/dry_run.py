@@ -29,8 +29,9 @@ class DryRunReport:
     num_docs: int
     num_tokens: int
     num_shards: int
-    corpus_docs: int
-    corpus_tokens: int
+    corpus_docs: int | None
+    corpus_tokens: int | None
+    """The whole input's, or None where only the sample was tokenized (text inputs)."""
     long_documents: int
     """Documents longer than C: every strategy has to cut them."""
     strategies: tuple[StrategyFigures, ...]
@@ -42,9 +43,10 @@ class DryRunReport:
     def lines(self) -> list[str]:
         c = self.context_length
         whole = self.num_docs == self.corpus_docs
+        of = ("of the text (tokenized up to the sample)" if self.corpus_docs is None or self.corpus_tokens is None
+              else f"of {self.corpus_docs:,} ({self.corpus_tokens:,} tokens)")
         out = [f"dry run: {'all' if whole else 'a sample of'} {self.num_docs:,} documents "
-               f"({self.num_tokens:,} tokens, {self.num_shards} shard(s)) of {self.corpus_docs:,} "
-               f"({self.corpus_tokens:,} tokens); C={c}; nothing written",
+               f"({self.num_tokens:,} tokens, {self.num_shards} shard(s)) {of}; C={c}; nothing written",
                f"  documents longer than C: {self.long_documents:,} ({percent(self.long_documents, self.num_docs)})"
                + self._cut_note(),
                f"  {'strategy':<24}{'chunks':>12}{'padding':>12}{'split docs':>14}{'split docs <= C':>18}"]
@@ -67,11 +69,18 @@ def dry_run(config: PackConfig, *, sample_docs: int = 100_000) -> DryRunReport:
     """Plan the run, read the sample's document lengths, and ask every strategy for its figures."""
     plan = make_plan(config)
     per_shard = _sample_lengths(plan.whole_shard_tasks(), settings_for(config, plan, ""), sample_docs)
+    return report_of(config, per_shard, plan.num_docs, plan.num_tokens)
+
+
+def report_of(config: PackConfig, per_shard: list[npt.NDArray[np.int64]], corpus_docs: int | None,
+              corpus_tokens: int | None) -> DryRunReport:
+    """Every strategy's figures for the sample's document lengths, one array per shard (a pack task
+    of text inputs) in order."""
     lengths = np.concatenate(per_shard) if per_shard else np.zeros(0, np.int64)
     c = config.context_length
     kept = [kept_lengths(shard_lengths, config.long_docs, c) for shard_lengths in per_shard]
     figures = tuple(strategy.dry_run_figures(kept, c) for strategy in config.strategies())
-    return DryRunReport(c, int(lengths.size), int(lengths.sum()), len(per_shard), plan.num_docs, plan.num_tokens,
+    return DryRunReport(c, int(lengths.size), int(lengths.sum()), len(per_shard), corpus_docs, corpus_tokens,
                         int(np.count_nonzero(lengths > c)), figures, config.long_docs,
                         count_cut(lengths, config.long_docs, c))
 

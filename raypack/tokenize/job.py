@@ -20,13 +20,16 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pyarrow.fs as pafs
 
 from raypack.errors import InputError
+from raypack.inputs.base import check_document_lengths
 from raypack.inputs.registry import format_of
 from raypack.inputs.shards import discover_shards
 from raypack.io.fs import resolve_filesystem
 from raypack.io.progress import Progress
+from raypack.pack.dry_run import DryRunReport, report_of
 from raypack.pack.plan import check_output_outside_inputs
 from raypack.pack.publish import run_published
 from raypack.packed.writer import MANIFEST_NAME
@@ -42,6 +45,7 @@ from raypack.tokenize.tasks import (
     TextTask,
     TokenizeSettings,
     load_verified_record,
+    tokenize_in_memory,
     tokenize_task,
 )
 from raypack.tokenize.tokenizers import token_dtype_for
@@ -214,6 +218,38 @@ def _pack_text_with_ray(placer, text_settings: TokenizeSettings, settings, pack_
         placer, text_settings, settings, num_workers=pack_config.num_workers,
         worker_num_cpus=pack_config.worker_num_cpus, on_result=lambda r: progress.add(r.num_tokens)),
         "a tokenizing packer")
+
+
+def dry_run_text(pack_config, text: TextOptions, sample_docs: int) -> DryRunReport:
+    """``pack --tokenizer --dry-run``: the first ``sample_docs`` documents (0: all) tokenized in
+    memory, one pass's tasks in order, and every strategy's figures for them (raypack.pack.dry_run).
+    Each text task is a pack task, so best_fit's windows end where a task does, as in the run.
+    Writes nothing; no Ray. Cost: tokenizing the sample (and the rest of its last read batch)."""
+    tasks = plan_text_tasks(pack_config.inputs, text)
+    tokenizer = load_backed_tokenizer(text.tokenizer, text.tokenizer_backend)
+    settings, _ = _text_settings("", text, tokenizer, pack_config.inputs)
+    limit = sample_docs or None
+    per_task, taken, stopped = [], 0, False
+    for task in tasks:
+        if stopped:
+            break
+        parts, pieces = [], tokenize_in_memory(task, settings, tokenizer)
+        try:
+            for ids in pieces:
+                check_document_lengths(ids, pack_config.max_document_tokens, path=task.path,
+                                       first_row=sum(p.size for p in parts))
+                lengths = np.diff(ids.offsets.to_numpy()).astype(np.int64)
+                if limit is not None and taken + lengths.size >= limit:
+                    lengths, stopped = lengths[:limit - taken], True
+                parts.append(lengths)
+                taken += lengths.size
+                if stopped:
+                    break
+        finally:
+            pieces.close()  # stops its reader's thread when the sample ends inside the task
+        per_task.append(np.concatenate(parts) if parts else np.zeros(0, np.int64))
+    whole = (None, None) if stopped else (taken, sum(int(p.sum()) for p in per_task))
+    return report_of(pack_config, per_task, *whole)
 
 
 def plan_text_tasks(inputs: tuple[str, ...], text: TextOptions) -> list[TextTask]:

@@ -566,6 +566,45 @@ def pack_both(tmp_path, text_dir, tok, pack_kw, text_kw, engine="local", workers
     return one, two
 
 
+@pytest.mark.parametrize("pack_kw, text_kw", [CASES[1], CASES[3], CASES[5]])
+def test_text_dry_run_figures_equal_the_one_pass_runs(tmp_path, text_dir, tok, pack_kw, text_kw):
+    """``pack --tokenizer --dry-run`` over every document gives each strategy's figures exactly as
+    its one-pass run writes them (best_fit's windows end where a text task does), from a
+    tokenize-then-pack of its own, and nothing is written."""
+    text = options(tok, eos="<eos>", **text_kw)
+    common = dict(context_length=32, pad_token=0, **{k: v for k, v in pack_kw.items() if k != "strategy"})
+    report = tokenize_job.dry_run_text(make_config(dict(inputs=[text_dir], output="unused", **pack_kw, **{
+        k: v for k, v in common.items() if k not in pack_kw})), text, 0)
+    assert report.num_docs == report.corpus_docs and report.num_tokens == report.corpus_tokens
+    for figures in report.strategies:
+        name = "best_fit" if figures.name.startswith("best_fit") else "concat"
+        if name == "concat" and "best_fit_max_segments" in common:
+            continue  # an option concat refuses
+        run = run_pack(make_config(dict(inputs=[text_dir], output=str(tmp_path / name), strategy=name, **common)),
+                       engine="local", text=text)
+        counts = run.manifest["counts"]
+        assert (figures.num_chunks, figures.padding_positions, figures.split_documents) == (
+            counts["chunks"], counts["padding_positions"], counts["split_documents"]), name
+        assert report.num_docs == counts["documents"]
+    assert not os.path.exists("unused")
+
+
+def test_text_dry_run_of_a_sample_is_the_first_documents(tmp_path, text_dir, tok, capsys):
+    whole = tokenize_job.dry_run_text(make_config(dict(inputs=[text_dir], output="u", context_length=32)),
+                                      options(tok), 0)
+    sample = tokenize_job.dry_run_text(make_config(dict(inputs=[text_dir], output="u", context_length=32)),
+                                       options(tok), 45)
+    assert (sample.num_docs, sample.corpus_docs, sample.corpus_tokens) == (45, None, None)
+    tokenized = tokenize(tmp_path, text_dir, tok)
+    assert sample.num_tokens == sum(len(d) for d in read_documents(tokenized)[:45]) < whole.num_tokens
+    out = tmp_path / "never"
+    assert main(["pack", "--input", text_dir, "--output", str(out), "--context-length", "32", "--dry-run",
+                 "--tokenizer", tok[1], "--sample-docs", "45", "--task-rows", "40"]) == 0
+    printed = capsys.readouterr().out
+    assert "a sample of 45 documents" in printed and "of the text (tokenized up to the sample)" in printed
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("pack_kw, text_kw", CASES)
 def test_one_pass_equals_tokenize_then_pack(tmp_path, text_dir, tok, pack_kw, text_kw, monkeypatch):
     one, two = pack_both(tmp_path, text_dir, tok, pack_kw, text_kw)
