@@ -71,7 +71,7 @@ from raypack.pack.resume import identify_input, load_verified_result, recorded_t
 from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts
 from raypack.packed.writer import TMP_PREFIX, Committer
 from raypack.rules.long_docs import CutCounts
-from raypack.tokenize.tasks import TextTask, TokenizeSettings, backend_changed, record_settings, tokenize_in_memory
+from raypack.tokenize.tasks import TextTask, TokenizeSettings, record_settings, settings_changed, tokenize_in_memory
 
 log = logging.getLogger(__name__)
 
@@ -246,6 +246,8 @@ class Placer:
         self.candidates: dict[int, ShardTask] = {}
         self.placed: list[ShardTask] = []
         self.doc = self.token = self.chunk = 0
+        self.kept = 0
+        """Tasks kept from their resume records."""
         if resume:
             for t in tasks:
                 found = recorded_task(t.task_index, settings)
@@ -255,9 +257,12 @@ class Placer:
                 recorded = found[1].get(IDENTITY_KEY)
                 if recorded == text_identity(t, text_settings):
                     self.candidates[t.task_index] = found[0]
-                elif isinstance(recorded, dict) and recorded.get("task") == asdict(t) \
-                        and (why := backend_changed(recorded.get("settings"), text_settings)):
-                    log.info("resume: text task %d (%s) is tokenized again: %s", t.task_index, t.path, why)
+                    continue
+                if not isinstance(recorded, dict) or recorded.get("task") != asdict(t):
+                    why = "its record was made for another split of the text into tasks"
+                else:
+                    why = settings_changed(recorded.get("settings"), text_settings) or "its record differs"
+                log.info("resume: text task %d (%s) is tokenized again: %s", t.task_index, t.path, why)
 
     def to_tokenize(self) -> list[TextTask]:
         """The tasks to tokenize, in order (those without a matching resume record)."""
@@ -286,6 +291,7 @@ class Placer:
                 result = load_verified_result(task, self.settings)
                 if result is not None:
                     self._commit(task)
+                    self.kept += 1
                     steps.append(Step("kept", k, task, result))
                     continue
                 steps.append(Step("tokenize", k, text=self.tasks[k]))
@@ -344,6 +350,9 @@ def run_onepass(work_dir: str, config: PackConfig, tasks: list[TextTask], text_s
         results = _run_locally(placer, text_settings, settings, tokenizer, progress, config.num_workers)
     else:
         results = on_ray(placer, text_settings, settings)
+    if resume:
+        log.info("resume: %d of %d text tasks kept (verified), %d tokenized and packed", placer.kept, len(tasks),
+                 len(tasks) - placer.kept)
     return placer.plan(skeleton), settings, sorted(results, key=lambda r: r.task_index)
 
 

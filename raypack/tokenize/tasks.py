@@ -288,16 +288,20 @@ def record_settings(settings: TokenizeSettings) -> dict[str, Any]:
     return {**output_settings(settings), **{k: getattr(settings, k) for k in _BACKEND_SETTINGS}}
 
 
-def backend_changed(recorded: Any, settings: TokenizeSettings) -> str | None:
-    """Why a record's settings (``recorded``) fail :func:`record_settings` on the backend alone, or
-    None (they match, or differ in more than the backend)."""
-    if not isinstance(recorded, dict) or recorded == record_settings(settings):
+def settings_changed(recorded: Any, settings: TokenizeSettings) -> str | None:
+    """Why a record's settings (``recorded``) are not this run's :func:`record_settings`, naming
+    what changed, or None when they are."""
+    now = record_settings(settings)
+    if recorded == now:
         return None
-    if {k: v for k, v in recorded.items() if k not in _BACKEND_SETTINGS} != output_settings(settings):
-        return None
-    was = " ".join(str(recorded.get(k, "?")) for k in _BACKEND_SETTINGS)
-    now = " ".join(str(getattr(settings, k)) for k in _BACKEND_SETTINGS)
-    return f"its ids were computed by backend {was}, this run's is {now}"
+    if not isinstance(recorded, dict):
+        return "its record holds no settings"
+    if {k: v for k, v in recorded.items() if k not in _BACKEND_SETTINGS} == output_settings(settings):
+        was, this = (" ".join(str(d.get(k, "?")) for k in _BACKEND_SETTINGS) for d in (recorded, now))
+        return f"its ids were computed by backend {was}, this run's is {this}"
+    changed = [f"{k} {recorded.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(recorded) | set(now))
+               if recorded.get(k) != now.get(k)]
+    return f"its record was made with other settings ({', '.join(changed)})"
 
 
 def _canonical(value: dict[str, Any]) -> bytes:
@@ -339,12 +343,10 @@ def _rejection(record: dict[str, Any], claimed: str, task: TextTask, settings: T
                result: TextResult, fs, base: str) -> str | None:
     if hashlib.sha256(_canonical(record)).hexdigest() != claimed:
         return "its record fails its checksum"
-    if record.get("version") == RECORD_VERSION and record.get("task") == asdict(task) \
-            and (why := backend_changed(record.get("settings"), settings)):
+    if record.get("version") != RECORD_VERSION or record.get("task") != asdict(task):
+        return "its record was made by another version of raypack, or for another split of the text into tasks"
+    if why := settings_changed(record.get("settings"), settings):
         return why
-    if record.get("version") != RECORD_VERSION or record.get("task") != asdict(task) \
-            or record.get("settings") != record_settings(settings):
-        return "its record was made for another version, task or settings"
     if record.get("input") != sampled_identity(task.path, task.format):
         return f"{task.path} changed (size or first/last MiB differ)"
     if (result.path != part_file_name(task.task_index)

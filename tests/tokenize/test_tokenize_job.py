@@ -663,7 +663,7 @@ def fail_packing(monkeypatch, index: int) -> None:
 @pytest.mark.parametrize("strategy", ["concat", "best_fit"])
 @pytest.mark.parametrize("crash", ["tokenizing", "packing"])
 def test_resume_keeps_finished_tasks_without_tokenizing_them(tmp_path, text_dir, tok, monkeypatch, strategy,
-                                                             crash):
+                                                             crash, caplog):
     kw = dict(context_length=32, strategy=strategy, best_fit_window=16)
     clean = run_pack(make_config(dict(inputs=[text_dir], output=str(tmp_path / "clean"), **kw)), engine="local",
                      text=options(tok))
@@ -678,8 +678,10 @@ def test_resume_keeps_finished_tasks_without_tokenizing_them(tmp_path, text_dir,
     assert not glob.glob(str(tmp_path / STAGING / "**" / "*.parquet"), recursive=True)
     monkeypatch.undo()
     done = tokenized_tasks(monkeypatch)
-    summary = run_pack(config, engine="local", resume=True, text=options(tok))
+    with caplog.at_level("INFO", logger="raypack.tokenize.onepass"):
+        summary = run_pack(config, engine="local", resume=True, text=options(tok))
     assert done == list(range(k, num_tasks))  # tasks 0..k-1 kept, not tokenized again
+    assert f"resume: {k} of {num_tasks} text tasks kept (verified), {num_tasks - k} tokenized" in caplog.text
     assert summary.manifest["content_sha256"] == clean.manifest["content_sha256"]
     assert digests(tmp_path / "out", "*") == digests(tmp_path / "clean", "*")
 
@@ -710,15 +712,19 @@ def test_resume_keeps_recorded_tasks_after_a_gap(tmp_path, text_dir, tok, monkey
     assert summary.manifest["content_sha256"] == clean.manifest["content_sha256"]
 
 
-def test_resume_tokenizes_again_when_the_tokenize_options_change(tmp_path, text_dir, tok, monkeypatch):
+def test_resume_tokenizes_again_when_the_tokenize_options_change(tmp_path, text_dir, tok, monkeypatch, caplog):
     config = make_config(dict(inputs=[text_dir], output=str(tmp_path / "out"), context_length=32))
     tokenized_tasks(monkeypatch, fail_at=4)
     with pytest.raises(RuntimeError, match="killed"):
         run_pack(config, engine="local", text=options(tok))
     monkeypatch.undo()
     done = tokenized_tasks(monkeypatch)
-    summary = run_pack(config, engine="local", resume=True, text=options(tok, eos="<eos>"))
+    with caplog.at_level("INFO", logger="raypack.tokenize.onepass"):
+        summary = run_pack(config, engine="local", resume=True, text=options(tok, eos="<eos>"))
     assert done[:4] == [0, 1, 2, 3]  # another EOS: other ids, nothing kept
+    assert "resume: text task 0 " in caplog.text and "is tokenized again: its record was made with other settings " \
+        "(eos_id None -> " in caplog.text
+    assert f"resume: 0 of {len(summary.manifest['shards'])} text tasks kept (verified)" in caplog.text
     clean = run_pack(make_config(dict(inputs=[text_dir], output=str(tmp_path / "clean"), context_length=32)),
                      engine="local", text=options(tok, eos="<eos>"))
     assert summary.manifest["content_sha256"] == clean.manifest["content_sha256"]
