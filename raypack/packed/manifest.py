@@ -94,6 +94,8 @@ SHARD_KEYS = ("num_docs", "num_tokens", "doc_offset", "token_offset")
 READABLE_FORMAT_VERSIONS = (2, FORMAT_VERSION)
 """Versions this reader reads: 2 differs from 3 only in what ``content_sha256`` hashes."""
 MIX_KIND = "mix"
+TOKENIZED_KIND = "tokenized"
+"""The kind of a tokenized corpus's manifest (raypack.tokenize.corpus): token ids per document, not chunks."""
 """``kind`` of a mix's manifest (raypack.mix.dataset): an index over packed outputs, no chunk files."""
 
 
@@ -303,6 +305,9 @@ def check_manifest(manifest: Any, where: str) -> None:
     if manifest.get("kind") == MIX_KIND:
         raise InputError(f"{where}: a mix (an index over other outputs, raypack mix), not a packed output; "
                          "read it with raypack.read_packed, or give one of its sources")
+    if manifest.get("kind") == TOKENIZED_KIND:
+        raise InputError(f"{where}: a tokenized corpus (raypack tokenize's output: the token ids of each document), "
+                         "not a packed output; pack it first: raypack pack --input DIR --output OUT --context-length C")
     version = manifest.get("format_version")
     if isinstance(version, bool) or not isinstance(version, int) or version not in READABLE_FORMAT_VERSIONS:
         raise InputError(f"{where}: format_version={show(version)} is not supported (this reader reads versions "

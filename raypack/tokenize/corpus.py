@@ -37,10 +37,9 @@ from raypack.io.untrusted import (
     str_field,
     token_dtype_field,
 )
-from raypack.packed.manifest import MAX_MANIFEST_BYTES, write_manifest
+from raypack.packed.manifest import MAX_MANIFEST_BYTES, TOKENIZED_KIND, write_manifest
 from raypack.packed.writer import MANIFEST_NAME, files_sha256
 
-TOKENIZED_KIND = "tokenized"
 TOKENIZED_VERSION = 1
 TOKEN_COLUMN = "input_ids"
 PART_FILE_RE = re.compile(r"^part-(\d{6,})\.parquet$")

@@ -223,6 +223,14 @@ def test_pack_takes_counts_from_the_tokenized_manifest(tmp_path, text_dir, tok):
     assert plan.token_dtype == "uint16"
 
 
+@pytest.mark.parametrize("command", ["stats", "verify"])
+def test_stats_and_verify_name_a_tokenized_corpus_for_what_it_is(tmp_path, text_dir, tok, capsys, command):
+    code = main([command, tokenize(tmp_path, text_dir, tok)])
+    err = capsys.readouterr().err.strip()
+    assert code in (1, 2) and "\n" not in err
+    assert "a tokenized corpus (raypack tokenize's output" in err and "pack it first: raypack pack --input" in err
+
+
 def test_pack_refuses_a_tokenized_corpus_whose_file_changed(tmp_path, text_dir, tok, capsys):
     tokenized = tokenize(tmp_path, text_dir, tok)
     with open(os.path.join(tokenized, "part-000001.parquet"), "ab") as f:
