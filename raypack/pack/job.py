@@ -19,7 +19,7 @@ from raypack.pack.config import PackConfig
 from raypack.pack.local import run_tasks
 from raypack.pack.packer import count_task, current_rss_bytes, local_publisher, pack_shard
 from raypack.pack.plan import Plan, check_output_outside_inputs, make_plan, place_counts, settings_for
-from raypack.pack.publish import LocalOutput, ObjectStoreOutput, run_published
+from raypack.pack.publish import LocalOutput, ObjectStoreOutput, check_free_before_start, run_published
 from raypack.pack.resume import load_verified_result
 from raypack.pack.tasks import PackSettings, ShardResult, TaskCounts
 from raypack.packed.manifest import Manifest, PackedCounts, build_manifest, write_manifest
@@ -113,6 +113,7 @@ def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False, t
             check_before_ray(config.inputs, text)  # inputs, tokenizer, BOS/EOS: one line before Ray starts
         else:
             discover_shards(config.inputs)  # a mistyped input is one line before Ray takes seconds to start
+        check_free_before_start(config.output, overwrite=config.overwrite, resume=resume)
         connect_ray(config.address, verbose=verbose)
 
     def plan() -> Plan | None:

@@ -89,6 +89,17 @@ def run_published(output: str, *, overwrite: bool, resume: bool, plan: Callable[
     return result
 
 
+def check_free_before_start(output: str, *, overwrite: bool, resume: bool) -> None:
+    """What :func:`run_published` refuses about the output (not empty, an unfinished run, already
+    complete), said before Ray takes seconds to start. No lock, nothing changed: run_published checks
+    again under the lock. Skipped where a dead run's publish is to be finished first (its refusal
+    would be premature)."""
+    target = output_target(output)
+    if isinstance(target, LocalOutput) and os.path.isfile(os.path.join(target.work_dir, MANIFEST_NAME)):
+        return
+    target.check_free(overwrite=overwrite, resume=resume)
+
+
 def staging_dir(output: str) -> str:
     parent, name = os.path.split(os.path.abspath(output))
     return os.path.join(parent, f".{name}.raypack-staging-partial")

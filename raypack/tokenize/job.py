@@ -31,7 +31,7 @@ from raypack.io.fs import resolve_filesystem
 from raypack.io.progress import Progress
 from raypack.pack.dry_run import DryRunReport, report_of
 from raypack.pack.plan import check_output_outside_inputs
-from raypack.pack.publish import run_published
+from raypack.pack.publish import check_free_before_start, run_published
 from raypack.packed.writer import MANIFEST_NAME
 from raypack.tokenize.backends import AUTO, check_backend_name, load_backed_tokenizer
 from raypack.tokenize.corpus import (
@@ -145,14 +145,26 @@ def parse_token(value: str | int | None) -> str | int | None:
 
 def check_before_ray(inputs: tuple[str, ...] | list[str], text: TextOptions) -> None:
     """What is cheap to check, checked before Ray takes seconds to start: the inputs are listed,
-    the tokenizer loads (its backend too), BOS and EOS name tokens it has, no input is a raypack output."""
+    the tokenizer loads (its backend too), BOS and EOS name tokens it has, no input is a raypack output,
+    the first file's first read batch has the text column."""
     for item in inputs:
         _refuse_token_output(item)
-    discover_shards(list(inputs))
+    paths = discover_shards(list(inputs))
     tokenizer = load_backed_tokenizer(text.tokenizer, text.tokenizer_backend)
     for token in (text.bos, text.eos):
         if token is not None:
             tokenizer.token_id(parse_token(token))
+    if paths:  # the text column, where a wrong --text-column shows first: the first file's first read
+        fmt = format_of(paths[0])
+        ranges = fmt.text_tasks(paths[0], task_rows=text.task_rows, task_bytes=text.task_bytes)
+        if ranges:
+            first = fmt.iter_texts(paths[0], text.text_column, ranges[0][0], ranges[0][1], 1)
+            try:
+                next(iter(first), None)
+            finally:
+                close = getattr(first, "close", None)
+                if close is not None:
+                    close()
 
 
 def run_tokenize(config: TokenizeConfig, *, engine: str = "ray", resume: bool = False,
@@ -168,6 +180,7 @@ def run_tokenize(config: TokenizeConfig, *, engine: str = "ray", resume: bool = 
         from raypack.engine.session import connect_ray
 
         check_before_ray(config.inputs, config.text)
+        check_free_before_start(config.output, overwrite=config.overwrite, resume=resume)
         connect_ray(config.address, verbose=verbose)
 
     def plan() -> list[TextTask]:

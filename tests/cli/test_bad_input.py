@@ -185,7 +185,11 @@ def test_a_working_directory_holding_a_clone_is_one_line_before_ray(tmp_path, mo
     import it instead of the installed package. One line naming the folder and the fix, before
     Ray starts (the fast tier refuses ray.init) and before anything is written."""
     (tmp_path / "raypack" / "raypack").mkdir(parents=True)  # a clone: ./raypack/raypack/...
-    write_parquet(tmp_path / "in" / "part-0.parquet", [[1, 2, 3]])
+    if command == "pack":
+        write_parquet(tmp_path / "in" / "part-0.parquet", [[1, 2, 3]])
+    else:
+        (tmp_path / "in").mkdir()
+        pq.write_table(pa.table({"text": ["some text"]}), tmp_path / "in" / "part-0.parquet")
     monkeypatch.chdir(tmp_path)
     args = (["pack", "--context-length", "4"] if command == "pack"
             else ["tokenize", "--tokenizer", "tiktoken:cl100k_base"])

@@ -231,6 +231,34 @@ def test_stats_and_verify_name_a_tokenized_corpus_for_what_it_is(tmp_path, text_
     assert "a tokenized corpus (raypack tokenize's output" in err and "pack it first: raypack pack --input" in err
 
 
+@pytest.mark.parametrize("mistake", ["text column", "output not empty", "unfinished run"])
+@pytest.mark.parametrize("command", ["pack", "tokenize"])
+def test_cheap_mistakes_are_one_line_before_ray_starts(tmp_path, text_dir, tok, monkeypatch, mistake, command):
+    """A wrong --text-column or an output that is not free costs no Ray start-up (seconds)."""
+    import raypack.engine.session as session
+    import raypack.pack.job as pack_job
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was started")
+
+    monkeypatch.setattr(pack_job, "connect_ray", no_ray)
+    monkeypatch.setattr(session, "connect_ray", no_ray)
+    out = tmp_path / "out"
+    if mistake == "output not empty":
+        out.mkdir()
+        (out / "notes.txt").write_text("mine")
+    elif mistake == "unfinished run":
+        (tmp_path / ".out.raypack-staging-partial").mkdir()
+    text = options(tok, **({"text_column": "body"} if mistake == "text column" else {}))
+    expected = {"text column": "has no column 'body'", "output not empty": "is not empty; pass --overwrite",
+                "unfinished run": "did not finish"}[mistake]
+    with pytest.raises(InputError, match=expected):
+        if command == "pack":
+            run_pack(make_config(dict(inputs=[text_dir], output=str(out), context_length=32)), engine="ray", text=text)
+        else:
+            run_tokenize(TokenizeConfig(inputs=(text_dir,), output=str(out), text=text), engine="ray")
+
+
 def test_pack_refuses_a_tokenized_corpus_whose_file_changed(tmp_path, text_dir, tok, capsys):
     tokenized = tokenize(tmp_path, text_dir, tok)
     with open(os.path.join(tokenized, "part-000001.parquet"), "ab") as f:
