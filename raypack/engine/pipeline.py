@@ -478,14 +478,15 @@ class TextPackerActor:
 
 
 def pack_texts(placer, text_settings, settings: PackSettings, *, num_workers: int, worker_num_cpus: float,
-               on_result: Callable[[ShardResult], None] | None = None, max_held: int = 2) -> list[ShardResult]:
+               on_result: Callable[..., None] | None = None, max_held: int = 2) -> list[ShardResult]:
     """``pack --tokenizer`` on Ray Core actors, pipelined: tasks are tokenized in order, each
     actor holding at most ``max_held`` tokenized-or-tokenizing tasks; a task's report goes to
     ``placer`` (raypack.tokenize.onepass.Placer), and as soon as it is placed (every earlier task
     has reported) the actor that holds it packs it. An actor runs its calls in the order sent, so it
     tokenizes its next task while others report. The task that placement waits for is sent even
     to a full actor (no deadlock). Bad input raises InputError (the first met) once the calls in
-    flight have ended."""
+    flight have ended. ``on_result(result)`` sees each packed task as it ends, and
+    ``on_result(result, kept=True)`` each task kept from its resume record."""
     from collections import deque
     from dataclasses import replace
 
@@ -510,7 +511,7 @@ def pack_texts(placer, text_settings, settings: PackSettings, *, num_workers: in
             if step.kind == "kept":
                 results.append(step.result)
                 if on_result is not None:
-                    on_result(step.result)
+                    on_result(step.result, kept=True)
             elif step.kind == "tokenize":
                 queue.appendleft(step.text)
             else:

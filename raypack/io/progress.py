@@ -3,9 +3,12 @@
 ``packed 5/16 shards, 1.2M tokens/s, ETA 12s``. Fed by the driver as results arrive (locally after
 each shard, on Ray as each result row comes out of the pipeline). Pure Python, O(1) per update.
 
-The rate and the ETA are taken from the first finished item on, once there is a second one: the
-time before the first (Ray's start-up, actors importing their modules) is not the pace of the rest
-(a demo once printed "ETA 46s", then finished in a second).
+The rate and the ETA are the pace since the first finished item, once a second has passed since
+it and another item finished: the time before the first (Ray's start-up, actors importing their
+modules) is not the pace of the rest (a demo once printed "ETA 46s", then finished in a second).
+Before that, and on the last line, the pace since the start (as the run's summary gives it, start-up
+included): items that finish together (many workers) would otherwise give a rate of a few
+tokens over microseconds. Items kept from a resume record count as done, not in the pace.
 """
 
 from __future__ import annotations
@@ -24,28 +27,37 @@ class Progress:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.verb, self.total, self.unit, self.interval, self.clock = verb, total, unit, interval, clock
         self.start = self.last = clock()
-        self.done = self.tokens = 0
-        self.first: tuple[float, int] | None = None
-        """When the first item finished, and its tokens."""
+        self.done = self.kept = self.tokens = 0
+        """Items finished (kept ones too), kept from a resume record, and the tokens of the others."""
+        self.first: tuple[float, int, int] | None = None
+        """When the first item was processed, and the items and tokens processed by then."""
 
-    def add(self, num_tokens: int) -> None:
-        """One item finished with ``num_tokens`` tokens; logs when a second has passed or it was the last."""
+    def add(self, num_tokens: int, *, kept: bool = False) -> None:
+        """One item finished with ``num_tokens`` tokens (``kept``: from its resume record, no work
+        done); logs when a second has passed or it was the last."""
         self.done += 1
-        self.tokens += num_tokens
         now = self.clock()
-        if self.first is None:
-            self.first = (now, num_tokens)
+        if kept:
+            self.kept += 1
+        else:
+            self.tokens += num_tokens
+            if self.first is None:
+                self.first = (now, self.done - self.kept, self.tokens)
         if now - self.last >= self.interval or self.done == self.total:
             self.last = now
             log.info("%s", self.line(now))
 
     def line(self, now: float) -> str:
-        since, items, tokens = self.start, self.done, self.tokens
-        if self.first is not None and self.done > 1 and now > self.first[0]:
-            since, items, tokens = self.first[0], self.done - 1, self.tokens - self.first[1]
+        processed = self.done - self.kept
+        since, items, tokens = self.start, processed, self.tokens
+        if self.first is not None and self.done < self.total and processed > self.first[1] \
+                and now - self.first[0] >= self.interval:
+            since, items, tokens = self.first[0], processed - self.first[1], self.tokens - self.first[2]
         elapsed = max(now - since, 1e-9)
         text = f"{self.verb} {self.done}/{self.total} {self.unit}, {_si(tokens / elapsed)} tokens/s"
-        if self.done < self.total:
+        if self.kept:
+            text += f" ({self.kept} kept from the run before)"
+        if self.done < self.total and items:
             text += f", ETA {elapsed / items * (self.total - self.done):.0f}s"
         return text
 

@@ -229,7 +229,8 @@ def _pack_text_with_ray(placer, text_settings: TokenizeSettings, settings, pack_
     init_ray(pack_config.address)
     return on_ray(lambda pipeline: pipeline.pack_texts(
         placer, text_settings, settings, num_workers=pack_config.num_workers,
-        worker_num_cpus=pack_config.worker_num_cpus, on_result=lambda r: progress.add(r.num_tokens)),
+        worker_num_cpus=pack_config.worker_num_cpus,
+        on_result=lambda r, kept=False: progress.add(r.num_tokens, kept=kept)),
         "a tokenizing packer")
 
 

@@ -390,7 +390,7 @@ def _run_locally(placer: Placer, text_settings: TokenizeSettings, settings: Pack
                         result = pack_held(held.pop(step.index), step.task, settings, committer)
                         results.append(replace(result, peak_rss_bytes=max(0, result.peak_rss_bytes - base)))
                     if progress is not None and step.kind != "tokenize":
-                        progress.add(step.task.num_tokens)
+                        progress.add(step.task.num_tokens, kept=step.kind == "kept")
                 if placer.done:
                     return results
                 start_next()

@@ -220,6 +220,32 @@ def test_progress_paces_from_the_first_finished_item(caplog):
     assert lines == ["packed 1/11 shards, 50.0k tokens/s, ETA 200s", "packed 3/11 shards, 2.0M tokens/s, ETA 4s"]
 
 
+def test_progress_of_items_that_finish_together_is_the_pace_since_the_start(caplog):
+    """Eight workers' tasks finishing within a millisecond of each other: not tokens over microseconds."""
+    now = [0.0]
+    progress = Progress("packed", 4, "tasks", clock=lambda: now[0])
+    with caplog.at_level("INFO", logger="raypack.io.progress"):
+        for k in range(4):
+            now[0] = 2.0 + k * 1e-4
+            progress.add(1_500_000)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["packed 1/4 tasks, 750.0k tokens/s, ETA 6s", "packed 4/4 tasks, 3.0M tokens/s"]
+
+
+def test_progress_counts_kept_items_as_done_but_not_in_the_pace(caplog):
+    now = [0.0]
+    progress = Progress("packed", 6, "tasks", clock=lambda: now[0])
+    with caplog.at_level("INFO", logger="raypack.io.progress"):
+        for _ in range(4):
+            progress.add(10_000_000, kept=True)  # at once, from their resume records
+        for _ in range(2):
+            now[0] += 1.0
+            progress.add(1_000_000)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[-1] == "packed 6/6 tasks, 1.0M tokens/s (4 kept from the run before)"
+    assert lines[0] == "packed 5/6 tasks, 1.0M tokens/s (4 kept from the run before), ETA 1s"  # 1 task a second
+
+
 @pytest.mark.slow
 def test_a_fresh_ray_run_shows_only_raypacks_lines(tmp_path):
     """A new process with its own Ray: no Ray INFO/WARNING/C++ lines, no tracebacks; the one error line."""
