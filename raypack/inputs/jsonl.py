@@ -367,7 +367,8 @@ def _bad_line_reason(line: bytes, column: str) -> str | None:
     if not isinstance(value, dict):
         return f"a JSON {_JSON_TYPES.get(type(value), 'string')} where an object was expected"
     if column not in value:
-        return f"no key {column!r} (keys: {', '.join(value) or '(none)'})"
+        return (f"no key {column!r} (keys: {', '.join(value) or '(none)'}; if one of them holds the text, pass it "
+                "with --text-column)")
     text_value = value[column]
     if not isinstance(text_value, str):
         return f"{column!r} is a JSON {_JSON_TYPES.get(type(text_value), type(text_value).__name__)}, not a string"

@@ -350,7 +350,7 @@ def _check_text_column(schema: pa.Schema, column: str, path: str) -> None:
     if column not in schema.names:
         raise InputError(
             f"text file {path} has no column {column!r}; its columns: {', '.join(schema.names) or '(none)'}; "
-            f"pass the text column's name"
+            f"pass the text column's name with --text-column"
         )
     value_type = schema.field(column).type
     if not is_text_type(value_type):

@@ -130,7 +130,8 @@ BAD_LINES = [
     (b'{"text": "ok"}\n\n{"text": null}\n', r"line 3: 'text' is a JSON null, not a string"),
     (b'{"text": "ok"}\n{"text": 5}\n', r"line 2: 'text' is a JSON number, not a string"),
     (b'{"text": ["a"]}\n', r"line 1: 'text' is a JSON array, not a string"),
-    (b'{"text": "ok"}\n{"body": "x", "id": 1}\n', r"line 2: no key 'text' \(keys: body, id\)"),
+    (b'{"text": "ok"}\n{"body": "x", "id": 1}\n',
+     r"line 2: no key 'text' \(keys: body, id; if one of them holds the text, pass it with --text-column\); fix"),
     (b'{"text": "ok"}\n[1, 2]\n', r"line 2: a JSON array where an object was expected"),
     (b'{"text": "ok"}\n"just a string"\n', r"line 2: a JSON string where an object was expected"),
     (b'{"text": "ok"}\nnot json\n', r"line 2: not JSON \(Expecting value at column 1\)"),
@@ -281,7 +282,8 @@ def test_parquet_null_names_the_file_row(tmp_path):
 
 def test_parquet_missing_column_lists_columns(tmp_path):
     path = write_parquet(tmp_path / "a.parquet", TEXTS, 3)
-    with pytest.raises(InputError, match=r"a\.parquet has no column 'body'; its columns: id, text"):
+    with pytest.raises(InputError, match=r"a\.parquet has no column 'body'; its columns: id, text; pass the text "
+                                         r"column's name with --text-column"):
         list(iter_parquet_texts(str(path), "body"))
 
 

@@ -495,6 +495,11 @@ def test_cli_tokenize_then_pack(tmp_path, text_dir, tok, capsys):
     assert main(["pack", "--input", text_dir, "--eos", "<eos>", "--output", str(tmp_path / "r"), "--local",
                  "--context-length", "64"]) == 2
     assert "need --tokenizer" in capsys.readouterr().err
+    assert main(["pack", "--input", text_dir, "--tokenizer", tok[1], "--token-column", "body", "--output",
+                 str(tmp_path / "s"), "--local", "--context-length", "64"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--token-column body names the column of token ids" in err and "--text-column" in err
+    assert not os.path.exists(tmp_path / "s")
 
 
 # ----------------------------------------------------------------------------- sample text mode
