@@ -28,6 +28,26 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
+def console_main() -> int:
+    """The ``raypack`` command: :func:`raypack.cli.main`, loaded here so that a Ctrl-C while it loads
+    (numpy, pyarrow: a few tenths of a second) is one line too, not a traceback. After a Ctrl-C the
+    process ignores the next one: the exit (Ray's shutdown, at exit) is not cut short with a traceback
+    and Ray's agent processes left behind."""
+    import signal
+    import sys
+
+    try:
+        from raypack.cli import main
+
+        code = main()  # its own Ctrl-C line once it runs a command; this one while it builds its parser
+    except KeyboardInterrupt:
+        print("raypack: interrupted; nothing was written", file=sys.stderr)
+        code = 130
+    if code == 130:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return code
+
+
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:

@@ -171,6 +171,28 @@ def test_ctrl_c_is_one_line_with_the_resume_command(tmp_path):
     assert records.is_dir(), "the work is kept for --resume"
 
 
+@pytest.mark.parametrize("where", ["loading", "running"])
+def test_console_ctrl_c_while_the_cli_loads_is_one_line_and_the_exit_ignores_another(monkeypatch, capsys, where):
+    """A Ctrl-C before main's own handler runs (importing numpy and pyarrow, building the parser)
+    was a traceback; after any Ctrl-C a second one would cut Ray's shutdown at exit short."""
+    import raypack
+    import raypack.cli
+
+    def interrupted(*args):
+        if where == "loading":
+            raise KeyboardInterrupt
+        return 130
+
+    monkeypatch.setattr(raypack.cli, "main", interrupted)
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        assert raypack.console_main() == 130
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert capsys.readouterr().err == ("raypack: interrupted; nothing was written\n" if where == "loading" else "")
+
+
 def test_interrupted_line():
     assert interrupted_line(["pack", "--output", "o o"], "/x/s") == (
         "raypack: interrupted; the finished work is kept in /x/s; finish with: raypack pack --output 'o o' --resume")
