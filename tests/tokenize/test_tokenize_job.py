@@ -753,13 +753,19 @@ def test_resume_keeps_recorded_tasks_after_a_gap(tmp_path, text_dir, tok, monkey
     assert summary.manifest["content_sha256"] == clean.manifest["content_sha256"]
 
 
-def test_resume_tokenizes_again_when_the_tokenize_options_change(tmp_path, text_dir, tok, monkeypatch, caplog):
+def crashed_at_task_4_then_counted(tmp_path, text_dir, tok, monkeypatch):
+    """A one pass into ``out`` killed while tokenizing task 4: ``(out's config, the list the tasks
+    tokenized from now on go to)``."""
     config = make_config(dict(inputs=[text_dir], output=str(tmp_path / "out"), context_length=32))
     tokenized_tasks(monkeypatch, fail_at=4)
     with pytest.raises(RuntimeError, match="killed"):
         run_pack(config, engine="local", text=options(tok))
     monkeypatch.undo()
-    done = tokenized_tasks(monkeypatch)
+    return config, tokenized_tasks(monkeypatch)
+
+
+def test_resume_tokenizes_again_when_the_tokenize_options_change(tmp_path, text_dir, tok, monkeypatch, caplog):
+    config, done = crashed_at_task_4_then_counted(tmp_path, text_dir, tok, monkeypatch)
     with caplog.at_level("INFO", logger="raypack.tokenize.onepass"):
         summary = run_pack(config, engine="local", resume=True, text=options(tok, eos="<eos>"))
     assert done[:4] == [0, 1, 2, 3]  # another EOS: other ids, nothing kept
@@ -773,12 +779,7 @@ def test_resume_tokenizes_again_when_the_tokenize_options_change(tmp_path, text_
 
 def test_one_pass_resume_keeps_no_task_another_backend_version_computed(tmp_path, text_dir, tok, monkeypatch,
                                                                        caplog):
-    config = make_config(dict(inputs=[text_dir], output=str(tmp_path / "out"), context_length=32))
-    tokenized_tasks(monkeypatch, fail_at=4)
-    with pytest.raises(RuntimeError, match="killed"):
-        run_pack(config, engine="local", text=options(tok))
-    monkeypatch.undo()
-    done = tokenized_tasks(monkeypatch)
+    config, done = crashed_at_task_4_then_counted(tmp_path, text_dir, tok, monkeypatch)
     another_backend_version(monkeypatch)
     with caplog.at_level("INFO", logger="raypack.tokenize.onepass"):
         summary = run_pack(config, engine="local", resume=True, text=options(tok))
