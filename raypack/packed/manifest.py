@@ -282,10 +282,31 @@ def read_manifest_json(path: str) -> tuple[Any, str]:
         if filesystem.get_file_info(base).type != pafs.FileType.Directory:
             check_bucket(filesystem, base, f"output {path}")
             raise InputError(f"{path}: no such output directory; check the path")
+        inputs = _input_like_files(filesystem, base)
+        if inputs:
+            raise InputError(f"{path} holds no {MANIFEST_NAME} and no chunk files, but {inputs}: an input, not a "
+                             "packed output; give the directory raypack pack wrote (its --output)")
         raise InputError(f"{path} is incomplete: no {MANIFEST_NAME}; the job did not finish (or the output is "
                          "being replaced): rerun it, or wait for it")
     manifest = read_json_document(filesystem, manifest_path, MAX_MANIFEST_BYTES)
     return manifest, manifest_path
+
+
+_INPUT_SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".arrow", ".ipc")
+
+
+def _input_like_files(filesystem: pafs.FileSystem, base: str) -> str:
+    """``"N files like NAME"`` when directory ``base`` holds files with input suffixes and no chunk
+    file, else "" (a message's words, on its error path only: one listing of the directory)."""
+    try:
+        names = [posixpath.basename(i.path) for i in filesystem.get_file_info(pafs.FileSelector(base))
+                 if i.type == pafs.FileType.File]
+    except OSError:
+        return ""
+    if any(CHUNK_FILE_RE.match(n) for n in names):
+        return ""
+    found = sorted(n for n in names if n.endswith(_INPUT_SUFFIXES))
+    return f"{len(found)} file(s) like {found[0]}" if found else ""
 
 
 def strategy_of(manifest: Mapping[str, Any]) -> str:

@@ -287,6 +287,17 @@ def test_missing_manifest(tmp_path):
         read_packed(out)
 
 
+def test_an_input_directory_given_as_an_output_is_named_for_what_it_is(tmp_path):
+    """Not "the job did not finish": it holds input shards and no chunk file."""
+    (tmp_path / "in").mkdir()
+    for name in ("b.parquet", "a.parquet", "notes.txt"):
+        (tmp_path / "in" / name).write_bytes(b"x")
+    with pytest.raises(InputError, match=r"in holds no manifest.json and no chunk files, but 2 file\(s\) like "
+                                         r"a\.parquet: an input, not a packed output; give the directory raypack "
+                                         r"pack wrote \(its --output\)"):
+        read_packed(str(tmp_path / "in"))
+
+
 def test_missing_directory(tmp_path):
     with pytest.raises(InputError, match="no such output directory"):
         read_packed(str(tmp_path / "nowhere"))
