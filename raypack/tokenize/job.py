@@ -45,6 +45,7 @@ from raypack.tokenize.tasks import (
     TextTask,
     TokenizeSettings,
     load_verified_record,
+    say_redone,
     tokenize_in_memory,
     tokenize_task,
 )
@@ -327,7 +328,9 @@ def _text_settings(out_dir: str, text: TextOptions, tokenizer, inputs) -> tuple[
 
 def _run_tasks(tasks: list[TextTask], settings: TokenizeSettings, config: TokenizeConfig, engine: str,
                resume: bool, tokenizer) -> list[TextResult]:
-    kept = {t.task_index: r for t in tasks if resume and (r := load_verified_record(t, settings))}
+    redone: dict[str, list[TextTask]] = {}
+    kept = {t.task_index: r for t in tasks if resume and (r := load_verified_record(t, settings, redone))}
+    say_redone(redone)
     todo = [t for t in tasks if t.task_index not in kept]
     if kept:
         log.info("resume: %d of %d text tasks kept (verified), %d to tokenize", len(kept), len(tasks), len(todo))

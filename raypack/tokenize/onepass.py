@@ -71,7 +71,14 @@ from raypack.pack.resume import identify_input, load_verified_result, recorded_t
 from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts
 from raypack.packed.writer import TMP_PREFIX, Committer
 from raypack.rules.long_docs import CutCounts
-from raypack.tokenize.tasks import TextTask, TokenizeSettings, record_settings, settings_changed, tokenize_in_memory
+from raypack.tokenize.tasks import (
+    TextTask,
+    TokenizeSettings,
+    record_settings,
+    say_redone,
+    settings_changed,
+    tokenize_in_memory,
+)
 
 log = logging.getLogger(__name__)
 
@@ -248,6 +255,7 @@ class Placer:
         self.doc = self.token = self.chunk = 0
         self.kept = 0
         """Tasks kept from their resume records."""
+        redone: dict[str, list[TextTask]] = {}
         if resume:
             for t in tasks:
                 found = recorded_task(t.task_index, settings)
@@ -262,7 +270,8 @@ class Placer:
                     why = "its record was made for another split of the text into tasks"
                 else:
                     why = settings_changed(recorded.get("settings"), text_settings) or "its record differs"
-                log.info("resume: text task %d (%s) is tokenized again: %s", t.task_index, t.path, why)
+                redone.setdefault(why, []).append(t)
+        say_redone(redone)
 
     def to_tokenize(self) -> list[TextTask]:
         """The tasks to tokenize, in order (those without a matching resume record)."""

@@ -315,8 +315,10 @@ def save_record(task: TextTask, settings: TokenizeSettings, result: TextResult, 
     write_whole(settings.out_dir, record_name(task.task_index), _canonical(record), make_dirs=True)
 
 
-def load_verified_record(task: TextTask, settings: TokenizeSettings) -> TextResult | None:
-    """The recorded result of ``task`` if its record, its input and its part file all check.
+def load_verified_record(task: TextTask, settings: TokenizeSettings,
+                         redone: dict[str, list[TextTask]] | None = None) -> TextResult | None:
+    """The recorded result of ``task`` if its record, its input and its part file all check; else
+    None, and why goes to ``redone`` (reason -> tasks, for :func:`say_redone`) or is logged.
 
     Cost: reads the record, at most 2 MiB of the input (plus a Parquet footer) and the whole
     part file.
@@ -330,13 +332,27 @@ def load_verified_record(task: TextTask, settings: TokenizeSettings) -> TextResu
     except FileNotFoundError:
         return None
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
-        log.info("resume: text task %d is tokenized again: its record does not parse (%s)", task.task_index, e)
-        return None
-    why = _rejection(record, claimed, task, settings, result, fs, base)
-    if why:
-        log.info("resume: text task %d (%s) is tokenized again: %s", task.task_index, task.path, why)
-        return None
-    return result
+        why = f"its record does not parse ({e})"
+    else:
+        why = _rejection(record, claimed, task, settings, result, fs, base)
+        if not why:
+            return result
+    if redone is None:
+        say_redone({why: [task]})
+    else:
+        redone.setdefault(why, []).append(task)
+    return None
+
+
+def say_redone(redone: dict[str, list[TextTask]]) -> None:
+    """One INFO line per reason that recorded text tasks are tokenized again (not one per task)."""
+    for why, again in redone.items():
+        first = f"text task {again[0].task_index} ({again[0].path})"
+        if len(again) == 1:
+            log.info("resume: %s is tokenized again: %s", first, why)
+        else:
+            log.info("resume: %d recorded text tasks (%s, ...) are tokenized again; for each, %s", len(again), first,
+                     why)
 
 
 def _rejection(record: dict[str, Any], claimed: str, task: TextTask, settings: TokenizeSettings,

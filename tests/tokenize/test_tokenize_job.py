@@ -719,7 +719,7 @@ def test_resume_keeps_finished_tasks_without_tokenizing_them(tmp_path, text_dir,
     assert not glob.glob(str(tmp_path / STAGING / "**" / "*.parquet"), recursive=True)
     monkeypatch.undo()
     done = tokenized_tasks(monkeypatch)
-    with caplog.at_level("INFO", logger="raypack.tokenize.onepass"):
+    with caplog.at_level("INFO", logger="raypack.tokenize"):
         summary = run_pack(config, engine="local", resume=True, text=options(tok))
     assert done == list(range(k, num_tasks))  # tasks 0..k-1 kept, not tokenized again
     assert f"resume: {k} of {num_tasks} text tasks kept (verified), {num_tasks - k} tokenized" in caplog.text
@@ -766,11 +766,14 @@ def crashed_at_task_4_then_counted(tmp_path, text_dir, tok, monkeypatch):
 
 def test_resume_tokenizes_again_when_the_tokenize_options_change(tmp_path, text_dir, tok, monkeypatch, caplog):
     config, done = crashed_at_task_4_then_counted(tmp_path, text_dir, tok, monkeypatch)
-    with caplog.at_level("INFO", logger="raypack.tokenize.onepass"):
+    with caplog.at_level("INFO", logger="raypack.tokenize"):
         summary = run_pack(config, engine="local", resume=True, text=options(tok, eos="<eos>"))
     assert done[:4] == [0, 1, 2, 3]  # another EOS: other ids, nothing kept
-    assert "resume: text task 0 " in caplog.text and "is tokenized again: its record was made with other settings " \
-        "(eos_id None -> " in caplog.text
+    again = [r.getMessage() for r in caplog.records if "tokenized again" in r.getMessage()]
+    assert len(again) == 1, again  # one line for the four recorded tasks, not one each
+    assert again[0].startswith("resume: 4 recorded text tasks (text task 0 (") and again[0].endswith(
+        "are tokenized again; for each, its record was made with other settings (eos_id None -> "
+        f"{tok[0].token_to_id('<eos>')})")
     assert f"resume: 0 of {len(summary.manifest['shards'])} text tasks kept (verified)" in caplog.text
     clean = run_pack(make_config(dict(inputs=[text_dir], output=str(tmp_path / "clean"), context_length=32)),
                      engine="local", text=options(tok, eos="<eos>"))
@@ -781,7 +784,7 @@ def test_one_pass_resume_keeps_no_task_another_backend_version_computed(tmp_path
                                                                        caplog):
     config, done = crashed_at_task_4_then_counted(tmp_path, text_dir, tok, monkeypatch)
     another_backend_version(monkeypatch)
-    with caplog.at_level("INFO", logger="raypack.tokenize.onepass"):
+    with caplog.at_level("INFO", logger="raypack.tokenize"):
         summary = run_pack(config, engine="local", resume=True, text=options(tok))
     assert done[:4] == [0, 1, 2, 3]
     assert "text task 0 " in caplog.text and "this run's is " in caplog.text and "0.0.0-another" in caplog.text
