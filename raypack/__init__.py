@@ -30,22 +30,26 @@ __all__ = sorted(_EXPORTS)
 
 def console_main() -> int:
     """The ``raypack`` command: :func:`raypack.cli.main`, loaded here so that a Ctrl-C while it loads
-    (numpy, pyarrow: a few tenths of a second) is one line too, not a traceback. After a Ctrl-C the
-    process ignores the next one: the exit (Ray's shutdown, at exit) is not cut short with a traceback
-    and Ray's agent processes left behind."""
+    (numpy, pyarrow: a few tenths of a second) is one line too, not a traceback. The first Ctrl-C
+    raises KeyboardInterrupt and the process ignores any after it: its one line, the work kept for
+    ``--resume`` and Ray's shutdown at exit are not cut short by a second one (a double tap, or
+    ``timeout``, which signals the child and its process group)."""
     import signal
     import sys
 
+    def first_interrupt(signum, frame):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored (nohup, &)
+        signal.signal(signal.SIGINT, first_interrupt)
     try:
         from raypack.cli import main
 
-        code = main()  # its own Ctrl-C line once it runs a command; this one while it builds its parser
+        return main()  # its own Ctrl-C line once it runs a command; this one while it loads
     except KeyboardInterrupt:
         print("raypack: interrupted; nothing was written", file=sys.stderr)
-        code = 130
-    if code == 130:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    return code
+        return 130
 
 
 def __getattr__(name: str) -> Any:
