@@ -254,4 +254,12 @@ def load_config(path: str | Path | None = None, *, required: tuple[str, ...] = (
     for key in required:
         if key not in values:
             raise InputError(f"{flag_of(key)} is required (or {key} in --config)")
-    return make_config(values, source=str(path) if path else "config")
+    source = str(path) if path else "config"
+    try:
+        return make_config(values, source=source)
+    except InputError as e:
+        said = str(e).removeprefix(f"{source}: ")
+        flagged = [k for k, v in overrides.items() if v is not None and said.startswith(f"{k}=")]
+        if flagged:  # a flag's value: name the flag the user typed, not only the config key
+            raise InputError(f"{flag_of(flagged[0])}: {said}") from e
+        raise

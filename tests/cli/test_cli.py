@@ -168,6 +168,19 @@ def test_contradictory_pack_flags_are_refused(capsys, tiny_input, tmp_path, case
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("flags, said", [
+    (["--workers", "0"], "--workers: num_workers=0 must be an integer >= 1"),
+    (["--context-length", "0"], "--context-length: context_length=0 must be in 1..")])
+def test_a_bad_flag_value_names_the_flag(capsys, tiny_input, tmp_path, flags, said):
+    args = ["pack", "--local", "--input", tiny_input, "--output", str(tmp_path / "o"), "--context-length", "16"]
+    err = refused(capsys, [*args, *flags])
+    assert err.startswith(f"raypack: error: {said}"), err
+    config = tmp_path / "c.toml"
+    config.write_text("num_workers = 0\n")  # from a config file: its key, named with the file
+    err = refused(capsys, [*args, "--config", str(config)])
+    assert err.startswith(f"raypack: error: {config}: num_workers=0 must be"), err
+
+
 def test_tokenize_refuses_resume_with_overwrite(capsys, tmp_path):
     err = refused(capsys, ["tokenize", "--input", str(tmp_path), "--output", str(tmp_path / "o"), "--tokenizer",
                            "tiktoken:cl100k_base", "--local", "--resume", "--overwrite"])
