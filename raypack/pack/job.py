@@ -73,8 +73,7 @@ def _tokenizer_lines(manifest: Manifest) -> list[str]:
     name = f"tiktoken:{identity.get('name')}" if identity.get("kind") == "tiktoken" else identity.get("file", "?")
     listed = record.get("backends")
     backends = [b for b in listed if isinstance(b, dict)] if isinstance(listed, list) else []
-    by = ", ".join(f"{b.get('name')} {b.get('library', '')} {b.get('version', '')}".replace("  ", " ").strip()
-                   for b in backends)
+    by = ", ".join(" ".join(str(b[k]) for k in ("name", "library", "version") if b.get(k)) for b in backends)
     vocab = identity.get("vocab_size")
     ids = f"{vocab:,}" if isinstance(vocab, int) else "?"  # as recorded: an input's manifest may say anything
     return [f"  tokenizer        {name} ({ids} ids)" + (f", ids by {by}" if by else "")]
