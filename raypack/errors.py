@@ -6,6 +6,9 @@ The CLI prints it as one line on stderr and exits with code 2.
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+
 
 class InputError(ValueError):
     """Bad input: a path, a shard, a token, a config value. The message names it."""
@@ -29,3 +32,14 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, kept: str | None) -> None:
         super().__init__(kept)
         self.kept = kept
+
+
+def install_extra(extra: str) -> str:
+    """The command that installs raypack's optional ``extra`` (text, ray, torch, plot), for a message.
+    raypack installs from its checkout: the name ``raypack`` on PyPI is another project, so
+    ``pip install raypack[...]`` would install that. From a checkout (an editable install) the
+    command names its path."""
+    root = Path(__file__).resolve().parents[1]
+    if (root / "pyproject.toml").is_file():
+        return f"pip install -e {shlex.quote(f'{root}[{extra}]')}"
+    return f"pip install -e 'PATH/TO/raypack-checkout[{extra}]' (not raypack[{extra}] from PyPI: another project)"

@@ -1,6 +1,6 @@
 """Feeding packed output to a PyTorch training loop (the optional ``torch`` extra).
 
-    pip install "raypack[torch]"
+    pip install -e ".[torch]"     # from the raypack checkout
 
 ``raypack/__init__.py`` does not import this module; torch stays out of the core install.
 
@@ -68,11 +68,13 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import numpy as np
 import numpy.typing as npt
 
+from raypack.errors import install_extra
+
 try:
     import torch
     from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 except ImportError as e:  # the optional extra
-    raise ImportError(f"raypack.torch_data needs PyTorch ({e}): pip install 'raypack[torch]'") from e
+    raise ImportError(f"raypack.torch_data needs PyTorch ({e}): {install_extra('torch')}") from e
 
 from raypack.mix.dataset import MixedDataset
 from raypack.outputs import read_packed

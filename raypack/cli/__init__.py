@@ -12,7 +12,7 @@ import sys
 from typing import Any, Mapping, Sequence
 
 from raypack import __version__
-from raypack.errors import InputError
+from raypack.errors import InputError, install_extra
 from raypack.pack.config import TOKEN_DTYPES, PackConfig, flag_of, load_config
 from raypack.strategies import DEFAULT_STRATEGY, STRATEGIES, option_fields, strategy_names
 from raypack.tokenize.backends import BACKENDS, backend_names
@@ -176,7 +176,7 @@ def _add_export_parser(commands) -> None:
                         help="write nothing: compare an existing export with its source")
 
 
-PLOT_EXTRA = 'pip install "raypack[plot]"'
+PLOT_EXTRA = install_extra("plot")
 
 
 def _comma_list(text: str) -> tuple[str, ...]:

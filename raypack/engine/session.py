@@ -6,9 +6,9 @@ run modules (raypack.pack.job, raypack.tokenize.job) import this one freely.
 
 from __future__ import annotations
 
-from raypack.errors import InputError, WorkerError
+from raypack.errors import InputError, WorkerError, install_extra
 
-RAY_EXTRA = "pip install 'raypack[ray]' (or pass --local to run in this process)"
+RAY_EXTRA = f"{install_extra('ray')} (or pass --local to run in this process)"
 
 
 def engine():

@@ -23,7 +23,7 @@ encoder for the same tokenizer is a backend (:mod:`raypack.tokenize.backends`), 
 the same ids.
 
 ``tokenizers`` and ``tiktoken`` are imported only when a tokenizer of their kind is loaded; a
-missing one is an InputError naming the extra (``pip install "raypack[text]"``).
+missing one is an InputError naming the extra (``pip install -e '.[text]'`` from the checkout).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from raypack.errors import BackendError, InputError
+from raypack.errors import BackendError, InputError, install_extra
 
 __all__ = [
     "TEXT_EXTRA",
@@ -63,7 +63,7 @@ __all__ = [
     "token_dtype_for",
 ]
 
-TEXT_EXTRA = 'pip install "raypack[text]"'
+TEXT_EXTRA = install_extra("text")
 TOKEN_DTYPES = ("uint8", "uint16", "uint32")
 
 

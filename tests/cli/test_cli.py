@@ -13,6 +13,7 @@ import pytest
 import raypack
 import raypack.cli
 from raypack.cli import main
+from raypack.errors import install_extra
 from raypack.outputs import read_packed
 from raypack.pack.config import PackConfig, load_config
 from raypack.sample import write_sample_corpus
@@ -215,7 +216,7 @@ def test_stats_plot_without_matplotlib_names_the_extra(capsys, packed, tmp_path,
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
     assert main(["stats", packed, "--plot", str(tmp_path / "s.png")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and 'pip install "raypack[plot]"' in err, err
+    assert err.count("\n") == 1 and install_extra("plot") in err and "[plot]'" in err, err
     assert not (tmp_path / "s.png").exists()
 
 
@@ -236,3 +237,16 @@ def test_stats_plot_has_fixed_axes(packed, tmp_path, monkeypatch):
     assert [tuple(ax.get_ylim()) for ax in axes] == [(0, 100)] * 3
     assert tuple(axes[0].get_xlim()) == (1, 17)
     assert sum(bar.get_height() for bar in axes[0].patches) == pytest.approx(100)
+
+
+def test_an_extra_is_installed_from_the_checkout_never_by_the_pypi_name():
+    """``pip install raypack[text]`` installs another project (the PyPI name is taken): every message
+    that names an extra gives the checkout's path."""
+    import raypack
+    from raypack.engine.session import RAY_EXTRA
+    from raypack.tokenize.tokenizers import TEXT_EXTRA
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(raypack.__file__)))
+    assert install_extra("text") == f"pip install -e '{root}[text]'" or " " in root
+    for said in (TEXT_EXTRA, RAY_EXTRA, install_extra("plot"), install_extra("torch")):
+        assert said.startswith("pip install -e ") and root in said and "raypack[" not in said.replace(root, "")

@@ -9,6 +9,7 @@ import pytest
 
 from raypack.cli import main
 from raypack.cli.stats import NUM_BINS, packing_stats
+from raypack.errors import install_extra
 from raypack.pack.config import make_config
 from raypack.pack.job import run_pack
 from raypack.rules.core import pack_sequences
@@ -104,4 +105,4 @@ def test_plot_without_matplotlib_is_one_line_before_the_report(small_output, tmp
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
     assert main(["stats", small_output, "--plot", str(tmp_path / "s.png")]) == 2
     out, err = capsys.readouterr()
-    assert out == "" and len(err.strip().splitlines()) == 1 and 'raypack[plot]' in err, (out, err)
+    assert out == "" and len(err.strip().splitlines()) == 1 and install_extra("plot") in err, (out, err)

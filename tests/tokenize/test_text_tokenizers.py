@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import socket
 import sys
 
@@ -13,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raypack.errors import InputError
+from raypack.errors import InputError, install_extra
 from raypack.tokenize import tokenizers as text_tokenizers
 from raypack.tokenize.tokenizers import (
     TIKTOKEN_ENCODINGS,
@@ -195,7 +196,7 @@ def test_unknown_tiktoken_name_lists_known():
 @pytest.mark.parametrize("module, spec", [("tokenizers", "PATH"), ("tiktoken", "tiktoken:cl100k_base")])
 def test_missing_library_names_the_extra(hf, monkeypatch, module, spec):
     monkeypatch.setitem(sys.modules, module, None)  # import raises ImportError
-    with pytest.raises(InputError, match=rf"needs the '{module}' package.*pip install \"raypack\[text\]\""):
+    with pytest.raises(InputError, match=rf"needs the '{module}' package.*" + re.escape(install_extra("text"))):
         load_tokenizer(str(hf[1]) if spec == "PATH" else spec)
 
 

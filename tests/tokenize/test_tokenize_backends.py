@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import random
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -23,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raypack.cli import main
-from raypack.errors import BackendError, InputError
+from raypack.errors import BackendError, InputError, install_extra
 from raypack.tokenize import backends as backends_module
 from raypack.tokenize.backends import AUTO_ORDER, BACKENDS, Unsupported, load_backed_tokenizer, select_encoder
 from raypack.tokenize.backends.fastokens import FastokensBackend
@@ -36,12 +37,12 @@ from helpers import train_byte_level_bpe, train_sentencepiece_style_bpe
 
 FAST = [name for name in BACKENDS if name != "reference"]
 FAST_INSTALLED = [pytest.param(name, marks=pytest.mark.skipif(BACKENDS[name].version() is None,
-                                                             reason=f"{name} is not installed (raypack[text])"))
+                                                             reason=f"{name} is not installed (the text extra)"))
                   for name in FAST]
 needs_gigatoken = pytest.mark.skipif(GigatokenBackend().version() is None,
-                                     reason="gigatoken is not installed (pip install 'raypack[text]')")
+                                     reason="gigatoken is not installed (the text extra)")
 needs_fastokens = pytest.mark.skipif(FastokensBackend().version() is None,
-                                     reason="fastokens is not installed (pip install 'raypack[text]' on x86_64)")
+                                     reason="fastokens is not installed (the text extra, on x86_64)")
 
 
 # --------------------------------------------------------------------------------------- corpus
@@ -357,14 +358,14 @@ def test_an_explicit_backend_that_cannot_do_the_tokenizer_is_refused(tmp_path, c
 
 def test_a_backend_that_is_not_installed_names_the_extra(tokenizer_files, monkeypatch, caplog):
     monkeypatch.setattr(GigatokenBackend, "version", lambda self: None)
-    with pytest.raises(InputError, match=r"'gigatoken' package is not installed; pip install \"raypack\[text\]\""):
+    with pytest.raises(InputError, match=r"'gigatoken' package is not installed; " + re.escape(install_extra("text"))):
         load_backed_tokenizer(tokenizer_files["cl100k_base"], "gigatoken")
     monkeypatch.setattr(FastokensBackend, "version", lambda self: None)
     with caplog.at_level(logging.INFO, logger="raypack.tokenize.backends"):
         assert load_backed_tokenizer(tokenizer_files["cl100k_base"]).backend == "reference"
     lines = [r.getMessage() for r in caplog.records if r.name == "raypack.tokenize.backends"]
     assert len(lines) == 1 and "gigatoken is not installed; fastokens is not installed" in lines[0]
-    assert 'pip install "raypack[text]"' in lines[0]
+    assert install_extra("text") in lines[0]
 
 
 def test_an_unknown_backend_is_refused(capsys):
