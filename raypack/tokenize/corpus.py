@@ -15,6 +15,7 @@ checking each listed file is a plain ``part-NNNNNN.parquet`` of the recorded siz
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 from typing import Any, NamedTuple, Sequence
@@ -25,7 +26,7 @@ import pyarrow.fs as pafs
 from raypack import __version__
 from raypack.errors import InputError
 from raypack.inputs.base import ShardInfo
-from raypack.io.fs import resolve_filesystem
+from raypack.io.fs import is_uri, resolve_filesystem
 from raypack.io.json_doc import CheckedDocument, read_json_document
 from raypack.io.untrusted import (
     MAX_COUNT,
@@ -269,13 +270,14 @@ def _manifest_shard_infos(directory: str, manifest: TokenizedManifest, token_col
         raise InputError(f"{where}: the tokenized corpus has column {manifest.token_column!r}, "
                          f"not {token_column!r}; pass --token-column {manifest.token_column}")
     sizes = _file_sizes(directory)
+    root = directory.rstrip("/") if is_uri(directory) else os.path.abspath(directory)  # as discover_shards gives
     infos = []
     for shard in manifest.shards:
         if sizes.get(shard.path) != shard.num_bytes:
             found = "missing" if shard.path not in sizes else f"{sizes[shard.path]} bytes"
             raise InputError(f"{where}: {shard.path} is {found}, the manifest says {shard.num_bytes} bytes; "
                              f"the corpus changed since it was written: {RERUN}")
-        infos.append(ShardInfo(f"{directory.rstrip('/')}/{shard.path}", "parquet", shard.num_docs, shard.num_tokens,
+        infos.append(ShardInfo(f"{root}/{shard.path}", "parquet", shard.num_docs, shard.num_tokens,
                                manifest.token_dtype.name, "manifest", source=shard.source))
     return infos
 

@@ -259,6 +259,18 @@ def test_cheap_mistakes_are_one_line_before_ray_starts(tmp_path, text_dir, tok, 
             run_tokenize(TokenizeConfig(inputs=(text_dir,), output=str(out), text=text), engine="ray")
 
 
+def test_a_tokenized_corpus_given_by_a_relative_path_packs_to_an_output_verify_reads(tmp_path, text_dir, tok,
+                                                                                     monkeypatch, capsys):
+    """The README's two steps from the shell, relative paths: the packed manifest names the parts
+    by absolute path (as any other input), so ``verify OUT`` finds and checks them."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["tokenize", "--input", text_dir, "--output", "tok", "--tokenizer", tok[1], "--local"]) == 0
+    assert main(["pack", "--input", "tok", "--output", "out", "--local", "--context-length", "64"]) == 0
+    capsys.readouterr()
+    assert main(["verify", "out"]) == 0, capsys.readouterr().err
+    assert all(os.path.isabs(s["path"]) for s in manifest_of(tmp_path / "out")["shards"])
+
+
 def test_pack_refuses_a_tokenized_corpus_whose_file_changed(tmp_path, text_dir, tok, capsys):
     tokenized = tokenize(tmp_path, text_dir, tok)
     with open(os.path.join(tokenized, "part-000001.parquet"), "ab") as f:
