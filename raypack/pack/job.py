@@ -119,7 +119,7 @@ def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False, t
         if text is not None:
             return None  # counts come from the tokenizing packers (raypack.tokenize.onepass)
         planned = make_plan(config)
-        check_output_outside_inputs(config.output, planned)
+        check_output_outside_inputs(config.output, planned, config.inputs)
         return planned
 
     def write(target, planned: Plan | None):

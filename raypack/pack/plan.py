@@ -243,15 +243,39 @@ def settings_for(config: PackConfig, plan: Plan, out_dir: str) -> PackSettings:
                         max_document_tokens=config.max_document_tokens)
 
 
-def check_output_outside_inputs(output: str, plan: Plan) -> None:
-    """Refuse an output directory (or prefix) that is, or lies inside, a directory holding an input shard."""
+def check_output_outside_inputs(output: str, plan: Plan, inputs: Sequence[str] = ()) -> None:
+    """Refuse an output directory (or prefix) that holds an input shard (publishing the output, or
+    ``--overwrite``, would replace it), or that lies inside an input given as a directory or a
+    recursive glob (a run over that input again would read the output's files as shards). An
+    output beside an input given as a file, or under a one-level glob's folder, is fine."""
     out = _location(output)
     for info in plan.shards:
         location = _location(info.path)
-        shard_dir = location[: location.rindex("/")] if is_uri(location) else os.path.dirname(location)
-        if out == shard_dir or out.startswith(shard_dir + "/"):
-            raise InputError(f"output directory {output} lies inside the input directory {shard_dir} "
-                             f"(shard {info.path}); choose an output outside the inputs")
+        if location.startswith(out + "/"):
+            raise InputError(f"output directory {output} holds the input shard {info.path}: publishing the output "
+                             "would replace it; choose an output outside the inputs")
+    for item in inputs:
+        region = _read_region(item)
+        if region is not None and (out == region or out.startswith(region + "/")):
+            raise InputError(f"output directory {output} lies inside the input {item}, whose files are read as "
+                             "shards; choose an output outside the inputs")
+
+
+def _read_region(item: str) -> str | None:
+    """The folder whose files, at any depth, input ``item`` may read: a directory itself, a glob's
+    folder where the glob reaches into subfolders (``**`` or a pattern in a folder's name), else
+    None (a file; a glob over one folder's files)."""
+    if not isinstance(item, str) or not item:
+        return None
+    parts = item.rstrip("/").split("/")
+    magic = [k for k, part in enumerate(parts) if any(c in part for c in "*?[")]
+    if magic:
+        recursive = "**" in parts or magic[0] < len(parts) - 1
+        return _location("/".join(parts[:magic[0]]) or ".") if recursive else None
+    location = _location(item)
+    if is_uri(location):
+        return location if item.endswith("/") or "." not in location.rsplit("/", 1)[-1] else None
+    return location if os.path.isdir(location) else None
 
 
 def _location(path: str) -> str:

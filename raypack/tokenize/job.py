@@ -186,7 +186,7 @@ def run_tokenize(config: TokenizeConfig, *, engine: str = "ray", resume: bool = 
 
     def plan() -> list[TextTask]:
         tasks = plan_text_tasks(config.inputs, config.text)
-        _check_outside(config.output, tasks)
+        _check_outside(config.output, tasks, config.inputs)
         return tasks
 
     def write(target, tasks: list[TextTask]) -> TokenizedManifest:
@@ -207,7 +207,7 @@ def pack_text(work_dir: str, pack_config, text: TextOptions, engine: str, resume
     ``raypack tokenize`` output made with the same options, so the packed output is byte-identical.
     """
     tasks = plan_text_tasks(pack_config.inputs, text)
-    _check_outside(pack_config.output, tasks)
+    _check_outside(pack_config.output, tasks, pack_config.inputs)
     tokenizer = load_backed_tokenizer(text.tokenizer, text.tokenizer_backend)
     settings, options = _text_settings(work_dir, text, tokenizer, pack_config.inputs)
     manifest = build_tokenized_manifest([], settings.token_dtype, tokenizer.identity(), options,
@@ -294,9 +294,9 @@ def _refuse_token_output(item: str) -> None:
                          "already, not text; pack it without --tokenizer (and --text-column, --bos, --eos)")
 
 
-def _check_outside(output: str, tasks: list[TextTask]) -> None:
+def _check_outside(output: str, tasks: list[TextTask], inputs) -> None:
     shards = tuple(SimpleNamespace(path=p) for p in dict.fromkeys(t.path for t in tasks))
-    check_output_outside_inputs(output, SimpleNamespace(shards=shards))
+    check_output_outside_inputs(output, SimpleNamespace(shards=shards), inputs)
 
 
 def tokenize_into(out_dir: str, config: TokenizeConfig, tasks: list[TextTask], engine: str,

@@ -150,12 +150,37 @@ def test_mixed_token_dtypes_that_no_type_holds_are_refused(capsys, tmp_path):
     assert "uint64" in err and "int32" in err
 
 
-def test_output_inside_an_input_directory(capsys, tmp_path, shards):
-    out = shards / "packed"
-    code = main(["pack", "--local", "--input", str(shards), "--output", str(out), "--context-length", "4",
+@pytest.mark.parametrize("given, where", [("dir", "packed"), ("recursive glob", "packed"), ("dir", "sub/packed")])
+def test_output_inside_an_input_directory(capsys, tmp_path, shards, given, where):
+    out = shards / where
+    item = str(shards) if given == "dir" else f"{shards}/**/*.parquet"
+    code = main(["pack", "--local", "--input", item, "--output", str(out), "--context-length", "4",
                  "--pad-token", "0"])
     err = capsys.readouterr().err.strip()
-    assert code == 2 and "inside the input directory" in err and not out.exists()
+    assert code == 2 and f"lies inside the input {item}, whose files are read as shards" in err and not out.exists()
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_an_output_holding_an_input_is_refused(capsys, tmp_path, overwrite):
+    """``--input data/sub --output data --overwrite`` would replace data, the input with it."""
+    write_parquet(tmp_path / "data" / "sub" / "a.parquet", [[1, 2, 3]])
+    code = main(["pack", "--local", "--input", str(tmp_path / "data" / "sub" / "a.parquet"), "--output",
+                 str(tmp_path / "data"), "--context-length", "4", *(["--overwrite"] if overwrite else [])])
+    err = capsys.readouterr().err.strip()
+    said = "holds the input shard" if overwrite else "is not empty; pass --overwrite"  # without it, that first
+    assert code == 2 and said in err and "\n" not in err
+    assert os.listdir(tmp_path / "data" / "sub") == ["a.parquet"]
+
+
+@pytest.mark.parametrize("given", ["file", "one-folder glob"])
+def test_an_output_beside_an_input_file_is_packed(capsys, tmp_path, shards, given):
+    """Not inside an input: the input is one file (or a glob over one folder's files), which a run
+    over it again reads without the output's files."""
+    files = sorted(os.listdir(shards))
+    item = str(shards / files[0]) if given == "file" else f"{shards}/*.parquet"
+    assert main(["pack", "--local", "--input", item, "--output", str(shards / "packed"), "--context-length", "4",
+                 "--pad-token", "0"]) == 0
+    assert sorted(os.listdir(shards)) == sorted(files + ["packed"])
 
 
 def test_non_empty_output_without_overwrite(capsys, tmp_path, shards):
