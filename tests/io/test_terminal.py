@@ -181,6 +181,7 @@ def test_console_ctrl_c_while_the_cli_loads_is_one_line(monkeypatch, capsys):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(raypack.cli, "main", interrupted)
+    monkeypatch.delitem(sys.modules, "ray", raising=False)  # else, as on Ray, it would leave the process
     before = signal.getsignal(signal.SIGINT)
     try:
         assert raypack.console_main() == 130
@@ -210,6 +211,7 @@ def test_console_ignores_a_second_ctrl_c_after_the_first(monkeypatch, capsys):
             return 130
 
     monkeypatch.setattr(raypack.cli, "main", main_twice)
+    monkeypatch.delitem(sys.modules, "ray", raising=False)  # else, as on Ray, it would leave the process
     before = signal.getsignal(signal.SIGINT)
     try:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as a shell gives it (pytest-xdist may not)
