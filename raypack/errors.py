@@ -14,6 +14,11 @@ class InputError(ValueError):
     """Bad input: a path, a shard, a token, a config value. The message names it."""
 
 
+class NotAnOutput(InputError):
+    """Where an output was to be read, something else: an input directory, a tokenized corpus. The
+    message names what it is. ``raypack verify`` says it as bad input (exit 2), not a failed audit."""
+
+
 class WorkerError(RuntimeError):
     """A Ray worker failed for a reason other than bad input (it died, ran out of memory, ...).
 

@@ -48,7 +48,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from raypack.errors import InputError
+from raypack.errors import InputError, NotAnOutput
 from raypack.io.fs import check_bucket, resolve_filesystem
 from raypack.io.json_doc import CheckedDocument, read_json_document
 from raypack.io.untrusted import (
@@ -284,7 +284,7 @@ def read_manifest_json(path: str) -> tuple[Any, str]:
             raise InputError(f"{path}: no such output directory; check the path")
         inputs = _input_like_files(filesystem, base)
         if inputs:
-            raise InputError(f"{path} holds no {MANIFEST_NAME} and no chunk files, but {inputs}: an input, not a "
+            raise NotAnOutput(f"{path} holds no {MANIFEST_NAME} and no chunk files, but {inputs}: an input, not a "
                              "packed output; give the directory raypack pack wrote (its --output)")
         raise InputError(f"{path} is incomplete: no {MANIFEST_NAME}; the job did not finish (or the output is "
                          "being replaced): rerun it, or wait for it")
@@ -327,7 +327,7 @@ def check_manifest(manifest: Any, where: str) -> None:
         raise InputError(f"{where}: a mix (an index over other outputs, raypack mix), not a packed output; "
                          "read it with raypack.read_packed, or give one of its sources")
     if manifest.get("kind") == TOKENIZED_KIND:
-        raise InputError(f"{where}: a tokenized corpus (raypack tokenize's output: the token ids of each document), "
+        raise NotAnOutput(f"{where}: a tokenized corpus (raypack tokenize's output: the token ids of each document), "
                          "not a packed output; pack it first: raypack pack --input DIR --output OUT --context-length C")
     version = manifest.get("format_version")
     if isinstance(version, bool) or not isinstance(version, int) or version not in READABLE_FORMAT_VERSIONS:

@@ -39,9 +39,9 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
-from raypack.errors import InputError
+from raypack.errors import InputError, NotAnOutput
 from raypack.inputs.base import DEFAULT_MAX_DOCUMENT_TOKENS
-from raypack.packed.manifest import MIX_KIND, read_manifest_json
+from raypack.packed.manifest import MIX_KIND, TOKENIZED_KIND, check_manifest, read_manifest_json
 from raypack.verify.inputs import INPUT_BATCH_DOCS
 from raypack.verify.mix import MixVerifyReport, verify_mix
 from raypack.verify.output import structure_class, verify_packed
@@ -79,6 +79,8 @@ def verify_output(
                                             not isinstance(max_document_tokens, int) or max_document_tokens < 1):
         raise InputError(f"max_document_tokens={max_document_tokens!r} must be an integer >= 1")
     data, where = _read_json(out)
+    if isinstance(data, dict) and data.get("kind") == TOKENIZED_KIND:
+        check_manifest(data, where)  # NotAnOutput, naming it
     if isinstance(data, dict) and data.get("kind") == MIX_KIND:  # read through raypack.mix.dataset: verify.mix
         return verify_mix(out, data, where, inputs)
     return verify_packed(out, inputs, token_column=token_column, batch_chunks=batch_chunks, start=start,
@@ -89,5 +91,7 @@ def _read_json(out: str) -> tuple[Any, str]:
     """The parsed, unchecked manifest and its path (a mix or a packed output?); InputError -> VerifyError."""
     try:
         return read_manifest_json(out)
+    except NotAnOutput:
+        raise  # the wrong thing given (exit 2), not an output that fails its audit
     except InputError as e:
         raise VerifyError(str(e)) from e

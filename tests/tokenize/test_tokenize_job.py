@@ -227,8 +227,11 @@ def test_pack_takes_counts_from_the_tokenized_manifest(tmp_path, text_dir, tok):
 def test_stats_and_verify_name_a_tokenized_corpus_for_what_it_is(tmp_path, text_dir, tok, capsys, command):
     code = main([command, tokenize(tmp_path, text_dir, tok)])
     err = capsys.readouterr().err.strip()
-    assert code in (1, 2) and "\n" not in err
+    assert code == 2 and "\n" not in err and err.startswith("raypack: error: ")  # the wrong thing, not a failed audit
     assert "a tokenized corpus (raypack tokenize's output" in err and "pack it first: raypack pack --input" in err
+    assert main([command, text_dir]) == 2  # an input directory
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "an input, not a packed output" in err
 
 
 @pytest.mark.parametrize("mistake", ["text column", "output not empty", "unfinished run"])
