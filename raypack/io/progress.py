@@ -6,9 +6,10 @@ each shard, on Ray as each result row comes out of the pipeline). Pure Python, O
 The rate and the ETA are the pace since the first finished item, once a second has passed since
 it and another item finished: the time before the first (Ray's start-up, actors importing their
 modules) is not the pace of the rest (a demo once printed "ETA 46s", then finished in a second).
-Before that, and on the last line, the pace since the start (as the run's summary gives it, start-up
-included): items that finish together (many workers) would otherwise give a rate of a few
-tokens over microseconds. Items kept from a resume record count as done, not in the pace.
+Before that, and on the last line, the rate since the start (as the run's summary gives it, start-up
+included) and no ETA: items that finish together (many workers) would otherwise give a rate of a
+few tokens over microseconds, and an ETA from the start counts start-up as pace (a 10 s run once
+said "ETA 73s"). Items kept from a resume record count as done, not in the pace.
 """
 
 from __future__ import annotations
@@ -50,14 +51,15 @@ class Progress:
     def line(self, now: float) -> str:
         processed = self.done - self.kept
         since, items, tokens = self.start, processed, self.tokens
-        if self.first is not None and self.done < self.total and processed > self.first[1] \
-                and now - self.first[0] >= self.interval:
+        paced = self.first is not None and self.done < self.total and processed > self.first[1] \
+            and now - self.first[0] >= self.interval
+        if paced:
             since, items, tokens = self.first[0], processed - self.first[1], self.tokens - self.first[2]
         elapsed = max(now - since, 1e-9)
         text = f"{self.verb} {self.done}/{self.total} {self.unit}, {_si(tokens / elapsed)} tokens/s"
         if self.kept:
             text += f" ({self.kept} kept from the run before)"
-        if self.done < self.total and items:
+        if paced:  # not from the start: start-up is not the pace of the rest
             text += f", ETA {elapsed / items * (self.total - self.done):.0f}s"
         return text
 
