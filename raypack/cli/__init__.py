@@ -446,7 +446,7 @@ def _run_pack(args: argparse.Namespace) -> int:
                          != ("text", None, None, "auto")):
         raise InputError("--text-column, --bos, --eos, --task-rows, --task-bytes, --max-document-bytes and "
                          "--tokenizer-backend need --tokenizer")
-    if text is not None and config.token_column != PackConfig.token_column:
+    if text is not None and (args.token_column is not None or config.token_column != PackConfig.token_column):
         raise InputError(f"--token-column {config.token_column} names the column of token ids in token inputs; with "
                          "--tokenizer the inputs are text: name their column with --text-column")
     if args.dry_run:

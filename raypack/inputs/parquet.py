@@ -355,7 +355,7 @@ def _check_text_column(schema: pa.Schema, column: str, path: str) -> None:
     value_type = schema.field(column).type
     if not is_text_type(value_type):
         raise InputError(
-            f"text file {path}: column {column!r} has type {value_type} in every row; it must hold strings "
+            f"text file {path}: column {column!r} holds {value_type}, not text; it must hold strings "
             f"(string, large_string or string_view, binary holding UTF-8, or a dictionary of those)"
         )
 

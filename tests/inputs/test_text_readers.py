@@ -292,7 +292,7 @@ def test_parquet_missing_column_lists_columns(tmp_path):
 def test_parquet_non_string_column(tmp_path, values, type_name):
     path = tmp_path / "a.parquet"
     pq.write_table(pa.table({"text": values}), path)
-    with pytest.raises(InputError, match=rf"column 'text' has type {type_name} in every row; it must hold strings"):
+    with pytest.raises(InputError, match=rf"column 'text' holds {type_name}, not text; it must hold strings"):
         list(iter_parquet_texts(str(path)))
 
 

@@ -515,6 +515,9 @@ def test_cli_tokenize_then_pack(tmp_path, text_dir, tok, capsys):
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "--token-column body names the column of token ids" in err and "--text-column" in err
     assert not os.path.exists(tmp_path / "s")
+    assert main(["pack", "--input", text_dir, "--tokenizer", tok[1], "--token-column", "input_ids", "--output",
+                 str(tmp_path / "s"), "--local", "--context-length", "64"]) == 2  # given, even as the default
+    assert "--token-column input_ids names the column of token ids" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- sample text mode
