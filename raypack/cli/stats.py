@@ -83,9 +83,10 @@ class PackStats:
             pct = 100.0 * nonzero / self.num_tokens if self.num_tokens else 0.0
             out.append(f"  {name} ({type_name})  {nonzero:,} ({pct:.2f}% of tokens)")
         out.append("per shard: documents, split documents")
+        width = max((len(p) for p in self.shard_paths), default=0)
         for path, docs, split in zip(self.shard_paths, self.shard_documents, self.shard_split_documents):
             pct = 100.0 * split / docs if docs else 0.0
-            out.append(f"  {path}  {docs:,}  {split:,} ({pct:.2f}%)")
+            out.append(f"  {path:<{width}}  {docs:>12,}  {split:>12,} ({pct:.2f}%)")
         return out
 
 
