@@ -39,13 +39,15 @@ class Summary:
     pack_seconds: float = 0.0
     """From the first task's start to the last task's end (excludes engine start-up)."""
     engine: str = "ray"
+    kept: tuple[int, int] = (0, 0)
+    """Tasks, and their tokens, kept from an interrupted run's records (``--resume``): not in the rate."""
 
     def lines(self) -> list[str]:
         c = self.manifest.counts
         positions = c.chunks * self.manifest.context_length
         pad_pct = 100.0 * c.padding_positions / positions if positions else 0.0
         split_pct = 100.0 * c.split_documents / c.documents if c.documents else 0.0
-        rate = c.tokens / self.seconds if self.seconds > 0 else 0.0
+        rate = (c.tokens - self.kept[1]) / self.seconds if self.seconds > 0 else 0.0
         strategy = self.manifest.strategy.describe()
         return [
             f"packed {self.output} ({strategy})",
@@ -57,7 +59,9 @@ class Summary:
             *_cut_lines(c),
             *_tokenizer_lines(self.manifest),
             f"  files            {len(self.manifest.files):>14,}",
-            f"  time             {self.seconds:>14.2f}s  ({rate / 1e6:,.1f}M tokens/s, start-up included)",
+            f"  time             {self.seconds:>14.2f}s  ({rate / 1e6:,.1f}M tokens/s, start-up included"
+            + (f"; {self.kept[0]:,} tasks, {self.kept[1]:,} tokens, kept from the run before)" if self.kept[0]
+               else ")"),
             f"  packing          {self.pack_seconds:>14.2f}s  (first task start to last task end)",
             f"  peak packer RSS  {self.peak_worker_rss_bytes / 2**20:>14,.0f} MiB"
             + ("  (added to this process)" if self.engine == "local" else ""),
@@ -132,8 +136,10 @@ def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False, t
 
     manifest, results = run_published(config.output, overwrite=config.overwrite, resume=resume, plan=plan,
                                       write=write)
+    kept = [r for r in results if not r.finished_at]  # a resume record's result (raypack.pack.resume)
     return Summary(config.output, manifest, time.perf_counter() - start,
-                   max((r.peak_rss_bytes for r in results), default=0), _pack_seconds(results), engine)
+                   max((r.peak_rss_bytes for r in results), default=0), _pack_seconds(results), engine,
+                   (len(kept), sum(r.num_tokens for r in kept)))
 
 
 def _pack_seconds(results: list[ShardResult]) -> float:

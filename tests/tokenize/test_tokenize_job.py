@@ -741,6 +741,9 @@ def test_resume_keeps_finished_tasks_without_tokenizing_them(tmp_path, text_dir,
         summary = run_pack(config, engine="local", resume=True, text=options(tok))
     assert done == list(range(k, num_tasks))  # tasks 0..k-1 kept, not tokenized again
     assert f"resume: {k} of {num_tasks} text tasks kept (verified), {num_tasks - k} tokenized" in caplog.text
+    kept_tokens = sum(s["num_tokens"] for s in clean.manifest["shards"][:k])
+    assert summary.kept == (k, kept_tokens)  # not in the summary's rate
+    assert f"; {k} tasks, {kept_tokens:,} tokens, kept from the run before)" in "\n".join(summary.lines())
     assert summary.manifest["content_sha256"] == clean.manifest["content_sha256"]
     assert digests(tmp_path / "out", "*") == digests(tmp_path / "clean", "*")
 
