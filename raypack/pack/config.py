@@ -260,6 +260,9 @@ def load_config(path: str | Path | None = None, *, required: tuple[str, ...] = (
     except InputError as e:
         said = str(e).removeprefix(f"{source}: ")
         flagged = [k for k, v in overrides.items() if v is not None and said.startswith(f"{k}=")]
-        if flagged:  # a flag's value: name the flag the user typed, not only the config key
-            raise InputError(f"{flag_of(flagged[0])}: {said}") from e
+        if flagged:  # a flag's value: name the flag the user typed, not the config key
+            key = flagged[0]
+            prefixes = (f"{key}={overrides[key]!r} ", f"{key}={overrides[key]} ")
+            rest = next((said[len(p):] for p in prefixes if said.startswith(p)), "")
+            raise InputError(f"{flag_of(key)} {overrides[key]}: {rest if rest.startswith('must ') else said}") from e
         raise

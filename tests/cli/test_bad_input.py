@@ -112,7 +112,7 @@ def test_bad_context_length(capsys, tmp_path, shards, value):
     code = main(["pack", "--local", "--input", str(shards), "--output", str(out), "--context-length", value,
                  "--pad-token", "0"])
     err = capsys.readouterr().err.strip()
-    assert code == 2 and f"context_length={value}" in err and not out.exists()
+    assert code == 2 and f"--context-length {value}: must be in 1.." in err and not out.exists()
 
 
 def test_non_integer_context_length_in_config(capsys, tmp_path, shards):

@@ -170,8 +170,8 @@ def test_contradictory_pack_flags_are_refused(capsys, tiny_input, tmp_path, case
 
 
 @pytest.mark.parametrize("flags, said", [
-    (["--workers", "0"], "--workers: num_workers=0 must be an integer >= 1"),
-    (["--context-length", "0"], "--context-length: context_length=0 must be in 1..")])
+    (["--workers", "0"], "--workers 0: must be an integer >= 1"),
+    (["--context-length", "0"], "--context-length 0: must be in 1..")])
 def test_a_bad_flag_value_names_the_flag(capsys, tiny_input, tmp_path, flags, said):
     args = ["pack", "--local", "--input", tiny_input, "--output", str(tmp_path / "o"), "--context-length", "16"]
     err = refused(capsys, [*args, *flags])

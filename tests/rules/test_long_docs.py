@@ -223,7 +223,7 @@ def test_bad_long_docs_is_one_line(tmp_path, capsys):
     code = main(["pack", "--input", shard_dir, "--output", str(tmp_path / "o"), "--context-length", "8",
                  "--long-docs", "cut", "--local"])
     err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and "long_docs='cut' must be one of split, truncate, drop" in err
+    assert code == 2 and err.count("\n") == 1 and "--long-docs cut: must be one of split, truncate, drop" in err
 
 
 def test_resume_with_another_policy_repacks(tmp_path):

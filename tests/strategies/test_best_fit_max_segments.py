@@ -143,7 +143,7 @@ def test_cli_spellings_and_bad_values(tmp_path, capsys):
     for bad in ("0", "1"):
         assert main([*base, "--output", str(tmp_path / "c"), "--best-fit-max-segments", bad]) == 2
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and f"best_fit_max_segments={bad} must be an integer >= 2" in err
+        assert err.count("\n") == 1 and f"--best-fit-max-segments {bad}: must be an integer >= 2" in err
     concat = ["pack", "--input", shard_dir, "--context-length", "8", "--local", "--output", str(tmp_path / "d")]
     assert main([*concat, "--max-segments", "4"]) == 2
     err = capsys.readouterr().err
