@@ -53,14 +53,11 @@ def console_main() -> int:
         print("raypack: interrupted; nothing was written", file=sys.stderr)
         code = 130
     if code == 130 and "ray" in sys.modules:  # interrupted on Ray: shut it down now, then leave
-        import os
-
-        import ray
-
-        ray.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)  # not through the interpreter's teardown, where Ray's threads crashed (exit 139)
+        try:
+            from raypack.engine.pipeline import leave_after_interrupt
+        except Exception:  # noqa: BLE001 - Ray only half there: leave the usual way
+            return code
+        leave_after_interrupt(code)
     return code
 
 

@@ -57,6 +57,19 @@ CONNECT_TIMEOUT_S = 15.0
 """How long connecting to a cluster may take before the run stops with one line."""
 
 
+def leave_after_interrupt(code: int) -> None:
+    """End this process after a Ctrl-C on Ray: shut Ray down now, then exit with ``code`` without
+    the interpreter's teardown, where Ray's threads crashed (exit 139) when the Ctrl-C came a few
+    seconds into a run. Output already written is flushed first."""
+    import os
+    import sys
+
+    ray.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def init_ray(address: str | None = None, *, verbose: bool | None = None) -> None:
     """Connect to ``address`` (or RAY_ADDRESS), else start an embedded local Ray.
 

@@ -368,4 +368,4 @@ def test_pack_refuses_a_long_document_with_one_line(tmp_path, capsys):
     assert not (tmp_path / "o1").exists()
     assert main([*args, "--output", str(tmp_path / "o2"), "--max-document-tokens", "29"]) == 0
     assert main([*args, "--output", str(tmp_path / "o3"), "--max-document-tokens", "0"]) == 2
-    assert "max_document_tokens=0 must be an integer >= 1" in capsys.readouterr().err
+    assert "--max-document-tokens 0: must be an integer >= 1" in capsys.readouterr().err
