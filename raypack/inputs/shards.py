@@ -33,6 +33,7 @@ __all__ = [
     "common_token_type",
     "discover_shards",
     "plan_offsets",
+    "read_region",
 ]
 
 _GLOB_MAGIC = re.compile(r"[*?\[]")
@@ -95,19 +96,41 @@ def _expand_path(item: str, fs: pafs.FileSystem, fs_path: str) -> list[str]:
     return [_to_user_path(item, fs_path, p) for p in paths]
 
 
-def _expand_glob(item: str) -> list[str]:
+def read_region(item: str) -> str | None:
+    """The folder under which input ``item`` reads files at any depth, as the user wrote it: a
+    directory itself, or a glob's base where the glob reaches into subfolders (``**``, or a pattern
+    in a folder's name); None for a file or a glob over one folder's files. An output inside it would
+    be read as input by a run over ``item`` again (raypack.pack.plan.check_output_outside_inputs)."""
+    if not isinstance(item, str) or not item:
+        return None
+    if _GLOB_MAGIC.search(item):
+        base, pattern_parts = _split_glob(item)
+        return base if _glob_is_recursive(pattern_parts) else None
+    fs, fs_path = resolve_filesystem(item)
+    return item if fs.get_file_info(fs_path).type == pafs.FileType.Directory else None
+
+
+def _split_glob(item: str) -> tuple[str, list[str]]:
+    """A glob's base directory (no wildcard) and its pattern's parts."""
     trimmed = item.rstrip("/")
     parts = trimmed.split("/")
     first_magic = next(i for i, part in enumerate(parts) if _GLOB_MAGIC.search(part))
-    base = "/".join(parts[:first_magic]) or ("/" if trimmed.startswith("/") else ".")
     if is_uri(item) and first_magic < 3:
         raise InputError(f"glob {item} must not put wildcards in the URI's bucket or host")
-    pattern_parts = parts[first_magic:]
+    return "/".join(parts[:first_magic]) or ("/" if trimmed.startswith("/") else "."), parts[first_magic:]
+
+
+def _glob_is_recursive(pattern_parts: list[str]) -> bool:
+    return len(pattern_parts) > 1 or "**" in pattern_parts
+
+
+def _expand_glob(item: str) -> list[str]:
+    base, pattern_parts = _split_glob(item)
     fs, base_fs_path = resolve_filesystem(base)
     if fs.get_file_info(base_fs_path).type != pafs.FileType.Directory:
         check_bucket(fs, base_fs_path, f"input {item}")
         raise InputError(f"glob {item} matched nothing: its base directory {base} does not exist")
-    recursive = len(pattern_parts) > 1 or "**" in pattern_parts
+    recursive = _glob_is_recursive(pattern_parts)
     candidates = _list_shard_files(fs, base_fs_path, recursive=recursive)
     matches = sorted(
         p for p in candidates if _match_parts(pattern_parts, _relative_parts(base_fs_path, p))

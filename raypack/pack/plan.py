@@ -28,7 +28,7 @@ import numpy.typing as npt
 from raypack.errors import InputError
 from raypack.inputs.base import ShardInfo
 from raypack.inputs.reading import inspect_shard, shard_side_types
-from raypack.inputs.shards import common_token_type, discover_shards, plan_offsets
+from raypack.inputs.shards import common_token_type, discover_shards, plan_offsets, read_region
 from raypack.io.fs import is_uri
 from raypack.pack.config import PackConfig
 from raypack.pack.tasks import PackSettings, ShardTask, TaskCounts
@@ -255,27 +255,11 @@ def check_output_outside_inputs(output: str, plan: Plan, inputs: Sequence[str] =
             raise InputError(f"output directory {output} holds the input shard {info.path}: publishing the output "
                              "would replace it; choose an output outside the inputs")
     for item in inputs:
-        region = _read_region(item)
+        region = read_region(item)
+        region = None if region is None else _location(region)
         if region is not None and (out == region or out.startswith(region + "/")):
             raise InputError(f"output directory {output} lies inside the input {item}, whose files are read as "
                              "shards; choose an output outside the inputs")
-
-
-def _read_region(item: str) -> str | None:
-    """The folder whose files, at any depth, input ``item`` may read: a directory itself, a glob's
-    folder where the glob reaches into subfolders (``**`` or a pattern in a folder's name), else
-    None (a file; a glob over one folder's files)."""
-    if not isinstance(item, str) or not item:
-        return None
-    parts = item.rstrip("/").split("/")
-    magic = [k for k, part in enumerate(parts) if any(c in part for c in "*?[")]
-    if magic:
-        recursive = "**" in parts or magic[0] < len(parts) - 1
-        return _location("/".join(parts[:magic[0]]) or ".") if recursive else None
-    location = _location(item)
-    if is_uri(location):
-        return location if item.endswith("/") or "." not in location.rsplit("/", 1)[-1] else None
-    return location if os.path.isdir(location) else None
 
 
 def _location(path: str) -> str:
