@@ -112,11 +112,21 @@ def check_bucket(fs: pafs.FileSystem, fs_path: str, what: str) -> None:
         )
 
 
+def is_file(path: str) -> bool:
+    """Whether ``path`` (local or URI) is a file now; False where it cannot be looked up."""
+    try:
+        fs, fs_path = resolve_filesystem(path)
+        return fs.get_file_info(fs_path).type == pafs.FileType.File
+    except (InputError, OSError, pa.ArrowException):
+        return False
+
+
 def open_input_file(fs: pafs.FileSystem, fs_path: str, path: str) -> pa.NativeFile:
     """``fs.open_input_file``; a missing or unreadable file raises InputError naming ``path``."""
     try:
         return fs.open_input_file(fs_path)
     except FileNotFoundError as e:
-        raise InputError(f"input path not found: {path}; was it moved after discovery?") from e
+        raise InputError(f"input path not found: {path}; it was there when the run listed its inputs: was it moved "
+                         "or deleted since? (rerun once the inputs stay put)") from e
     except PermissionError as e:
         raise InputError(f"shard {path} is not readable ({error_text(e)}); check its permissions") from e

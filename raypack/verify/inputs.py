@@ -23,15 +23,14 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.fs as pafs
 
 from raypack.errors import InputError
 from raypack.inputs.base import DocumentTooLong
 from raypack.inputs.reading import iter_document_batches
 from raypack.inputs.registry import FORMATS, accepted_suffixes, shard_format
 from raypack.inputs.shards import discover_shards
+from raypack.io.fs import is_file
 from raypack.io.fs import is_uri as fs_is_uri
-from raypack.io.fs import resolve_filesystem
 from raypack.packed.manifest import CUT_KEYS, long_docs_of, side_columns_of
 from raypack.rules.core import cast_tokens, flatten_documents
 from raypack.rules.side_columns import SideColumn, combine, record_dtype
@@ -70,7 +69,7 @@ def resolve_inputs(manifest: dict[str, Any], inputs: Sequence[str] | None, where
             return None
         for k, entry in enumerate(recorded):
             _check_default_input(entry, k, where)
-        missing = [e["path"] for e in recorded if not _exists(e["path"])]
+        missing = [e["path"] for e in recorded if not is_file(e["path"])]
         if missing:
             log.warning("verify: %d of the manifest's shards are gone (e.g. %s); inputs not compared",
                         len(missing), missing[0])
@@ -96,14 +95,6 @@ def _check_default_input(entry: dict[str, Any], k: int, where: str) -> None:
         raise InputError(f"{where}: shards[{k}]: path={path!r} (format={fmt!r}) is not an absolute path or URI of a "
                          f"shard file ({accepted_suffixes()}) without '..'; verify does not read it: pass "
                          "the inputs with --input (or --no-inputs)")
-
-
-def _exists(path: str) -> bool:
-    try:
-        fs, fs_path = resolve_filesystem(path)
-        return fs.get_file_info(fs_path).type == pafs.FileType.File
-    except (InputError, OSError, pa.ArrowException):
-        return False
 
 
 @dataclass

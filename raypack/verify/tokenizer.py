@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from raypack.errors import InputError
 from raypack.inputs.registry import format_named
+from raypack.io.fs import is_file
 from raypack.outputs import read_packed
 from raypack.packed.manifest import Manifest, load_manifest
 from raypack.rules.long_docs import DEFAULT_LONG_DOCS
@@ -115,6 +116,11 @@ def _encode(sources: list[TextSource], chosen: np.ndarray, tokenizer, column: st
         wanted = chosen[(chosen >= source.doc_offset) & (chosen < source.doc_offset + source.num_docs)]
         if wanted.size == 0:
             continue
+        if not is_file(source.path):
+            raise InputError(f"{source.path}: the text of documents {source.doc_offset:,}-"
+                             f"{source.doc_offset + source.num_docs - 1:,} is no longer there; --check-tokenizer "
+                             "reads the text files the output was packed from, where the manifest names them: "
+                             "put the file back there (or verify without --check-tokenizer)")
         rows = wanted - source.doc_offset
         seen = 0
         for _, texts in format_named(source.format).iter_texts(source.path, column, source.start, source.end, 4096):

@@ -87,3 +87,14 @@ def test_a_document_the_reference_cannot_encode_is_one_line_naming_it(tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "document 119 (" in err[0] and "row 19 of its task" in err[0], err
     assert "cannot be encoded by the tokenizer: Onig" in err[0] and "cannot be checked" in err[0]
+
+
+def test_a_text_file_moved_since_packing_is_one_line_naming_it(tmp_path, tok, capsys):
+    assert main(["pack", "--local", "--input", text_dir(tmp_path), "--output", str(tmp_path / "out"),
+                 "--context-length", "24", "--tokenizer", tok]) == 0
+    (tmp_path / "text" / "part-0.parquet").rename(tmp_path / "moved.parquet")
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "out"), "--check-tokenizer", "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "part-0.parquet: the text of documents 0-119 is no longer there" in err[0], err
+    assert "put the file back there" in err[0] and "after discovery" not in err[0], err
