@@ -288,7 +288,7 @@ def _run_tokenize(args: argparse.Namespace) -> int:
 
     _refuse_contradictions(args, _RERUN_RULES)
     if args.num_workers < 1:
-        raise InputError(f"--workers={args.num_workers} must be >= 1")
+        raise InputError(f"--workers {args.num_workers}: must be an integer >= 1")
     config = TokenizeConfig(inputs=tuple(args.inputs), output=args.output, text=_text_options(args, args.token_dtype),
                             num_workers=args.num_workers, overwrite=args.overwrite, address=args.address)
     summary = run_tokenize(config, engine="local" if args.local else "ray", resume=args.resume)

@@ -56,7 +56,7 @@ def run_export(source_path: str, format: str, output: str, *, token_dtype: str |
     """Export ``source_path`` (tokenized corpus or packed output) to ``output`` in ``format``."""
     start = time.perf_counter()
     if workers < 1:
-        raise InputError(f"--workers={workers} must be >= 1")
+        raise InputError(f"--workers {workers}: must be an integer >= 1")
     exporter, source = _open(source_path, format, output, token_dtype)
     lock = _lock(output)
     try:

@@ -250,3 +250,12 @@ def test_an_extra_is_installed_from_the_checkout_never_by_the_pypi_name():
     assert install_extra("text") == f"pip install -e '{root}[text]'" or " " in root
     for said in (TEXT_EXTRA, RAY_EXTRA, install_extra("plot"), install_extra("torch")):
         assert said.startswith("pip install -e ") and root in said and "raypack[" not in said.replace(root, "")
+
+
+@pytest.mark.parametrize("command", ["tokenize", "export"])
+def test_workers_0_reads_the_same_in_every_command(capsys, tmp_path, command):
+    args = (["tokenize", "--input", str(tmp_path), "--output", str(tmp_path / "o"), "--tokenizer",
+             "tiktoken:cl100k_base", "--local"] if command == "tokenize"
+            else ["export", str(tmp_path), "--format", "megatron", "--output", str(tmp_path / "o")])
+    err = refused(capsys, [*args, "--workers", "0"])
+    assert "--workers 0: must be an integer >= 1" in err, err

@@ -305,7 +305,7 @@ def test_existing_output_needs_overwrite(tmp_path, capsys):
 
 @pytest.mark.parametrize("extra, message", [
     (["--verify-only", "--overwrite"], "--verify-only and --overwrite cannot be used together"),
-    (["--workers", "0"], "--workers=0 must be >= 1"),
+    (["--workers", "0"], "--workers 0: must be an integer >= 1"),
     (["--token-dtype", "uint64"], "--token-dtype uint64 cannot be held by the megatron format"),
 ])
 def test_bad_flags(tmp_path, capsys, extra, message):
