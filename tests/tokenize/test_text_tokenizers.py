@@ -378,3 +378,20 @@ def test_a_text_over_max_document_bytes_is_one_line_naming_it(tmp_path, capsys, 
     assert len(err) == 1 and "document 1 of" in err[0] and "5,000 bytes" in err[0] and "--max-document-bytes" in err[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["text"]
     assert main([*args, "--output", str(tmp_path / "o2")]) == 0  # the default (16 MiB) takes it
+
+
+@settings(max_examples=150, deadline=None)
+@given(lengths=st.lists(st.one_of(st.integers(0, 5), st.integers(250, 700)), max_size=12),
+       bos=st.sampled_from([None, 0, 65535]), eos=st.sampled_from([None, 1, 65534]),
+       dtype=st.sampled_from(["uint16", "uint32", "int64"]), seed=st.integers(0, 2**16))
+def test_flat_ids_with_bos_eos_equal_a_naive_spread(lengths, bos, eos, dtype, seed):
+    """Both ways of spreading (a slice per document for long documents, one mask for short ones)
+    give [bos] + ids + [eos] per document, cast to the dtype."""
+    rng = np.random.default_rng(seed)
+    docs = [rng.integers(0, 65536, n).astype(np.uint32) for n in lengths]
+    flat = text_tokenizers.FlatIds(np.concatenate([np.zeros(0, np.uint32), *docs]),
+                                   np.cumsum([0, *lengths]).astype(np.int64))
+    got = text_tokenizers.flat_to_list_array(flat, np.dtype(dtype), bos_id=bos, eos_id=eos)
+    expected = [([bos] if bos is not None else []) + d.tolist() + ([eos] if eos is not None else []) for d in docs]
+    assert got.to_pylist() == expected
+    assert got.type.value_type == pa.from_numpy_dtype(np.dtype(dtype))
