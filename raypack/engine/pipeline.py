@@ -95,6 +95,8 @@ def init_ray(address: str | None = None, *, verbose: bool | None = None) -> None
                 ray.init(address=address, **quiet)
             else:
                 ray.init(address="local", include_dashboard=False, **quiet)
+                global _EMBEDDED
+                _EMBEDDED = True
                 start_reaper(session_dir())  # its processes end with this one, even after a SIGKILL
     except (ConnectionError, ray.exceptions.AuthenticationError) as e:  # the latter: token mode, no token
         raise InputError(_connect_hint(address, e)) from None
@@ -104,6 +106,26 @@ def init_ray(address: str | None = None, *, verbose: bool | None = None) -> None
         log.info("Ray's logs are in %s (-v shows them here)", logs_dir())
     context.enable_progress_bars = verbose
     context.print_on_execution_start = verbose
+
+
+_EMBEDDED = False
+"""Whether this process started the Ray it uses (an embedded local Ray: its CPUs are all there is)."""
+
+
+def check_actors_fit(worker_num_cpus: float) -> None:
+    """An actor that asks for more CPUs than any node has never starts, and Ray waits for it
+    forever: on the embedded Ray, an InputError; on a cluster (which may add larger nodes), a
+    warning."""
+    largest = max((float(node.get("Resources", {}).get("CPU", 0)) for node in ray.nodes() if node.get("Alive")),
+                  default=0.0)
+    if worker_num_cpus <= largest:
+        return
+    said = (f"--worker-num-cpus {worker_num_cpus:g}: each worker asks for {worker_num_cpus:g} CPUs, and "
+            f"{'this machine' if _EMBEDDED else 'the largest node of the Ray cluster'} has {largest:g}, so no worker "
+            f"could start; give at most {largest:g} (workers need little: the default is 0.5)")
+    if _EMBEDDED:
+        raise InputError(said)
+    log.warning("%s; waiting for the cluster to add a node that large", said)
 
 
 def check_cwd_does_not_shadow(cwd: str | None = None) -> None:
@@ -285,6 +307,7 @@ def _map_shards(actor_class: type, tasks: Sequence[ShardTask], settings: PackSet
     first actor that is free: best for long tasks of uneven size)."""
     if not tasks:
         return iter(())
+    check_actors_fit(worker_num_cpus)
     mapped = _task_rows(tasks).map_batches(
         actor_class,
         fn_constructor_kwargs={"settings": asdict(settings)},
@@ -507,6 +530,8 @@ def pack_texts(placer, text_settings, settings: PackSettings, *, num_workers: in
     from raypack.tokenize.tasks import rayon_threads
 
     queue = deque(placer.to_tokenize())
+    if queue:
+        check_actors_fit(worker_num_cpus)
     num_actors = max(1, min(num_workers, len(queue)))
     cpus = ray.cluster_resources().get("CPU", os.cpu_count() or 1)
     text_settings = replace(text_settings, num_threads=rayon_threads(cpus, num_actors))

@@ -337,3 +337,29 @@ def test_other_unknown_arguments_keep_argparses_error(capsys):
         main(["verify", "OUT", "--bogus"])
     assert e.value.code == 2
     assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text", [False, True])
+def test_workers_asking_for_more_cpus_than_the_machine_has_is_one_line(tmp_path, text):
+    """An actor asking for more CPUs than any node has never starts, and Ray waits for it forever:
+    on the embedded Ray, one line naming the flag, exit 2, nothing written (it hung before)."""
+    import subprocess
+    import sys
+
+    if text:
+        (tmp_path / "in").mkdir()
+        pq.write_table(pa.table({"text": ["some text", "more text"]}), tmp_path / "in" / "part-0.parquet")
+        args = ["--tokenizer", "tiktoken:cl100k_base"]
+    else:
+        write_parquet(tmp_path / "in" / "part-0.parquet", [[1, 2, 3]])
+        args = []
+    done = subprocess.run([sys.executable, "-m", "raypack.cli", "pack", "--input", str(tmp_path / "in"), "--output",
+                           str(tmp_path / "out"), "--context-length", "4", "--worker-num-cpus", "64", *args],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "RAY_ADDRESS": ""})
+    err = [line for line in done.stderr.splitlines() if not line.startswith("Ray's logs are in")]
+    assert done.returncode == 2 and len(err) == 1, done.stderr
+    assert err[0].startswith("raypack: error: --worker-num-cpus 64: each worker asks for 64 CPUs"), err
+    assert "at most" in err[0], err
+    assert sorted(os.listdir(tmp_path)) == ["in"]
