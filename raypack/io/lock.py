@@ -53,6 +53,10 @@ def is_stale(owner: dict) -> bool:
     return False
 
 
+UNWRITABLE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.ENOSPC, errno.EDQUOT})
+"""Why a directory cannot take the lock file: the user's to fix, so one line."""
+
+
 class LocalLock:
     """An exclusive lock on a local output, held from :meth:`acquire` to :meth:`release`."""
 
@@ -63,25 +67,41 @@ class LocalLock:
 
     def acquire(self) -> None:
         """Take the lock or raise InputError naming the run that holds it."""
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        parent = os.path.dirname(self.path) or "."
+        try:
+            os.makedirs(parent, exist_ok=True)
+            while True:
+                fd = self._open_and_lock()
+                if _same_file(fd, self.path):  # not a lock file its last owner just removed
+                    break
+                os.close(fd)
             try:
-                locked = self._flock(fd)
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, json.dumps(owner_record()).encode(), 0)
             except BaseException:
                 os.close(fd)
                 raise
-            if not locked:
-                owner = _read_record(fd)
-                os.close(fd)
-                raise InputError(f"{self.what} is being written by another raypack run ({describe(owner)}); "
-                                 f"wait for it to finish or stop it, then run again")
-            if _same_file(fd, self.path):  # not a lock file its last owner just removed
-                break
-            os.close(fd)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(owner_record()).encode(), 0)
+        except OSError as e:
+            if e.errno not in UNWRITABLE:
+                raise
+            raise InputError(f"{self.what}: cannot write in {os.path.abspath(parent)} ({os.strerror(e.errno)}); give "
+                             "an --output in a directory this user can write") from None
         self._fd = fd
+
+    def _open_and_lock(self) -> int:
+        """The lock file, open and locked, or InputError naming the run that holds it."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            locked = self._flock(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        if not locked:
+            owner = _read_record(fd)
+            os.close(fd)
+            raise InputError(f"{self.what} is being written by another raypack run ({describe(owner)}); "
+                             f"wait for it to finish or stop it, then run again")
+        return fd
 
     def _flock(self, fd: int) -> bool:
         try:

@@ -177,6 +177,42 @@ def test_the_lock_is_not_taken_on_a_file_its_owner_just_removed(tmp_path):
     b.release()
 
 
+@pytest.mark.parametrize("error", ["EROFS", "EACCES", "ENOSPC"])
+@pytest.mark.parametrize("command", ["pack", "tokenize", "export"])
+def test_an_output_where_this_user_cannot_write_is_one_line(tmp_path, corpus, monkeypatch, capsys, error, command):
+    """A read-only filesystem, a directory without write permission (root ignores chmod, so the
+    error is injected where the first file is made: the lock), a full disk: one line naming the
+    directory, exit 2 (it was a traceback, exit 1), nothing written."""
+    import errno
+
+    import raypack.io.lock as lock
+    from raypack.cli import main
+
+    real_open = os.open
+
+    def refuse(path, *args, **kwargs):
+        if str(path).endswith(".raypack-lock"):
+            raise OSError(getattr(errno, error), os.strerror(getattr(errno, error)), path)
+        return real_open(path, *args, **kwargs)
+
+    if command == "export":
+        run_pack(config(tmp_path, [corpus]), engine="local")
+        args = ["export", str(tmp_path / "out"), "--format", "mds", "--output", str(tmp_path / "o")]
+    elif command == "tokenize":
+        pq.write_table(pa.table({"text": ["some text"]}), tmp_path / "t.parquet")
+        args = ["tokenize", "--local", "--input", str(tmp_path / "t.parquet"), "--tokenizer", "tiktoken:cl100k_base",
+                "--output", str(tmp_path / "o")]
+    else:
+        args = ["pack", "--local", "--input", str(corpus), "--context-length", "8", "--output", str(tmp_path / "o")]
+    before = sorted(os.listdir(tmp_path))
+    monkeypatch.setattr(lock.os, "open", refuse)
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    said = f"output {tmp_path / 'o'}: cannot write in {tmp_path} ({os.strerror(getattr(errno, error))})"
+    assert len(err) == 1 and said in err[0], err
+    assert sorted(os.listdir(tmp_path)) == before
+
+
 # ----------------------------------------------------------------------------- 7: publish
 
 
