@@ -82,13 +82,16 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the inputs are text: tokenize them first (tokenizer.json, its directory, or tiktoken:NAME)")
     _add_text_arguments(pack)
     text_defaults = {k: v for k, v in _text_defaults().items() if k in _TEXT_ARGUMENTS}
-    _show_defaults(pack, {**text_defaults, "sample_docs": _sample_docs_default(), **PackConfig().to_dict()})
+    _show_defaults(pack, {**PackConfig().to_dict(), **text_defaults, "sample_docs": _sample_docs_default()})
     tokenize = commands.add_parser("tokenize", help="tokenize text (Parquet or JSON Lines) into a tokenized corpus")
-    tokenize.add_argument("--input", dest="inputs", action="append", metavar="PATH", required=True,
-                          help="text file, directory or glob (repeatable; order kept)")
+    tokenize.add_argument("--config", help="a pack TOML config (configs/*.toml): its inputs, tokenizer and text keys "
+                          "are used (its other keys are pack's); flags override them")
+    tokenize.add_argument("--input", dest="inputs", action="append", metavar="PATH",
+                          help="text file, directory or glob (repeatable; order kept; required, or inputs in --config)")
     tokenize.add_argument("--output", required=True, help="output directory")
-    tokenize.add_argument("--tokenizer", metavar="SPEC", required=True,
-                          help="a tokenizer.json, a directory holding one, or tiktoken:NAME")
+    tokenize.add_argument("--tokenizer", metavar="SPEC",
+                          help="a tokenizer.json, a directory holding one, or tiktoken:NAME (required, or tokenizer in "
+                               "--config)")
     tokenize.add_argument("--token-dtype", default=_text_defaults()["token_dtype"],
                           help="auto (narrowest holding the vocabulary), uint8, uint16, uint32")
     tokenize.add_argument("--workers", dest="num_workers", type=int, default=_tokenize_defaults()["num_workers"],
@@ -251,13 +254,6 @@ def _add_text_arguments(parser: argparse.ArgumentParser) -> None:
                              + "; ".join(f"{name}: {b.summary}" for name, b in BACKENDS.items()))
 
 
-def _text_options(args: argparse.Namespace, token_dtype: str = "auto"):
-    from raypack.tokenize.job import TextOptions
-
-    given = {k: getattr(args, k) for k in _TEXT_ARGUMENTS if getattr(args, k) is not None}
-    return TextOptions(tokenizer=args.tokenizer, token_dtype=token_dtype, **given)
-
-
 def _refuse_contradictions(args: argparse.Namespace, rules: Sequence[tuple[str, str, str]]) -> None:
     """Raise InputError naming the first pair of flags (dest, dest) given together, with ``why``."""
     for first, second, why in rules:
@@ -289,8 +285,11 @@ def _run_tokenize(args: argparse.Namespace) -> int:
     _refuse_contradictions(args, _RERUN_RULES)
     if args.num_workers < 1:
         raise InputError(f"--workers {args.num_workers}: must be an integer >= 1")
-    config = TokenizeConfig(inputs=tuple(args.inputs), output=args.output, text=_text_options(args, args.token_dtype),
-                            num_workers=args.num_workers, overwrite=args.overwrite, address=args.address)
+    keys = ("inputs", "tokenizer", *_TEXT_ARGUMENTS)
+    pack_config = load_config(args.config, required=("inputs", "tokenizer"), **{k: getattr(args, k) for k in keys})
+    text = dataclasses.replace(_pack_text_options(pack_config), token_dtype=args.token_dtype)
+    config = TokenizeConfig(inputs=pack_config.inputs, output=args.output, text=text, num_workers=args.num_workers,
+                            overwrite=args.overwrite, address=args.address or pack_config.address)
     summary = run_tokenize(config, engine="local" if args.local else "ray", resume=args.resume)
     print("\n".join(summary.lines()))
     return 0
@@ -421,11 +420,11 @@ def _run_stats(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pack_text_options(config, args: argparse.Namespace):
+def _pack_text_options(config):
     from raypack.tokenize.job import TextOptions
 
-    given = {k: getattr(args, k) for k in ("task_rows", "task_bytes", "max_document_bytes")
-             if getattr(args, k) is not None}
+    given = {k: getattr(config, k) for k in ("task_rows", "task_bytes", "max_document_bytes")
+             if getattr(config, k) is not None}
     return TextOptions(tokenizer=config.tokenizer, text_column=config.text_column, bos=config.bos, eos=config.eos,
                        tokenizer_backend=config.tokenizer_backend, **given)
 
@@ -436,16 +435,20 @@ def _run_pack(args: argparse.Namespace) -> int:
     _refuse_contradictions(args, _PACK_RULES)
     if args.sample_docs is not None and not args.dry_run:
         raise InputError("--sample-docs applies only with --dry-run; add --dry-run or drop --sample-docs")
-    skip = ("command", "config", "local", "resume", "dry_run", "sample_docs", "task_rows", "task_bytes",
-            "max_document_bytes")
+    skip = ("command", "config", "local", "resume", "dry_run", "sample_docs")
     overrides = {k: v for k, v in vars(args).items() if k not in skip}
     config = load_config(args.config, required=("context_length",), **overrides)  # tokenizer etc.: flags or TOML
-    text = _pack_text_options(config, args) if config.tokenizer else None
-    if text is None and (any(getattr(args, k) is not None for k in _TEXT_ARGUMENTS)
-                         or (config.text_column, config.bos, config.eos, config.tokenizer_backend)
-                         != ("text", None, None, "auto")):
-        raise InputError("--text-column, --bos, --eos, --task-rows, --task-bytes, --max-document-bytes and "
-                         "--tokenizer-backend need --tokenizer")
+    text = _pack_text_options(config) if config.tokenizer else None
+    if text is None and config.text_keys_given():
+        keys = config.text_keys_given()
+        flags = [flag_of(k) for k in keys if getattr(args, k) is not None]
+        if flags:
+            it = "it applies" if len(flags) == 1 else "they apply"
+            raise InputError(f"{', '.join(flags)} {'needs' if len(flags) == 1 else 'need'} --tokenizer: "
+                             f"{it} to text inputs, which are tokenized with it")
+        it = "it applies" if len(keys) == 1 else "they apply"
+        raise InputError(f"{args.config}: {', '.join(keys)} {'needs' if len(keys) == 1 else 'need'} tokenizer: "
+                         f"{it} to text inputs; set tokenizer there or pass --tokenizer")
     if text is not None and (args.token_column is not None or config.token_column != PackConfig.token_column):
         raise InputError(f"--token-column {config.token_column} names the column of token ids in token inputs; with "
                          "--tokenizer the inputs are text: name their column with --text-column")

@@ -33,13 +33,15 @@ from raypack.strategies import (
     strategy_class,
     strategy_names,
 )
-from raypack.tokenize.backends import check_backend_name
+from raypack.tokenize.backends import backend_names
 
 OUTPUT_KEYS = ("inputs", "token_column", "token_dtype", "chunks_per_record_batch", "task_tokens")
 """Keys that decide the output's bytes, saved as the manifest's ``config``, that the manifest does
 not already hold: ``context_length``, ``pad_token``, the strategy and its options decide them too
 but are stored once, at the manifest's top level (``token_dtype`` there is the resolved dtype; here,
 the one asked for)."""
+TEXT_KEYS = ("text_column", "bos", "eos", "tokenizer_backend", "task_rows", "task_bytes", "max_document_bytes")
+"""Keys that apply to text inputs only (with ``tokenizer``)."""
 TOKEN_DTYPES = ("auto", "uint8", "uint16", "uint32", "int16", "int32", "int64")
 
 
@@ -116,10 +118,16 @@ class PackConfig:
     tokenizer_backend: str = "auto"
     """Text inputs: who computes the ids (raypack.tokenize.backends): auto, reference or a
     backend's name. Does not change the output; the manifest records which one ran."""
+    task_rows: int | None = None
+    """Text inputs, Parquet: rows per tokenize task (whole row groups); None: TextOptions' default."""
+    task_bytes: int | None = None
+    """Text inputs: bytes of text per tokenize task; None: TextOptions' default (64 MiB)."""
+    max_document_bytes: int | None = None
+    """Text inputs: a longer text is refused, naming it; None: TextOptions' default (16 MiB)."""
 
     def __post_init__(self) -> None:
         validate_context_length(self.context_length)
-        check_backend_name(self.tokenizer_backend)
+        self._check_text_keys()
         if self.token_dtype not in TOKEN_DTYPES:
             raise ValueError(f"token_dtype={self.token_dtype!r} must be one of {', '.join(TOKEN_DTYPES)}")
         if self.token_dtype != "auto":
@@ -149,6 +157,28 @@ class PackConfig:
                              "(0: never)")
         if not 0 < self.worker_num_cpus <= 64:
             raise ValueError(f"worker_num_cpus={self.worker_num_cpus!r} must be in (0, 64]")
+
+    def _check_text_keys(self) -> None:
+        if not isinstance(self.tokenizer, str):
+            raise ValueError(f"tokenizer={self.tokenizer!r} must be a string: a tokenizer.json, its directory, or "
+                             "tiktoken:NAME")
+        if not isinstance(self.text_column, str) or not self.text_column:
+            raise ValueError(f"text_column={self.text_column!r} must be the name of a column or key")
+        for name in ("bos", "eos"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (str, int))):
+                raise ValueError(f"{name}={value!r} must be a token string or an integer id")
+        if self.tokenizer_backend not in backend_names():
+            raise ValueError(f"tokenizer_backend={self.tokenizer_backend!r} must be one of {', '.join(backend_names())}")
+        for name in ("task_rows", "task_bytes", "max_document_bytes"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name}={value!r} must be an integer >= 1")
+
+    def text_keys_given(self) -> list[str]:
+        """The text-input keys set to other than their defaults (they need ``tokenizer``)."""
+        return [f.name for f in dataclasses.fields(self) if f.name in TEXT_KEYS
+                and getattr(self, f.name) != f.default]
 
     def _refuse_options_of_other_strategies(self) -> None:
         """An option marked ``only_when_chosen`` (it promises something of the output, e.g. a segment

@@ -259,3 +259,72 @@ def test_workers_0_reads_the_same_in_every_command(capsys, tmp_path, command):
             else ["export", str(tmp_path), "--format", "megatron", "--output", str(tmp_path / "o")])
     err = refused(capsys, [*args, "--workers", "0"])
     assert "--workers 0: must be an integer >= 1" in err, err
+
+
+@pytest.fixture
+def text_input(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "text").mkdir()
+    pq.write_table(pa.table({"body": [f"document {i} " * (i % 5 + 1) for i in range(60)]}),
+                   tmp_path / "text" / "a.parquet", row_group_size=10)
+    return str(tmp_path / "text")
+
+
+def manifest_of(out) -> dict:
+    import json
+
+    with open(os.path.join(out, "manifest.json")) as f:
+        return json.load(f)
+
+
+def test_tokenize_takes_a_pack_config_s_inputs_tokenizer_and_text_keys(capsys, tmp_path, text_input):
+    """``raypack tokenize --config pack.toml``: its inputs, tokenizer and text keys (the pack keys
+    are pack's), the same corpus as the flags give; a flag overrides its key."""
+    config = tmp_path / "pack.toml"
+    config.write_text(f'context_length = 64\ninputs = ["{text_input}"]\ntokenizer = "tiktoken:cl100k_base"\n'
+                      'text_column = "body"\neos = 100257\ntask_rows = 20\n')
+    assert main(["tokenize", "--local", "--config", str(config), "--output", str(tmp_path / "by-config")]) == 0
+    assert main(["tokenize", "--local", "--input", text_input, "--tokenizer", "tiktoken:cl100k_base", "--text-column",
+                 "body", "--eos", "100257", "--task-rows", "20", "--output", str(tmp_path / "by-flags")]) == 0
+    assert main(["tokenize", "--local", "--config", str(config), "--eos", "100256", "--output",
+                 str(tmp_path / "flag-wins")]) == 0
+    by_config, by_flags = manifest_of(tmp_path / "by-config"), manifest_of(tmp_path / "by-flags")
+    assert by_config["content_sha256"] == by_flags["content_sha256"]
+    same = {k: v for k, v in by_config["options"].items() if k != "eos"}  # as given: 100257 (TOML), "100257" (flag)
+    assert same == {k: v for k, v in by_flags["options"].items() if k != "eos"}
+    assert by_config["options"]["eos_id"] == 100257 and by_config["options"]["text_column"] == "body"
+    assert by_config["counts"]["shards"] == 3  # task_rows = 20 of 60 rows
+    assert manifest_of(tmp_path / "flag-wins")["options"]["eos_id"] == 100256
+    capsys.readouterr()
+    assert "--tokenizer is required (or tokenizer in --config)" in refused(
+        capsys, ["tokenize", "--local", "--input", text_input, "--output", str(tmp_path / "o")])
+
+
+@pytest.mark.parametrize("line, said", [
+    ("eos = 100257.0", "eos=100257.0 must be a token string or an integer id"),
+    ("bos = true", "bos=True must be a token string or an integer id"),
+    ("tokenizer_backend = \"fast\"", "tokenizer_backend='fast' must be one of auto"),
+    ("task_bytes = 0", "task_bytes=0 must be an integer >= 1"),
+    ("text_column = 3", "text_column=3 must be the name of a column or key")])
+def test_a_bad_text_key_in_a_config_is_one_line_naming_file_and_key(capsys, tmp_path, text_input, line, said):
+    """Each was a traceback (a float or bool eos) or named a flag the user never typed; nothing is left behind
+    (a traceback left an empty staging directory that blocked the next run)."""
+    config = tmp_path / "c.toml"
+    config.write_text(f'context_length = 64\ntokenizer = "tiktoken:cl100k_base"\n{line}\n')
+    for command in (["pack", "--context-length", "8"], ["tokenize"]):
+        err = refused(capsys, [*command, "--local", "--config", str(config), "--input", text_input, "--output",
+                               str(tmp_path / "o")])
+        assert err.startswith(f"raypack: error: {config}: {said}"), err
+        assert sorted(os.listdir(tmp_path)) == ["c.toml", "text"]
+
+
+def test_text_keys_without_a_tokenizer_name_the_keys_or_the_flags_given(capsys, tmp_path, tiny_input):
+    config = tmp_path / "c.toml"
+    config.write_text('context_length = 64\ntext_column = "body"\n')
+    args = ["pack", "--local", "--input", tiny_input, "--output", str(tmp_path / "o")]
+    assert refused(capsys, [*args, "--config", str(config)]).endswith(
+        f"{config}: text_column needs tokenizer: it applies to text inputs; set tokenizer there or pass --tokenizer")
+    assert "error: --eos, --task-rows need --tokenizer: they apply" in refused(
+        capsys, [*args, "--context-length", "8", "--eos", "1", "--task-rows", "5"])

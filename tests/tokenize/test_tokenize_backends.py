@@ -380,7 +380,7 @@ def test_an_unknown_backend_is_refused(capsys):
 def test_pack_refuses_a_backend_without_a_tokenizer(tmp_path, capsys):
     code = main(["pack", "--input", str(tmp_path), "--output", str(tmp_path / "o"), "--context-length", "8",
                  "--tokenizer-backend", "reference", "--local"])
-    assert code == 2 and "--tokenizer-backend need --tokenizer" in capsys.readouterr().err
+    assert code == 2 and "--tokenizer-backend needs --tokenizer" in capsys.readouterr().err
 
 
 def test_invalid_utf8_is_one_line_naming_the_row(tokenizer_files):

@@ -509,7 +509,7 @@ def test_cli_tokenize_then_pack(tmp_path, text_dir, tok, capsys):
     assert manifest_of(tmp_path / "p")["content_sha256"] == manifest_of(tmp_path / "q")["content_sha256"]
     assert main(["pack", "--input", text_dir, "--eos", "<eos>", "--output", str(tmp_path / "r"), "--local",
                  "--context-length", "64"]) == 2
-    assert "need --tokenizer" in capsys.readouterr().err
+    assert "needs --tokenizer" in capsys.readouterr().err
     assert main(["pack", "--input", text_dir, "--tokenizer", tok[1], "--token-column", "body", "--output",
                  str(tmp_path / "s"), "--local", "--context-length", "64"]) == 2
     err = capsys.readouterr().err.strip()
