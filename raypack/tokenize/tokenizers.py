@@ -337,8 +337,16 @@ class HFTokenizer:
         if path.is_dir():
             path = path / "tokenizer.json"
         if not path.is_file():
+            where = path if path.is_absolute() else f"{path}, from {os.getcwd()}"
+            slow = [name for name in ("vocab.json", "merges.txt", "tokenizer.model", "tokenizer_config.json")
+                    if (path.parent / name).is_file()] if path.name == "tokenizer.json" else []
+            if slow:
+                raise InputError(
+                    f"tokenizer {spec}: {path.parent} holds {', '.join(slow)} but no tokenizer.json, the one file "
+                    "raypack reads; write one with transformers (for a fast tokenizer, "
+                    "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR) saves it), or give tiktoken:NAME")
             raise InputError(
-                f"tokenizer {spec} not found (looked for {path}); give a tokenizer.json file, a "
+                f"tokenizer {spec} not found (looked for {where}); give a tokenizer.json file, a "
                 f"directory holding one, or tiktoken:NAME"
             )
         return cls(path)

@@ -395,3 +395,14 @@ def test_flat_ids_with_bos_eos_equal_a_naive_spread(lengths, bos, eos, dtype, se
     expected = [([bos] if bos is not None else []) + d.tolist() + ([eos] if eos is not None else []) for d in docs]
     assert got.to_pylist() == expected
     assert got.type.value_type == pa.from_numpy_dtype(np.dtype(dtype))
+
+
+def test_a_tokenizer_not_found_says_where_it_looked_and_names_a_slow_tokenizer_s_files(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError, match=f"looked for tok/tokenizer.json, from {re.escape(str(tmp_path))}"):
+        load_tokenizer("tok/tokenizer.json")
+    (tmp_path / "slow").mkdir()
+    for name in ("vocab.json", "merges.txt"):
+        (tmp_path / "slow" / name).write_text("{}")
+    with pytest.raises(InputError, match="slow holds vocab.json, merges.txt but no tokenizer.json"):
+        load_tokenizer("slow")
