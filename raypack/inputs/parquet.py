@@ -305,6 +305,10 @@ def iter_parquet_texts(
         start, end = row_groups if row_groups is not None else (0, parquet_file.num_row_groups)
         if start >= end:
             return
+        if end > parquet_file.num_row_groups:
+            raise InputError(f"{path}: the task reads row groups [{start}, {end}), and the file now has "
+                             f"{parquet_file.num_row_groups}; it changed since its tasks were planned: run again "
+                             "on the file as it is now")
         file_row = sum(parquet_file.metadata.row_group(g).num_rows for g in range(start))
         first_row = 0
         # One iter_batches per row group: over a range, pyarrow reads ahead and its memory grows

@@ -16,7 +16,7 @@ Memory: one output batch plus the chosen documents' tokens.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -123,7 +123,7 @@ def _encode(sources: list[TextSource], chosen: np.ndarray, tokenizer, column: st
                              "put the file back there (or verify without --check-tokenizer)")
         rows = wanted - source.doc_offset
         seen = 0
-        for _, texts in format_named(source.format).iter_texts(source.path, column, source.start, source.end, 4096):
+        for texts in _texts_as_packed(source, column):
             take = (rows[(rows >= seen) & (rows < seen + len(texts))] - seen).tolist()
             if take:
                 def name(j: int, first: int = seen, taken: list = take) -> str:
@@ -140,6 +140,22 @@ def _encode(sources: list[TextSource], chosen: np.ndarray, tokenizer, column: st
             raise VerifyError(f"{source.path}: its task holds {seen} documents now, the manifest says "
                               f"{source.num_docs}; the text changed since the output was packed")
     return result
+
+
+def _texts_as_packed(source: TextSource, column: str) -> Iterator[pa.Array]:
+    """The text batches of ``source``'s task; the text failing to read as it did when packed (a
+    file rewritten with other row groups, a renamed key) is a VerifyError saying so."""
+    batches = format_named(source.format).iter_texts(source.path, column, source.start, source.end, 4096)
+    while True:
+        try:
+            _, texts = next(batches)
+        except StopIteration:
+            return
+        except InputError as e:
+            seen = str(e).split("; ")[0].removeprefix(f"{source.path}: ")
+            raise VerifyError(f"{source.path}: its text no longer reads as it did when the output was packed ({seen}); "
+                              "the text changed since the output was packed") from None
+        yield texts
 
 
 def _output_documents(out: str, chosen: np.ndarray) -> dict[int, np.ndarray]:

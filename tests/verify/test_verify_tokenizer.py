@@ -98,3 +98,22 @@ def test_a_text_file_moved_since_packing_is_one_line_naming_it(tmp_path, tok, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "part-0.parquet: the text of documents 0-119 is no longer there" in err[0], err
     assert "put the file back there" in err[0] and "after discovery" not in err[0], err
+
+
+@pytest.mark.parametrize("change", ["fewer row groups", "renamed column"])
+def test_a_text_file_rewritten_since_packing_is_one_verify_line(tmp_path, tok, capsys, change):
+    """It was a traceback (an IndexError from the footer) for fewer row groups, and advice to pass
+    --text-column (a flag verify has not) for a renamed column."""
+    assert main(["pack", "--local", "--input", text_dir(tmp_path), "--output", str(tmp_path / "out"),
+                 "--context-length", "24", "--tokenizer", tok]) == 0
+    path = tmp_path / "text" / "part-0.parquet"
+    table = pq.read_table(path)
+    if change == "fewer row groups":
+        pq.write_table(table, path)
+    else:
+        pq.write_table(table.rename_columns(["body"]), path, row_group_size=25)
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "out"), "--check-tokenizer", "3"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{path}: its text no longer reads as it did when the output was packed" in err[0], err
+    assert "--text-column" not in err[0] and err[0].endswith("the text changed since the output was packed"), err
