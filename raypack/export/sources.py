@@ -169,6 +169,12 @@ def _packed_source(path: str, unit: str) -> Source:
     strategy = manifest.strategy
     if not strategy.keeps_document_order and unit == "documents":
         shards = manifest.shards
+        if any(s.get("format") == "text" for s in shards):  # pack --tokenizer: no tokenized corpus to export
+            texts = list(dict.fromkeys(s["path"] for s in shards))
+            named = ", ".join(texts[:2]) + (", ..." if len(texts) > 2 else "")
+            raise InputError(f"{path} was packed with strategy {strategy.name}, which reorders documents across "
+                             f"chunks, from text ({named}); raypack tokenize that text (the same --tokenizer and "
+                             "--eos), then export the tokenized corpus")
         inputs = ", ".join(s["path"] for s in shards[:2]) + (", ..." if len(shards) > 2 else "")
         raise InputError(f"{path} was packed with strategy {strategy.name}, which reorders documents across chunks; "
                          f"export the tokenized corpus or the pack's inputs instead ({inputs})")

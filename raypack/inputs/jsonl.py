@@ -361,7 +361,7 @@ def _bad_line_reason(line: bytes, column: str) -> str | None:
     try:
         value = json.loads(text, object_pairs_hook=_keys_kept)
     except json.JSONDecodeError as e:
-        return f"not JSON ({e.msg} at column {e.colno})"
+        return f"not JSON ({e.msg}{'' if e.msg.endswith(' at') else ' at'} column {e.colno})"  # "...starting at"
     if isinstance(value, _KeptKeys) and value.keys_seen.count(column) > 1:
         return f"the key {column!r} appears {value.keys_seen.count(column)} times (which one is the text?)"
     if not isinstance(value, dict):

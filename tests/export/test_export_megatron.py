@@ -323,6 +323,20 @@ def test_best_fit_output_is_refused_with_the_way_out(tmp_path, capsys):
     assert "strategy best_fit" in err and "export the tokenized corpus or the pack's inputs instead" in err
 
 
+def test_best_fit_output_packed_from_text_is_refused_naming_the_text_and_tokenize(tmp_path, capsys):
+    """Its inputs are text, which export does not read: the way out is tokenize, then export."""
+    (tmp_path / "text").mkdir()
+    pq.write_table(pa.table({"text": [f"document {i} " * (i % 4 + 1) for i in range(40)]}),
+                   tmp_path / "text" / "a.parquet")
+    assert main(["pack", "--local", "--input", str(tmp_path / "text"), "--tokenizer", "tiktoken:cl100k_base",
+                 "--context-length", "32", "--strategy", "best_fit", "--output", str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    err = _cli_error(capsys, ["export", str(tmp_path / "out"), "--format", "megatron", "--output",
+                              str(tmp_path / "d")])
+    assert f"from text ({tmp_path / 'text' / 'a.parquet'}); raypack tokenize that text" in err, err
+    assert "pack's inputs" not in err
+
+
 # ----------------------------------------------------------------------------- verify, summary
 
 
