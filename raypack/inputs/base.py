@@ -134,13 +134,13 @@ def token_value_type(schema: pa.Schema, column: str, path: str) -> pa.DataType:
     """The integer value type of ``column``, a list/large_list of integers, in ``schema``."""
     texts = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
     if column not in schema.names:
-        raise InputError(
+        raise (HoldsText if texts else InputError)(
             f"shard {path} has no column {column!r}; its columns are {schema.names}; "
             "set the token column name" + (_text_hint(texts[0]) if texts else "")
         )
     field_type = schema.field(column).type
     if not (pa.types.is_list(field_type) or pa.types.is_large_list(field_type)):
-        raise InputError(
+        raise (HoldsText if column in texts else InputError)(
             f"shard {path} column {column!r} has type {field_type}; it must be a list of "
             "integer token ids (list<int32>, large_list<int64>, ...)" + (_text_hint(column) if column in texts else "")
         )
@@ -151,6 +151,10 @@ def token_value_type(schema: pa.Schema, column: str, path: str) -> pa.DataType:
             f"integers, not {value_type}"
         )
     return value_type
+
+
+class HoldsText(InputError):
+    """A shard read for token ids holds text (no token column, and a string column)."""
 
 
 def _text_hint(column: str) -> str:

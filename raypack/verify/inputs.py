@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from raypack.errors import InputError
-from raypack.inputs.base import DocumentTooLong
+from raypack.inputs.base import DocumentTooLong, HoldsText
 from raypack.inputs.reading import iter_document_batches
 from raypack.inputs.registry import FORMATS, accepted_suffixes, shard_format
 from raypack.inputs.shards import discover_shards
@@ -136,6 +136,10 @@ def _input_pieces(shards: list[Shard], column: str, totals: _InputTotals, long_d
                 num_docs = first_row + lengths.size
         except DocumentTooLong:
             raise  # a limit, not a discrepancy: exit 2, and the line names the flag
+        except HoldsText:
+            raise InputError(f"input {shard.path} holds text: verify compares an output with the token ids it was "
+                             "packed from; pass the tokenized corpus (raypack tokenize) with --input, or, for an "
+                             "output packed from text, give no --input and add --check-tokenizer") from None
         except InputError as e:
             raise VerifyError(f"input {e}") from e
         _check_recorded(shard, num_docs, num_tokens, cut if long_docs != "split" else None)

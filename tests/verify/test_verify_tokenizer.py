@@ -117,3 +117,15 @@ def test_a_text_file_rewritten_since_packing_is_one_verify_line(tmp_path, tok, c
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{path}: its text no longer reads as it did when the output was packed" in err[0], err
     assert "--text-column" not in err[0] and err[0].endswith("the text changed since the output was packed"), err
+
+
+def test_verify_given_the_text_as_input_says_what_to_give_instead(tmp_path, tok, capsys):
+    """It was 'verify failed' (exit 1) with pack's advice (--tokenizer, --text-column: flags verify has not)."""
+    text = text_dir(tmp_path)
+    assert main(["pack", "--local", "--input", text, "--output", str(tmp_path / "out"), "--context-length", "24",
+                 "--tokenizer", tok]) == 0
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "out"), "--input", text]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "part-0.parquet holds text: verify compares an output with the token ids" in err[0], err
+    assert "--check-tokenizer" in err[0] and "--text-column" not in err[0], err
