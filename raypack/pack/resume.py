@@ -150,16 +150,24 @@ def load_verified_result(task: ShardTask, settings: PackSettings) -> ShardResult
     return None if result is None else replace(result, started_at=0.0, finished_at=0.0)  # not packed by this run
 
 
-def recorded_task(task_index: int, settings: PackSettings) -> tuple[ShardTask, dict[str, Any]] | None:
+def recorded_task(task_index: int, settings: PackSettings) -> tuple[ShardTask, dict[str, Any]] | str | None:
     """The task and input identity recorded for task ``task_index``, when its record parses, checks
-    and was made with these settings (None otherwise): what a run that learns a task's counts only by
-    reading it (``pack --tokenizer``) compares before :func:`load_verified_result` checks the rest."""
+    and was made with these settings: what a run that learns a task's counts only by reading it
+    (``pack --tokenizer``) compares before :func:`load_verified_result` checks the rest. None when
+    there is no usable record; why, when it was made with other settings (naming what changed)."""
     fs, base = resolve_filesystem(settings.out_dir)
     try:
         data = _read_record(fs, posixpath.join(base, record_name(task_index)))
         body = None if data is None else _parse_record(data)
-        if body is None or body.get("settings") != _output_settings(settings):
+        if body is None:
             return None
+        recorded, now = body.get("settings"), _output_settings(settings)
+        if recorded != now:
+            if not isinstance(recorded, dict):
+                return "its record holds no packing settings"
+            changed = [f"{k} {recorded.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(recorded) | set(now))
+                       if recorded.get(k) != now.get(k)]
+            return f"its record was made with other packing settings ({', '.join(changed)})"
         return ShardTask(**body["task"]), dict(body["input"])
     except (_Rejected, KeyError, TypeError, ValueError) as e:
         log.info("resume: task %d is packed again: its record %s %s", task_index, record_name(task_index), e)

@@ -259,6 +259,9 @@ class Placer:
         if resume:
             for t in tasks:
                 found = recorded_task(t.task_index, settings)
+                if isinstance(found, str):
+                    redone.setdefault(found, []).append(t)
+                    continue
                 if not found or (found[0].task_index, found[0].path, found[0].format) != (t.task_index, t.path,
                                                                                           t.format):
                     continue

@@ -801,6 +801,21 @@ def test_resume_tokenizes_again_when_the_tokenize_options_change(tmp_path, text_
     assert summary.manifest["content_sha256"] == clean.manifest["content_sha256"]
 
 
+def test_resume_with_another_context_length_says_why_nothing_is_kept(tmp_path, text_dir, tok, monkeypatch, caplog):
+    """It said only "0 of N text tasks kept"."""
+    config, done = crashed_at_task_4_then_counted(tmp_path, text_dir, tok, monkeypatch)
+    config = dataclasses.replace(config, context_length=48)
+    with caplog.at_level("INFO", logger="raypack.tokenize"):
+        summary = run_pack(config, engine="local", resume=True, text=options(tok))
+    assert done[:4] == [0, 1, 2, 3]
+    again = [r.getMessage() for r in caplog.records if "tokenized again" in r.getMessage()]
+    assert len(again) == 1 and again[0].startswith("resume: 4 recorded text tasks (text task 0 ("), again
+    assert again[0].endswith("its record was made with other packing settings (context_length 32 -> 48)"), again
+    clean = run_pack(make_config(dict(inputs=[text_dir], output=str(tmp_path / "clean"), context_length=48)),
+                     engine="local", text=options(tok))
+    assert summary.manifest["content_sha256"] == clean.manifest["content_sha256"]
+
+
 def test_one_pass_resume_keeps_no_task_another_backend_version_computed(tmp_path, text_dir, tok, monkeypatch,
                                                                        caplog):
     config, done = crashed_at_task_4_then_counted(tmp_path, text_dir, tok, monkeypatch)
