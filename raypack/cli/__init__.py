@@ -9,7 +9,7 @@ import inspect
 import logging
 import shlex
 import sys
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NoReturn, Sequence
 
 from raypack import __version__
 from raypack.errors import InputError, install_extra
@@ -20,8 +20,16 @@ from raypack.tokenize.backends import BACKENDS, backend_names
 DESCRIPTION = "Pack tokenized corpora into fixed-length context windows with Ray Data, identically at any parallelism."
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's errors as one line (not the usage block), with where to see the flags."""
+
+    def error(self, message: str) -> NoReturn:
+        them = "its flags" if " " in self.prog else "them"
+        self.exit(2, f"raypack: error: {message}; {self.prog} --help lists {them}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="raypack", description=DESCRIPTION,
+    parser = _Parser(prog="raypack", description=DESCRIPTION,
                                      epilog="raypack COMMAND --help shows a command's flags and their defaults")
     parser.add_argument("--version", action="version", version=f"raypack {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -306,9 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:
-        hint = stray_paths_hint(args, argv, extra)
-        if hint is None:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        hint = stray_paths_hint(args, argv, extra) or unknown_flags_hint(parser, args.command, extra)
         print(f"raypack: error: {hint}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -337,6 +343,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         has_workers = "num_workers" in vars(args) or "workers" in vars(args)
         print(f"raypack: error: {NO_THREAD}{NO_THREAD_WORKERS if has_workers else ''}", file=sys.stderr)
         return 1
+
+
+def unknown_flags_hint(parser: argparse.ArgumentParser, command: str, extra: Sequence[str]) -> str:
+    """One line for arguments the command does not take, with the nearest flag it has (``--tokeniser``:
+    did you mean --tokenizer?)."""
+    import difflib
+
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    flags = [f for action in sub._actions for f in action.option_strings if f.startswith("--")]
+    guesses = []
+    for word in extra:
+        if word.startswith("-"):
+            close = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1, cutoff=0.6)
+            guesses += [f"{word.split('=', 1)[0]}: did you mean {close[0]}?"] if close else []
+    said = f"unrecognized arguments: {' '.join(extra)}"
+    return f"{said} ({'; '.join(guesses)})" if guesses else f"{said}; raypack {command} --help lists its flags"
 
 
 def stray_paths_hint(args: argparse.Namespace, argv: Sequence[str], extra: Sequence[str]) -> str | None:

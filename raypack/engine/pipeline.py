@@ -108,8 +108,7 @@ def init_ray(address: str | None = None, *, verbose: bool | None = None) -> None
     context.print_on_execution_start = verbose
 
 
-_EMBEDDED = False
-"""Whether this process started the Ray it uses (an embedded local Ray: its CPUs are all there is)."""
+_EMBEDDED = False  # this process started the Ray it uses (an embedded local Ray: its CPUs are all there is)
 
 
 def check_actors_fit(worker_num_cpus: float) -> None:

@@ -333,10 +333,28 @@ def test_paths_given_bare_are_one_line_with_the_command_to_run(tmp_path, capsys,
 
 
 def test_other_unknown_arguments_keep_argparses_error(capsys):
-    with pytest.raises(SystemExit) as e:
-        main(["verify", "OUT", "--bogus"])
-    assert e.value.code == 2
-    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+    assert main(["verify", "OUT", "--bogus"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["raypack: error: unrecognized arguments: --bogus; raypack verify --help lists its flags"], err
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["pack", "--tokeniser", "tok.json"], "unrecognized arguments: --tokeniser tok.json (--tokeniser: did you mean "
+                                          "--tokenizer?)"),
+    (["pack", "--context-lenght=64"], "(--context-lenght: did you mean --context-length?)"),
+    (["tokenize", "--input", "x"], "the following arguments are required: --output; raypack tokenize --help"),
+    (["pack", "--workers", "x"], "argument --workers: invalid int value: 'x'; raypack pack --help lists its flags"),
+    (["pak"], "invalid choice: 'pak'"),
+])
+def test_a_mistyped_flag_is_one_line_with_the_flag_meant(capsys, argv, said):
+    """argparse printed its usage block above the error, and no suggestion."""
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's own errors leave by exit(2)
+        code = e.code
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("raypack: error: ") and said in err[0], err
 
 
 @pytest.mark.slow
