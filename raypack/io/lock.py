@@ -88,6 +88,23 @@ class LocalLock:
                              "an --output in a directory this user can write") from None
         self._fd = fd
 
+    def check_free(self) -> None:
+        """InputError naming the run that holds the lock now, if one does; the lock is not kept
+        (a run checks before Ray starts, then takes it)."""
+        try:
+            fd = os.open(self.path, os.O_RDWR)
+        except OSError:
+            return  # no lock file (or none this user can open): acquire decides
+        try:
+            if self._flock(fd):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                return
+            owner = _read_record(fd)
+        finally:
+            os.close(fd)
+        raise InputError(f"{self.what} is being written by another raypack run ({describe(owner)}); "
+                         f"wait for it to finish or stop it, then run again")
+
     def _open_and_lock(self) -> int:
         """The lock file, open and locked, or InputError naming the run that holds it."""
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -95,8 +95,10 @@ def check_free_before_start(output: str, *, overwrite: bool, resume: bool) -> No
     again under the lock. Skipped where a dead run's publish is to be finished first (its refusal
     would be premature)."""
     target = output_target(output)
-    if isinstance(target, LocalOutput) and os.path.isfile(os.path.join(target.work_dir, MANIFEST_NAME)):
-        return
+    if isinstance(target, LocalOutput):
+        target.lock.check_free()  # another run writing it: one line now, not after Ray's start
+        if os.path.isfile(os.path.join(target.work_dir, MANIFEST_NAME)):
+            return
     target.check_free(overwrite=overwrite, resume=resume)
 
 

@@ -162,6 +162,24 @@ def test_a_lock_held_by_a_live_process_refuses_and_a_killed_one_does_not(tmp_pat
     assert_exactly_the_manifest(tmp_path / "out")
 
 
+def test_a_ray_run_on_an_output_another_run_holds_is_refused_before_ray_starts(tmp_path, corpus, monkeypatch):
+    """It started Ray (seconds, and a "Ray's logs are in" line) and only then met the lock."""
+    lock_path = str(tmp_path / ".out.raypack-lock")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, lock_path], stdout=subprocess.PIPE, text=True)
+    monkeypatch.setattr(job, "connect_ray", lambda *a, **k: pytest.fail("Ray was started"))
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(InputError, match=rf"being written by another raypack run \(pid {holder.pid} on "):
+            run_pack(config(tmp_path, [corpus]), engine="ray")
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    lock = LocalLock(lock_path, what="output")
+    lock.check_free()  # its holder is gone
+    lock.acquire()
+    lock.release()
+
+
 def test_the_lock_is_not_taken_on_a_file_its_owner_just_removed(tmp_path):
     path = str(tmp_path / "lock")
     a = LocalLock(path, what="output")
