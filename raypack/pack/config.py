@@ -13,6 +13,7 @@ Every key has a ``raypack pack`` flag, so none is TOML-only: the flag is the key
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -295,4 +296,8 @@ def load_config(path: str | Path | None = None, *, required: tuple[str, ...] = (
             prefixes = (f"{key}={overrides[key]!r} ", f"{key}={overrides[key]} ")
             rest = next((said[len(p):] for p in prefixes if said.startswith(p)), "")
             raise InputError(f"{flag_of(key)} {overrides[key]}: {rest if rest.startswith('must ') else said}") from e
+        if path is None:  # flags only: name the flags typed, not the keys ("config: extra_columns need ...")
+            for key in sorted((k for k, v in overrides.items() if v is not None and "_" in k), key=len, reverse=True):
+                said = re.sub(rf"(?<![\w-]){key}(?![\w])", flag_of(key), said)
+            raise InputError(said) from e
         raise

@@ -328,3 +328,10 @@ def test_text_keys_without_a_tokenizer_name_the_keys_or_the_flags_given(capsys, 
         f"{config}: text_column needs tokenizer: it applies to text inputs; set tokenizer there or pass --tokenizer")
     assert "error: --eos, --task-rows need --tokenizer: they apply" in refused(
         capsys, [*args, "--context-length", "8", "--eos", "1", "--task-rows", "5"])
+
+
+def test_a_flags_only_refusal_names_the_flags_not_config_keys(capsys, tmp_path, text_input):
+    """With no --config it said "config: extra_columns need token inputs"."""
+    err = refused(capsys, ["pack", "--local", "--input", text_input, "--tokenizer", "tiktoken:cl100k_base",
+                           "--extra-columns", "loss_mask", "--context-length", "8", "--output", str(tmp_path / "o")])
+    assert err.startswith("raypack: error: --extra-columns need token inputs: text has no per-token columns"), err
