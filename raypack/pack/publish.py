@@ -164,7 +164,8 @@ class LocalOutput:
                              f"pass --resume to finish it or --overwrite to start over")
         if os.path.isdir(out) and os.listdir(out) and not overwrite:
             if resume and os.path.exists(os.path.join(out, MANIFEST_NAME)) and not os.path.isdir(staging):
-                raise InputError(f"output {out} is already complete; nothing to resume")
+                raise InputError(f"output {out} is already complete; nothing to resume (to pack it again, with other "
+                                 "inputs or settings, pass --overwrite instead of --resume)")
             raise InputError(f"output directory {out} is not empty; pass --overwrite to replace it "
                              f"(the old output is removed only after the new one is complete)")
 
@@ -285,7 +286,8 @@ class ObjectStoreOutput:
         complete = MANIFEST_NAME in names
         ours = all(_is_run_object(n) for n in names)
         if resume and complete:
-            raise InputError(f"output {out} is already complete; nothing to resume")
+            raise InputError(f"output {out} is already complete; nothing to resume (to pack it again, with other "
+                             "inputs or settings, pass --overwrite instead of --resume)")
         if ours and not complete:
             if resume:
                 return

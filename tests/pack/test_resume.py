@@ -147,7 +147,8 @@ def test_overwrite_replaces_only_after_success(tmp_path, corpus, clean_run, monk
 
 def test_resume_of_a_complete_output_says_so(tmp_path, corpus):
     run_pack(config(tmp_path, corpus), engine="local")
-    with pytest.raises(InputError, match="already complete"):
+    with pytest.raises(InputError, match=r"already complete; nothing to resume \(to pack it again, with other "
+                                         r"inputs or settings, pass --overwrite"):
         run_pack(config(tmp_path, corpus), engine="local", resume=True)
 
 
