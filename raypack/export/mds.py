@@ -16,7 +16,9 @@ Two drivers: :func:`export_mds` (Python, parts in order in this process) and :cl
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import posixpath
 from typing import Any, Iterable, Iterator, NamedTuple
 
@@ -87,6 +89,8 @@ class PartWriter:
         self._pending: list[EncodedChunks] = []
         self._pending_bytes = self._empty_bytes = 8 + len(self._config_bytes)
         self._entries: list[dict[str, Any]] = []
+        self._made_dir = False
+        """:meth:`prepare` found no output directory (local): :meth:`abort` removes it if left empty."""
         self._buffer: np.ndarray | None = None
         self._committer = committer
 
@@ -372,6 +376,9 @@ class MdsExporter(Exporter):
     def prepare(self, source: Source) -> None:
         """Refuse the source directory itself; remove a previous export (the run checked --overwrite)."""
         _check_not_source(source.path, self.output)
+        fs, base = resolve_filesystem(self.output)
+        self._made_dir = (isinstance(fs, pafs.LocalFileSystem)
+                          and fs.get_file_info(base).type == pafs.FileType.NotFound)
         _clear_previous(self.output, overwrite=True)
 
     def write_part(self, part: ChunkPart, batches: Iterator[Chunks]) -> list[dict[str, Any]]:
@@ -390,6 +397,9 @@ class MdsExporter(Exporter):
         fs, base = resolve_filesystem(self.output)
         infos = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
         remove_shards(self.output, [i.base_name for i in infos if SHARD_NAME_RE.fullmatch(i.base_name)])
+        if self._made_dir:
+            with contextlib.suppress(OSError):
+                os.rmdir(base)  # made by this run and left empty: gone too
 
     def verify(self, source: Source) -> list[str]:
         """:func:`verify_mds` (every shard decoded and compared with the chunks) and the token dtype."""

@@ -64,11 +64,15 @@ class LocalLock:
         self.path = path
         self.what = what
         self._fd: int | None = None
+        self._made: list[str] = []
+        """The directories :meth:`acquire` made for the lock file, deepest first (:meth:`release`
+        removes those left empty: a run that failed leaves no empty folders)."""
 
     def acquire(self) -> None:
         """Take the lock or raise InputError naming the run that holds it."""
         parent = os.path.dirname(self.path) or "."
         try:
+            self._made = _missing_dirs(parent)
             os.makedirs(parent, exist_ok=True)
             while True:
                 fd = self._open_and_lock()
@@ -141,6 +145,24 @@ class LocalLock:
             pass
         os.close(self._fd)
         self._fd = None
+        for directory in self._made:
+            try:
+                os.rmdir(directory)  # only if empty
+            except OSError:
+                break
+
+
+def _missing_dirs(path: str) -> list[str]:
+    """The directories of ``path`` that do not exist yet, deepest first."""
+    missing = []
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing
 
 
 def _read_record(fd: int) -> dict:

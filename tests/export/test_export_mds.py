@@ -522,7 +522,7 @@ def test_cli_failure_removes_every_part_written(tmp_path, capsys, monkeypatch, f
         monkeypatch.setattr(mds.PartWriter, "write", failing_write)
     with pytest.raises(OSError, match="injected"):
         main(["export", src, "--format", "mds", "--output", str(out)])
-    assert os.listdir(out) == []
+    assert not out.exists()  # its shards, and the directory the run made for them
 
 
 def test_cli_export_to_a_uri(tmp_path, capsys):
@@ -558,3 +558,32 @@ def test_the_batching_recipe_of_docs_mds_runs_on_the_real_reader(tmp_path, real)
     assert set(found) >= {"input_ids", "labels", "cu_seqlens"}
     for key in found:
         np.testing.assert_array_equal(found[key], np.asarray(expected[key]), err_msg=key)
+
+
+@pytest.mark.parametrize("output", ["mds", "new/deeper/mds"])
+def test_a_full_disk_leaves_no_directory_it_made(tmp_path, monkeypatch, capsys, output):
+    """It left the (empty) output directory, and the folders made for it."""
+    import errno
+
+    src = packed(tmp_path)
+    before = sorted(os.listdir(tmp_path))
+
+    def full(self, part, batches):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / output / "shard.00000.mds"))
+
+    monkeypatch.setattr(mds.MdsExporter, "write_part", full)
+    assert main(["export", src, "--format", "mds", "--output", str(tmp_path / output)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "No space left on device" in err[0] and "nothing was published" in err[0], err
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_an_existing_empty_output_directory_stays_after_a_failure(tmp_path, monkeypatch, capsys):
+    import errno
+
+    src = packed(tmp_path)
+    (tmp_path / "mds").mkdir()
+    monkeypatch.setattr(mds.MdsExporter, "write_part",
+                        lambda self, part, batches: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+    assert main(["export", src, "--format", "mds", "--output", str(tmp_path / "mds")]) == 2
+    assert (tmp_path / "mds").is_dir()
