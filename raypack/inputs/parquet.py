@@ -60,6 +60,7 @@ class ParquetFormat(InputFormat):
         with open_input_file(fs, fs_path, path) as source:
             parquet_file = open_parquet(source, path)
             value_type = token_value_type(parquet_file.schema_arrow, column, path)
+            check_column_levels(parquet_file, column, path)
             metadata = parquet_file.metadata
             leaf = token_leaf_index(parquet_file.schema, column)
             trusted = leaf is not None and footer_null_counts_exact(created_by(metadata))
@@ -82,6 +83,7 @@ class ParquetFormat(InputFormat):
             parquet_file = open_parquet(source, path)
             token_value_type(parquet_file.schema_arrow, columns[0], path)
             side_value_types(parquet_file.schema_arrow, columns[1:], path)
+            check_column_levels(parquet_file, columns[0], path)
             metadata = parquet_file.metadata
             start, end = units if units is not None else (0, metadata.num_row_groups)
             if end > metadata.num_row_groups:
@@ -158,6 +160,24 @@ def _check_row_counts(metadata: pq.FileMetaData, size: int, path: str) -> None:
             f"the footer claims {metadata.num_rows} rows, its row groups {sum(groups)}; that is"
         raise InputError(f"shard {path}: {where} rows in a file of {size} bytes (at most {cap}); its footer is "
                          "damaged or hostile: re-write or remove the file")
+
+
+def check_column_levels(parquet_file: pq.ParquetFile, column: str, path: str) -> None:
+    """Refuse a footer whose row groups claim other row counts than ``column``'s values say: pyarrow
+    reads a row group's ``num_rows`` rows, so a count lower than the pages hold would silently drop
+    documents. A flat column (text) holds one value per row; a list column (tokens) at least one level
+    per row (an empty or null list is one). O(row groups); a nested column is not checked."""
+    schema, metadata = parquet_file.schema, parquet_file.metadata
+    flat = next((i for i in range(len(schema)) if schema.column(i).path == column), None)
+    leaf = flat if flat is not None else token_leaf_index(schema, column)
+    if leaf is None:
+        return
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        rows, values = row_group.num_rows, row_group.column(leaf).num_values
+        if (values != rows) if flat is not None else (values < rows or (rows == 0 and values > 0)):
+            raise InputError(f"shard {path}: row group {group} claims {rows} rows, and its column {column!r} holds "
+                             f"{values} values; its footer is damaged or hostile: re-write or remove the file")
 
 
 def created_by(metadata: pq.FileMetaData) -> str | None:
@@ -302,6 +322,7 @@ def iter_parquet_texts(
     with open_input_file(fs, fs_path, path) as source:
         parquet_file = open_parquet(source, path)
         _check_text_column(parquet_file.schema_arrow, column, path)
+        check_column_levels(parquet_file, column, path)
         start, end = row_groups if row_groups is not None else (0, parquet_file.num_row_groups)
         if start >= end:
             return

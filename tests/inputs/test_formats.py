@@ -384,3 +384,47 @@ def test_a_footer_whose_created_by_is_not_utf8_is_read_by_scanning(tmp_path: Pat
     path.write_bytes(data.replace(name, b"\xff" + name[1:]))  # same length: the footer's size holds
     info = inspect_shard(str(path))
     assert (info.num_docs, info.num_tokens, info.count_method) == (3, 3, "scan")
+
+
+def _claim_group_rows(path: Path, claimed: int) -> None:
+    """Rewrite row group 0's num_rows (and the file's, so the two still agree) to ``claimed``, leaving
+    its column chunks' num_values as written. Thrift compact: RowGroup's num_rows (i64 field 3)
+    follows its total_byte_size (i64 field 2), each ``0x16`` + zigzag varint; the file's num_rows is
+    the one ``0x16`` + varint of the total (two row groups, so it differs from any group's count)."""
+    import struct
+
+    meta = pq.ParquetFile(path).metadata
+    group, total = meta.row_group(0), meta.num_rows
+    data = path.read_bytes()
+    length = struct.unpack("<I", data[-8:-4])[0]
+    footer = data[-8 - length:-8]
+    old = b"\x16" + _varint(2 * group.total_byte_size) + b"\x16" + _varint(2 * group.num_rows)
+    new = b"\x16" + _varint(2 * group.total_byte_size) + b"\x16" + _varint(2 * claimed)
+    assert footer.count(old) == 1 and footer.count(b"\x16" + _varint(2 * total)) == 1
+    footer = footer.replace(old, new).replace(b"\x16" + _varint(2 * total),
+                                              b"\x16" + _varint(2 * (total - group.num_rows + claimed)))
+    path.write_bytes(data[:-8 - length] + footer + struct.pack("<I", len(footer)) + b"PAR1")
+
+
+@pytest.mark.parametrize("claimed", [400, 0])
+@pytest.mark.parametrize("command", ["pack", "tokenize", "pack --tokenizer"])
+def test_a_row_group_claiming_fewer_rows_than_its_pages_hold_is_one_line(tmp_path: Path, capsys, command: str,
+                                                                         claimed: int):
+    """pyarrow reads the rows a row group claims: 400 (or 0) of its 500 documents were packed, exit 0."""
+    from raypack.cli import main
+
+    (tmp_path / "in").mkdir()
+    text = command != "pack"
+    column = ("text", pa.array([f"doc {i}" for i in range(1000)])) if text else \
+        ("input_ids", pa.array([[1, 2, 3]] * 500 + [[1, 2, 3, 4]] * 500, I32))  # two row groups of other sizes
+    pq.write_table(pa.table(dict([column])), tmp_path / "in" / "part-0.parquet", row_group_size=500)
+    _claim_group_rows(tmp_path / "in" / "part-0.parquet", claimed)
+    assert pq.ParquetFile(tmp_path / "in" / "part-0.parquet").metadata.row_group(0).num_rows == claimed
+    args = {"pack": ["pack", "--context-length", "4"], "tokenize": ["tokenize", "--tokenizer", "tiktoken:cl100k_base"],
+            "pack --tokenizer": ["pack", "--context-length", "4", "--tokenizer", "tiktoken:cl100k_base"]}[command]
+    assert main([*args, "--local", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    said = ("its metadata is wrong" if (command, claimed) == ("pack", 400)  # a list column's levels can outnumber
+            else f"row group 0 claims {claimed} rows, and its column")  # its rows: the read's count check sees it
+    assert len(err) == 1 and said in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
