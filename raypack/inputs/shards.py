@@ -16,6 +16,8 @@ Inputs may be local paths or URIs (:mod:`raypack.io.fs`). A shard path returned 
 from __future__ import annotations
 
 import fnmatch
+import logging
+import os
 import re
 from typing import Iterator, NamedTuple, Sequence
 
@@ -69,7 +71,7 @@ def discover_shards(inputs: Sequence[str] | str) -> list[str]:
 def _expand_input(item: str) -> list[str]:
     if not isinstance(item, str) or not item:
         raise InputError(f"input {item!r} must be a non-empty path string")
-    if _GLOB_MAGIC.search(item):
+    if _GLOB_MAGIC.search(item) and not (not is_uri(item) and os.path.isfile(item)):  # a file named star*.parquet
         return _expand_glob(item)
     fs, fs_path = resolve_filesystem(item)
     return _expand_path(item, fs, fs_path)
@@ -79,7 +81,13 @@ def _expand_path(item: str, fs: pafs.FileSystem, fs_path: str) -> list[str]:
     info = fs.get_file_info(fs_path)
     if info.type == pafs.FileType.NotFound:
         check_bucket(fs, fs_path, f"input {item}")
+        if not is_uri(item) and os.path.islink(item):
+            raise InputError(f"input {item} is a symbolic link that leads nowhere (a loop, or its target is gone); "
+                             "give the file or directory it should name")
         raise InputError(f"input path not found: {item}; check the path (globs may use * ? [...])")
+    if info.type not in (pafs.FileType.File, pafs.FileType.Directory):
+        raise InputError(f"input {item} is neither a file nor a directory (a FIFO, a socket, a device?); give shard "
+                         "files, directories or globs")
     if info.type == pafs.FileType.File:
         if shard_format(fs_path) is None:
             raise InputError(
@@ -151,15 +159,50 @@ NAMED_ONLY_SUFFIXES = (".json",)
 def _list_shard_files(fs: pafs.FileSystem, root: str, *, recursive: bool, walk: bool = False) -> Iterator[str]:
     """Files under ``root`` with a shard suffix and no hidden component below ``root`` (``walk``: a
     directory's expansion, which skips NAMED_ONLY_SUFFIXES)."""
-    selector = pafs.FileSelector(root, recursive=recursive, allow_not_found=True)
-    for info in fs.get_file_info(selector):
-        if info.type != pafs.FileType.File or shard_format(info.path) is None:
+    if isinstance(fs, pafs.LocalFileSystem):
+        files = _local_files(root, recursive)
+    else:
+        selector = pafs.FileSelector(root, recursive=recursive, allow_not_found=True)
+        files = (info.path for info in fs.get_file_info(selector) if info.type == pafs.FileType.File)
+    for path in files:
+        if shard_format(path) is None:
             continue
-        if walk and shard_suffix(info.path) in NAMED_ONLY_SUFFIXES:
+        if walk and shard_suffix(path) in NAMED_ONLY_SUFFIXES:
             continue
-        if any(part.startswith(("_", ".")) for part in _relative_parts(root, info.path)):
+        if any(part.startswith(("_", ".")) for part in _relative_parts(root, path)):
             continue
-        yield info.path
+        yield path
+
+
+def _local_files(root: str, recursive: bool) -> Iterator[str]:
+    """The files under local directory ``root`` (through symbolic links), each directory entered once:
+    a link back to a directory already entered (``self -> .``) is not followed again. pyarrow's
+    recursive listing followed such loops to the kernel's 40 links, listing every file 41 times; with
+    two links, without end. Hidden and ``_`` directories below ``root`` are not entered."""
+    entered: set[tuple[int, int]] = set()
+    pending = [root]
+    while pending:
+        directory = pending.pop()
+        try:
+            st = os.stat(directory)
+            if (st.st_dev, st.st_ino) in entered:
+                logging.getLogger(__name__).info("input directory %s is one already listed (through a symbolic "
+                                                 "link); its files are listed once", directory)
+                continue
+            entered.add((st.st_dev, st.st_ino))
+            entries = list(os.scandir(directory))
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise InputError(f"cannot list input directory {directory} ({e.strerror}); check its permissions") from e
+        for entry in entries:
+            try:
+                if entry.is_file():
+                    yield entry.path
+                elif recursive and entry.is_dir() and not entry.name.startswith(("_", ".")):
+                    pending.append(entry.path)
+            except OSError:  # a link whose target cannot be looked up: skipped, as a dangling one is
+                continue
 
 
 def _relative_parts(root: str, path: str) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -428,3 +429,35 @@ def test_common_token_type_needs_shards_and_integer_types():
         common_token_type([])
     with pytest.raises(ValueError, match=r"token_type='float32' is not an integer type"):
         common_token_type([_info(1, 1, "float32")])
+
+
+def test_a_symbolic_link_loop_in_an_input_directory_lists_each_file_once(tmp_path: Path):
+    """pyarrow's listing followed ``self -> .`` 40 times (every file packed 41 times, exit 0); with a
+    second link (``up -> ../d``) it listed without end, its memory growing ~48 MB/s."""
+    d = tmp_path / "d"
+    (d / "sub").mkdir(parents=True)
+    for name in ("a.parquet", "sub/b.parquet"):
+        (d / name).write_bytes(b"")
+    os.symlink(".", d / "self")
+    os.symlink("../d", d / "sub" / "up")
+    assert discover_shards([str(d)]) == [str(d / "a.parquet"), str(d / "sub" / "b.parquet")]
+
+
+def test_a_fifo_or_a_looping_link_named_as_input_is_one_line(tmp_path: Path):
+    os.mkfifo(tmp_path / "pipe.parquet")
+    with pytest.raises(InputError, match=r"pipe.parquet is neither a file nor a directory \(a FIFO"):
+        discover_shards([str(tmp_path / "pipe.parquet")])
+    os.symlink("loop2", tmp_path / "loop1")
+    os.symlink("loop1", tmp_path / "loop2")
+    with pytest.raises(InputError, match=r"loop1 is a symbolic link that leads nowhere"):
+        discover_shards([str(tmp_path / "loop1")])
+
+
+def test_a_file_whose_name_holds_glob_characters_is_taken_as_named(tmp_path: Path):
+    """``star*glob.parquet`` also matched ``starXglob.parquet``; ``[br]acket.parquet`` matched nothing."""
+    for name in ("star*glob.parquet", "starXglob.parquet", "[br]acket.parquet", "backet.parquet"):
+        (tmp_path / name).write_bytes(b"")
+    assert discover_shards([str(tmp_path / "star*glob.parquet")]) == [str(tmp_path / "star*glob.parquet")]
+    assert discover_shards([str(tmp_path / "[br]acket.parquet")]) == [str(tmp_path / "[br]acket.parquet")]
+    assert discover_shards([str(tmp_path / "star?glob.parquet")]) == [str(tmp_path / "star*glob.parquet"),
+                                                                       str(tmp_path / "starXglob.parquet")]
