@@ -117,9 +117,11 @@ class InputFormat:
         """``(start, end, cost)`` ranges splitting a text file into tasks (``holds_text``)."""
         raise InputError(f"text input {path} is {self.name}; give text as Parquet (a string column) or JSON Lines")
 
-    def iter_texts(self, path: str, column: str, start: int, end: int,
-                   batch_rows: int) -> Iterator[tuple[int, pa.Array]]:
-        """``(first_row, texts)`` of one text task (``holds_text``)."""
+    def iter_texts(self, path: str, column: str, start: int, end: int, batch_rows: int, *,
+                   max_text_bytes: int | None = None) -> Iterator[tuple[int, pa.Array]]:
+        """``(first_row, texts)`` of one text task (``holds_text``). ``max_text_bytes``: the caller
+        refuses longer texts; a format that must hold a text's encoding whole to find it (a JSON line)
+        refuses, as it reads, one too long to hold such a text."""
         raise InputError(f"text input {path} is {self.name}; give text as Parquet (a string column) or JSON Lines")
 
     def write(self, path: str, table: pa.Table, rows_per_unit: int | None = None) -> None:

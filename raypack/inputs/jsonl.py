@@ -92,9 +92,9 @@ class JsonLinesFormat(InputFormat):
     def text_tasks(self, path: str, *, task_rows: int, task_bytes: int) -> list[tuple[int, int, int]]:
         return [(start, end, end - start) for start, end in jsonl_byte_range_tasks(path, task_bytes)]
 
-    def iter_texts(self, path: str, column: str, start: int, end: int,
-                   batch_rows: int) -> Iterator[tuple[int, pa.Array]]:
-        return iter_jsonl_texts(path, column, start, end, batch_rows)
+    def iter_texts(self, path: str, column: str, start: int, end: int, batch_rows: int, *,
+                   max_text_bytes: int | None = None) -> Iterator[tuple[int, pa.Array]]:
+        return iter_jsonl_texts(path, column, start, end, batch_rows, max_text_bytes=max_text_bytes)
 
     def write(self, path: str, table: pa.Table, rows_per_unit: int | None = None) -> None:
         """One object per row, keys in column order, lists without spaces (``{"input_ids": [1,2]}``)."""
@@ -297,11 +297,14 @@ def iter_jsonl_texts(
     batch_rows: int = 8192,
     *,
     block_bytes: int = JSONL_BLOCK_BYTES,
+    max_text_bytes: int | None = None,
 ) -> Iterator[tuple[int, pa.StringArray | pa.LargeStringArray]]:
     """Yield ``(first_row, texts)`` for the lines of nominal byte range [start, end) (module doc).
 
     ``end=None`` reads to end of file; a compressed file must be read whole (start=0).
-    Memory: one block of ``block_bytes`` whole lines (or one longer line) and its texts.
+    Memory: one block of ``block_bytes`` whole lines (or one longer line, of at most
+    :func:`text_line_limit` bytes: a longer one is refused as it is read, before it is held whole,
+    where a 1 GiB line of a 1 MB .jsonl.gz took 4.3 GB) and its texts.
     """
     check_batch_rows(batch_rows)
     fs, fs_path = resolve_filesystem(path)
@@ -309,11 +312,27 @@ def iter_jsonl_texts(
     if compression and start != 0:
         raise ValueError(f"{path} is compressed ({compression}) and can only be read whole; got start={start}")
     first_row = 0
-    for block in iter_line_blocks(fs, fs_path, path, start, None if compression else end, block_bytes):
-        texts = _parse_text_block(block.data, path, column, lambda i, b=block: _line_number(fs, fs_path, b, i))
-        for offset in range(0, len(texts), batch_rows):
-            yield first_row + offset, texts.slice(offset, batch_rows)
-        first_row += len(texts)
+    max_line_bytes = text_line_limit(max_text_bytes)
+    blocks = iter_line_blocks(fs, fs_path, path, start, None if compression else end, block_bytes,
+                              max_line_bytes=max_line_bytes)
+    try:
+        for block in blocks:
+            texts = _parse_text_block(block.data, path, column, lambda i, b=block: _line_number(fs, fs_path, b, i))
+            for offset in range(0, len(texts), batch_rows):
+                yield first_row + offset, texts.slice(offset, batch_rows)
+            first_row += len(texts)
+    except LineTooLong:
+        said = "" if max_text_bytes is None else (
+            f", more than a text of max_document_bytes={max_text_bytes:,} takes as JSON (at most 6 bytes a byte, "
+            "escaped, and 1 MiB of other keys); raise --max-document-bytes if the workers have the memory, or")
+        raise InputError(f"{path}: document {first_row} of bytes [{start}, {end}) is on a line of more than "
+                         f"{max_line_bytes:,} bytes{said or ';'} split the document upstream") from None
+
+
+def text_line_limit(max_text_bytes: int | None) -> int:
+    """The longest JSON line read for texts of at most ``max_text_bytes``: ``\\uXXXX`` escapes take 6
+    bytes a byte, and the line may hold other keys (1 MiB of them); MAX_LINE_BYTES without a limit."""
+    return MAX_LINE_BYTES if max_text_bytes is None else min(MAX_LINE_BYTES, 6 * max_text_bytes + (1 << 20))
 
 
 def _parse_text_block(data: bytes, path: str, column: str, line_number) -> pa.StringArray | pa.LargeStringArray:

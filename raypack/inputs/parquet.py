@@ -114,9 +114,9 @@ class ParquetFormat(InputFormat):
         return [(g.row_group_start, g.row_group_end, g.num_bytes)
                 for g in parquet_row_group_tasks(path, target_rows=task_rows, target_bytes=task_bytes)]
 
-    def iter_texts(self, path: str, column: str, start: int, end: int,
-                   batch_rows: int) -> Iterator[tuple[int, pa.Array]]:
-        return iter_parquet_texts(path, column, (start, end), batch_rows)
+    def iter_texts(self, path: str, column: str, start: int, end: int, batch_rows: int, *,
+                   max_text_bytes: int | None = None) -> Iterator[tuple[int, pa.Array]]:
+        return iter_parquet_texts(path, column, (start, end), batch_rows)  # batches sized from the footer
 
     def write(self, path: str, table: pa.Table, rows_per_unit: int | None = None) -> None:
         pq.write_table(table, path, row_group_size=rows_per_unit)

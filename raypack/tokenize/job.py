@@ -159,7 +159,8 @@ def check_before_ray(inputs: tuple[str, ...] | list[str], text: TextOptions) -> 
         fmt = format_of(paths[0])
         ranges = fmt.text_tasks(paths[0], task_rows=text.task_rows, task_bytes=text.task_bytes)
         if ranges:
-            first = fmt.iter_texts(paths[0], text.text_column, ranges[0][0], ranges[0][1], 1)
+            first = fmt.iter_texts(paths[0], text.text_column, ranges[0][0], ranges[0][1], 1,
+                                   max_text_bytes=text.max_document_bytes)
             try:
                 next(iter(first), None)
             finally:

@@ -173,7 +173,7 @@ def _iter_texts(task: TextTask, settings: TokenizeSettings) -> Iterator[tuple[in
     """The task's text batches, each checked against ``max_document_bytes`` before it is encoded."""
     seen = 0
     batches = format_named(task.format).iter_texts(task.path, settings.text_column, task.start, task.end,
-                                                   settings.batch_rows)
+                                                   settings.batch_rows, max_text_bytes=settings.max_document_bytes)
     for first_row, texts in prefetched(batches):  # the next batch is read while this one is encoded
         lengths = pc.binary_length(texts).to_numpy(zero_copy_only=False)
         if lengths.size and int(lengths.max()) > settings.max_document_bytes:

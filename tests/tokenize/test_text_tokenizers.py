@@ -380,6 +380,38 @@ def test_a_text_over_max_document_bytes_is_one_line_naming_it(tmp_path, capsys, 
     assert main([*args, "--output", str(tmp_path / "o2")]) == 0  # the default (16 MiB) takes it
 
 
+@pytest.mark.parametrize("compressed", [False, True])
+def test_a_json_line_too_long_for_max_document_bytes_is_refused_as_it_is_read(tmp_path, capsys, monkeypatch,
+                                                                             compressed):
+    """A JSON line was held whole and parsed before its text was measured: one 1 GiB line of a 1 MB
+    .jsonl.gz took 4.3 GB. Now a line past 6 bytes a byte of max_document_bytes (+ 1 MiB) is refused
+    while it is read, after one 16 MiB read block of it, never joined whole (40 MiB here)."""
+    from raypack.cli import main
+    from raypack.inputs import jsonl
+
+    (tmp_path / "text").mkdir()
+    lines = b'{"text": "short"}\n{"text": "' + b"y" * (40 << 20) + b'"}\n{"text": "short"}\n'
+    name = "t.jsonl.gz" if compressed else "t.jsonl"
+    (tmp_path / "text" / name).write_bytes(gzip.compress(lines, 1) if compressed else lines)
+    held = []
+    real = jsonl._split_lines
+
+    def watched(*args):
+        for block in real(*args):
+            held.append(len(block.data))
+            yield block
+
+    monkeypatch.setattr(jsonl, "_split_lines", watched)
+    args = ["pack", "--context-length", "8", "--local", "--input", str(tmp_path / "text"), "--tokenizer",
+            "tiktoken:cl100k_base", "--output", str(tmp_path / "o"), "--max-document-bytes", "1000"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{name}: document 1 of bytes [0, " in err[0], err
+    assert "is on a line of more than 1,054,576 bytes, more than a text of max_document_bytes=1,000" in err[0], err
+    assert max(held) < 1 << 20  # only the first line was ever handed on whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["text"]
+
+
 @settings(max_examples=150, deadline=None)
 @given(lengths=st.lists(st.one_of(st.integers(0, 5), st.integers(250, 700)), max_size=12),
        bos=st.sampled_from([None, 0, 65535]), eos=st.sampled_from([None, 1, 65534]),
