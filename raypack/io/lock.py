@@ -53,7 +53,8 @@ def is_stale(owner: dict) -> bool:
     return False
 
 
-UNWRITABLE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.ENOSPC, errno.EDQUOT})
+UNWRITABLE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.ENOSPC, errno.EDQUOT,
+                        errno.ENOENT})  # ENOENT: a directory that takes no new file (/proc)
 """Why a directory cannot take the lock file: the user's to fix, so one line."""
 
 

@@ -46,7 +46,7 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from raypack.inputs.registry import format_named
-from raypack.io.fs import resolve_filesystem
+from raypack.io.fs import open_input_file, resolve_filesystem
 from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, asdict_file
 from raypack.packed.writer import CHUNK_FILE_RE, WrittenFile, write_whole
 from raypack.rules.content_digest import CONTENT_GROUP_CHUNKS, is_range_digests, range_layout
@@ -94,7 +94,7 @@ def sampled_identity(path: str, fmt: str) -> dict[str, Any]:
     a Parquet footer; raypack.inputs.base.InputFormat.metadata_start)."""
     fs, fs_path = resolve_filesystem(path)
     digest = hashlib.sha256()
-    with fs.open_input_file(fs_path) as f:
+    with open_input_file(fs, fs_path, path) as f:  # gone or unreadable: one line naming it
         size = f.size()
         head_end = min(size, EDGE_BYTES)
         tail_start = max(size - EDGE_BYTES, head_end)
@@ -119,7 +119,7 @@ def file_sha256(path: str) -> str:
     """sha256 of every byte of ``path`` (no decompression); reads the whole file in 4 MiB blocks."""
     fs, fs_path = resolve_filesystem(path)
     digest = hashlib.sha256()
-    with fs.open_input_stream(fs_path, compression=None) as f:
+    with open_input_file(fs, fs_path, path) as f:
         while block := f.read(READ_BYTES):
             digest.update(block)
     return digest.hexdigest()

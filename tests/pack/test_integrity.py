@@ -195,7 +195,7 @@ def test_the_lock_is_not_taken_on_a_file_its_owner_just_removed(tmp_path):
     b.release()
 
 
-@pytest.mark.parametrize("error", ["EROFS", "EACCES", "ENOSPC"])
+@pytest.mark.parametrize("error", ["EROFS", "EACCES", "ENOSPC", "ENOENT"])
 @pytest.mark.parametrize("command", ["pack", "tokenize", "export"])
 def test_an_output_where_this_user_cannot_write_is_one_line(tmp_path, corpus, monkeypatch, capsys, error, command):
     """A read-only filesystem, a directory without write permission (root ignores chmod, so the

@@ -432,3 +432,14 @@ def test_a_failed_fsync_on_the_committer_is_the_full_disk_line_and_leaves_nothin
     with pytest.raises(InputError, match="No space left on device.*nothing was published"):
         run_pack(config(tmp_path, corpus, num_workers=2), engine="local")
     assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_an_input_gone_or_unreadable_when_its_task_starts_is_one_line(tmp_path, monkeypatch):
+    """A shard deleted (or made unreadable) after planning met the resume identity first: a
+    FileNotFoundError / PermissionError traceback, exit 1."""
+    from raypack.pack.resume import file_sha256, sampled_identity
+
+    gone = str(tmp_path / "gone.jsonl")
+    for read in (lambda: sampled_identity(gone, "jsonl"), lambda: file_sha256(gone)):
+        with pytest.raises(InputError, match=r"input path not found: .*gone.jsonl; it was there when the run"):
+            read()
