@@ -4,6 +4,7 @@ is finished by the next run."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -147,16 +148,23 @@ time.sleep(60)
 """
 
 
-def test_a_lock_held_by_a_live_process_refuses_and_a_killed_one_does_not(tmp_path, corpus):
-    lock_path = str(tmp_path / ".out.raypack-lock")
+@contextlib.contextmanager
+def lock_held_by_another_process(lock_path: str):
+    """A live process holding ``lock_path`` (its pid yielded); SIGKILLed on exit."""
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, lock_path], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        with pytest.raises(InputError, match=rf"pid {holder.pid} on "):
-            run_pack(config(tmp_path, [corpus]), engine="local")
+        yield holder.pid
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
+
+
+def test_a_lock_held_by_a_live_process_refuses_and_a_killed_one_does_not(tmp_path, corpus):
+    lock_path = str(tmp_path / ".out.raypack-lock")
+    with lock_held_by_another_process(lock_path) as pid:
+        with pytest.raises(InputError, match=rf"pid {pid} on "):
+            run_pack(config(tmp_path, [corpus]), engine="local")
     assert os.path.exists(lock_path)  # the file stays; the kernel dropped the lock
     run_pack(config(tmp_path, [corpus]), engine="local")
     assert_exactly_the_manifest(tmp_path / "out")
@@ -165,15 +173,10 @@ def test_a_lock_held_by_a_live_process_refuses_and_a_killed_one_does_not(tmp_pat
 def test_a_ray_run_on_an_output_another_run_holds_is_refused_before_ray_starts(tmp_path, corpus, monkeypatch):
     """It started Ray (seconds, and a "Ray's logs are in" line) and only then met the lock."""
     lock_path = str(tmp_path / ".out.raypack-lock")
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, lock_path], stdout=subprocess.PIPE, text=True)
     monkeypatch.setattr(job, "connect_ray", lambda *a, **k: pytest.fail("Ray was started"))
-    try:
-        assert holder.stdout.readline().strip() == "locked"
-        with pytest.raises(InputError, match=rf"being written by another raypack run \(pid {holder.pid} on "):
+    with lock_held_by_another_process(lock_path) as pid:
+        with pytest.raises(InputError, match=rf"being written by another raypack run \(pid {pid} on "):
             run_pack(config(tmp_path, [corpus]), engine="ray")
-    finally:
-        holder.send_signal(signal.SIGKILL)
-        holder.wait()
     lock = LocalLock(lock_path, what="output")
     lock.check_free()  # its holder is gone
     lock.acquire()
