@@ -54,6 +54,11 @@ from raypack.tokenize.tokenizers import token_dtype_for
 log = logging.getLogger(__name__)
 
 
+MIN_HELD_TOKENS = 1 << 20
+"""``pack --tokenizer`` holds at least this many of a task's ids in memory (2-4 MiB) before it
+spills the rest: a tiny ``--task-bytes`` (3: a task per JSON line) made every task spill."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class TextOptions:
     """The options that decide the tokenized corpus (shared by ``tokenize`` and ``pack --tokenizer``)."""
@@ -322,7 +327,8 @@ def _text_settings(out_dir: str, text: TextOptions, tokenizer, inputs) -> tuple[
                                 text.batch_rows, text.batch_bytes or tokenizer.batch_bytes,
                                 tokenizer_backend=tokenizer.backend,
                                 tokenizer_backend_version=tokenizer.backend_record()["version"],
-                                max_document_bytes=text.max_document_bytes, held_tokens=text.task_bytes // 4)
+                                max_document_bytes=text.max_document_bytes,
+                                held_tokens=max(text.task_bytes // 4, MIN_HELD_TOKENS))
     options = {**text.output_dict(), "bos_id": bos_id, "eos_id": eos_id, "inputs": list(inputs)}
     return settings, options
 

@@ -19,8 +19,8 @@ Memory: a worker holds the ids of the tasks it has tokenized and not yet packed:
 tasks per Ray actor (raypack.engine.pipeline.pack_texts) and with ``--local`` (one packed while the
 next is tokenized on a thread), one with ``--local --workers 1`` (each task tokenized, then packed,
 on the caller's thread); one more while a task whose resume record did not hold is tokenized
-again. Of each, at most ``held_tokens`` ids (``task_bytes // 4``: about the ids of ``task_bytes``
-of English text with a byte-level BPE) of ``itemsize`` bytes (the manifest's token dtype) stay in
+again. Of each, at most ``held_tokens`` ids (``task_bytes // 4``, at least 1 Mi: about the ids of
+``task_bytes`` of English text with a byte-level BPE) of ``itemsize`` bytes (the manifest's token dtype) stay in
 memory, plus int64 lengths per document; the ids past them (a Parquet row group of more than
 ``task_bytes`` of text is one task; denser text) go to a spill file (:class:`Spill`) that is read
 back, a piece at a time, as the task is packed. A task's ids are freed piece by piece as it is

@@ -933,6 +933,18 @@ def hold_at_most(monkeypatch, tokens: int) -> list:
     return spills
 
 
+def test_tiny_tasks_do_not_spill(tmp_path, tok, monkeypatch):
+    """``held_tokens`` was task_bytes // 4: with --task-bytes 3 (a task per JSON line) every task spilled."""
+    made = []
+    real_init = onepass.Spill.__init__
+    monkeypatch.setattr(onepass.Spill, "__init__", lambda self, *a, **k: (made.append(1), real_init(self, *a, **k)))
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "t.jsonl").write_text("".join(json.dumps({"text": f"line {i} " * 9}) + "\n" for i in range(12)))
+    config = make_config(dict(inputs=[str(tmp_path / "in")], output=str(tmp_path / "out"), context_length=32))
+    summary = run_pack(config, engine="local", text=options(tok, task_bytes=64))  # ~a task per line
+    assert len(summary.manifest["shards"]) >= 12 and made == []
+
+
 @pytest.mark.parametrize("pack_kw, text_kw", [CASES[0], CASES[3], CASES[4]])
 def test_a_task_past_held_tokens_spills_and_gives_the_same_bytes(tmp_path, text_dir, tok, pack_kw, text_kw,
                                                                  monkeypatch):
