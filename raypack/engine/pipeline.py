@@ -1,17 +1,15 @@
 """The Ray Data engine: the only module that imports Ray.
 
 One task (a shard, or a range of a large shard's row groups or record batches: raypack.pack.plan) is
-one row of a dataset built with ``from_items`` (one block per task), mapped by a pool of
-stateful packer actors with ``batch_size=1``: each call streams one whole task in order, so the
-carry between record batches never leaves the actor, and Ray's block shaping, scheduling order
-and retries cannot change what is packed. Actors write their own chunk files (kept out of the
-object store) and return one small Arrow row: counts, the file written and
-the edge fragments. Actors reserve a fraction of a CPU so that Ray Data's read and output
-tasks can always be scheduled beside them (whole-CPU actors deadlock a 2-CPU machine).
-Each actor holds its next task queued (two calls in flight; it runs them one after the
-other), so it starts that task as soon as it ends one instead of waiting for the driver's
-scheduling loop to notice and dispatch. The first pass of best_fit and ``long_docs`` keeps no
-state, so it maps Ray tasks instead of actors (:func:`count_chunks`): no new processes to start.
+one row of a dataset built with ``from_items`` (one block per task), mapped by a pool of stateful
+packer actors with ``batch_size=1``: each call streams one whole task in order, so the carry
+between record batches never leaves the actor, and Ray's block shaping, scheduling order and
+retries cannot change what is packed. Actors write their own chunk files (kept out of the object
+store) and return one small Arrow row: counts, the file written and the edge fragments. Actors
+reserve a fraction of a CPU so that Ray Data's read and output tasks can always be scheduled beside
+them (whole-CPU actors deadlock a 2-CPU machine). Each actor holds its next task queued (two calls
+in flight, run one after the other), so it starts that task as soon as it ends one. The first pass
+of best_fit and ``long_docs`` keeps no state: it maps Ray tasks instead (:func:`count_chunks`).
 
 Terminal: quiet unless ``-v`` (:func:`init_ray`). Bad input met by an actor comes back as an
 error row (``task_index``, ``error``), not as an exception through Ray, and the driver raises it
@@ -112,9 +110,8 @@ _EMBEDDED = False  # this process started the Ray it uses (an embedded local Ray
 
 
 def check_actors_fit(worker_num_cpus: float) -> None:
-    """An actor that asks for more CPUs than any node has never starts, and Ray waits for it
-    forever: on the embedded Ray, an InputError; on a cluster (which may add larger nodes), a
-    warning."""
+    """An actor asking for more CPUs than any node has never starts, and Ray waits for it forever:
+    on the embedded Ray, an InputError; on a cluster (which may add larger nodes), a warning."""
     largest = max((float(node.get("Resources", {}).get("CPU", 0)) for node in ray.nodes() if node.get("Alive")),
                   default=0.0)
     if worker_num_cpus <= largest:
@@ -531,8 +528,11 @@ def pack_texts(placer, text_settings, settings: PackSettings, *, num_workers: in
     queue = deque(placer.to_tokenize())
     if queue:
         check_actors_fit(worker_num_cpus)
-    num_actors = max(1, min(num_workers, len(queue)))
     cpus = ray.cluster_resources().get("CPU", os.cpu_count() or 1)
+    fit = max(1, int(cpus / worker_num_cpus + 1e-9))  # an actor that never starts stalls its tasks, in order
+    if num_workers > fit:
+        log.info("--workers %d: %d of %g CPUs fit in %g CPUs; using %d", num_workers, fit, worker_num_cpus, cpus, fit)
+    num_actors = max(1, min(num_workers, len(queue), fit))
     text_settings = replace(text_settings, num_threads=rayon_threads(cpus, num_actors))
     remote = ray.remote(TextPackerActor).options(num_cpus=worker_num_cpus, max_restarts=0)
     actors = [remote.remote(asdict(text_settings), asdict(settings)) for _ in range(num_actors)] if queue else []

@@ -3,6 +3,7 @@ value, exit code 2, and nothing written (no output, no staging directory)."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -381,3 +382,25 @@ def test_workers_asking_for_more_cpus_than_the_machine_has_is_one_line(tmp_path,
     assert err[0].startswith("raypack: error: --worker-num-cpus 64: each worker asks for 64 CPUs"), err
     assert "at most" in err[0], err
     assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
+@pytest.mark.slow
+def test_more_text_workers_than_the_machine_holds_use_those_that_fit(tmp_path):
+    """``pack --tokenizer --workers 3 --worker-num-cpus 1`` on 2 CPUs hung without a word: tasks go to
+    actors in order, and the third actor never started. Now the workers that fit are used."""
+    import subprocess
+    import sys
+
+    (tmp_path / "in").mkdir()
+    for k in range(4):
+        pq.write_table(pa.table({"text": [f"text {k} {i}" for i in range(50)]}), tmp_path / "in" / f"p{k}.parquet")
+    args = ["--input", str(tmp_path / "in"), "--context-length", "16", "--tokenizer", "tiktoken:cl100k_base"]
+    done = subprocess.run([sys.executable, "-m", "raypack.cli", "pack", *args, "--output", str(tmp_path / "out"),
+                           "--workers", "64", "--worker-num-cpus", "1"],
+                          capture_output=True, text=True, timeout=150, cwd=tmp_path,
+                          env={**os.environ, "RAY_ADDRESS": ""})
+    assert done.returncode == 0, done.stderr
+    assert "--workers 64: " in done.stderr and "CPUs fit in" in done.stderr
+    assert main(["pack", "--local", *args, "--output", str(tmp_path / "local")]) == 0
+    with open(tmp_path / "out" / "manifest.json") as a, open(tmp_path / "local" / "manifest.json") as b:
+        assert json.load(a)["content_sha256"] == json.load(b)["content_sha256"]
