@@ -355,7 +355,7 @@ def unknown_flags_hint(parser: argparse.ArgumentParser, command: str, extra: Seq
     guesses = []
     for word in extra:
         if word.startswith("-"):
-            close = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1, cutoff=0.6)
+            close = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1, cutoff=0.75)
             guesses += [f"{word.split('=', 1)[0]}: did you mean {close[0]}?"] if close else []
     said = f"unrecognized arguments: {' '.join(extra)}"
     return f"{said} ({'; '.join(guesses)})" if guesses else f"{said}; raypack {command} --help lists its flags"

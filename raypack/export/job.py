@@ -90,7 +90,8 @@ def _open(source_path: str, format: str, output: str, token_dtype: str | None) -
     return cls(output, resolve_token_dtype(cls, source, token_dtype)), source
 
 
-_KIND_FIXES = {"tokenized": "pack it first (raypack pack --input SRC --output PACKED), then export PACKED",
+_KIND_FIXES = {"tokenized": "pack it first (raypack pack --input SRC --output PACKED --context-length N), then export "
+                            "PACKED",
                "packed": "export the tokenized corpus it was packed from"}
 
 

@@ -242,8 +242,9 @@ def _refuse_mixed_tokenizers(config: MixConfig, datasets: Sequence[PackedDataset
 
 
 def _tokenizer_name(identity: dict[str, Any]) -> str:
-    name = identity.get("name") or f"a tokenizer.json (sha256 {str(identity.get('sha256', ''))[:12]}...)"
-    return f"{identity.get('kind')} {name}"
+    if identity.get("name"):
+        return f"{identity.get('kind')} {identity['name']}"
+    return f"a tokenizer.json (sha256 {str(identity.get('sha256', ''))[:12]}...)"
 
 
 def _recorded_path(path: str, output: str) -> str:

@@ -245,7 +245,12 @@ def make_config(values: Mapping[str, Any], *, source: str = "config") -> PackCon
     valid = config_keys()
     unknown = sorted(set(values) - set(valid))
     if unknown:
-        raise InputError(f"{source}: unknown key(s) {', '.join(unknown)}; valid keys are {', '.join(valid)}")
+        import difflib
+
+        meant = [f"{key}: did you mean {close[0]}?" for key in unknown
+                 if (close := difflib.get_close_matches(key, valid, n=1, cutoff=0.8))]
+        raise InputError(f"{source}: unknown key(s) {', '.join(unknown)}" + (f" ({'; '.join(meant)})" if meant else "")
+                         + f"; valid keys are {', '.join(valid)}")
     options = option_fields()
     values = {**{k: v for k, v in values.items() if k not in options},
               "strategy_options": {k: v for k, v in values.items() if k in options}}

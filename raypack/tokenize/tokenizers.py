@@ -276,8 +276,8 @@ def _texts_to_list(texts: pa.Array) -> list[str]:
 
 def _check_id(token_id: int, vocab_size: int) -> int:
     if not 0 <= token_id < vocab_size:
-        raise InputError(f"token id {token_id} is outside the vocabulary [0, {vocab_size}); "
-                         f"give an id below {vocab_size}")
+        raise InputError(f"token id {token_id} (--bos/--eos, bos/eos in a config) is outside the vocabulary "
+                         f"[0, {vocab_size}); give an id below {vocab_size}")
     return token_id
 
 

@@ -16,6 +16,7 @@ Memory: one output batch plus the chosen documents' tokens.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Iterator, NamedTuple
 
 import numpy as np
@@ -98,12 +99,15 @@ def _reference(identity: dict[str, Any], out: str):
     spec = f"tiktoken:{identity.get('name')}" if identity.get("kind") == "tiktoken" else identity.get("file")
     if not isinstance(spec, str):
         raise InputError(f"{out}: its manifest's tokenizer {identity!r} names no file or encoding")
+    if identity.get("kind") != "tiktoken" and not os.path.isfile(spec):
+        raise InputError(f"{out} was packed with tokenizer {spec}, which is no longer there; --check-tokenizer "
+                         "re-encodes with it: put it back at that path (or verify without --check-tokenizer)")
     tokenizer = load_tokenizer(spec)
     now = tokenizer.identity()
     if now.get("sha256") != identity.get("sha256"):
         raise VerifyError(f"tokenizer {spec} changed since {out} was packed (sha256 {str(now.get('sha256'))[:16]}..., "
-                          f"the manifest records {str(identity.get('sha256'))[:16]}...): give the tokenizer it was "
-                          "packed with")
+                          f"the manifest records {str(identity.get('sha256'))[:16]}...): put the tokenizer it was "
+                          "packed with back at that path")
     return tokenizer
 
 

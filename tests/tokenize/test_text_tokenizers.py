@@ -138,9 +138,10 @@ def test_hf_token_id_errors(hf):
     loaded = load_tokenizer(str(path))
     with pytest.raises(InputError, match=r"token '<s>' is not in the vocabulary of .*tokenizer.json; give"):
         loaded.token_id("<s>")
-    with pytest.raises(InputError, match=rf"token id {loaded.vocab_size} is outside the vocabulary"):
+    with pytest.raises(InputError, match=rf"token id {loaded.vocab_size} \(--bos/--eos, bos/eos in a config\) is "
+                                         r"outside the vocabulary"):
         loaded.token_id(loaded.vocab_size)
-    with pytest.raises(InputError, match=r"token id -1 is outside"):
+    with pytest.raises(InputError, match=r"token id -1 \(--bos/--eos, bos/eos in a config\) is outside"):
         loaded.encode_batch(pa.array(["a"]), eos_id=-1)
     with pytest.raises(TypeError):
         loaded.token_id(True)
@@ -274,7 +275,8 @@ def test_tiktoken_bos_eos(cl100k):
     with pytest.raises(InputError, match=r"token '<s>' is not one token of tiktoken:cl100k_base; give one of "
                                          r"<\|endoftext\|>"):
         cl100k.token_id("<s>")
-    with pytest.raises(InputError, match=r"token id 100277 is outside the vocabulary \[0, 100277\)"):
+    with pytest.raises(InputError, match=r"token id 100277 \(--bos/--eos, bos/eos in a config\) is outside the "
+                                         r"vocabulary \[0, 100277\)"):
         cl100k.token_id(100277)
 
 

@@ -129,3 +129,19 @@ def test_verify_given_the_text_as_input_says_what_to_give_instead(tmp_path, tok,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "part-0.parquet holds text: verify compares an output with the token ids" in err[0], err
     assert "--check-tokenizer" in err[0] and "--text-column" not in err[0], err
+
+
+def test_a_tokenizer_moved_or_changed_since_packing_says_to_put_it_back(tmp_path, tok, capsys):
+    """It said to "give a tokenizer.json" / "give the tokenizer": verify has no flag to give one."""
+    import shutil
+
+    copy = tmp_path / "tok.json"
+    shutil.copy(tok, copy)
+    assert main(["pack", "--local", "--input", text_dir(tmp_path), "--output", str(tmp_path / "out"),
+                 "--context-length", "24", "--tokenizer", str(copy)]) == 0
+    copy.rename(tmp_path / "elsewhere.json")
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "out"), "--check-tokenizer", "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"packed with tokenizer {copy}, which is no longer there" in err[0], err
+    assert "put it back at that path" in err[0], err
