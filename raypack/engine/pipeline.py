@@ -38,10 +38,10 @@ import pyarrow as pa
 import ray
 
 from raypack.engine.reaper import start_reaper
+from raypack.engine.workers import ShardPackerActor, TextPackerActor, TextTokenizerActor, count_tasks
 from raypack.errors import InputError
 from raypack.io.terminal import RAY_VERBOSE
-from raypack.pack.packer import count_task, pack_shard
-from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts, result_to_table, table_to_results
+from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts, table_to_results
 from raypack.packed.chunk_files import chunks_table, iter_file_tables
 from raypack.rules.core import Chunks
 from raypack.rules.long_docs import CutCounts
@@ -106,6 +106,8 @@ def init_ray(address: str | None = None, *, verbose: bool | None = None) -> None
     context.print_on_execution_start = verbose
 
 
+MAX_ACTOR_REPLACEMENTS = 8
+"""Tokenizing packers that may die in one ``pack --tokenizer`` run before it fails (then ``--resume``)."""
 _EMBEDDED = False  # this process started the Ray it uses (an embedded local Ray: its CPUs are all there is)
 
 
@@ -205,11 +207,6 @@ def _node_path(getter: str, default: str) -> str:
         return default
 
 
-def _error_table(index: int, error: InputError) -> pa.Table:
-    """The row an actor returns instead of raising bad input through Ray (tracebacks on the terminal)."""
-    return pa.table({"task_index": pa.array([index], pa.int64()), "error": [str(error)]})
-
-
 def _raise_first_error(errors: dict[int, str]) -> None:
     """After the pipeline: bad input as one InputError, the lowest task's (what ``--local`` meets first)."""
     if errors:
@@ -223,40 +220,6 @@ def _blocks(blocks: Iterator[pa.Table], errors: dict[int, str]) -> Iterator[pa.T
             errors.update(zip(block.column("task_index").to_pylist(), block.column("error").to_pylist()))
         else:
             yield block
-
-
-class ShardPackerActor:
-    """Packs whole tasks, one per call, in the order its rows list them."""
-
-    def __init__(self, settings: dict) -> None:
-        self.settings = PackSettings(**settings)
-        self.token_type = pa.from_numpy_dtype(np.dtype(self.settings.token_dtype))
-
-    def __call__(self, batch: pa.Table) -> Iterator[pa.Table]:
-        for row in batch.to_pylist():
-            try:
-                result = pack_shard(ShardTask(**row), self.settings)
-            except InputError as e:
-                yield _error_table(row["task_index"], e)
-            else:
-                yield result_to_table(result, self.token_type, self.settings.record_dtype)
-
-
-def _count_tasks(batch: pa.Table, settings: dict) -> Iterator[pa.Table]:
-    """The first pass (best_fit's chunks, long_docs' cuts), a Ray Data *task* function: counts each
-    task from its document lengths. Stateless, so not an actor pool: Ray reuses its task workers
-    (those prestarted with the cluster, or left by an earlier pass), where each actor of a pool is a
-    new process that imports Ray Data first (~3.5 CPU-s apiece here, before any work)."""
-    pack_settings = PackSettings(**settings)
-    for row in batch.to_pylist():
-        task = ShardTask(**row)
-        try:
-            counts = count_task(task, pack_settings)
-        except InputError as e:
-            yield _error_table(task.task_index, e)
-        else:
-            yield pa.table({"task_index": [task.task_index], "num_chunks": [counts.num_chunks],
-                            **{key: [value] for key, value in counts.cut.as_dict().items()}})
 
 
 def pack_shards(
@@ -285,7 +248,7 @@ def count_chunks(
     if not tasks:
         return []
     counts, errors = {}, {}
-    mapped = _task_rows(tasks).map_batches(_count_tasks, fn_kwargs={"settings": asdict(settings)}, batch_size=1,
+    mapped = _task_rows(tasks).map_batches(count_tasks, fn_kwargs={"settings": asdict(settings)}, batch_size=1,
                                  batch_format="pyarrow", num_cpus=worker_num_cpus,
                                  compute=ray.data.TaskPoolStrategy(size=max(1, min(num_workers, len(tasks)))))
     for block in _blocks(mapped.iter_batches(batch_size=None, batch_format="pyarrow"), errors):
@@ -419,29 +382,6 @@ def _dense_table(input_ids: np.ndarray, doc_ids: np.ndarray) -> pa.Table:
 # ----------------------------------------------------------------------------- tokenize
 
 
-class TextTokenizerActor:
-    """Tokenizes text tasks, one per call. Loads the tokenizer once, from its spec string."""
-
-    def __init__(self, settings: dict) -> None:
-        from raypack.tokenize.backends import set_thread_env
-        from raypack.tokenize.tasks import TokenizeSettings, load_worker_tokenizer
-
-        self.settings = TokenizeSettings(**settings)
-        set_thread_env(self.settings.num_threads)  # before the tokenizer's pool first starts
-        self.tokenizer = load_worker_tokenizer(self.settings)
-
-    def __call__(self, batch: pa.Table) -> Iterator[pa.Table]:
-        from raypack.tokenize.tasks import TextTask, tokenize_task
-
-        for row in batch.to_pylist():
-            try:
-                result = tokenize_task(TextTask(**row), self.settings, self.tokenizer)
-            except InputError as e:
-                yield _error_table(row["task_index"], e)
-            else:
-                yield pa.Table.from_pylist([asdict(result)])
-
-
 def tokenize_texts(tasks: Sequence, settings, *, num_workers: int, worker_num_cpus: float,
                    on_result: Callable | None = None) -> list:
     """Run every text task (raypack.tokenize.tasks) on a pool of tokenizer actors, handed out in
@@ -469,44 +409,6 @@ def tokenize_texts(tasks: Sequence, settings, *, num_workers: int, worker_num_cp
 
 
 # ----------------------------------------------------------------------------- pack --tokenizer, one pass
-
-
-class TextPackerActor:
-    """Tokenizes text tasks into memory and packs each once the driver sends its offsets
-    (raypack.tokenize.onepass). Holds the ids of the tasks it has tokenized and not packed."""
-
-    def __init__(self, text_settings: dict, settings: dict) -> None:
-        from raypack.tokenize.backends import set_thread_env
-        from raypack.tokenize.tasks import TokenizeSettings, load_worker_tokenizer
-
-        self.text_settings = TokenizeSettings(**text_settings)
-        self.settings = PackSettings(**settings)
-        self.token_type = pa.from_numpy_dtype(np.dtype(self.settings.token_dtype))
-        set_thread_env(self.text_settings.num_threads)  # before the tokenizer's pool first starts
-        self.tokenizer = load_worker_tokenizer(self.text_settings)
-        self.held: dict[int, Any] = {}
-
-    def tokenize(self, task: dict) -> dict:
-        """The task's report (raypack.tokenize.onepass.TaskReport as a dict), or ``{"error": ...}``."""
-        from raypack.tokenize.onepass import tokenize_held
-        from raypack.tokenize.tasks import TextTask
-
-        try:
-            held = tokenize_held(TextTask(**task), self.text_settings, self.tokenizer, self.settings)
-        except InputError as e:
-            return {"error": str(e)}
-        self.held[held.task.task_index] = held
-        return held.report.to_dict()
-
-    def pack(self, task: dict) -> pa.Table:
-        from raypack.tokenize.onepass import pack_held
-
-        shard_task = ShardTask(**task)
-        try:
-            result = pack_held(self.held.pop(shard_task.task_index), shard_task, self.settings)
-        except InputError as e:
-            return _error_table(shard_task.task_index, e)
-        return result_to_table(result, self.token_type, self.settings.record_dtype)
 
 
 def pack_texts(placer, text_settings, settings: PackSettings, *, num_workers: int, worker_num_cpus: float,
@@ -540,8 +442,14 @@ def pack_texts(placer, text_settings, settings: PackSettings, *, num_workers: in
     owner: dict[int, int] = {}
     tokenizing: dict[Any, tuple[int, int]] = {}
     packing: dict[Any, tuple[int, int]] = {}
+    placed: dict[int, dict] = {}
+    """Each task whose pack call was sent: its placed task (sent again, after its text, if its actor dies)."""
     results: list[ShardResult] = []
     errors: dict[int, str] = {}
+    replacements = 0
+
+    def send_pack(a: int, k: int) -> None:
+        packing[actors[a].pack.remote(placed[k])] = (a, k)
 
     def handle(steps) -> None:
         for step in steps:
@@ -552,8 +460,8 @@ def pack_texts(placer, text_settings, settings: PackSettings, *, num_workers: in
             elif step.kind == "tokenize":
                 queue.appendleft(step.text)
             else:
-                a = owner[step.index]
-                packing[actors[a].pack.remote(asdict(step.task))] = (a, step.index)
+                placed[step.index] = asdict(step.task)
+                send_pack(owner[step.index], step.index)
 
     def dispatch() -> None:
         while queue and not errors:
@@ -565,6 +473,26 @@ def pack_texts(placer, text_settings, settings: PackSettings, *, num_workers: in
             owner[task.task_index] = a
             tokenizing[actors[a].tokenize.remote(asdict(task))] = (a, task.task_index)
 
+    def replace_actor(a: int, error: BaseException) -> None:
+        """Actor ``a`` died (its process killed, its node lost): a new one tokenizes the tasks it held
+        again, in order, and packs those already placed (an actor runs its calls in the order sent),
+        as Ray Data restarts a token packer. The ids are the same, so the reports and offsets hold."""
+        nonlocal replacements
+        replacements += 1
+        if replacements > MAX_ACTOR_REPLACEMENTS:
+            raise error
+        log.warning("a tokenizing packer died (%s); a new one tokenizes its %d tasks again", type(error).__name__,
+                    len(holding[a]))
+        for refs in (tokenizing, packing):
+            for ref in [r for r, (b, _) in refs.items() if b == a]:
+                del refs[ref]
+        actors[a] = remote.remote(asdict(text_settings), asdict(settings))
+        by_index = {t.task_index: t for t in placer.tasks}
+        for k in sorted(holding[a]):
+            tokenizing[actors[a].tokenize.remote(asdict(by_index[k]))] = (a, k)
+            if k in placed:
+                send_pack(a, k)
+
     try:
         handle(placer.advance())
         while tokenizing or packing or (not placer.done and not errors):
@@ -573,23 +501,29 @@ def pack_texts(placer, text_settings, settings: PackSettings, *, num_workers: in
                 raise RuntimeError(f"internal error: text task {placer.next_index} is neither recorded nor queued")
             ready, _ = ray.wait([*tokenizing, *packing], num_returns=1)
             ref = ready[0]
+            a, k = tokenizing[ref] if ref in tokenizing else packing[ref]
+            try:
+                value = ray.get(ref)
+            except ray.exceptions.RayActorError as e:
+                replace_actor(a, e)
+                continue
             if ref in tokenizing:
-                a, k = tokenizing.pop(ref)
-                report = ray.get(ref)
-                if "error" in report:
-                    errors[k] = report["error"]
+                del tokenizing[ref]
+                if "error" in value:
+                    errors[k] = value["error"]
                     continue
-                placer.report(k, TaskReport.from_dict(report))
+                if k in placed:
+                    continue  # tokenized again after its actor died; its pack call follows it
+                placer.report(k, TaskReport.from_dict(value))
                 if not errors:
                     handle(placer.advance())
             else:
-                a, k = packing.pop(ref)
+                del packing[ref]
                 holding[a].discard(k)
-                block = ray.get(ref)
-                if "error" in block.column_names:
-                    errors.update(zip(block.column("task_index").to_pylist(), block.column("error").to_pylist()))
+                if "error" in value.column_names:
+                    errors.update(zip(value.column("task_index").to_pylist(), value.column("error").to_pylist()))
                     continue
-                for result in table_to_results(block):
+                for result in table_to_results(value):
                     results.append(result)
                     if on_result is not None:
                         on_result(result)

@@ -263,6 +263,44 @@ def test_packer_killed_mid_shard_is_rerun_and_output_is_identical(tmp_path, corp
     assert not procs.staging_dirs(out)
 
 
+def test_a_tokenizing_packer_killed_mid_run_is_replaced_and_output_is_identical(tmp_path, ray_env):
+    """``pack --tokenizer`` on Ray: a TextPackerActor SIGKILLed once a task is packed. It failed the
+    run (exit 1, "ActorDiedError"); now a new actor tokenizes the tasks the dead one held again and
+    packs those already placed, and the output equals one process's, byte for byte."""
+    from raypack.sample import write_sample_texts
+
+    corpus = str(tmp_path / "text")
+    write_sample_texts(corpus, num_shards=8, docs_per_shard=1500, mean_doc_words=300, seed=5)
+    args = ["--input", corpus, "--context-length", "256", "--tokenizer", "tiktoken:cl100k_base", "--eos", "100257",
+            "--tokenizer-backend", "reference", "--task-rows", "500"]
+    reference = str(tmp_path / "out-local")
+    assert subprocess.run([sys.executable, "-m", "raypack.cli", "pack", *args, "--local", "--output", reference],
+                          env=ray_env, capture_output=True).returncode == 0
+    out = str(tmp_path / "out-ray")
+    killed: list[str] = []
+
+    def kill_a_text_packer(job):
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and job.poll() is None:
+            packed = [f for d in procs.staging_dirs(out) for f in os.listdir(d) if f.startswith("chunks-")]
+            actors = [p for p in procs.descendants(job.pid) if "TextPackerActor" in procs.command_line(p)]
+            if packed and actors:
+                killed.append(procs.command_line(actors[0]))
+                os.kill(actors[0], signal.SIGKILL)
+                return
+            time.sleep(0.02)
+
+    run, _ = run_job_process([sys.executable, "-m", "raypack.cli", "pack", *args, "--workers", "2", "--output", out],
+                             ray_env, tmp_path, kill_a_text_packer)
+    assert killed, f"no tokenizing packer was caught mid-run:\n{run.stderr[-3000:]}"
+    assert run.returncode == 0, f"job failed after the kill:\n{run.stderr[-4000:]}"
+    assert "a tokenizing packer died" in run.stderr
+    assert arrow_digests(out) == arrow_digests(reference) and len(arrow_digests(out)) >= 8
+    manifest, ref_manifest = (json.loads(Path(o, "manifest.json").read_text()) for o in (out, reference))
+    assert manifest["content_sha256"] == ref_manifest["content_sha256"]
+    assert not [n for n in os.listdir(out) if n.startswith(procs.TMP_PREFIX)] and not procs.staging_dirs(out)
+
+
 # ----------------------------------------------------------------------------- 1b: lose a node
 
 

@@ -1,0 +1,116 @@
+"""What runs inside a Ray worker of the engine (raypack.engine.pipeline): plain classes and
+functions, no Ray import, that the pipeline hands to Ray (``ray.remote``, ``map_batches``). Each
+reads and packs through the pure layers; bad input comes back as an error row or dict (``task_index``,
+``error``), not as an exception through Ray, so the driver says it in one line."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from raypack.errors import InputError
+from raypack.pack.packer import count_task, pack_shard
+from raypack.pack.tasks import PackSettings, ShardTask, result_to_table
+
+
+def error_table(index: int, error: InputError) -> pa.Table:
+    """The row an actor returns instead of raising bad input through Ray (tracebacks on the terminal)."""
+    return pa.table({"task_index": pa.array([index], pa.int64()), "error": [str(error)]})
+
+
+class ShardPackerActor:
+    """Packs whole tasks, one per call, in the order its rows list them."""
+
+    def __init__(self, settings: dict) -> None:
+        self.settings = PackSettings(**settings)
+        self.token_type = pa.from_numpy_dtype(np.dtype(self.settings.token_dtype))
+
+    def __call__(self, batch: pa.Table) -> Iterator[pa.Table]:
+        for row in batch.to_pylist():
+            try:
+                result = pack_shard(ShardTask(**row), self.settings)
+            except InputError as e:
+                yield error_table(row["task_index"], e)
+            else:
+                yield result_to_table(result, self.token_type, self.settings.record_dtype)
+
+
+def count_tasks(batch: pa.Table, settings: dict) -> Iterator[pa.Table]:
+    """The first pass (best_fit's chunks, long_docs' cuts), a Ray Data *task* function: counts each
+    task from its document lengths. Stateless, so not an actor pool: Ray reuses its task workers
+    (those prestarted with the cluster, or left by an earlier pass), where each actor of a pool is a
+    new process that imports Ray Data first (~3.5 CPU-s apiece here, before any work)."""
+    pack_settings = PackSettings(**settings)
+    for row in batch.to_pylist():
+        task = ShardTask(**row)
+        try:
+            counts = count_task(task, pack_settings)
+        except InputError as e:
+            yield error_table(task.task_index, e)
+        else:
+            yield pa.table({"task_index": [task.task_index], "num_chunks": [counts.num_chunks],
+                            **{key: [value] for key, value in counts.cut.as_dict().items()}})
+
+
+class TextTokenizerActor:
+    """Tokenizes text tasks, one per call. Loads the tokenizer once, from its spec string."""
+
+    def __init__(self, settings: dict) -> None:
+        from raypack.tokenize.backends import set_thread_env
+        from raypack.tokenize.tasks import TokenizeSettings, load_worker_tokenizer
+
+        self.settings = TokenizeSettings(**settings)
+        set_thread_env(self.settings.num_threads)  # before the tokenizer's pool first starts
+        self.tokenizer = load_worker_tokenizer(self.settings)
+
+    def __call__(self, batch: pa.Table) -> Iterator[pa.Table]:
+        from raypack.tokenize.tasks import TextTask, tokenize_task
+
+        for row in batch.to_pylist():
+            try:
+                result = tokenize_task(TextTask(**row), self.settings, self.tokenizer)
+            except InputError as e:
+                yield error_table(row["task_index"], e)
+            else:
+                yield pa.Table.from_pylist([asdict(result)])
+
+
+class TextPackerActor:
+    """Tokenizes text tasks into memory and packs each once the driver sends its offsets
+    (raypack.tokenize.onepass). Holds the ids of the tasks it has tokenized and not packed."""
+
+    def __init__(self, text_settings: dict, settings: dict) -> None:
+        from raypack.tokenize.backends import set_thread_env
+        from raypack.tokenize.tasks import TokenizeSettings, load_worker_tokenizer
+
+        self.text_settings = TokenizeSettings(**text_settings)
+        self.settings = PackSettings(**settings)
+        self.token_type = pa.from_numpy_dtype(np.dtype(self.settings.token_dtype))
+        set_thread_env(self.text_settings.num_threads)  # before the tokenizer's pool first starts
+        self.tokenizer = load_worker_tokenizer(self.text_settings)
+        self.held: dict[int, Any] = {}
+
+    def tokenize(self, task: dict) -> dict:
+        """The task's report (raypack.tokenize.onepass.TaskReport as a dict), or ``{"error": ...}``."""
+        from raypack.tokenize.onepass import tokenize_held
+        from raypack.tokenize.tasks import TextTask
+
+        try:
+            held = tokenize_held(TextTask(**task), self.text_settings, self.tokenizer, self.settings)
+        except InputError as e:
+            return {"error": str(e)}
+        self.held[held.task.task_index] = held
+        return held.report.to_dict()
+
+    def pack(self, task: dict) -> pa.Table:
+        from raypack.tokenize.onepass import pack_held
+
+        shard_task = ShardTask(**task)
+        try:
+            result = pack_held(self.held.pop(shard_task.task_index), shard_task, self.settings)
+        except InputError as e:
+            return error_table(shard_task.task_index, e)
+        return result_to_table(result, self.token_type, self.settings.record_dtype)
