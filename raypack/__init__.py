@@ -52,6 +52,7 @@ def console_main() -> int:
     except KeyboardInterrupt:
         print("raypack: interrupted; nothing was written", file=sys.stderr)
         code = 130
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the command has ended: Ray's shutdown at exit runs whole
     if code == 130 and "ray" in sys.modules:  # interrupted on Ray: shut it down now, then leave
         try:
             from raypack.engine.pipeline import leave_after_interrupt

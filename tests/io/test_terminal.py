@@ -327,3 +327,18 @@ def test_the_python_apis_ray_reads_are_as_quiet_as_the_cli(tmp_path):
     assert proc.stdout.split()[0] == str(len(read_packed(str(tmp_path / "out")))), proc.stdout
     noisy = [line for line in proc.stderr.splitlines() if line.strip()]
     assert noisy == [], proc.stderr
+
+
+def test_a_ctrl_c_once_the_command_has_ended_is_ignored(monkeypatch):
+    """A Ctrl-C after the output was published, while Ray shut down at exit, was a KeyboardInterrupt
+    traceback in Ray's atexit callback (exit 0 under it): once main returns, SIGINT is ignored."""
+    import raypack
+    import raypack.cli
+
+    monkeypatch.setattr(raypack.cli, "main", lambda: 0)
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        assert raypack.console_main() == 0
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
