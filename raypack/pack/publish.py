@@ -130,6 +130,9 @@ class LocalOutput:
         self.work_dir = staging_dir(output)
         """Where the run writes: the staging directory."""
         self.old_dir = f"{self.work_dir[:-len('-partial')]}-old"
+        self.resumed = False
+        """An earlier run's finished tasks are in the staging directory (:meth:`prepare`): a full disk
+        keeps them (:meth:`after_failure`)."""
         parent, name = os.path.split(self.output)
         self.lock = LocalLock(os.path.join(parent, f".{name}.raypack-lock"), what=f"output {output}")
 
@@ -172,6 +175,7 @@ class LocalOutput:
     def prepare(self, *, fresh: bool) -> None:
         if fresh:
             shutil.rmtree(self.work_dir, ignore_errors=True)
+        self.resumed = os.path.isdir(os.path.join(self.work_dir, RESULTS_DIR))
         os.makedirs(self.work_dir, exist_ok=True)
 
     def sweep(self, keep: set[str]) -> None:
@@ -200,8 +204,16 @@ class LocalOutput:
         shutil.rmtree(self.old_dir, ignore_errors=True)
 
     def after_failure(self, error: BaseException) -> None:
-        """Bad input and a full disk leave nothing; anything else keeps the work for --resume."""
+        """Bad input and a full disk leave nothing; anything else keeps the work for --resume. A full
+        disk during a resume keeps the finished tasks (its temporary files go): deleting them undid
+        the earlier runs' work, which the next --resume then redid."""
         staging = self.work_dir
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC and self.resumed:
+            for entry in os.scandir(staging):
+                if entry.name.startswith(TMP_PREFIX) and entry.is_file(follow_symlinks=False):
+                    os.remove(entry.path)
+            raise InputError(f"writing the output failed: {error.strerror} ({error.filename or staging}); the "
+                             f"finished tasks are kept in {staging}: free space and rerun with --resume") from error
         if isinstance(error, InputError) or (isinstance(error, OSError) and error.errno == errno.ENOSPC):
             shutil.rmtree(staging, ignore_errors=True)
             if isinstance(error, OSError):

@@ -20,7 +20,7 @@ from raypack.errors import InputError
 from raypack.pack.config import make_config
 from raypack.pack.job import run_pack
 from raypack.pack.publish import staging_dir
-from raypack.pack.resume import record_name
+from raypack.pack.resume import RESULTS_DIR, record_name
 from raypack.sample import write_sample_corpus
 
 from helpers import tree_digest
@@ -443,3 +443,22 @@ def test_an_input_gone_or_unreadable_when_its_task_starts_is_one_line(tmp_path, 
     for read in (lambda: sampled_identity(gone, "jsonl"), lambda: file_sha256(gone)):
         with pytest.raises(InputError, match=r"input path not found: .*gone.jsonl; it was there when the run"):
             read()
+
+
+def test_a_full_disk_during_a_resume_keeps_the_finished_tasks(tmp_path, corpus, clean_run, monkeypatch):
+    """It deleted the staging directory (the rule for a fresh run), so the next --resume redid every
+    task; now the earlier runs' work stays, and only this attempt's temporary files go."""
+    cfg = config(tmp_path, corpus)
+    staging = crash_at(monkeypatch, 3, cfg)
+    kept = sorted(os.listdir(os.path.join(staging, RESULTS_DIR)))
+    assert kept
+    fail_at_shard(monkeypatch, 4, OSError(errno.ENOSPC, "No space left on device", "chunks-x.arrow"))
+    with pytest.raises(InputError, match=r"No space left on device.*the finished tasks are kept in .*rerun with "
+                                         r"--resume"):
+        run_pack(cfg, engine="local", resume=True)
+    monkeypatch.undo()
+    assert set(kept) <= set(os.listdir(os.path.join(staging, RESULTS_DIR)))
+    assert not [n for n in os.listdir(staging) if n.startswith(".tmp-")]
+    packed = resume(monkeypatch, cfg)
+    assert 4 in packed and not set(packed) & {0, 1, 2, 3}  # 0-2 from the crashed run, 3 from the full one
+    assert tree_digest(tmp_path / "out") == clean_run
