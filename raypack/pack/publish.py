@@ -179,10 +179,11 @@ class LocalOutput:
         os.makedirs(self.work_dir, exist_ok=True)
 
     def sweep(self, keep: set[str]) -> None:
-        """Remove everything in the staging directory but the files in ``keep``: resume records,
-        temporary files of killed attempts, chunk files of an earlier layout."""
+        """Remove everything in the staging directory but the files in ``keep`` and the resume
+        records: temporary files of killed attempts, chunk files of an earlier layout. The records go
+        in :meth:`publish`, so that a run killed before its manifest is written keeps its tasks."""
         for entry in os.scandir(self.work_dir):
-            if entry.name in keep:
+            if entry.name in keep or entry.name == RESULTS_DIR:
                 continue
             if entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path)
@@ -192,6 +193,7 @@ class LocalOutput:
     def publish(self) -> None:
         """Make the complete staging directory the output: one atomic rename where possible."""
         staging, output = self.work_dir, self.output
+        shutil.rmtree(os.path.join(staging, RESULTS_DIR), ignore_errors=True)  # the manifest is written
         if not os.path.exists(output):
             os.rename(staging, output)
             return

@@ -462,3 +462,23 @@ def test_a_full_disk_during_a_resume_keeps_the_finished_tasks(tmp_path, corpus, 
     packed = resume(monkeypatch, cfg)
     assert 4 in packed and not set(packed) & {0, 1, 2, 3}  # 0-2 from the crashed run, 3 from the full one
     assert tree_digest(tmp_path / "out") == clean_run
+
+
+def test_a_run_killed_after_its_sweep_but_before_its_manifest_keeps_its_tasks(tmp_path, corpus, clean_run,
+                                                                              monkeypatch):
+    """The sweep removed the resume records before the manifest was written: a kill in that window
+    (0.1-0.2 s in a helper's trials) made the next --resume pack every task again."""
+    import raypack.pack.job as job
+
+    cfg = config(tmp_path, corpus)
+
+    def killed(*args, **kwargs):
+        raise RuntimeError("killed before the manifest")
+
+    monkeypatch.setattr(job, "write_manifest", killed)
+    with pytest.raises(RuntimeError, match="killed before the manifest"):
+        run_pack(cfg, engine="local")
+    monkeypatch.undo()
+    assert os.listdir(os.path.join(staging_dir(cfg.output), RESULTS_DIR))
+    assert resume(monkeypatch, cfg) == []  # every task kept
+    assert tree_digest(tmp_path / "out") == clean_run
