@@ -13,7 +13,7 @@ from typing import Any, Mapping, NoReturn, Sequence
 
 from raypack import __version__
 from raypack.errors import InputError, install_extra
-from raypack.pack.config import TOKEN_DTYPES, PackConfig, flag_of, load_config
+from raypack.pack.config import TEXT_KEYS, TOKEN_DTYPES, PackConfig, flag_of, load_config
 from raypack.strategies import DEFAULT_STRATEGY, STRATEGIES, option_fields, strategy_names
 from raypack.tokenize.backends import BACKENDS, backend_names
 
@@ -240,7 +240,7 @@ def _add_strategy_arguments(pack: argparse.ArgumentParser) -> None:
                           help=field.metadata.get("help"), **how)
 
 
-_TEXT_ARGUMENTS = ("text_column", "bos", "eos", "task_rows", "task_bytes", "tokenizer_backend", "max_document_bytes")
+_TEXT_ARGUMENTS = TEXT_KEYS  # the text flags are the config's text keys
 
 
 def _add_text_arguments(parser: argparse.ArgumentParser) -> None:

@@ -30,6 +30,8 @@ from raypack.inputs.base import ShardInfo
 from raypack.inputs.registry import accepted_suffixes, shard_format, shard_suffix
 from raypack.io.fs import check_bucket, is_uri, resolve_filesystem
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "ShardPlan",
     "common_token_type",
@@ -186,8 +188,8 @@ def _local_files(root: str, recursive: bool) -> Iterator[str]:
         try:
             st = os.stat(directory)
             if (st.st_dev, st.st_ino) in entered:
-                logging.getLogger(__name__).info("input directory %s is one already listed (through a symbolic "
-                                                 "link); its files are listed once", directory)
+                log.info("input directory %s is one already listed (through a symbolic link); its files are "
+                         "listed once", directory)
                 continue
             entered.add((st.st_dev, st.st_ino))
             entries = list(os.scandir(directory))
