@@ -118,12 +118,27 @@ def check_actors_fit(worker_num_cpus: float) -> None:
                   default=0.0)
     if worker_num_cpus <= largest:
         return
-    said = (f"--worker-num-cpus {worker_num_cpus:g}: each worker asks for {worker_num_cpus:g} CPUs, and "
-            f"{'this machine' if _EMBEDDED else 'the largest node of the Ray cluster'} has {largest:g}, so no worker "
-            f"could start; give at most {largest:g} (workers need little: the default is 0.5)")
+    said = _too_large(worker_num_cpus, largest, embedded=_EMBEDDED)
     if _EMBEDDED:
         raise InputError(said)
     log.warning("%s; waiting for the cluster to add a node that large", said)
+
+
+def check_actors_fit_before_start(worker_num_cpus: float, address: str | None) -> None:
+    """:func:`check_actors_fit` before an embedded Ray takes seconds to start, against the CPUs the
+    machine has (Ray counts no more than these; a container's quota can make it count fewer, which
+    :func:`check_actors_fit` then catches)."""
+    if address or os.environ.get("RAY_ADDRESS") or ray.is_initialized():
+        return
+    cpus = float(os.cpu_count() or 1)
+    if worker_num_cpus > cpus:
+        raise InputError(_too_large(worker_num_cpus, cpus, embedded=True))
+
+
+def _too_large(worker_num_cpus: float, largest: float, *, embedded: bool) -> str:
+    return (f"--worker-num-cpus {worker_num_cpus:g}: each worker asks for {worker_num_cpus:g} CPUs, and "
+            f"{'this machine' if embedded else 'the largest node of the Ray cluster'} has {largest:g}, so no worker "
+            f"could start; give at most {largest:g} (workers need little: the default is 0.5)")
 
 
 def check_cwd_does_not_shadow(cwd: str | None = None) -> None:

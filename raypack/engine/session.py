@@ -20,9 +20,13 @@ def engine():
     return pipeline
 
 
-def connect_ray(address: str | None, *, verbose: bool | None = None) -> None:
-    """Start or join Ray now, so that a cluster that cannot be reached fails before anything is written."""
-    engine().init_ray(address, verbose=verbose)
+def connect_ray(address: str | None, *, verbose: bool | None = None, worker_num_cpus: float | None = None) -> None:
+    """Start or join Ray now, so that a cluster that cannot be reached fails before anything is written;
+    ``worker_num_cpus`` more than an embedded Ray would have is refused before it starts."""
+    pipeline = engine()
+    if worker_num_cpus is not None:
+        pipeline.check_actors_fit_before_start(worker_num_cpus, address)
+    pipeline.init_ray(address, verbose=verbose)
 
 
 def on_ray(run, what: str):

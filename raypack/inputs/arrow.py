@@ -30,6 +30,14 @@ class ArrowFormat(InputFormat):
     suffixes = (".arrow", ".ipc", ".feather")
     has_units = True
 
+    def schema(self, path: str) -> pa.Schema:
+        fs, fs_path = resolve_filesystem(path)
+        items = iter_ipc_batches(fs, fs_path, path)
+        try:
+            return next(items)[0]
+        finally:
+            items.close()
+
     def inspect(self, path: str, column: str, limits: ReadLimits) -> ShardInfo:
         fs, fs_path = resolve_filesystem(path)
         unit_docs, unit_tokens = [], []

@@ -12,6 +12,7 @@ What a format provides (the callers in brackets):
     the counting pass, the dry run, verify]; a document over ``limits.max_document_tokens`` is
     refused before its values are used (each format's docstring says how early);
   * ``side_types``: the side columns' value types from a schema [the plan];
+  * ``schema``: the Arrow schema, where it is cheap [the checks made before Ray starts];
   * ``metadata_start``: where trailing metadata (a footer) begins, hashed whole into a resume
     record's identity of the file [resume];
   * ``text_tasks`` / ``iter_texts``: for a format that also holds raw text [tokenize];
@@ -108,6 +109,10 @@ class InputFormat:
     def side_types(self, path: str, names: tuple[str, ...]) -> tuple[str, ...]:
         """The value type of each side column ``names`` (raypack.rules.side_columns.side_value_types)."""
         raise NotImplementedError
+
+    def schema(self, path: str) -> pa.Schema | None:
+        """``path``'s Arrow schema where a footer or header gives it cheaply; None where only a scan would."""
+        return None
 
     def metadata_start(self, size: int, tail: bytes) -> int:
         """Where trailing metadata begins in a file of ``size`` bytes ending with ``tail`` (``size``: none)."""

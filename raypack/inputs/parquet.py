@@ -76,6 +76,11 @@ class ParquetFormat(InputFormat):
         return ShardInfo(path, self.name, metadata.num_rows, sum(unit_tokens), str(value_type), method,
                          unit_docs, tuple(unit_tokens))
 
+    def schema(self, path: str) -> pa.Schema:
+        fs, fs_path = resolve_filesystem(path)
+        with open_input_file(fs, fs_path, path) as source:
+            return open_parquet(source, path).schema_arrow
+
     def read_columns(self, path: str, columns: tuple[str, ...], units: tuple[int, int] | None,
                      limits: ReadLimits) -> Iterator[tuple[pa.Array, ...]]:
         fs, fs_path = resolve_filesystem(path)

@@ -22,7 +22,7 @@ from typing import Iterator
 import pyarrow as pa
 
 from raypack.errors import InputError
-from raypack.inputs.base import DocumentBatch, ReadLimits, ShardInfo, check_document_lengths
+from raypack.inputs.base import DocumentBatch, ReadLimits, ShardInfo, check_document_lengths, token_value_type
 from raypack.inputs.jsonl import JSONL_BLOCK_BYTES
 from raypack.inputs.registry import accepted_suffixes, format_named, format_of
 from raypack.rules.token_checks import validate_side_batch, validate_token_batch
@@ -47,6 +47,15 @@ def inspect_shard(path: str, column: str = "input_ids", *, json_block_size: int 
         raise InputError(f"shard {path} has an unknown suffix; accepted: {accepted_suffixes()}")
     return fmt.inspect(path, column, ReadLimits(json_block_size=json_block_size,
                                                 max_document_tokens=max_document_tokens))
+
+
+def check_token_column(path: str, column: str) -> None:
+    """InputError (:class:`raypack.inputs.base.HoldsText` for a text file) when ``path``'s schema, where
+    its format gives one cheaply, lacks ``column`` as integer lists: checked before Ray starts."""
+    fmt = format_of(path)
+    schema = fmt.schema(path) if fmt is not None else None
+    if schema is not None:
+        token_value_type(schema, column, path)
 
 
 def shard_side_types(path: str, names: tuple[str, ...]) -> tuple[str, ...]:

@@ -12,13 +12,19 @@ from dataclasses import dataclass, replace
 
 from raypack.engine.session import connect_ray, engine, on_ray
 from raypack.errors import InputError
-from raypack.inputs.shards import discover_shards
 from raypack.io.progress import Progress
 from raypack.pack.assemble import check_coverage, count_stats, stitch_boundaries, write_boundaries
 from raypack.pack.config import PackConfig
 from raypack.pack.local import run_tasks
 from raypack.pack.packer import count_task, current_rss_bytes, local_publisher, pack_shard
-from raypack.pack.plan import Plan, check_output_outside_inputs, make_plan, place_counts, settings_for
+from raypack.pack.plan import (
+    Plan,
+    check_inputs_before_start,
+    check_output_outside_inputs,
+    make_plan,
+    place_counts,
+    settings_for,
+)
 from raypack.pack.publish import LocalOutput, ObjectStoreOutput, check_free_before_start, run_published
 from raypack.pack.resume import load_verified_result
 from raypack.pack.tasks import PackSettings, ShardResult, TaskCounts
@@ -115,9 +121,9 @@ def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False, t
 
             check_before_ray(config.inputs, text)  # inputs, tokenizer, BOS/EOS: one line before Ray starts
         else:
-            discover_shards(config.inputs)  # a mistyped input is one line before Ray takes seconds to start
+            check_inputs_before_start(config)  # a mistyped input or a text file: one line before Ray starts
         check_free_before_start(config.output, overwrite=config.overwrite, resume=resume)
-        connect_ray(config.address, verbose=verbose)
+        connect_ray(config.address, verbose=verbose, worker_num_cpus=config.worker_num_cpus)
 
     def plan() -> Plan | None:
         if text is not None:

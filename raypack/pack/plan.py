@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from raypack.errors import InputError
 from raypack.inputs.base import ShardInfo
-from raypack.inputs.reading import inspect_shard, shard_side_types
+from raypack.inputs.reading import check_token_column, inspect_shard, shard_side_types
 from raypack.inputs.shards import common_token_type, discover_shards, plan_offsets, read_region
 from raypack.io.fs import is_uri
 from raypack.pack.config import PackConfig
@@ -110,6 +110,15 @@ def place_counts(plan: Plan, counts: Sequence[TaskCounts]) -> Plan:
     cut = sum((t.cut for t in tasks), CutCounts())
     plan = replace(plan, tasks=tuple(tasks), cut=cut)
     return place_chunks(plan, [c.num_chunks for c in counts]) if plan.packing.needs_counting_pass else plan
+
+
+def check_inputs_before_start(config: PackConfig) -> None:
+    """What is cheap to check before Ray takes seconds to start: the inputs are listed, and the first
+    shard's schema (a footer, a header) holds the token column, so a text file is one line now."""
+    if tokenized_inputs(config.inputs, config.token_column) is None:
+        paths = discover_shards(list(config.inputs))
+        if paths:
+            check_token_column(paths[0], config.token_column)
 
 
 def make_plan(config: PackConfig, *, max_threads: int = 8) -> Plan:

@@ -188,7 +188,7 @@ def run_tokenize(config: TokenizeConfig, *, engine: str = "ray", resume: bool = 
 
         check_before_ray(config.inputs, config.text)
         check_free_before_start(config.output, overwrite=config.overwrite, resume=resume)
-        connect_ray(config.address, verbose=verbose)
+        connect_ray(config.address, verbose=verbose, worker_num_cpus=config.worker_num_cpus)
 
     def plan() -> list[TextTask]:
         tasks = plan_text_tasks(config.inputs, config.text)

@@ -385,6 +385,32 @@ def test_workers_asking_for_more_cpus_than_the_machine_has_is_one_line(tmp_path,
     assert sorted(os.listdir(tmp_path)) == ["in"]
 
 
+@pytest.mark.parametrize("case", ["cpus", "text"])
+def test_refused_before_ray_starts(tmp_path, capsys, monkeypatch, case):
+    """--worker-num-cpus over this machine's CPUs (embedded Ray) and a text file packed without
+    --tokenizer are one line before Ray takes seconds to start: Ray is never started here."""
+    from raypack.engine import pipeline
+
+    def no_ray(*args, **kwargs):
+        raise RuntimeError("Ray was started")
+
+    monkeypatch.setattr(pipeline, "init_ray", no_ray)
+    monkeypatch.setenv("RAY_ADDRESS", "")
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    (tmp_path / "in").mkdir()
+    if case == "text":
+        pq.write_table(pa.table({"text": ["some text"]}), tmp_path / "in" / "part-0.parquet")
+        args, said = ["pack"], "has no column 'input_ids'"
+    else:
+        write_parquet(tmp_path / "in" / "part-0.parquet", [[1, 2, 3]])
+        args = ["pack", "--worker-num-cpus", "3"]
+        said = "--worker-num-cpus 3: each worker asks for 3 CPUs, and this machine has 2"
+    code = main([*args, "--context-length", "4", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and said in err[0], err
+    assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
 @pytest.mark.slow
 def test_more_text_workers_than_the_machine_holds_use_those_that_fit(tmp_path):
     """``pack --tokenizer --workers 3 --worker-num-cpus 1`` on 2 CPUs hung without a word: tasks go to

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from raypack.errors import InputError
 from raypack.inputs.base import ShardInfo
 from raypack.inputs.parquet import footer_null_counts_exact
-from raypack.inputs.reading import inspect_shard
+from raypack.inputs.reading import check_token_column, inspect_shard
 from raypack.inputs.registry import shard_format
 from raypack.inputs.shards import ShardPlan, common_token_type, discover_shards, plan_offsets
 from raypack.io.fs import resolve_filesystem
@@ -292,6 +292,14 @@ def test_missing_column_lists_the_columns(tmp_path: Path, fmt: str):
                                          r"'meta'\]"):
         inspect_shard(path)
     assert inspect_shard(path, column="tokens").num_tokens == _expected(DOCS)[1]
+    with pytest.raises(InputError, match=r"s\.(parquet|arrow) has no column 'input_ids'; its columns are"):
+        check_token_column(path, "input_ids")  # from the footer or header alone, before Ray starts
+    check_token_column(path, "tokens")
+
+
+def test_the_check_before_ray_starts_reads_no_jsonl(tmp_path: Path):
+    """A JSON Lines shard has no cheap schema: its column is checked by the plan, not before."""
+    check_token_column(write_jsonl(tmp_path / "s.jsonl", DOCS, column="tokens"), "input_ids")
 
 
 def test_jsonl_missing_key_names_the_keys_there_are(tmp_path: Path):
