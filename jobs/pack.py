@@ -10,7 +10,7 @@ submitted job ``ray.init()`` connects to the cluster that runs it. See the READM
 
 import sys
 
-from raypack.cli import main
+from raypack import console_main
 
 if __name__ == "__main__":
-    sys.exit(main(["pack", *sys.argv[1:]]))
+    sys.exit(console_main(["pack", *sys.argv[1:]]))

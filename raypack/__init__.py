@@ -28,14 +28,15 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def console_main() -> int:
-    """The ``raypack`` command: :func:`raypack.cli.main`, loaded here so that a Ctrl-C while it loads
-    (numpy, pyarrow: a few tenths of a second) is one line too, not a traceback. The first Ctrl-C
-    raises KeyboardInterrupt and the process ignores any after it: its one line, the work kept for
-    ``--resume`` and Ray's shutdown are not cut short by a second one (a double tap, or ``timeout``,
-    which signals the child and its process group). Interrupted on Ray, it shuts Ray down itself and
-    leaves with 130 without the interpreter's teardown: a Ctrl-C a few seconds into a run left Ray's
-    threads to crash there (exit 139, "Segmentation fault") in about a third of the tries."""
+def console_main(argv: list[str] | None = None) -> int:
+    """The ``raypack`` command (and ``jobs/pack.py``): :func:`raypack.cli.main`, loaded here so that a
+    Ctrl-C while it loads (numpy, pyarrow: a few tenths of a second) is one line too, not a traceback.
+    The first Ctrl-C raises KeyboardInterrupt and the process ignores any after it: its one line, the
+    work kept for ``--resume`` and Ray's shutdown are not cut short by a second one (a double tap, or
+    ``timeout``, which signals the child and its process group). SIGTERM does the same, exit 143
+    (:func:`raypack.io.terminal.stop_on_sigterm`). Interrupted on Ray, it shuts Ray down itself and
+    leaves without the interpreter's teardown: a Ctrl-C a few seconds into a run left Ray's threads
+    to crash there (exit 139, "Segmentation fault") in about a third of the tries."""
     import signal
     import sys
 
@@ -45,15 +46,19 @@ def console_main() -> int:
 
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored (nohup, &)
         signal.signal(signal.SIGINT, first_interrupt)
+    from raypack.io.terminal import interrupted_code, interrupted_line, stop_on_sigterm
+
+    stop_on_sigterm()
     try:
         from raypack.cli import main
 
-        code = main()  # its own Ctrl-C line once it runs a command; this one while it loads
+        code = main(argv)  # its own Ctrl-C line once it runs a command; this one while it loads
     except KeyboardInterrupt:
-        print("raypack: interrupted; nothing was written", file=sys.stderr)
-        code = 130
+        print(interrupted_line([], None), file=sys.stderr)
+        code = interrupted_code()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the command has ended: Ray's shutdown at exit runs whole
-    if code == 130 and "ray" in sys.modules:  # interrupted on Ray: shut it down now, then leave
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if code in (130, 143) and "ray" in sys.modules:  # interrupted on Ray: shut it down now, then leave
         try:
             from raypack.engine.pipeline import leave_after_interrupt
         except Exception:  # noqa: BLE001 - Ray only half there: leave the usual way

@@ -305,10 +305,10 @@ def _run_tokenize(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Bad input: one line, exit 2. A Ray worker that failed otherwise: one line, exit 1. Ctrl-C: one
-    line with the ``--resume`` command, exit 130. A closed stdout (``| head``): quiet, exit 141. A
-    thread the system refused: one line, exit 1."""
+    line with the ``--resume`` command, exit 130 (SIGTERM under the console script: the same, 143). A
+    closed stdout (``| head``): quiet, exit 141. A thread the system refused: one line, exit 1."""
     from raypack.errors import WorkerError
-    from raypack.io.terminal import RAY_VERBOSE, interrupted_line, silence_stdout
+    from raypack.io.terminal import RAY_VERBOSE, interrupted_code, interrupted_line, silence_stdout
 
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
@@ -333,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt as e:
         print(interrupted_line(argv, getattr(e, "kept", None)), file=sys.stderr)
-        return 130
+        return interrupted_code()
     except BrokenPipeError:
         silence_stdout()
         return 141

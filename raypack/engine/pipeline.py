@@ -28,7 +28,9 @@ import contextlib
 import logging
 import operator
 import os
+import signal
 import sys
+import threading
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
@@ -87,8 +89,9 @@ def init_ray(address: str | None = None, *, verbose: bool | None = None) -> None
         _check_reachable(address)
     if not verbose:
         os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")  # the driver's C++ core worker (E ... lines)
+    on_sigterm = signal.getsignal(signal.SIGTERM)
     try:
-        with _stderr_off(not verbose):  # the core worker announces that level on fd 2 as it starts
+        with _stderr_off(not verbose), _keep_handler(signal.SIGTERM, on_sigterm):  # the core worker's own
             if address:
                 ray.init(address=address, **quiet)
             else:
@@ -104,6 +107,18 @@ def init_ray(address: str | None = None, *, verbose: bool | None = None) -> None
         log.info("Ray's logs are in %s (-v shows them here)", logs_dir())
     context.enable_progress_bars = verbose
     context.print_on_execution_start = verbose
+
+
+@contextlib.contextmanager
+def _keep_handler(signum: int, handler):
+    """Put ``handler`` (this process's Python handler of ``signum``) back after ``ray.init``, whose
+    core worker installs a C++ one that prints a stack trace (``*** SIGTERM received ...``) over the
+    command's own line (raypack.io.terminal.stop_on_sigterm). Only a Python handler, on the main thread."""
+    try:
+        yield
+    finally:
+        if callable(handler) and threading.current_thread() is threading.main_thread():
+            signal.signal(signum, handler)
 
 
 MAX_ACTOR_REPLACEMENTS = 8

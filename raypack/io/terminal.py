@@ -12,12 +12,40 @@ RAY_VERBOSE: contextvars.ContextVar[bool] = contextvars.ContextVar("raypack_ray_
 """``-v``: Ray's own log lines, the workers' output and Ray Data's progress reach the terminal too."""
 
 
+_TERMINATED: list[int] = []
+"""The SIGTERM that stopped this command, once one has (:func:`stop_on_sigterm`)."""
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM (``timeout``, ``kill``, a scheduler's preemption, ``ray job stop``) stop the command
+    as Ctrl-C does: its one line with the work kept for ``--resume``, Ray shut down, exit 143 (128 +
+    SIGTERM). Without it Python dies at once, and on Ray the core worker's handler prints a stack
+    trace first. For the console script, on the main thread; any signal after the first is ignored,
+    so that the line and the shutdown are not cut short. Not where SIGTERM is already handled."""
+    import signal
+
+    def on_sigterm(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _TERMINATED.append(signum)
+        raise KeyboardInterrupt
+
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def interrupted_code() -> int:
+    """The exit code of a command stopped by Ctrl-C (130) or by SIGTERM (143)."""
+    return 143 if _TERMINATED else 130
+
+
 def interrupted_line(argv: Sequence[str], kept: str | None) -> str:
-    """The one line Ctrl-C prints: what was kept and the exact command that finishes the run."""
+    """The one line Ctrl-C (or SIGTERM) prints: what was kept and the exact command that finishes the run."""
+    what = "terminated (SIGTERM)" if _TERMINATED else "interrupted"
     if kept is None:
-        return "raypack: interrupted; nothing was written"
+        return f"raypack: {what}; nothing was written"
     again = list(argv) if "--resume" in argv else [*argv, "--resume"]
-    return f"raypack: interrupted; the finished work is kept in {kept}; finish with: raypack {shlex.join(again)}"
+    return f"raypack: {what}; the finished work is kept in {kept}; finish with: raypack {shlex.join(again)}"
 
 
 def silence_stdout() -> None:

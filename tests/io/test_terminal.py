@@ -147,31 +147,79 @@ def test_connect_hint_names_the_token_variables():
     assert "--address auto" in hint and "InvalidAuthToken" in hint and "check the address" in hint
 
 
-@pytest.mark.slow
-def test_ctrl_c_is_one_line_with_the_resume_command(tmp_path):
-    """On Ray, SIGINT once a few shards are packed: one line, exit 130, the work kept."""
-    write_long_token_shards(tmp_path / "in", 150, 400)
+def _stop_a_run(tmp_path, signum: int, engine: list[str], shards: int = 150) -> tuple[int, list[str], list[str]]:
+    """``raypack pack`` in a child, sent ``signum`` (to it alone) once two tasks are recorded."""
+    write_long_token_shards(tmp_path / "in", shards, 400)
     env = {**os.environ, "PYTHONPATH": REPO}
     args = ["pack", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
-            "--context-length", "64", "--pad-token", "0", "--workers", "1"]
+            "--context-length", "64", "--pad-token", "0", "--workers", "1", *engine]
     proc = subprocess.Popen([sys.executable, "-m", "raypack.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # not ignored
     records = tmp_path / ".out.raypack-staging-partial" / "_results"
     deadline = time.monotonic() + 240
     while not (records.is_dir() and len(os.listdir(records)) >= 2) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
+        time.sleep(0.02)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
     lines = [line for line in err.splitlines() if not line.startswith(("packed ", "Ray's logs are in "))]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("raypack: interrupted; the finished work is kept in ") and "staging" in lines[0]
-    assert lines[0].endswith("finish with: raypack " + " ".join(args) + " --resume"), err
     assert records.is_dir(), "the work is kept for --resume"
+    return proc.returncode, args, lines
 
 
-def test_console_ctrl_c_while_the_cli_loads_is_one_line(monkeypatch, capsys):
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_is_one_line_with_the_resume_command(tmp_path, signum):
+    """On Ray, SIGINT once a few shards are packed: one line, exit 130, the work kept. SIGTERM (a
+    scheduler's preemption, ``kill``): the same, exit 143; it was the core worker's stack trace
+    (``*** SIGTERM received ...``) above "the run failed"."""
+    code, args, lines = _stop_a_run(tmp_path, signum, [])
+    assert code == (130 if signum == signal.SIGINT else 143), lines
+    assert len(lines) == 1, lines
+    what = "interrupted" if signum == signal.SIGINT else "terminated (SIGTERM)"
+    assert lines[0].startswith(f"raypack: {what}; the finished work is kept in ") and "staging" in lines[0]
+    assert lines[0].endswith("finish with: raypack " + " ".join(args) + " --resume"), lines
+
+
+def test_sigterm_is_one_line_with_the_resume_command_locally(tmp_path):
+    """``--local``: SIGTERM killed the process at once, with no line (exit -15)."""
+    code, args, lines = _stop_a_run(tmp_path, signal.SIGTERM, ["--local", "--read-batch-size", "16"], shards=40)
+    assert code == 143 and len(lines) == 1, lines
+    assert lines[0].startswith("raypack: terminated (SIGTERM); the finished work is kept in "), lines
+    assert main([*args, "--resume"]) == 0
+
+
+@pytest.fixture
+def signals_kept(monkeypatch):
+    """console_main sets SIGINT and SIGTERM handlers (ignored once it returns): put this process's back."""
+    from raypack.io import terminal
+
+    monkeypatch.setattr(terminal, "_TERMINATED", [])
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for signum, handler in before.items():
+        signal.signal(signum, handler)
+
+
+def test_console_sigterm_is_the_ctrl_c_line_and_143(monkeypatch, capsys, signals_kept):
+    import raypack
+    import raypack.cli
+
+    def main(argv=None):
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)  # the KeyboardInterrupt is raised here
+        raise AssertionError("not stopped")
+
+    monkeypatch.setattr(raypack.cli, "main", main)
+    monkeypatch.delitem(sys.modules, "ray", raising=False)  # else, as on Ray, it would leave the process
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as a shell gives it
+    assert raypack.console_main() == 143
+    assert capsys.readouterr().err == "raypack: terminated (SIGTERM); nothing was written\n"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN  # Ray's shutdown at exit runs whole
+
+
+def test_console_ctrl_c_while_the_cli_loads_is_one_line(monkeypatch, capsys, signals_kept):
     """A Ctrl-C before main's own handler runs (importing numpy and pyarrow, building the parser)
     was a traceback."""
     import raypack
@@ -190,7 +238,7 @@ def test_console_ctrl_c_while_the_cli_loads_is_one_line(monkeypatch, capsys):
     assert capsys.readouterr().err == "raypack: interrupted; nothing was written\n"
 
 
-def test_console_ignores_a_second_ctrl_c_after_the_first(monkeypatch, capsys):
+def test_console_ignores_a_second_ctrl_c_after_the_first(monkeypatch, capsys, signals_kept):
     """Two SIGINTs (a double tap; ``timeout`` signals the child and its group): one line, not a
     traceback from the second landing in the first one's handler or in Ray's shutdown at exit."""
     import raypack
@@ -201,7 +249,7 @@ def test_console_ignores_a_second_ctrl_c_after_the_first(monkeypatch, capsys):
         time.sleep(0.01)  # the KeyboardInterrupt is raised here
         raise AssertionError("not interrupted")
 
-    def main_twice():
+    def main_twice(argv=None):
         try:
             main()
         except KeyboardInterrupt:
@@ -329,13 +377,13 @@ def test_the_python_apis_ray_reads_are_as_quiet_as_the_cli(tmp_path):
     assert noisy == [], proc.stderr
 
 
-def test_a_ctrl_c_once_the_command_has_ended_is_ignored(monkeypatch):
+def test_a_ctrl_c_once_the_command_has_ended_is_ignored(monkeypatch, signals_kept):
     """A Ctrl-C after the output was published, while Ray shut down at exit, was a KeyboardInterrupt
     traceback in Ray's atexit callback (exit 0 under it): once main returns, SIGINT is ignored."""
     import raypack
     import raypack.cli
 
-    monkeypatch.setattr(raypack.cli, "main", lambda: 0)
+    monkeypatch.setattr(raypack.cli, "main", lambda argv=None: 0)
     before = signal.getsignal(signal.SIGINT)
     try:
         assert raypack.console_main() == 0
