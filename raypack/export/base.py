@@ -87,6 +87,13 @@ def resolve_token_dtype(cls: type[Exporter], source: Source, requested: str | No
     """The dtype to write: ``requested``, else the source's; InputError naming a fix when the format cannot hold it."""
     dtype = np.dtype(requested) if requested else source.token_dtype
     if dtype.name in cls.token_dtypes:
+        if requested and source.vocab_size is not None and source.vocab_size - 1 > np.iinfo(dtype).max:
+            wide = next(np.dtype(d) for d in ("uint16", "int32", "uint32", "int64")
+                        if d in cls.token_dtypes and np.iinfo(d).max >= source.vocab_size - 1)
+            top = source.vocab_size - 1
+            raise InputError(f"--token-dtype {requested} cannot hold the ids of {source.path}: its tokenizer has "
+                             f"{source.vocab_size:,} ids (up to {top:,}, and {dtype.name} holds up to "
+                             f"{np.iinfo(dtype).max:,}); pass --token-dtype {wide.name}")
         return dtype
     signed = sorted((np.dtype(d) for d in cls.token_dtypes if np.dtype(d).kind == "i"), key=lambda d: d.itemsize)
     fix = next((d for d in signed if d.itemsize >= dtype.itemsize), signed[-1])

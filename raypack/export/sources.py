@@ -98,11 +98,13 @@ class Source:
     is False for a packed output whose documents are reordered (best_fit): only its chunks are read."""
 
     def __init__(self, path: str, kind: str, token_dtype: np.dtype, parts: list[Part], files: list[str], *,
-                 in_doc_order: bool = True, extra_columns: tuple[str, ...] = ()) -> None:
+                 in_doc_order: bool = True, extra_columns: tuple[str, ...] = (), vocab_size: int | None = None) -> None:
         self.path, self.kind, self.token_dtype, self.parts, self.files = path, kind, token_dtype, parts, files
         self.in_doc_order = in_doc_order
         self.extra_columns = extra_columns
         """A packed output's side column names (raypack.rules.side_columns), which no export holds."""
+        self.vocab_size = vocab_size
+        """Its tokenizer's vocabulary size, where its manifest records the tokenizer (ids are below it)."""
 
     @property
     def num_docs(self) -> int:
@@ -161,7 +163,14 @@ def _tokenized_source(path: str, manifest: TokenizedManifest) -> Source:
     if dtype.name not in ("uint8", "uint16", "uint32", "int32", "int64"):
         raise InputError(f"{path}/{MANIFEST_NAME}: token_dtype {dtype.name!r} is not a token type; re-run raypack "
                          "tokenize")
-    return Source(path, "tokenized", dtype, parts, [i.path for i in infos])
+    return Source(path, "tokenized", dtype, parts, [i.path for i in infos],
+                  vocab_size=_vocab_size(manifest.tokenizer))
+
+
+def _vocab_size(identity: Any) -> int | None:
+    """A tokenizer record's ``vocab_size``, where it holds a positive int."""
+    size = identity.get("vocab_size") if isinstance(identity, dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
 
 
 def _packed_source(path: str, unit: str) -> Source:
@@ -180,7 +189,8 @@ def _packed_source(path: str, unit: str) -> Source:
                          f"export the tokenized corpus or the pack's inputs instead ({inputs})")
     parts = _parts([(s["num_docs"], s["num_tokens"]) for s in manifest.shards])
     return Source(path, "packed", manifest.token_dtype, parts, [], in_doc_order=strategy.keeps_document_order,
-                  extra_columns=tuple(c.name for c in manifest.extra_columns))
+                  extra_columns=tuple(c.name for c in manifest.extra_columns),
+                  vocab_size=_vocab_size(manifest.tokenizer_identity))
 
 
 def _parts(counts: list[tuple[int, int]]) -> list[Part]:

@@ -52,7 +52,8 @@ def read_megatron(prefix: str) -> list[np.ndarray]:
     return entries
 
 
-def write_tokenized(root, docs: list[list[int]], cuts: list[int], dtype: str = "uint16") -> str:
+def write_tokenized(root, docs: list[list[int]], cuts: list[int], dtype: str = "uint16",
+                    tokenizer: dict | None = None) -> str:
     """A tokenized corpus (raypack tokenize's layout and manifest) holding ``docs``, split at ``cuts``."""
     out = os.path.join(root, "tokens")
     os.makedirs(out, exist_ok=True)
@@ -65,7 +66,7 @@ def write_tokenized(root, docs: list[list[int]], cuts: list[int], dtype: str = "
         data = open(os.path.join(out, name), "rb").read()
         shards.append({"path": name, "num_docs": len(part), "num_tokens": sum(map(len, part)),
                        "num_bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "source": {}})
-    save_tokenized_manifest(out, build_tokenized_manifest(shards, dtype, {"kind": "test"}, {}))
+    save_tokenized_manifest(out, build_tokenized_manifest(shards, dtype, tokenizer or {"kind": "test"}, {}))
     return out
 
 
@@ -173,6 +174,22 @@ def test_a_token_that_does_not_fit_the_asked_dtype_is_named(tmp_path, workers):
     with pytest.raises(InputError, match="part 2 of the source.*token id 300 does not fit uint8"):
         run_export(src, "megatron", str(tmp_path / "ds"), token_dtype="uint8", workers=workers)
     assert sorted(os.listdir(tmp_path)) == ["tokens"]
+
+
+@pytest.mark.parametrize("source", ["tokenized", "packed"])
+def test_a_dtype_narrower_than_the_tokenizer_is_refused_before_writing(tmp_path, source):
+    """A tokenizer of 300 ids into uint8: refused from the manifest's vocabulary, before any part is
+    read (it was found while writing, at the first id over 255), even where no id here reaches it."""
+    src = write_tokenized(tmp_path, [[1, 2], [3]], cuts=[], tokenizer={"kind": "test", "vocab_size": 300})
+    if source == "packed":
+        argv = ["pack", "--local", "--input", src, "--output", str(tmp_path / "out"), "--context-length", "4"]
+        assert main(argv) == 0
+        src = str(tmp_path / "out")
+    with pytest.raises(InputError, match=r"--token-dtype uint8 cannot hold the ids of .*: its tokenizer has 300 ids "
+                                         r"\(up to 299, and uint8 holds up to 255\); pass --token-dtype uint16"):
+        run_export(src, "megatron", str(tmp_path / "ds"), token_dtype="uint8")
+    assert not (tmp_path / "ds.bin").exists()
+    run_export(src, "megatron", str(tmp_path / "ds"), token_dtype="uint16")
 
 
 def test_a_failed_overwrite_keeps_the_old_export(tmp_path):
