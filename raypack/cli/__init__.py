@@ -385,13 +385,15 @@ NO_THREAD_WORKERS = ", or pass --workers 1"
 
 def _run_verify(args: argparse.Namespace) -> int:
     from raypack.verify import VerifyError, verify_output
-    from raypack.verify.tokenizer import check_tokenizer
+    from raypack.verify.tokenizer import check_count, check_tokenizer
 
     _refuse_contradictions(args, (
         ("no_inputs", "inputs", "--no-inputs checks the output alone; drop one"),
         ("no_inputs", "token_column", "--token-column names the inputs' column, which --no-inputs does not read"),
     ))
     inputs = [] if args.no_inputs else args.inputs
+    if args.check_tokenizer is not None:
+        check_count(args.check_tokenizer)  # before the inputs' check prints its notes
     try:
         limit = {} if args.max_document_tokens is None else {"max_document_tokens": args.max_document_tokens}
         report = verify_output(args.output, inputs, token_column=args.token_column, **limit)

@@ -50,11 +50,16 @@ CANNOT_CHECK = ("so it cannot be checked against the output; give --check-tokeni
                 "samples other documents")
 
 
+def check_count(num_docs: int) -> None:
+    """InputError for a ``--check-tokenizer`` count that is not a number of documents >= 1."""
+    if isinstance(num_docs, bool) or not isinstance(num_docs, int) or num_docs < 1:
+        raise InputError(f"--check-tokenizer {num_docs!r}: give a number of documents >= 1")
+
+
 def check_tokenizer(out: str, num_docs: int = DEFAULT_DOCUMENTS) -> list[str]:
     """Re-encode ``num_docs`` documents of ``out`` with the reference tokenizer; report lines, or
     VerifyError naming the first document that differs (InputError: nothing to check against)."""
-    if isinstance(num_docs, bool) or not isinstance(num_docs, int) or num_docs < 1:
-        raise InputError(f"--check-tokenizer {num_docs!r}: give a number of documents >= 1")
+    check_count(num_docs)
     manifest = load_manifest(out)
     record = manifest.tokenizer_record
     sources = text_sources(manifest)

@@ -54,6 +54,21 @@ def test_tokenize_then_pack_re_encodes_equal_and_a_changed_text_is_named(tmp_pat
     assert len(err) == 1 and "document 119" in err[0] and "differs from the output" in err[0], err
 
 
+@pytest.mark.parametrize("count", ["0", "-3"])
+def test_a_count_below_one_is_the_only_line(tmp_path, tok, capsys, caplog, count):
+    """It came after the inputs' check had printed its note ("inputs not compared")."""
+    assert main(["pack", "--local", "--input", text_dir(tmp_path), "--output", str(tmp_path / "out"),
+                 "--context-length", "24", "--tokenizer", tok]) == 0
+    capsys.readouterr()
+    caplog.clear()
+    caplog.set_level("INFO")
+    assert main(["verify", str(tmp_path / "out"), "--check-tokenizer", count]) == 2
+    assert [r.getMessage() for r in caplog.records] == []
+    captured = capsys.readouterr()
+    assert captured.err == f"raypack: error: --check-tokenizer {count}: give a number of documents >= 1\n"
+    assert captured.out == ""
+
+
 def test_an_output_of_token_inputs_has_nothing_to_re_encode(tmp_path, capsys):
     (tmp_path / "ids").mkdir()
     pq.write_table(pa.table({"input_ids": pa.array([[1, 2, 3]], pa.list_(pa.int32()))}), tmp_path / "ids" / "p.parquet")
