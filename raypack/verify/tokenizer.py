@@ -9,6 +9,8 @@ doc ids spread evenly over the output (the first and the last included), so the 
 on every run. The tokenizer file must still hash to the recorded sha256 (tiktoken encodings are
 named, their rank files ship with bpe-openai).
 
+A mix (raypack mix): each of its sources packed from text, N documents each.
+
 Cost: reading the text ranges that hold the chosen documents (at most one task per document),
 encoding only those documents, and one pass over the output's doc ids (``np.isin`` per batch).
 Memory: one output batch plus the chosen documents' tokens.
@@ -26,7 +28,7 @@ from raypack.errors import InputError
 from raypack.inputs.registry import format_named
 from raypack.io.fs import is_file
 from raypack.outputs import read_packed
-from raypack.packed.manifest import Manifest, load_manifest
+from raypack.packed.manifest import MIX_KIND, Manifest, load_manifest, read_manifest_json
 from raypack.rules.long_docs import DEFAULT_LONG_DOCS
 from raypack.tokenize.tokenizers import encode_naming, load_tokenizer
 from raypack.verify.report import VerifyError
@@ -60,6 +62,9 @@ def check_tokenizer(out: str, num_docs: int = DEFAULT_DOCUMENTS) -> list[str]:
     """Re-encode ``num_docs`` documents of ``out`` with the reference tokenizer; report lines, or
     VerifyError naming the first document that differs (InputError: nothing to check against)."""
     check_count(num_docs)
+    data, where = read_manifest_json(out)
+    if isinstance(data, dict) and data.get("kind") == MIX_KIND:
+        return _check_mix(out, data, where, num_docs)
     manifest = load_manifest(out)
     record = manifest.tokenizer_record
     sources = text_sources(manifest)
@@ -85,6 +90,29 @@ def check_tokenizer(out: str, num_docs: int = DEFAULT_DOCUMENTS) -> list[str]:
                               f"expected, {got.size} in the output); the text or the tokenizer changed since, "
                               "or the backend that packed it is not exact")
     return [f"  tokenizer        {len(chosen):>14,}  documents re-encoded with {tokenizer.library}: equal"]
+
+
+def _check_mix(out: str, data: Any, where: str, num_docs: int) -> list[str]:
+    """A mix: each of its sources packed from text, ``num_docs`` documents each; InputError when none was."""
+    from raypack.mix.dataset import MixManifest, source_location
+
+    lines, checked = [], 0
+    for k, entry in enumerate(MixManifest.from_dict(data, where).sources):
+        path = source_location(out, entry.path)
+        source = load_manifest(path)
+        if source.tokenizer_record is None or not text_sources(source):
+            lines.append(f"  source {k}: {path}: not packed from text, nothing to re-encode")
+            continue
+        try:
+            said = check_tokenizer(path, num_docs)
+        except VerifyError as e:
+            raise VerifyError(f"source {k} of the mix {out} ({path}): {e}") from e
+        lines += [f"  source {k}: {path}", *said]
+        checked += 1
+    if not checked:
+        raise InputError(f"{out} is a mix none of whose sources was packed from text; --check-tokenizer needs "
+                         "an output of pack --tokenizer, or of tokenize then pack")
+    return lines
 
 
 def text_sources(manifest: Manifest) -> list[TextSource]:

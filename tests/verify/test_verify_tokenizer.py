@@ -54,6 +54,35 @@ def test_tokenize_then_pack_re_encodes_equal_and_a_changed_text_is_named(tmp_pat
     assert len(err) == 1 and "document 119" in err[0] and "differs from the output" in err[0], err
 
 
+def test_a_mix_checks_each_source_packed_from_text(tmp_path, tok, capsys):
+    """It said a mix is "not a packed output"; now each source packed from text is re-encoded."""
+    assert main(["pack", "--local", "--input", text_dir(tmp_path), "--output", str(tmp_path / "a"),
+                 "--context-length", "24", "--tokenizer", tok]) == 0
+    (tmp_path / "ids").mkdir()
+    pq.write_table(pa.table({"input_ids": pa.array([[1, 2, 3]] * 50, pa.list_(pa.uint16()))}),
+                   tmp_path / "ids" / "p.parquet")
+    assert main(["pack", "--local", "--input", str(tmp_path / "ids"), "--output", str(tmp_path / "b"),
+                 "--context-length", "24"]) == 0
+    mix = ["mix", "--weight", "1", "--num-chunks", "8", "--output"]
+    assert main([*mix[:1], "--source", str(tmp_path / "a"), *mix[1:], str(tmp_path / "m"),
+                 "--source", str(tmp_path / "b"), "--weight", "1"]) == 0
+    assert main(["mix", "--source", str(tmp_path / "b"), *mix[1:], str(tmp_path / "m_ids")]) == 0
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "m"), "--check-tokenizer", "7"]) == 0
+    out = capsys.readouterr().out
+    assert "  source 0: " in out and "7  documents re-encoded with tokenizers: equal" in out, out
+    assert "source 1: " in out and "not packed from text, nothing to re-encode" in out, out
+    changed = list(TEXTS)
+    changed[0] = "changed " + changed[0]
+    text_dir(tmp_path, changed)
+    assert main(["verify", str(tmp_path / "m"), "--check-tokenizer", "7"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "source 0 of the mix" in err[0] and "document 0 " in err[0], err
+    assert main(["verify", str(tmp_path / "m_ids"), "--check-tokenizer"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a mix none of whose sources was packed from text" in err[0], err
+
+
 @pytest.mark.parametrize("count", ["0", "-3"])
 def test_a_count_below_one_is_the_only_line(tmp_path, tok, capsys, caplog, count):
     """It came after the inputs' check had printed its note ("inputs not compared")."""
