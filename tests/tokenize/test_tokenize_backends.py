@@ -401,7 +401,8 @@ O200K = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}
          r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 SHAPE_TEXTS = [*CORPUS[:-1], "abc123def 4567 x9", "<x> a<x>b <x>  <y>z", " <y> ", "  leading", "trailing  ",
-               "ÀÉÎõü ﬁ ① ２ Ⅻ", "İstanbul ǅ ß", "a\u0301\u0302", "<s>hi</s>", "▁under▁score", "tab\there"]
+               "ÀÉÎõü ﬁ ① ２ Ⅻ", "İstanbul ǅ ß", "a\u0301\u0302", "<s>hi</s>", "▁under▁score", "tab\there",
+               "a hello hello", "x\u036f\u089ay \u07fd\u036f\u08d2"]
 
 
 def _bl(prefix=False, regex=True):
@@ -460,6 +461,7 @@ SHAPES = {
     "end_of_word_suffix": ("bl", {"model.end_of_word_suffix": "</w>"}, []),
     "sp continuing_subword_prefix": ("sp", {"model.continuing_subword_prefix": "##"}, []),
     "single_word added token": ("bl", {}, [("<x>", {"single_word": True})]),
+    "added token with a leading space, rstrip": ("bl", {}, [(" hello", {"rstrip": True})]),
     "an added token's id past a gap": ("bl", {}, [("<x>", {"gap": 2})]),
     # refused, though gigatoken's ids happened to match here: outside the proven shapes
     "Split MergedWithPrevious": ("bl", {"pre_tokenizer": _seq(_split(behavior="MergedWithPrevious"),
@@ -475,7 +477,7 @@ SHAPES = {
     "sp NFKC": ("sp", {"normalizer": {"type": "NFKC"}}, []),
     "sp Digits": ("sp", {"pre_tokenizer": _DIGITS}, []),
 }
-GIGATOKEN_TAKES = {"gpt2", "gpt2 prefix space", "gpt2 NFC", "gpt2 Sequence[NFC]", "gpt2 ignore_merges",
+GIGATOKEN_TAKES = {"gpt2", "gpt2 prefix space", "gpt2 ignore_merges",
                    "gpt2 unk_token fuse_unk", "gpt2 truncation and padding in the file", "gpt2 added tokens",
                    "gpt2 added normalized", "llama3", "o200k-style", "sp Prepend+Replace", "sp Replace only",
                    "sp no normalizer", "sp Metaspace", "sp Metaspace always, no split",
@@ -485,7 +487,8 @@ GIGATOKEN_MISENCODES = ["ByteLevel without its regex", "no pre-tokenizer, byte-l
                         "Split Removed", "Split Contiguous", "Split alone", "Digits, Split, ByteLevel",
                         "Split, Digits, ByteLevel",
                         "Split, Punctuation, ByteLevel", "end_of_word_suffix", "sp continuing_subword_prefix",
-                        "single_word added token", "an added token's id past a gap"]
+                        "single_word added token", "an added token's id past a gap",
+                        "added token with a leading space, rstrip", "gpt2 NFC", "gpt2 Sequence[NFC]"]
 
 
 @pytest.fixture(scope="module")

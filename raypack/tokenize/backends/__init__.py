@@ -38,6 +38,7 @@ from raypack.errors import BackendError, InputError
 from raypack.tokenize.backends.base import TokenizerBackend, Unsupported, package_version
 from raypack.tokenize.backends.fastokens import FastokensBackend
 from raypack.tokenize.backends.gigatoken import GigatokenBackend
+from raypack.tokenize.backends.new_characters import encode_new_characters
 from raypack.tokenize.backends.reference import ReferenceBackend
 from raypack.tokenize.tokenizers import TEXT_EXTRA, Encoder, FlatIds, TextTokenizer, encode_with, load_tokenizer
 
@@ -99,7 +100,10 @@ class BackedTokenizer:
         if flat.values.size and int(flat.values.max()) >= self.vocab_size:  # a backend bug, not bad input
             raise BackendError(f"the {self.backend} backend returned id {int(flat.values.max())}, outside the "
                                f"vocabulary [0, {self.vocab_size}); use --tokenizer-backend reference")
-        return FlatIds(flat.values.astype(np.uint32, copy=False), flat.offsets)
+        flat = FlatIds(flat.values.astype(np.uint32, copy=False), flat.offsets)
+        if self.backend == ReferenceBackend.name:
+            return flat
+        return encode_new_characters(texts, flat, self.reference.encode_flat)  # new characters: the reference's ids
 
     def encode_batch(self, texts: pa.StringArray | pa.LargeStringArray, *, bos_id: int | None = None,
                      eos_id: int | None = None) -> pa.ListArray | pa.LargeListArray:

@@ -107,8 +107,12 @@ def inexact(config: dict[str, Any]) -> str | None:
       (Llama 3, Qwen 2, o200k-style; gigatoken refuses a regex it does not know);
     * SentencePiece-style (``byte_fallback``): no pre-tokenizer, or ``Metaspace``.
 
-    Normalizers are gigatoken's to refuse (it takes NFC, and Prepend/Replace for SentencePiece
-    style, and encodes those exactly)."""
+    * no added token that begins or ends with whitespace and strips whitespace beside it;
+    * no NFC normalizer (gigatoken's combining classes are another Unicode version's: fastokens, next
+      in ``auto``'s order, encodes it exactly).
+
+    Other normalizers are gigatoken's to refuse (it takes Prepend/Replace for SentencePiece style,
+    and encodes those exactly)."""
     model = config.get("model") or {}
     if model.get("type") != "BPE":
         return None  # gigatoken refuses other models itself, naming them
@@ -118,6 +122,14 @@ def inexact(config: dict[str, Any]) -> str | None:
     for token in config.get("added_tokens") or []:
         if isinstance(token, dict) and token.get("single_word"):
             return f"added token {token.get('content')!r} is single_word, which gigatoken matches differently"
+        content = token.get("content") if isinstance(token, dict) else None
+        if (isinstance(content, str) and (token.get("lstrip") or token.get("rstrip"))
+                and content != content.strip()):
+            return (f"added token {content!r} begins or ends with whitespace and strips it beside it (lstrip/rstrip), "
+                    "which gigatoken matches differently")
+    if "NFC" in _normalizer_types(config.get("normalizer")):
+        return ("the NFC normalizer, whose combining classes gigatoken takes from another Unicode version than "
+                "tokenizers (U+07FD, U+089A, U+1ABF, ... reorder otherwise)")
     pre = config.get("pre_tokenizer")
     if model.get("byte_fallback"):
         if pre is None or _is(pre, "Metaspace"):
@@ -134,6 +146,14 @@ def inexact(config: dict[str, Any]) -> str | None:
             return None
     return (f"pre-tokenizer {_describe(pre)}; gigatoken is proven exact with ByteLevel(use_regex=true), or "
             f"Split(Isolated) then ByteLevel(use_regex=false, add_prefix_space=false)")
+
+
+def _normalizer_types(normalizer: Any) -> list[str]:
+    """The types of a normalizer and of those in its Sequence."""
+    if not isinstance(normalizer, dict):
+        return []
+    inner = normalizer.get("normalizers") if normalizer.get("type") == "Sequence" else None
+    return [normalizer.get("type"), *(t for part in inner or [] for t in _normalizer_types(part))]
 
 
 def _is(part: Any, kind: str) -> bool:

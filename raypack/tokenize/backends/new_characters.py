@@ -1,0 +1,97 @@
+"""Documents holding characters newer than this Python's Unicode tables go to the reference library.
+
+A fast backend and the reference library (``tokenizers``, ``tiktoken``) each carry their own copy
+of Unicode's character properties, from different Unicode versions: the split regexes' ``\\p{L}``
+and ``\\p{N}``, and a normalizer's combining classes, read them. For a character that one side
+knows and the other does not, the two can cut a text differently. Measured (every code point in
+eight contexts, tests/tokenize/test_new_characters.py): gigatoken 0.10 differs from
+``tiktoken.encode_ordinary`` (cl100k_base) and from ``tokenizers`` (a byte-level BPE) on 4,657
+code points, all of them unassigned in Python 3.11's tables (Unicode 14.0), such as U+11DB6 and
+U+A7CE (Unicode 17.0); on every assigned one they agree.
+
+So every document holding a code point that ``unicodedata`` calls unassigned (category ``Cn``:
+characters of a newer Unicode than this Python's, and noncharacters) is encoded again by the
+reference library and its ids replace the backend's. Real text rarely holds one (the newest emoji
+are the likeliest), so the reference's speed costs little. The ids are the reference's whatever
+the backend.
+
+Cost: one pass over a piece's UTF-8 bytes (its maximum) when the piece is ASCII; otherwise O(non-
+ASCII characters) numpy to decode their code points and look them up in a 1.1 MB table built once
+per process (~0.1 s). Plus, for the documents found, the reference's encode and one copy of the ids.
+"""
+
+from __future__ import annotations
+
+import functools
+import unicodedata
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+
+from raypack.tokenize.tokenizers import FlatIds, text_offsets
+
+__all__ = ["documents_with_new_characters", "encode_new_characters", "new_character_table"]
+
+_PLANES_ALL_UNASSIGNED = range(4, 14)
+"""Planes 4-13 hold no assigned character in any Unicode so far (14 holds tags, 15-16 private use)."""
+
+
+@functools.cache
+def new_character_table() -> np.ndarray:
+    """``table[cp]``: code point ``cp`` is unassigned (``Cn``) in this Python's ``unicodedata``."""
+    table = np.zeros(0x110000, dtype=bool)
+    for plane in _PLANES_ALL_UNASSIGNED:
+        table[plane << 16:(plane + 1) << 16] = True
+    for cp in [*range(0, 4 << 16), *range(14 << 16, 0x110000)]:
+        if unicodedata.category(chr(cp)) == "Cn" and not 0xD800 <= cp <= 0xDFFF:
+            table[cp] = True
+    return table
+
+
+def documents_with_new_characters(texts: pa.StringArray | pa.LargeStringArray,
+                                  table: np.ndarray | None = None) -> np.ndarray:
+    """The indices (sorted, int64) of the ``texts`` (valid UTF-8) holding a code point ``table`` marks."""
+    offsets = text_offsets(texts)
+    data_buffer = texts.buffers()[2]
+    if data_buffer is None or len(texts) == 0 or offsets[-1] == offsets[0]:
+        return np.zeros(0, dtype=np.int64)
+    start, end = int(offsets[0]), int(offsets[-1])
+    data = np.frombuffer(data_buffer, dtype=np.uint8)[start:end]
+    if int(data.max()) < 0x80:
+        return np.zeros(0, dtype=np.int64)
+    table = new_character_table() if table is None else table
+    leads = np.flatnonzero(data >= 0xC0)  # the first byte of every multi-byte character
+    padded = np.concatenate([data, np.zeros(3, dtype=np.uint8)]).astype(np.uint32)
+    b0, b1, b2, b3 = (padded[leads + k] for k in range(4))
+    cont = (b1 & 0x3F, b2 & 0x3F, b3 & 0x3F)
+    points = np.where(b0 >= 0xF0, ((b0 & 0x07) << 18) | (cont[0] << 12) | (cont[1] << 6) | cont[2],
+                      np.where(b0 >= 0xE0, ((b0 & 0x0F) << 12) | (cont[0] << 6) | cont[1],
+                               ((b0 & 0x1F) << 6) | cont[0]))
+    found = leads[table[np.minimum(points, 0x10FFFF)]]
+    if found.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    rows = np.searchsorted(offsets, found + start, side="right") - 1
+    return np.unique(rows).astype(np.int64)
+
+
+def encode_new_characters(texts: pa.StringArray | pa.LargeStringArray, flat: FlatIds,
+                          reference: Callable[[pa.Array], FlatIds]) -> FlatIds:
+    """``flat`` (a fast backend's ids of ``texts``) with the documents holding new characters encoded
+    by ``reference`` instead. Returns ``flat`` itself when there are none."""
+    rows = documents_with_new_characters(texts)
+    if rows.size == 0:
+        return flat
+    redone = reference(texts.take(pa.array(rows)))
+    lengths = np.diff(flat.offsets)
+    lengths[rows] = np.diff(redone.offsets)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    values = np.empty(int(offsets[-1]), dtype=flat.values.dtype)
+    kept_from = 0  # copy the backend's runs of documents between the redone ones, then each redone one
+    for k, row in enumerate(rows.tolist()):
+        values[offsets[kept_from]:offsets[row]] = flat.values[flat.offsets[kept_from]:flat.offsets[row]]
+        values[offsets[row]:offsets[row + 1]] = redone.values[redone.offsets[k]:redone.offsets[k + 1]]
+        kept_from = row + 1
+    values[offsets[kept_from]:] = flat.values[flat.offsets[kept_from]:]
+    return FlatIds(values, offsets)
