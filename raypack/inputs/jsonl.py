@@ -367,6 +367,7 @@ def _raise_bad_line(data: bytes, path: str, column: str, line_number, arrow_mess
 
 
 _JSON_TYPES = {bool: "boolean", int: "number", float: "number", list: "array", dict: "object", type(None): "null"}
+"""By ``isinstance`` (an object parsed by :func:`_keys_kept` is a dict subclass)."""
 
 
 def _bad_line_reason(line: bytes, column: str) -> str | None:
@@ -390,7 +391,8 @@ def _bad_line_reason(line: bytes, column: str) -> str | None:
                 "with --text-column)")
     text_value = value[column]
     if not isinstance(text_value, str):
-        return f"{column!r} is a JSON {_JSON_TYPES.get(type(text_value), type(text_value).__name__)}, not a string"
+        kind = next((name for cls, name in _JSON_TYPES.items() if isinstance(text_value, cls)), "value")
+        return f"{column!r} is a JSON {kind}, not a string"
     try:
         text_value.encode("utf-8")
     except UnicodeEncodeError:

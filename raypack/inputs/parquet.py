@@ -358,8 +358,11 @@ def text_batch_rows(metadata: pq.FileMetaData, group: int, column: str, batch_ro
     dictionary-encoded column of repeated long texts, whose encoded size is less than its text)
     gives bigger batches, never more than ``batch_rows`` rows. O(columns)."""
     row_group = metadata.row_group(group)
-    size = next((row_group.column(i).total_uncompressed_size for i in range(row_group.num_columns)
-                 if row_group.column(i).path_in_schema == column), row_group.total_byte_size)
+    try:
+        size = next((row_group.column(i).total_uncompressed_size for i in range(row_group.num_columns)
+                     if row_group.column(i).path_in_schema == column), row_group.total_byte_size)
+    except UnicodeDecodeError:  # a damaged footer's column path: the read names the damage, if any
+        size = row_group.total_byte_size
     if row_group.num_rows <= 0 or size <= 0:
         return batch_rows
     return max(1, min(batch_rows, batch_bytes * row_group.num_rows // size))

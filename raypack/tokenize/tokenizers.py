@@ -281,6 +281,14 @@ def _check_id(token_id: int, vocab_size: int) -> int:
     return token_id
 
 
+def check_pad_token(pad_token: int, vocab_size: int) -> None:
+    """InputError for a pad id outside a tokenizer's vocabulary: a model's embedding has no row for it."""
+    if not 0 <= pad_token < vocab_size:
+        raise InputError(f"--pad-token {pad_token} (pad_token in a config) is outside the tokenizer's vocabulary "
+                         f"[0, {vocab_size}), so a model's embedding has no row for it; give an id below {vocab_size} "
+                         "(the EOS id is usual: padding is masked out)")
+
+
 def _sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -311,7 +319,9 @@ class HFTokenizer:
         tokenizers = _import_extra("tokenizers", self.kind)
         try:
             tokenizer = tokenizers.Tokenizer.from_file(str(path))
-        except Exception as e:  # the library raises a bare Exception for a bad file
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # a bare Exception for a bad file; a Rust panic (pyo3's PanicException) for some
             first_line = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise InputError(
                 f"tokenizer {path} is not a Hugging Face tokenizer.json ({first_line}); "

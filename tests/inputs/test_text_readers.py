@@ -130,6 +130,7 @@ BAD_LINES = [
     (b'{"text": "ok"}\n\n{"text": null}\n', r"line 3: 'text' is a JSON null, not a string"),
     (b'{"text": "ok"}\n{"text": 5}\n', r"line 2: 'text' is a JSON number, not a string"),
     (b'{"text": ["a"]}\n', r"line 1: 'text' is a JSON array, not a string"),
+    (b'{"text": {"a": 1}}\n', r"line 1: 'text' is a JSON object, not a string"),  # it named a private class
     (b'{"text": "ok"}\n{"body": "x", "id": 1}\n',
      r"line 2: no key 'text' \(keys: body, id; if one of them holds the text, pass it with --text-column\); fix"),
     (b'{"text": "ok"}\n[1, 2]\n', r"line 2: a JSON array where an object was expected"),
@@ -226,6 +227,22 @@ def test_text_batch_rows_from_the_footer(tmp_path):
     assert text_batch_rows(metadata, 0, "text", 7, size) == 7  # never more than batch_rows
     assert text_batch_rows(metadata, 0, "text", 1024, 1) == 1  # never fewer than one row
     assert text_batch_rows(metadata, 0, "nope", 1024, metadata.row_group(0).total_byte_size) == 50
+
+
+def test_a_column_path_that_is_not_utf8_in_the_footer_is_read_by_position(tmp_path):
+    """A flipped byte in a column chunk's path_in_schema (not the schema's name) was a UnicodeDecodeError
+    traceback: the path only sizes the batches, so they are sized from the row group, and the texts,
+    read by the schema, are all there."""
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"text": [f"document {i}" for i in range(100)]}), path, row_group_size=10)
+    data = bytearray(path.read_bytes())
+    start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    data[data.index(b"text", data.index(b"text", start) + 4)] = 0x9C
+    path.write_bytes(bytes(data))
+    with pytest.raises(UnicodeDecodeError):
+        pq.ParquetFile(path).metadata.row_group(0).column(0).path_in_schema  # what it met
+    texts = [t for _, batch in iter_parquet_texts(str(path), "text") for t in batch.to_pylist()]
+    assert texts == [f"document {i}" for i in range(100)]
 
 
 @pytest.mark.parametrize("claimed, rows", [(0, 1024), (-5, 1024), (1, 1024), (2**62, 1), (100 * 16 << 20, 10)])

@@ -28,6 +28,7 @@ from raypack.pack.job import run_pack
 from raypack.pack.plan import make_plan
 from raypack.tokenize.job import TextOptions, TokenizeConfig, run_tokenize
 from raypack.tokenize.tasks import rayon_threads
+from raypack.tokenize.tokenizers import load_tokenizer
 
 from helpers import CORPUS, train_byte_level_bpe
 from packing_faults import check_published_before_the_manifest, record_fsyncs
@@ -122,6 +123,27 @@ def test_every_document_equals_the_tokenizers_encode(tmp_path, text_dir, tok):
     assert manifest["options"]["bos_id"] == bos and manifest["options"]["eos_id"] == eos
     assert pq.read_schema(os.path.join(out, "part-000000.parquet")).field("input_ids").type == pa.list_(pa.uint16())
     assert sorted(os.listdir(out)) == sorted(["manifest.json", *(s["path"] for s in manifest["shards"])])
+
+
+@pytest.mark.parametrize("pad", ["600", "-1"])
+def test_a_pad_token_outside_the_vocabulary_is_refused(tmp_path, text_dir, tok, capsys, pad):
+    """It was written into the last chunk (a model's embedding has no row for it), exit 0."""
+    code = main(["pack", "--local", "--input", text_dir, "--output", str(tmp_path / "out"), "--context-length", "16",
+                 "--tokenizer", tok[1], "--pad-token", pad])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"--pad-token {pad} (pad_token in a config) is outside the tokenizer's " \
+        "vocabulary [0, 600)" in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_tokenizer_json_that_makes_the_library_panic_is_one_line(tmp_path):
+    """tokenizers panics (pyo3's PanicException, a BaseException) on a BPE whose continuing_subword_prefix
+    its merges lack: it was a traceback, and the run's staging directory was left."""
+    config = json.loads(train_byte_level_bpe(CORPUS * 20, 600).to_str())
+    config["model"]["continuing_subword_prefix"] = "##"
+    (tmp_path / "tokenizer.json").write_text(json.dumps(config))
+    with pytest.raises(InputError, match=r"is not a Hugging Face tokenizer\.json \("):
+        load_tokenizer(str(tmp_path / "tokenizer.json"))
 
 
 def test_token_dtype_wider_than_auto(tmp_path, text_dir, tok):
