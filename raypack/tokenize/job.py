@@ -32,6 +32,7 @@ from raypack.io.progress import Progress
 from raypack.pack.dry_run import DryRunReport, report_of
 from raypack.pack.plan import check_output_outside_inputs
 from raypack.pack.publish import check_free_before_start, run_published
+from raypack.pack.resume import sampled_identity
 from raypack.packed.writer import MANIFEST_NAME
 from raypack.tokenize.backends import AUTO, check_backend_name, load_backed_tokenizer
 from raypack.tokenize.corpus import (
@@ -44,6 +45,7 @@ from raypack.tokenize.tasks import (
     TextResult,
     TextTask,
     TokenizeSettings,
+    file_mark,
     load_verified_record,
     say_redone,
     tokenize_in_memory,
@@ -286,9 +288,10 @@ def plan_text_tasks(inputs: tuple[str, ...], text: TextOptions) -> list[TextTask
     tasks: list[TextTask] = []
     for path in discover_shards(list(inputs)):
         fmt = format_of(path)  # discover_shards keeps only registered suffixes
+        planned = file_mark(sampled_identity(path, fmt.name))  # each task checks its file is still this one
         ranges = fmt.text_tasks(path, task_rows=text.task_rows, task_bytes=text.task_bytes)
         first = len(tasks)
-        tasks.extend(TextTask(first + k, path, fmt.name, start, end, size)
+        tasks.extend(TextTask(first + k, path, fmt.name, start, end, size, planned)
                      for k, (start, end, size) in enumerate(ranges))
     return tasks
 

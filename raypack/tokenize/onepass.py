@@ -74,6 +74,7 @@ from raypack.rules.long_docs import CutCounts
 from raypack.tokenize.tasks import (
     TextTask,
     TokenizeSettings,
+    check_planned,
     record_settings,
     say_redone,
     settings_changed,
@@ -176,6 +177,7 @@ def tokenize_held(task: TextTask, settings: TokenizeSettings, tokenizer, pack: P
     are refused, as the packer's reader refuses them)."""
     started_at = time.time()
     identity = identify_input(ShardTask(task.task_index, task.path, task.format, 0, 0, 0, 0), pack)
+    check_planned(task, identity)
     identity[IDENTITY_KEY] = text_identity(task, settings)
     pieces, lengths, row, tokens, spill = [], [], 0, 0, None
     try:

@@ -70,6 +70,24 @@ class TextTask:
     end: int
     text_bytes: int = 0
     """Planning's estimate of the task's text (footer or byte range): its cost, for scheduling."""
+    planned: str = ""
+    """The file's identity when the run planned its tasks (:func:`file_mark`); a task that finds
+    another refuses, so that no output mixes two versions of one file ("": not checked)."""
+
+
+def file_mark(identity: dict) -> str:
+    """A file's sampled identity (raypack.pack.resume.sampled_identity) as one string: size and edges."""
+    return f"{identity['size']}:{identity['edges_sha256']}"
+
+
+def check_planned(task: TextTask, identity: dict) -> None:
+    """InputError when ``task``'s file is not the file its tasks were planned on (``identity``: now)."""
+    if task.planned and task.planned != file_mark(identity):
+        size = int(task.planned.split(":", 1)[0])
+        change = (f"{size:,} bytes when the run listed its inputs, {identity['size']:,} now" if size != identity["size"]
+                  else "its first or last MiB differ from when the run listed its inputs")
+        raise InputError(f"text file {task.path} changed during the run ({change}), so its tasks would mix two "
+                         "versions of it; run again on a copy that does not change while it is read")
 
 
 @dataclass(frozen=True)
@@ -145,6 +163,7 @@ def load_worker_tokenizer(settings: TokenizeSettings) -> TextTokenizer:
 def tokenize_task(task: TextTask, settings: TokenizeSettings, tokenizer: TextTokenizer) -> TextResult:
     """Tokenize ``task``'s texts into its part file, then record the result durably."""
     identity = sampled_identity(task.path, task.format)
+    check_planned(task, identity)
     token_type = pa.from_numpy_dtype(np.dtype(settings.token_dtype))
     result = write_part(settings.out_dir, task.task_index, tokenize_in_memory(task, settings, tokenizer), token_type,
                         settings)
@@ -157,7 +176,7 @@ def tokenize_in_memory(task: TextTask, settings: TokenizeSettings, tokenizer: Te
     of text (what :func:`tokenize_task` writes; kept in memory, ``pack --tokenizer``'s one pass). The
     reference guard's check of the task's sample runs after the last piece is taken, before the
     iteration ends: a difference raises there, before the task's file is committed or its counts
-    reported."""
+    reported; so does a file that is no longer the one the run planned (:func:`check_planned`)."""
     token_type = pa.from_numpy_dtype(np.dtype(settings.token_dtype))
     guard = ReferenceGuard(tokenizer, lambda k: document_name(task, k))
     seen = 0
@@ -167,6 +186,8 @@ def tokenize_in_memory(task: TextTask, settings: TokenizeSettings, tokenizer: Te
             yield _encode(piece, flat, settings, token_type, guard)
             seen += len(piece)
     guard.finish()
+    if task.planned:  # the task's reads span its encode: the file must still be the one planned
+        check_planned(task, sampled_identity(task.path, task.format))
 
 
 def _iter_texts(task: TextTask, settings: TokenizeSettings) -> Iterator[tuple[int, pa.Array]]:

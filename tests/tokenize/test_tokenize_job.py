@@ -125,6 +125,43 @@ def test_every_document_equals_the_tokenizers_encode(tmp_path, text_dir, tok):
     assert sorted(os.listdir(out)) == sorted(["manifest.json", *(s["path"] for s in manifest["shards"])])
 
 
+@pytest.mark.parametrize("command", ["pack", "tokenize"])
+@pytest.mark.parametrize("when", ["after the plan", "during a task"])
+def test_a_text_file_rewritten_during_the_run_is_refused(tmp_path, tok, capsys, monkeypatch, command, when):
+    """A JSONL file rewritten in place (its lines in another order, the same size) between its tasks,
+    or while one is read: the tasks read two versions, and the output held 306 or 394 documents for
+    300 lines, exit 0 (found by a new-user trial). Each task now checks its file before and after."""
+    from raypack.inputs.jsonl import JsonLinesFormat
+
+    lines = [json.dumps({"text": f"document {i:03d} " + "x" * (i % 7)}) + "\n" for i in range(300)]
+    (tmp_path / "in").mkdir()
+    path = tmp_path / "in" / "a.jsonl"
+    path.write_text("".join(lines))
+    rewrite = lambda: path.write_text("".join(reversed(lines)))  # noqa: E731
+    if when == "after the plan":
+        import raypack.tokenize.job as job
+
+        planned = job.plan_text_tasks
+        monkeypatch.setattr(job, "plan_text_tasks", lambda *a, **k: (planned(*a, **k), rewrite())[0])
+    else:
+        real = JsonLinesFormat.iter_texts
+
+        def iter_texts(self, *args, **kwargs):
+            for k, item in enumerate(real(self, *args, **kwargs)):
+                if k == 0 and path.read_text() == "".join(lines):
+                    rewrite()
+                yield item
+
+        monkeypatch.setattr(JsonLinesFormat, "iter_texts", iter_texts)
+    args = ["--local", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--tokenizer", tok[1],
+            "--task-bytes", "4000", "--workers", "1", *(["--context-length", "16"] if command == "pack" else [])]
+    code = main([command, *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert f"text file {path} changed during the run (its first or last MiB differ" in err[0], err
+    assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
 @pytest.mark.parametrize("pad", ["600", "-1"])
 def test_a_pad_token_outside_the_vocabulary_is_refused(tmp_path, text_dir, tok, capsys, pad):
     """It was written into the last chunk (a model's embedding has no row for it), exit 0."""
