@@ -144,7 +144,7 @@ def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False, t
                                       write=write)
     kept = [r for r in results if not r.finished_at]  # a resume record's result (raypack.pack.resume)
     return Summary(config.output, manifest, time.perf_counter() - start,
-                   max((r.peak_rss_bytes for r in results), default=0), _pack_seconds(results), engine,
+                   max((r.peak_rss_bytes for r in results if r.finished_at), default=0), _pack_seconds(results), engine,
                    (len(kept), sum(r.num_tokens for r in kept)))
 
 

@@ -75,7 +75,7 @@ def run_published(output: str, *, overwrite: bool, resume: bool, plan: Callable[
         target.recover()
         target.check_free(overwrite=overwrite, resume=resume)
         planned = plan()
-        target.prepare(fresh=overwrite and not resume)
+        target.prepare(fresh=overwrite and not resume, resume=resume)
         try:
             result = write(target, planned)
             target.publish()
@@ -131,8 +131,8 @@ class LocalOutput:
         """Where the run writes: the staging directory."""
         self.old_dir = f"{self.work_dir[:-len('-partial')]}-old"
         self.resumed = False
-        """An earlier run's finished tasks are in the staging directory (:meth:`prepare`): a full disk
-        keeps them (:meth:`after_failure`)."""
+        """A --resume, or an earlier run's finished tasks in the staging directory (:meth:`prepare`): a
+        full disk keeps the finished tasks (:meth:`after_failure`)."""
         parent, name = os.path.split(self.output)
         self.lock = LocalLock(os.path.join(parent, f".{name}.raypack-lock"), what=f"output {output}")
 
@@ -172,10 +172,10 @@ class LocalOutput:
             raise InputError(f"output directory {out} is not empty; pass --overwrite to replace it "
                              f"(the old output is removed only after the new one is complete)")
 
-    def prepare(self, *, fresh: bool) -> None:
+    def prepare(self, *, fresh: bool, resume: bool = False) -> None:
         if fresh:
             shutil.rmtree(self.work_dir, ignore_errors=True)
-        self.resumed = os.path.isdir(os.path.join(self.work_dir, RESULTS_DIR))
+        self.resumed = resume or os.path.isdir(os.path.join(self.work_dir, RESULTS_DIR))
         os.makedirs(self.work_dir, exist_ok=True)
 
     def sweep(self, keep: set[str]) -> None:
@@ -311,7 +311,7 @@ class ObjectStoreOutput:
                          f"(on an object store the old {MANIFEST_NAME} is deleted when packing starts, and "
                          f"the old objects just before the new manifest is written)")
 
-    def prepare(self, *, fresh: bool) -> None:
+    def prepare(self, *, fresh: bool, resume: bool = False) -> None:
         if fresh:  # the old output stops being readable before any of its objects is replaced
             self._delete([n for n in self._names() if n == MANIFEST_NAME or n.startswith(f"{RESULTS_DIR}/")])
 

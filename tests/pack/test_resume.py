@@ -464,6 +464,20 @@ def test_a_full_disk_during_a_resume_keeps_the_finished_tasks(tmp_path, corpus, 
     assert tree_digest(tmp_path / "out") == clean_run
 
 
+def test_a_full_disk_in_a_run_started_with_resume_keeps_its_finished_tasks(tmp_path, corpus, clean_run, monkeypatch):
+    """``--resume`` from the start (an operator's one command for the first try and every retry): a
+    full disk deleted what that run had finished, since no earlier run had left records (found by a
+    new-user trial)."""
+    cfg = config(tmp_path, corpus)
+    fail_at_shard(monkeypatch, 3, OSError(errno.ENOSPC, "No space left on device", "chunks-x.arrow"))
+    with pytest.raises(InputError, match=r"No space left on device.*the finished tasks are kept in "):
+        run_pack(cfg, engine="local", resume=True)
+    monkeypatch.undo()
+    packed = resume(monkeypatch, cfg)
+    assert 3 in packed and not set(packed) & {0, 1, 2}
+    assert tree_digest(tmp_path / "out") == clean_run
+
+
 def test_a_run_killed_after_its_sweep_but_before_its_manifest_keeps_its_tasks(tmp_path, corpus, clean_run,
                                                                               monkeypatch):
     """The sweep removed the resume records before the manifest was written: a kill in that window
