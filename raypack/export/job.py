@@ -13,7 +13,9 @@ from __future__ import annotations
 import errno
 import logging
 import multiprocessing
+import os
 import posixpath
+import signal
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -143,8 +145,13 @@ def _run_parts(exporter: Exporter, source: Source, parts: list[Part] | list[Chun
             progress.add(part.num_tokens)
         return results
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(workers, len(parts)), mp_context=context) as pool:
-        futures = [pool.submit(write_part, exporter, source, part) for part in parts]
+    with ProcessPoolExecutor(max_workers=min(workers, len(parts)), mp_context=context,
+                             initializer=_leave_quietly_on_ctrl_c) as pool:
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # the processes start with it blocked
+        try:
+            futures = [pool.submit(write_part, exporter, source, part) for part in parts]
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         try:
             for part, future in zip(parts, futures):
                 future.result()
@@ -153,6 +160,14 @@ def _run_parts(exporter: Exporter, source: Source, parts: list[Part] | list[Chun
             pool.shutdown(wait=True, cancel_futures=True)
             raise
         return [f.result() for f in futures]
+
+
+def _leave_quietly_on_ctrl_c() -> None:
+    """In a pool process: a Ctrl-C (the terminal signals the whole process group) ends it at once,
+    without a KeyboardInterrupt traceback; the driver says the one line and removes the parts. The
+    process starts with SIGINT blocked (a Ctrl-C while it imports waits until here)."""
+    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(128 + signum))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def write_part(exporter: Exporter, source: Source, part: Part | ChunkPart) -> Any:

@@ -399,3 +399,29 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, capsy
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "No space left on device" in err[0] and "nothing was published" in err[0], err
     assert sorted(os.listdir(tmp_path)) == ["tokens"]
+
+
+def _quiet_then_wait(started) -> None:
+    import time
+
+    from raypack.export.job import _leave_quietly_on_ctrl_c
+
+    _leave_quietly_on_ctrl_c()
+    started.set()
+    time.sleep(60)
+
+
+def test_a_pool_process_leaves_quietly_on_ctrl_c():
+    """``export --workers N``: a Ctrl-C (sent to the whole process group) printed a KeyboardInterrupt
+    traceback from each pool process above the one line; now such a process ends at once, exit 130."""
+    import multiprocessing
+    import signal
+
+    context = multiprocessing.get_context("spawn")
+    started = context.Event()
+    process = context.Process(target=_quiet_then_wait, args=(started,))
+    process.start()
+    assert started.wait(60)
+    os.kill(process.pid, signal.SIGINT)
+    process.join(30)
+    assert process.exitcode == 130
