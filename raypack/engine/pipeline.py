@@ -190,10 +190,11 @@ def _stderr_off(off: bool) -> Iterator[None]:
 
 
 def _quiet_console(name: str) -> None:
-    """Raise the terminal handlers of logger ``name`` to ERROR; its file handlers keep everything."""
+    """Keep logger ``name`` off the terminal (its file handlers keep everything): a failed task's
+    ERROR line and traceback there stood above the one line raypack says for it."""
     for handler in logging.getLogger(name).handlers:
         if not isinstance(handler, logging.FileHandler) and "File" not in type(handler).__name__:
-            handler.setLevel(logging.ERROR)
+            handler.setLevel(logging.CRITICAL + 1)
 
 
 def _check_reachable(address: str) -> None:

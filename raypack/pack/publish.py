@@ -214,15 +214,22 @@ class LocalOutput:
             for entry in os.scandir(staging):
                 if entry.name.startswith(TMP_PREFIX) and entry.is_file(follow_symlinks=False):
                     os.remove(entry.path)
-            raise InputError(f"writing the output failed: {error.strerror} ({error.filename or staging}); the "
+            raise InputError(f"writing the output failed: {error.strerror} ({_where(error, staging)}); the "
                              f"finished tasks are kept in {staging}: free space and rerun with --resume") from error
         if isinstance(error, InputError) or (isinstance(error, OSError) and error.errno == errno.ENOSPC):
             shutil.rmtree(staging, ignore_errors=True)
             if isinstance(error, OSError):
-                raise InputError(f"writing the output failed: {error.strerror} ({error.filename or staging}); "
+                raise InputError(f"writing the output failed: {error.strerror} ({_where(error, staging)}); "
                                  f"nothing was published; free space and run again") from error
         elif os.path.isdir(staging):
             log.error("the run failed; its finished shards are kept in %s: rerun with --resume to finish it", staging)
+
+
+def _where(error: OSError, staging: str) -> str:
+    """The file a failed write names, else the staging directory (Ray Data re-raises a worker's
+    OSError with its own long message where the file name was)."""
+    name = error.filename
+    return name if isinstance(name, str) and os.sep in name and "\n" not in name and len(name) < 1024 else staging
 
 
 _RENAME_EXCHANGE = 2

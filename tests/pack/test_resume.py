@@ -496,3 +496,19 @@ def test_a_run_killed_after_its_sweep_but_before_its_manifest_keeps_its_tasks(tm
     assert os.listdir(os.path.join(staging_dir(cfg.output), RESULTS_DIR))
     assert resume(monkeypatch, cfg) == []  # every task kept
     assert tree_digest(tmp_path / "out") == clean_run
+
+
+def test_a_full_disk_names_the_file_or_else_the_staging_directory(tmp_path):
+    """Ray Data re-raised a worker's OSError with its own long message where the file name was, and
+    the one line quoted Ray's advice on retries instead of a path."""
+    from raypack.pack.publish import LocalOutput
+
+    target = LocalOutput(str(tmp_path / "out"))
+    os.makedirs(target.work_dir)
+    for name, said in [("/data/out/chunks-1.arrow", "/data/out/chunks-1.arrow"),
+                       ("Failed to apply UDF transform after 1/1 attempts.\nTo change retry attempts", target.work_dir),
+                       (None, target.work_dir)]:
+        with pytest.raises(InputError) as raised:
+            target.after_failure(OSError(errno.ENOSPC, "No space left on device", name))
+        assert str(raised.value).startswith(f"writing the output failed: No space left on device ({said}); ")
+        os.makedirs(target.work_dir, exist_ok=True)
