@@ -15,7 +15,7 @@ What a format provides (the callers in brackets):
   * ``schema``: the Arrow schema, where it is cheap [the checks made before Ray starts];
   * ``metadata_start``: where trailing metadata (a footer) begins, hashed whole into a resume
     record's identity of the file [resume];
-  * ``text_tasks`` / ``iter_texts``: for a format that also holds raw text [tokenize];
+  * ``text_tasks`` / ``iter_texts`` / ``text_row``: for a format that also holds raw text [tokenize];
   * ``write``: a table of list columns as a shard of this format [raypack.sample, tests].
 """
 
@@ -128,6 +128,11 @@ class InputFormat:
         refuses longer texts; a format that must hold a text's encoding whole to find it (a JSON line)
         refuses, as it reads, one too long to hold such a text."""
         raise InputError(f"text input {path} is {self.name}; give text as Parquet (a string column) or JSON Lines")
+
+    def text_row(self, path: str, start: int, end: int, k: int) -> str:
+        """Where text ``k`` (from 0) of the text task ``[start, end)`` of ``path`` is in the file, for a
+        message ("row 157", "line 20001"). Reads what it must (error path)."""
+        return f"document {k} of {self.text_task_unit} [{start}, {end})"
 
     def write(self, path: str, table: pa.Table, rows_per_unit: int | None = None) -> None:
         """Write ``table`` as a shard of this format, ``rows_per_unit`` rows per unit where it has units."""

@@ -96,6 +96,10 @@ class JsonLinesFormat(InputFormat):
                    max_text_bytes: int | None = None) -> Iterator[tuple[int, pa.Array]]:
         return iter_jsonl_texts(path, column, start, end, batch_rows, max_text_bytes=max_text_bytes)
 
+    def text_row(self, path: str, start: int, end: int, k: int) -> str:
+        line = text_line(path, start, end, k)
+        return f"line {line}" if line is not None else super().text_row(path, start, end, k)
+
     def write(self, path: str, table: pa.Table, rows_per_unit: int | None = None) -> None:
         """One object per row, keys in column order, lists without spaces (``{"input_ids": [1,2]}``)."""
         with open(path, "w", encoding="utf-8") as f:
@@ -410,6 +414,23 @@ def _keys_kept(pairs: list[tuple[str, object]]) -> _KeptKeys:
     value = _KeptKeys(pairs)
     value.keys_seen = [key for key, _ in pairs]
     return value
+
+
+def text_line(path: str, start: int, end: int | None, k: int) -> int | None:
+    """1-based file line of text ``k`` (from 0; blank lines hold none) of the task over nominal bytes
+    ``[start, end)``; None past its last. Error path: reads the file up to that line."""
+    fs, fs_path = resolve_filesystem(path)
+    seen = 0
+    blocks = iter_line_blocks(fs, fs_path, path, start, None if compression_of(fs_path) else end, JSONL_BLOCK_BYTES,
+                              max_line_bytes=MAX_LINE_BYTES)
+    for block in blocks:
+        for index, line in enumerate(block.data.split(b"\n")):
+            if line.strip():
+                if seen == k:
+                    blocks.close()
+                    return _count_newlines(fs, fs_path, block.start) + index + 1
+                seen += 1
+    return None
 
 
 def _line_number(fs: pafs.FileSystem, fs_path: str, block: LineBlock, index: int) -> int:

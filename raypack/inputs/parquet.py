@@ -76,6 +76,13 @@ class ParquetFormat(InputFormat):
         return ShardInfo(path, self.name, metadata.num_rows, sum(unit_tokens), str(value_type), method,
                          unit_docs, tuple(unit_tokens))
 
+    def text_row(self, path: str, start: int, end: int, k: int) -> str:
+        fs, fs_path = resolve_filesystem(path)
+        with open_input_file(fs, fs_path, path) as source:
+            metadata = open_parquet(source, path).metadata
+            before = sum(metadata.row_group(g).num_rows for g in range(min(start, metadata.num_row_groups)))
+        return f"row {before + k}"
+
     def schema(self, path: str) -> pa.Schema:
         fs, fs_path = resolve_filesystem(path)
         with open_input_file(fs, fs_path, path) as source:

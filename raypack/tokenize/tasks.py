@@ -221,9 +221,13 @@ def _byte_pieces(texts: pa.Array, max_bytes: int) -> Iterator[pa.Array]:
 
 
 def document_name(task: TextTask, k: int) -> str:
-    """Document ``k`` (from 0, in order) of ``task``, for an error message."""
-    where = f"{format_named(task.format).text_task_unit} [{task.start}, {task.end})"
-    return f"{task.path}: document {k} of {where} (tokenize task {task.task_index})"
+    """Document ``k`` (from 0, in order) of ``task`` by its place in the file ("row 157", "line
+    20001"), for an error message."""
+    try:
+        where = format_named(task.format).text_row(task.path, task.start, task.end, k)
+    except (InputError, OSError):  # the file is gone or damaged by now: the task's own terms
+        where = f"document {k} of {format_named(task.format).text_task_unit} [{task.start}, {task.end})"
+    return f"{task.path} {where}"
 
 
 def _encode(texts: pa.Array, flat: FlatIds, settings: TokenizeSettings, token_type: pa.DataType,

@@ -85,7 +85,7 @@ def check_tokenizer(out: str, num_docs: int = DEFAULT_DOCUMENTS) -> list[str]:
         got = found.get(doc, want[:0])
         if got.size != want.size or not np.array_equal(got, want):
             at = next((i for i in range(min(got.size, want.size)) if got[i] != want[i]), min(got.size, want.size))
-            raise VerifyError(f"document {doc} ({source.path} row {row} of its task) re-encoded with "
+            raise VerifyError(f"document {doc} ({source.path} {_file_row(source, row)}) re-encoded with "
                               f"{tokenizer.library} differs from the output at token {at} ({want.size} tokens "
                               f"expected, {got.size} in the output); the text or the tokenizer changed since, "
                               "or the backend that packed it is not exact")
@@ -113,6 +113,14 @@ def _check_mix(out: str, data: Any, where: str, num_docs: int) -> list[str]:
         raise InputError(f"{out} is a mix none of whose sources was packed from text; --check-tokenizer needs "
                          "an output of pack --tokenizer, or of tokenize then pack")
     return lines
+
+
+def _file_row(source: TextSource, row: int) -> str:
+    """Text ``row`` of ``source``'s task by its place in the file ("row 157", "line 20001")."""
+    try:
+        return format_named(source.format).text_row(source.path, source.start, source.end, row)
+    except (InputError, OSError):
+        return f"row {row} of its task"
 
 
 def text_sources(manifest: Manifest) -> list[TextSource]:
@@ -165,7 +173,7 @@ def _encode(sources: list[TextSource], chosen: np.ndarray, tokenizer, column: st
             if take:
                 def name(j: int, first: int = seen, taken: list = take) -> str:
                     row = first + taken[j]
-                    return f"document {source.doc_offset + row} ({source.path} row {row} of its task)"
+                    return f"document {source.doc_offset + row} ({source.path} {_file_row(source, row)})"
 
                 flat = encode_naming(tokenizer, texts.take(pa.array(take)), name, CANNOT_CHECK)
                 for j, k in enumerate(take):

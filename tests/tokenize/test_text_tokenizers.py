@@ -365,19 +365,32 @@ def test_tokenizers_pickle_and_encode_alike(hf, cl100k):
 
 
 @pytest.mark.parametrize("command", ["tokenize", "pack"])
-def test_a_text_over_max_document_bytes_is_one_line_naming_it(tmp_path, capsys, command):
-    """Refused before it is encoded (a 100 MB document took the HF tokenizer to 12.6 GB, then an abort)."""
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_a_text_over_max_document_bytes_is_one_line_naming_it(tmp_path, capsys, command, fmt):
+    """Refused before it is encoded (a 100 MB document took the HF tokenizer to 12.6 GB, then an abort).
+    Named by its place in the file: the row of a later row group, the line past a blank one (it said
+    "document 1 of bytes [N, M) (tokenize task 2)")."""
+    import json
+
     import pyarrow.parquet as pq
 
     from raypack.cli import main
 
     (tmp_path / "text").mkdir()
-    pq.write_table(pa.table({"text": ["short", "x" * 5000, "short"]}), tmp_path / "text" / "p.parquet")
+    texts = ["short", "short", "short", "x" * 5000, "short"]
+    if fmt == "parquet":
+        pq.write_table(pa.table({"text": texts}), tmp_path / "text" / "p.parquet", row_group_size=2)
+        said = "p.parquet row 3 holds 5,000 bytes"
+    else:
+        lines = [json.dumps({"text": t}) for t in texts]
+        (tmp_path / "text" / "p.jsonl").write_text("\n".join([*lines[:3], "", *lines[3:]]) + "\n")
+        said = "p.jsonl line 5 holds 5,000 bytes"
     base = ["pack", "--context-length", "8"] if command == "pack" else ["tokenize"]
-    args = [*base, "--local", "--input", str(tmp_path / "text"), "--tokenizer", "tiktoken:cl100k_base"]
+    args = [*base, "--local", "--input", str(tmp_path / "text"), "--tokenizer", "tiktoken:cl100k_base",
+            "--task-rows", "2", "--task-bytes", "40"]
     assert main([*args, "--output", str(tmp_path / "o1"), "--max-document-bytes", "4096"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "document 1 of" in err[0] and "5,000 bytes" in err[0] and "--max-document-bytes" in err[0]
+    assert len(err) == 1 and said in err[0] and "--max-document-bytes" in err[0], err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["text"]
     assert main([*args, "--output", str(tmp_path / "o2")]) == 0  # the default (16 MiB) takes it
 

@@ -129,7 +129,7 @@ def test_a_document_the_reference_cannot_encode_is_one_line_naming_it(tmp_path, 
     monkeypatch.setattr(HFTokenizer, "encode_flat", fails_on_the_last_document)
     assert main(["verify", str(tmp_path / "out"), "--check-tokenizer", "3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "document 119 (" in err[0] and "row 19 of its task" in err[0], err
+    assert len(err) == 1 and "document 119 (" in err[0] and "part-0.parquet row 119)" in err[0], err
     assert "cannot be encoded by the tokenizer: Onig" in err[0] and "cannot be checked" in err[0]
 
 
