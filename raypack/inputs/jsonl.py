@@ -62,9 +62,14 @@ class JsonLinesFormat(InputFormat):
             num_null_docs += lists.null_count
             num_tokens += int(pc.sum(pc.list_value_length(lists)).as_py() or 0)
         if num_docs and num_null_docs == num_docs:
+            schema = _first_schema(path)
+            keys = list(schema.names) if schema is not None else []
+            text = next((f.name for f in schema or [] if pa.types.is_string(f.type)), None)
+            hint = (f"; to pack its text {text!r}, tokenize it in the run: --tokenizer tokenizer.json (or "
+                    f"tiktoken:cl100k_base) --text-column {text}") if text else ""
             raise InputError(
-                f"shard {path}: no line has a {column!r} list (keys of the first line: {_first_keys(path)}); "
-                "set the token column name"
+                f"shard {path}: no line has a {column!r} list (keys of the first line: {keys}); "
+                f"set the token column name{hint}"
             )
         return ShardInfo(path, self.name, num_docs, num_tokens, "int64", "scan")
 
@@ -261,14 +266,15 @@ def _one_chunk(column: pa.ChunkedArray) -> pa.Array:
     return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
-def _first_keys(path: str) -> list[str]:
+def _first_schema(path: str) -> pa.Schema | None:
+    """The schema Arrow infers from the file's first block; None when it cannot read one."""
     fs, fs_path = resolve_filesystem(path)
     try:
         with fs.open_input_stream(fs_path, compression=compression_of(fs_path)) as stream:
             read_options = pajson.ReadOptions(block_size=JSONL_BLOCK_BYTES)
-            return list(pajson.open_json(stream, read_options=read_options).schema.names)
+            return pajson.open_json(stream, read_options=read_options).schema
     except (pa.ArrowException, OSError):
-        return []
+        return None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -388,9 +388,12 @@ def _read_text_batches(batches: Iterator[pa.RecordBatch], path: str) -> Iterator
 
 def _check_text_column(schema: pa.Schema, column: str, path: str) -> None:
     if column not in schema.names:
+        lists = [f.name for f in schema if pa.types.is_list(f.type) or pa.types.is_large_list(f.type)]
+        fix = (f"if {lists[0]!r} holds token ids, the file is tokenized already: pack it without --tokenizer"
+               if lists and not any(is_text_type(f.type) for f in schema) else
+               "pass the text column's name with --text-column")
         raise InputError(
-            f"text file {path} has no column {column!r}; its columns: {', '.join(schema.names) or '(none)'}; "
-            f"pass the text column's name with --text-column"
+            f"text file {path} has no column {column!r}; its columns: {', '.join(schema.names) or '(none)'}; {fix}"
         )
     value_type = schema.field(column).type
     if not is_text_type(value_type):

@@ -119,7 +119,7 @@ def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False, t
         if text is not None:
             from raypack.tokenize.job import check_before_ray
 
-            check_before_ray(config.inputs, text, config.pad_token)  # inputs, tokenizer, ids: before Ray starts
+            check_before_ray(config.inputs, text, config)  # inputs, tokenizer, ids: one line before Ray starts
         else:
             check_inputs_before_start(config)  # a mistyped input or a text file: one line before Ray starts
         check_free_before_start(config.output, overwrite=config.overwrite, resume=resume)

@@ -51,7 +51,7 @@ from raypack.tokenize.tasks import (
     tokenize_in_memory,
     tokenize_task,
 )
-from raypack.tokenize.tokenizers import check_pad_token, token_dtype_for
+from raypack.tokenize.tokenizers import check_packed_ids, token_dtype_for
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ def parse_token(value: str | int | None) -> str | int | None:
     return value
 
 
-def check_before_ray(inputs: tuple[str, ...] | list[str], text: TextOptions, pad_token: int | None = None) -> None:
+def check_before_ray(inputs: tuple[str, ...] | list[str], text: TextOptions, pack=None) -> None:
     """What is cheap to check, checked before Ray takes seconds to start: the inputs are listed,
     the tokenizer loads (its backend too), BOS and EOS name tokens it has, no input is a raypack output,
     the first file's first read batch has the text column."""
@@ -162,8 +162,8 @@ def check_before_ray(inputs: tuple[str, ...] | list[str], text: TextOptions, pad
     for token in (text.bos, text.eos):
         if token is not None:
             tokenizer.token_id(parse_token(token))
-    if pad_token is not None:
-        check_pad_token(pad_token, tokenizer.vocab_size)
+    if pack is not None:
+        check_packed_ids(pack.pad_token, pack.token_dtype, tokenizer.vocab_size)
     if paths:  # the text column, where a wrong --text-column shows first: the first file's first read
         fmt = format_of(paths[0])
         ranges = fmt.text_tasks(paths[0], task_rows=text.task_rows, task_bytes=text.task_bytes)
@@ -216,10 +216,10 @@ def pack_text(work_dir: str, pack_config, text: TextOptions, engine: str, resume
     Same plan (counts, offsets, token dtype, manifest's tokenizer record) as ``make_plan`` over a
     ``raypack tokenize`` output made with the same options, so the packed output is byte-identical.
     """
+    tokenizer = load_backed_tokenizer(text.tokenizer, text.tokenizer_backend)
+    check_packed_ids(pack_config.pad_token, pack_config.token_dtype, tokenizer.vocab_size)
     tasks = plan_text_tasks(pack_config.inputs, text)
     _check_outside(pack_config.output, tasks, pack_config.inputs)
-    tokenizer = load_backed_tokenizer(text.tokenizer, text.tokenizer_backend)
-    check_pad_token(pack_config.pad_token, tokenizer.vocab_size)
     settings, options = _text_settings(work_dir, text, tokenizer, pack_config.inputs)
     manifest = build_tokenized_manifest([], settings.token_dtype, tokenizer.identity(), options,
                                         tokenizer.backend_record())

@@ -281,12 +281,18 @@ def _check_id(token_id: int, vocab_size: int) -> int:
     return token_id
 
 
-def check_pad_token(pad_token: int, vocab_size: int) -> None:
-    """InputError for a pad id outside a tokenizer's vocabulary: a model's embedding has no row for it."""
+def check_packed_ids(pad_token: int, token_dtype: str, vocab_size: int) -> None:
+    """What ``pack --tokenizer`` writes must hold the tokenizer's ids: InputError for a pad id outside
+    its vocabulary (a model's embedding has no row for it) or a ``token_dtype`` too narrow for it
+    (found before anything is tokenized, not at the first id over it)."""
     if not 0 <= pad_token < vocab_size:
         raise InputError(f"--pad-token {pad_token} (pad_token in a config) is outside the tokenizer's vocabulary "
                          f"[0, {vocab_size}), so a model's embedding has no row for it; give an id below {vocab_size} "
                          "(the EOS id is usual: padding is masked out)")
+    if token_dtype != "auto" and np.iinfo(token_dtype).max < vocab_size - 1:
+        raise InputError(f"--token-dtype {token_dtype} holds ids up to {np.iinfo(token_dtype).max:,}, but the "
+                         f"tokenizer's vocabulary has {vocab_size:,} ids; use --token-dtype "
+                         f"{token_dtype_for(vocab_size).name} or auto")
 
 
 def _sha256_file(path: Path) -> str:

@@ -229,6 +229,15 @@ def test_text_batch_rows_from_the_footer(tmp_path):
     assert text_batch_rows(metadata, 0, "nope", 1024, metadata.row_group(0).total_byte_size) == 50
 
 
+def test_a_tokenized_file_given_as_text_says_to_drop_the_tokenizer(tmp_path):
+    """It said to pass --text-column, which a file of token ids has none for."""
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"input_ids": pa.array([[1, 2]], pa.list_(pa.int32()))}), path)
+    with pytest.raises(InputError, match=r"has no column 'text'; its columns: input_ids; if 'input_ids' holds token "
+                                         r"ids, the file is tokenized already: pack it without --tokenizer$"):
+        list(iter_parquet_texts(str(path), "text"))
+
+
 def test_a_column_path_that_is_not_utf8_in_the_footer_is_read_by_position(tmp_path):
     """A flipped byte in a column chunk's path_in_schema (not the schema's name) was a UnicodeDecodeError
     traceback: the path only sizes the batches, so they are sized from the row group, and the texts,

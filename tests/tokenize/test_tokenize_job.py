@@ -162,14 +162,22 @@ def test_a_text_file_rewritten_during_the_run_is_refused(tmp_path, tok, capsys, 
     assert sorted(os.listdir(tmp_path)) == ["in"]
 
 
-@pytest.mark.parametrize("pad", ["600", "-1"])
-def test_a_pad_token_outside_the_vocabulary_is_refused(tmp_path, text_dir, tok, capsys, pad):
-    """It was written into the last chunk (a model's embedding has no row for it), exit 0."""
+@pytest.mark.parametrize("flag, said", [
+    (["--pad-token", "600"], "--pad-token 600 (pad_token in a config) is outside the tokenizer's vocabulary [0, 600)"),
+    (["--pad-token", "-1"], "--pad-token -1 (pad_token in a config) is outside the tokenizer's vocabulary [0, 600)"),
+    (["--token-dtype", "uint8"], "--token-dtype uint8 holds ids up to 255, but the tokenizer's vocabulary has 600 ids; "
+                                 "use --token-dtype uint16 or auto"),
+])
+def test_what_pack_writes_must_hold_the_tokenizers_ids(tmp_path, text_dir, tok, capsys, monkeypatch, flag, said):
+    """A pad id outside the vocabulary was written into the last chunk (a model's embedding has no row
+    for it), exit 0; a token dtype too narrow failed at the first id over it, once tokenizing ran."""
+    import raypack.tokenize.job as job
+
+    monkeypatch.setattr(job, "plan_text_tasks", lambda *a, **k: pytest.fail("checked after planning"))
     code = main(["pack", "--local", "--input", text_dir, "--output", str(tmp_path / "out"), "--context-length", "16",
-                 "--tokenizer", tok[1], "--pad-token", pad])
+                 "--tokenizer", tok[1], *flag])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and f"--pad-token {pad} (pad_token in a config) is outside the tokenizer's " \
-        "vocabulary [0, 600)" in err[0], err
+    assert code == 2 and len(err) == 1 and said in err[0], err
     assert not (tmp_path / "out").exists()
 
 
