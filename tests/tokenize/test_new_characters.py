@@ -77,6 +77,7 @@ def byte_level(tmp_path_factory):
     return str(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", FAST_INSTALLED)
 @pytest.mark.parametrize("spec", ["byte-level", "tiktoken:cl100k_base"])
 def test_every_code_point_of_the_first_four_planes_gets_the_references_ids(backend, spec, byte_level):
