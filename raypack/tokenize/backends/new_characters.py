@@ -15,10 +15,10 @@ reference library and its ids replace the backend's. Real text rarely holds one 
 are the likeliest), so the reference's speed costs little. The ids are the reference's whatever
 the backend.
 
-Cost: one pass over a piece's UTF-8 bytes (its maximum) when the piece is ASCII; otherwise a few
-numpy passes (each pair of bytes looked up in a 64 KiB table of the two-byte prefixes new
-characters have, which rules out whole scripts), then only the characters with such a prefix
-decoded and looked up in a 1.1 MB table (both built once per process, ~0.3 s). Plus, for the
+Cost: one pass over a piece's UTF-8 bytes (its maximum) when the piece is ASCII; otherwise one
+more to find the characters past U+007F, whose first two bytes are looked up in a 64 KiB table of
+the prefixes new characters have (which rules out whole scripts), then only those with such a
+prefix decoded and looked up in a 1.1 MB table (both built once per process, ~0.3 s). Plus, for the
 documents found, the reference's encode and one copy of the ids.
 """
 
@@ -83,13 +83,19 @@ def documents_with_new_characters(texts: pa.StringArray | pa.LargeStringArray,
         return np.zeros(0, dtype=np.int64)
     table = new_character_table() if table is None else table
     prefixes = _prefix_table() if table is new_character_table() else prefixes_of(table)
-    # every two adjacent bytes as one big-endian uint16, zero-copy: the pairs at even and at odd offsets
-    even = np.frombuffer(data_buffer, dtype=">u2", count=data.size // 2, offset=start)
-    odd = np.frombuffer(data_buffer, dtype=">u2", count=(data.size - 1) // 2, offset=start + 1)
-    leads = np.concatenate([np.flatnonzero(prefixes[even]) * 2, np.flatnonzero(prefixes[odd]) * 2 + 1])
+    last = data.size - 1
+    past_ascii = data >= 0xC2  # the first byte of every character past U+007F
+    if np.count_nonzero(past_ascii) > data.size // 8:  # dense (CJK): every byte pair, zero-copy views
+        even = np.frombuffer(data_buffer, dtype=">u2", count=data.size // 2, offset=start)
+        odd = np.frombuffer(data_buffer, dtype=">u2", count=last // 2, offset=start + 1)
+        leads = np.concatenate([np.flatnonzero(prefixes[even]) * 2, np.flatnonzero(prefixes[odd]) * 2 + 1])
+    else:  # sparse (most text): only those characters' first two bytes
+        leads = np.flatnonzero(past_ascii)
+        pairs = data[leads].astype(np.uint16) << 8
+        pairs |= data[np.minimum(leads + 1, last)]
+        leads = leads[prefixes[pairs]]  # those whose first two bytes a new character may have
     if leads.size == 0:
         return np.zeros(0, dtype=np.int64)
-    last = data.size - 1
     b0 = data[leads].astype(np.uint32)
     cont = [data[np.minimum(leads + k, last)].astype(np.uint32) & 0x3F for k in (1, 2, 3)]
     points = np.where(b0 >= 0xF0, ((b0 & 0x07) << 18) | (cont[0] << 12) | (cont[1] << 6) | cont[2],
