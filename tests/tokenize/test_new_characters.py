@@ -47,6 +47,20 @@ def test_the_documents_found_are_those_holding_an_unassigned_code_point(texts, c
     assert documents_with_new_characters(array).tolist() == want
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(ALPHABET, max_size=6).map("".join), max_size=12), st.integers(1, 9))
+def test_the_scan_in_small_blocks_finds_the_same(texts, block):
+    """Blocks of a few bytes: characters straddle the blocks' edges."""
+    from raypack.tokenize.backends import new_characters
+
+    want = [k for k, text in enumerate(texts) if _is_new(text)]
+    saved, new_characters.SCAN_BLOCK = new_characters.SCAN_BLOCK, block
+    try:
+        assert documents_with_new_characters(pa.array(texts, pa.string())).tolist() == want
+    finally:
+        new_characters.SCAN_BLOCK = saved
+
+
 def test_the_table_is_unicodedata_cn():
     table = new_character_table()
     for cp in [0x41, 0x378, 0x88F, 0x11DB6, 0x1FAE8, 0x50000, 0xE0001, 0xF0000, 0x10FFFF, 0xFFFF, 0xD7FF]:

@@ -15,10 +15,11 @@ reference library and its ids replace the backend's. Real text rarely holds one 
 are the likeliest), so the reference's speed costs little. The ids are the reference's whatever
 the backend.
 
-Cost: one pass over a piece's UTF-8 bytes (its maximum) when the piece is ASCII; otherwise one
-more to find the characters past U+007F, whose first two bytes are looked up in a 64 KiB table of
-the prefixes new characters have (which rules out whole scripts), then only those with such a
-prefix decoded and looked up in a 1.1 MB table (both built once per process, ~0.3 s). Plus, for the
+Cost: one pass over a piece's UTF-8 bytes (its maximum) when the piece is ASCII; otherwise, in
+blocks of SCAN_BLOCK bytes, one more to find the characters past U+007F, whose first two bytes are
+looked up in a 64 KiB table of the prefixes new characters have (which rules out whole scripts),
+then only those with such a prefix decoded and looked up in a 1.1 MB table (both built once per
+process, ~0.3 s). Measured: ~4 GB/s on code, ~1 GB/s on web text, ~0.5 GB/s on CJK. Plus, for the
 documents found, the reference's encode and one copy of the ids.
 """
 
@@ -34,6 +35,10 @@ import pyarrow as pa
 from raypack.tokenize.tokenizers import FlatIds, text_offsets
 
 __all__ = ["documents_with_new_characters", "encode_new_characters", "new_character_table"]
+
+SCAN_BLOCK = 1 << 16
+"""Bytes scanned at once: whole pieces (16 MiB) made fresh temporaries whose first touch cost more
+than the scan (~0.1 s per 386 MB of text on this VM)."""
 
 _PLANES_ALL_UNASSIGNED = range(4, 14)
 """Planes 4-13 hold no assigned character in any Unicode so far (14 holds tags, 15-16 private use)."""
@@ -84,16 +89,17 @@ def documents_with_new_characters(texts: pa.StringArray | pa.LargeStringArray,
     table = new_character_table() if table is None else table
     prefixes = _prefix_table() if table is new_character_table() else prefixes_of(table)
     last = data.size - 1
-    past_ascii = data >= 0xC2  # the first byte of every character past U+007F
-    if np.count_nonzero(past_ascii) > data.size // 8:  # dense (CJK): every byte pair, zero-copy views
-        even = np.frombuffer(data_buffer, dtype=">u2", count=data.size // 2, offset=start)
-        odd = np.frombuffer(data_buffer, dtype=">u2", count=last // 2, offset=start + 1)
-        leads = np.concatenate([np.flatnonzero(prefixes[even]) * 2, np.flatnonzero(prefixes[odd]) * 2 + 1])
-    else:  # sparse (most text): only those characters' first two bytes
-        leads = np.flatnonzero(past_ascii)
+    found_leads = []
+    for block_start in range(0, data.size, SCAN_BLOCK):  # small blocks: their temporaries stay in cache
+        block = data[block_start:block_start + SCAN_BLOCK]
+        if int(block.max()) < 0xC2:
+            continue
+        leads = np.flatnonzero(block >= 0xC2)  # the first byte of every character past U+007F
+        leads += block_start
         pairs = data[leads].astype(np.uint16) << 8
         pairs |= data[np.minimum(leads + 1, last)]
-        leads = leads[prefixes[pairs]]  # those whose first two bytes a new character may have
+        found_leads.append(leads[prefixes[pairs]])  # those whose first two bytes a new character may have
+    leads = np.concatenate(found_leads) if found_leads else np.zeros(0, dtype=np.int64)
     if leads.size == 0:
         return np.zeros(0, dtype=np.int64)
     b0 = data[leads].astype(np.uint32)
