@@ -18,6 +18,7 @@ from raypack.tokenize.backends.new_characters import (
     encode_new_characters,
     new_character_table,
 )
+from raypack.tokenize.backends.unassigned import UNASSIGNED
 from raypack.tokenize.tokenizers import FlatIds, load_tokenizer
 
 from helpers import CORPUS, train_byte_level_bpe
@@ -26,12 +27,13 @@ FAST_INSTALLED = [pytest.param(name, marks=pytest.mark.skipif(BACKENDS[name].ver
                                                               reason=f"{name} is not installed"))
                   for name in BACKENDS if name != "reference"]
 NEW = "\U00011db6"
-"""Unassigned in Python 3.11's tables (Unicode 14); assigned later. gigatoken 0.10 and tiktoken cut
+"""Unassigned in Unicode 14.0; assigned later (17.0). gigatoken 0.10 and tiktoken cut
 ``NEW + "'S"`` differently (found by a hostile-input trial)."""
 
 
 def _is_new(text: str) -> bool:
-    return any(unicodedata.category(ch) == "Cn" for ch in text)
+    """Naive: some character of ``text`` falls in a range of the Unicode 14.0 unassigned table."""
+    return any(first <= ord(ch) <= last for ch in text for first, last in UNASSIGNED)
 
 
 ALPHABET = st.sampled_from(["a", " ", "'", "é", "\u0301", "中", "😀", "\U0001FAE8", NEW, "\u088f", "\uffff",
@@ -61,10 +63,24 @@ def test_the_scan_in_small_blocks_finds_the_same(texts, block):
         new_characters.SCAN_BLOCK = saved
 
 
-def test_the_table_is_unicodedata_cn():
+@pytest.mark.skipif(unicodedata.unidata_version != "14.0.0", reason="this Python's tables are not Unicode 14.0")
+def test_the_table_is_unicode_14_cn():
+    """Every code point: the fixed table is what Python 3.11's unicodedata (Unicode 14.0) calls Cn."""
     table = new_character_table()
-    for cp in [0x41, 0x378, 0x88F, 0x11DB6, 0x1FAE8, 0x50000, 0xE0001, 0xF0000, 0x10FFFF, 0xFFFF, 0xD7FF]:
-        assert table[cp] == (unicodedata.category(chr(cp)) == "Cn"), hex(cp)
+    cn = np.array([unicodedata.category(chr(cp)) == "Cn" and not 0xD800 <= cp <= 0xDFFF for cp in range(0x110000)])
+    assert np.array_equal(table, cn)
+
+
+def test_the_prefix_table_is_every_new_characters_first_two_bytes():
+    from raypack.tokenize.backends.new_characters import prefixes_of
+
+    table = new_character_table()
+    slow = np.zeros(1 << 16, dtype=bool)
+    for cp in np.flatnonzero(table).tolist():
+        if cp >= 0x80:
+            encoded = chr(cp).encode("utf-8")
+            slow[encoded[0] << 8 | encoded[1]] = True
+    assert np.array_equal(prefixes_of(table), slow)
 
 
 @settings(max_examples=200, deadline=None)

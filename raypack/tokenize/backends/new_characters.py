@@ -1,4 +1,4 @@
-"""Documents holding characters newer than this Python's Unicode tables go to the reference library.
+"""Documents holding characters newer than Unicode 14.0 go to the reference library.
 
 A fast backend and the reference library (``tokenizers``, ``tiktoken``) each carry their own copy
 of Unicode's character properties, from different Unicode versions: the split regexes' ``\\p{L}``
@@ -6,14 +6,15 @@ and ``\\p{N}``, and a normalizer's combining classes, read them. For a character
 knows and the other does not, the two can cut a text differently. Measured (every code point in
 eight contexts, tests/tokenize/test_new_characters.py): gigatoken 0.10 differs from
 ``tiktoken.encode_ordinary`` (cl100k_base) and from ``tokenizers`` (a byte-level BPE) on 4,657
-code points, all of them unassigned in Python 3.11's tables (Unicode 14.0), such as U+11DB6 and
-U+A7CE (Unicode 17.0); on every assigned one they agree.
+code points, all of them unassigned in Unicode 14.0, such as U+11DB6 and U+A7CE (Unicode 17.0); on
+every code point assigned in 14.0 they agree.
 
-So every document holding a code point that ``unicodedata`` calls unassigned (category ``Cn``:
-characters of a newer Unicode than this Python's, and noncharacters) is encoded again by the
-reference library and its ids replace the backend's. Real text rarely holds one (the newest emoji
-are the likeliest), so the reference's speed costs little. The ids are the reference's whatever
-the backend.
+So every document holding a code point unassigned in Unicode 14.0 (raypack.tokenize.backends.unassigned:
+characters of a later Unicode, and noncharacters) is encoded again by the reference library and
+its ids replace the backend's. The set is fixed, not this Python's ``unicodedata``, which a newer
+Python would make smaller than the backends' own tables. Real text rarely holds such a character
+(the newest emoji and scripts, Unicode tables themselves), so the reference's speed costs little.
+The ids are the reference's whatever the backend.
 
 Cost: one pass over a piece's UTF-8 bytes (its maximum) when the piece is ASCII; otherwise, in
 blocks of SCAN_BLOCK bytes, one more to find the characters past U+007F, whose first two bytes are
@@ -26,12 +27,12 @@ documents found, the reference's encode and one copy of the ids.
 from __future__ import annotations
 
 import functools
-import unicodedata
 from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 
+from raypack.tokenize.backends.unassigned import UNASSIGNED
 from raypack.tokenize.tokenizers import FlatIds, text_offsets
 
 __all__ = ["documents_with_new_characters", "encode_new_characters", "new_character_table"]
@@ -40,19 +41,12 @@ SCAN_BLOCK = 1 << 16
 """Bytes scanned at once: whole pieces (16 MiB) made fresh temporaries whose first touch cost more
 than the scan (~0.1 s per 386 MB of text on this VM)."""
 
-_PLANES_ALL_UNASSIGNED = range(4, 14)
-"""Planes 4-13 hold no assigned character in any Unicode so far (14 holds tags, 15-16 private use)."""
-
-
 @functools.cache
 def new_character_table() -> np.ndarray:
-    """``table[cp]``: code point ``cp`` is unassigned (``Cn``) in this Python's ``unicodedata``."""
+    """``table[cp]``: code point ``cp`` is unassigned in Unicode 14.0 (raypack.tokenize.backends.unassigned)."""
     table = np.zeros(0x110000, dtype=bool)
-    for plane in _PLANES_ALL_UNASSIGNED:
-        table[plane << 16:(plane + 1) << 16] = True
-    for cp in [*range(0, 4 << 16), *range(14 << 16, 0x110000)]:
-        if unicodedata.category(chr(cp)) == "Cn" and not 0xD800 <= cp <= 0xDFFF:
-            table[cp] = True
+    for first, last in UNASSIGNED:
+        table[first:last + 1] = True
     return table
 
 
