@@ -34,9 +34,10 @@ def console_main(argv: list[str] | None = None) -> int:
     The first Ctrl-C raises KeyboardInterrupt and the process ignores any after it: its one line, the
     work kept for ``--resume`` and Ray's shutdown are not cut short by a second one (a double tap, or
     ``timeout``, which signals the child and its process group). SIGTERM does the same, exit 143
-    (:func:`raypack.io.terminal.stop_on_sigterm`). Interrupted on Ray, it shuts Ray down itself and
-    leaves without the interpreter's teardown: a Ctrl-C a few seconds into a run left Ray's threads
-    to crash there (exit 139, "Segmentation fault") in about a third of the tries."""
+    (:func:`raypack.io.terminal.stop_on_sigterm`). On Ray, it shuts Ray down itself and leaves
+    without the interpreter's teardown (:func:`raypack.engine.pipeline.leave`): a Ctrl-C a few
+    seconds into a run left Ray's threads to crash there (exit 139, "Segmentation fault") in about a
+    third of the tries, and a SIGTERM during the shutdown at exit killed a finished run."""
     import signal
     import sys
 
@@ -56,14 +57,15 @@ def console_main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(interrupted_line([], None), file=sys.stderr)
         code = interrupted_code()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the command has ended: Ray's shutdown at exit runs whole
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the command has ended: Ray's shutdown runs whole
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if code in (130, 143) and "ray" in sys.modules:  # interrupted on Ray: shut it down now, then leave
+    ray = sys.modules.get("ray")
+    if ray is not None and (code in (130, 143) or getattr(ray, "is_initialized", lambda: False)()):
         try:
-            from raypack.engine.pipeline import leave_after_interrupt
+            from raypack.engine.pipeline import leave
         except Exception:  # noqa: BLE001 - Ray only half there: leave the usual way
             return code
-        leave_after_interrupt(code)
+        leave(code)
     return code
 
 

@@ -39,10 +39,10 @@ import numpy as np
 import pyarrow as pa
 import ray
 
-from raypack.engine.reaper import start_reaper
+from raypack.engine.reaper import reaping, start_reaper
 from raypack.engine.workers import ShardPackerActor, TextPackerActor, TextTokenizerActor, count_tasks
 from raypack.errors import InputError
-from raypack.io.terminal import RAY_VERBOSE
+from raypack.io.terminal import RAY_VERBOSE, terminated
 from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts, table_to_results
 from raypack.packed.chunk_files import chunks_table, iter_file_tables
 from raypack.rules.core import Chunks
@@ -57,16 +57,20 @@ CONNECT_TIMEOUT_S = 15.0
 """How long connecting to a cluster may take before the run stops with one line."""
 
 
-def leave_after_interrupt(code: int) -> None:
-    """End this process after a Ctrl-C on Ray: shut Ray down now, then exit with ``code`` without
-    the interpreter's teardown, where Ray's threads crashed (exit 139) when the Ctrl-C came a few
-    seconds into a run. Output already written is flushed first."""
+def leave(code: int) -> None:
+    """End this process once a command on Ray has ended, with ``code``, without the interpreter's
+    teardown: there Ray's threads crashed (exit 139) when a Ctrl-C came a few seconds into a run.
+    Output already written is flushed first. An embedded Ray whose reaper runs
+    (:mod:`raypack.engine.reaper`) is left to it: ``ray.shutdown`` sets SIGTERM back to its default
+    action while it runs (~1.4 s), so a SIGTERM then killed a finished run (-15), though the command
+    ignores it by then. A cluster's driver disconnects with ``ray.shutdown`` first."""
     import os
     import sys
 
-    ray.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
+    if not (_EMBEDDED and reaping()):
+        ray.shutdown()
     os._exit(code)
 
 
@@ -101,6 +105,11 @@ def init_ray(address: str | None = None, *, verbose: bool | None = None) -> None
                 start_reaper(session_dir())  # its processes end with this one, even after a SIGKILL
     except (ConnectionError, ray.exceptions.AuthenticationError) as e:  # the latter: token mode, no token
         raise InputError(_connect_hint(address, e)) from None
+    except SystemExit as e:  # a SIGTERM while Ray starts meets Ray's own handlers, which sys.exit
+        if e.code not in (signal.SIGTERM, 1) or not callable(on_sigterm):
+            raise
+        terminated()
+        raise KeyboardInterrupt from None  # the command's own line: terminated, the work kept
     context = ray.data.DataContext.get_current()  # first use of ray.data configures its loggers
     if not verbose:
         _quiet_console("ray.data")

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-__all__ = ["reap", "session_processes", "start_reaper"]
+__all__ = ["reap", "reaping", "session_processes", "start_reaper"]
 
 _REAPERS: dict[str, subprocess.Popen] = {}
 """This process's reapers by session (each one's stdin is the pipe's write end: kept open while
@@ -43,6 +43,11 @@ def start_reaper(session_dir: str) -> subprocess.Popen | None:
             [sys.executable, "-m", "raypack.engine.reaper", session_dir, str(os.getpid())], stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
     return reaper
+
+
+def reaping() -> bool:
+    """A reaper of this process's embedded Ray is running: its processes end when this one does."""
+    return any(reaper.poll() is None for reaper in _REAPERS.values())
 
 
 def session_processes(session_dir: str, exclude: tuple[int, ...] = ()) -> list[int]:

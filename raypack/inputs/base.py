@@ -22,7 +22,7 @@ What a format provides (the callers in brackets):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterator, NamedTuple
+from typing import Any, Callable, ClassVar, Iterator, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -179,25 +179,29 @@ class DocumentTooLong(InputError):
     """A document over ``max_document_tokens`` (:func:`too_long`): a limit met, not a damaged file."""
 
 
-def too_long(path: str, row: int | str, num_tokens: int | str, limit: int) -> InputError:
-    """The one line for a document over ``max_document_tokens``."""
+def too_long(path: str, row: int | str, num_tokens: int | str, limit: int, where: str | None = None) -> InputError:
+    """The one line for a document over ``max_document_tokens`` (``where``: its place, if not ``row`` of ``path``)."""
     return DocumentTooLong(
-        f"shard {path} row {row}: the document holds {num_tokens} tokens, more than max_document_tokens={limit} "
+        f"{where or f'shard {path} row {row}'}: the document holds {num_tokens} tokens, more than "
+        f"max_document_tokens={limit} "
         "(a packer reads a document whole); raise --max-document-tokens if the packers have the memory "
         "(BENCHMARKS.md: bytes per token), or split the document upstream"
     )
 
 
-def check_document_lengths(lists: pa.Array, limit: int | None, *, path: str, first_row: int) -> None:
+def check_document_lengths(lists: pa.Array, limit: int | None, *, path: str, first_row: int,
+                           where: Callable[[int], str] | None = None) -> None:
     """InputError (:func:`too_long`) for the first list of ``lists`` longer than ``limit``, from its
-    offsets alone (the values are not touched). O(rows) numpy."""
+    offsets alone (the values are not touched). O(rows) numpy. ``where(row)``: the document's place,
+    where ``first_row`` is not a row of the file (a text task's), e.g. "a.jsonl line 20001"."""
     if limit is None or not len(lists):
         return
     offsets = lists.offsets.to_numpy()
     lengths = np.diff(offsets)
     if lengths.size and int(lengths.max()) > limit:
         row = int(np.argmax(lengths > limit))
-        raise too_long(path, first_row + row, int(lengths[row]), limit)
+        raise too_long(path, first_row + row, int(lengths[row]), limit,
+                       where(first_row + row) if where is not None else None)
 
 
 def check_batch_rows(batch_rows: Any) -> None:

@@ -34,6 +34,15 @@ def stop_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, on_sigterm)
 
 
+def terminated() -> None:
+    """Record that a SIGTERM stopped the command though another handler than ours took it (Ray's,
+    while it starts): its line and exit code are then SIGTERM's."""
+    import signal
+
+    if not _TERMINATED:
+        _TERMINATED.append(signal.SIGTERM)
+
+
 def interrupted_code() -> int:
     """The exit code of a command stopped by Ctrl-C (130) or by SIGTERM (143)."""
     return 143 if _TERMINATED else 130

@@ -75,6 +75,7 @@ from raypack.tokenize.tasks import (
     TextTask,
     TokenizeSettings,
     check_planned,
+    document_name,
     record_settings,
     say_redone,
     settings_changed,
@@ -182,7 +183,8 @@ def tokenize_held(task: TextTask, settings: TokenizeSettings, tokenizer, pack: P
     pieces, lengths, row, tokens, spill = [], [], 0, 0, None
     try:
         for ids in tokenize_in_memory(task, settings, tokenizer):
-            check_document_lengths(ids, pack.max_document_tokens, path=task.path, first_row=row)
+            check_document_lengths(ids, pack.max_document_tokens, path=task.path, first_row=row,
+                                   where=lambda k: document_name(task, k))
             lengths.append(np.diff(ids.offsets.to_numpy()).astype(np.int64))
             row += len(ids)
             tokens += int(lengths[-1].sum())

@@ -384,9 +384,50 @@ def test_a_ctrl_c_once_the_command_has_ended_is_ignored(monkeypatch, signals_kep
     import raypack.cli
 
     monkeypatch.setattr(raypack.cli, "main", lambda argv=None: 0)
+    monkeypatch.delitem(sys.modules, "ray", raising=False)  # else, as on Ray, it would leave the process
     before = signal.getsignal(signal.SIGINT)
     try:
         assert raypack.console_main() == 0
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def test_a_sigterm_while_ray_starts_is_the_terminated_line(monkeypatch, signals_kept):
+    """Ray's own SIGTERM handlers, active inside ray.init, leave by sys.exit(15) (or 1 once its node
+    is up): the command exited 15 with no line. Now it is raypack's SIGTERM: its line, exit 143."""
+    from raypack.engine import pipeline
+    from raypack.io import terminal
+
+    def init(*args, **kwargs):
+        raise SystemExit(signal.SIGTERM)
+
+    monkeypatch.setattr(pipeline.ray, "init", init)
+    monkeypatch.setattr(pipeline.ray, "is_initialized", lambda: False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)  # the command's own (stop_on_sigterm's)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.init_ray(None, verbose=False)
+    assert terminal.interrupted_code() == 143
+    assert terminal.interrupted_line(["pack"], None) == "raypack: terminated (SIGTERM); nothing was written"
+
+
+@pytest.mark.slow
+def test_a_sigterm_after_a_finished_ray_run_does_not_fail_it(tmp_path):
+    """Ray's shutdown at exit set SIGTERM back to its default action: a SIGTERM in the second after
+    the summary killed a finished run (-15). Now the embedded Ray is left to its reaper: exit 0."""
+    write_long_token_shards(tmp_path / "in", 4, 100)
+    args = ["pack", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--context-length", "64",
+            "--pad-token", "0"]
+    proc = subprocess.Popen([sys.executable, "-m", "raypack.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": REPO})
+    for line in proc.stdout:
+        if line.strip().startswith("time"):
+            break
+    deadline = time.monotonic() + 3
+    while proc.poll() is None and time.monotonic() < deadline:  # SIGTERMs all through the exit
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.05)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 0
+    assert (tmp_path / "out" / "manifest.json").is_file()

@@ -395,6 +395,31 @@ def test_a_text_over_max_document_bytes_is_one_line_naming_it(tmp_path, capsys, 
     assert main([*args, "--output", str(tmp_path / "o2")]) == 0  # the default (16 MiB) takes it
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_a_document_over_max_document_tokens_is_named_by_its_place_in_the_file(tmp_path, capsys, fmt):
+    """``pack --tokenizer`` named it by its row in its task ("row 1451" for line 34716)."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from raypack.cli import main
+
+    (tmp_path / "text").mkdir()
+    texts = ["short", "short", "short", "word " * 200, "short"]
+    if fmt == "parquet":
+        pq.write_table(pa.table({"text": texts}), tmp_path / "text" / "p.parquet", row_group_size=2)
+        said = "p.parquet row 3: the document holds"
+    else:
+        lines = [json.dumps({"text": t}) for t in texts]
+        (tmp_path / "text" / "p.jsonl").write_text("\r\n".join([*lines[:3], "", *lines[3:]]) + "\r\n")
+        said = "p.jsonl line 5: the document holds"
+    args = ["pack", "--context-length", "8", "--local", "--input", str(tmp_path / "text"), "--tokenizer",
+            "tiktoken:cl100k_base", "--task-rows", "2", "--task-bytes", "40", "--max-document-tokens", "100"]
+    assert main([*args, "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0] and "max_document_tokens=100" in err[0], err
+
+
 @pytest.mark.parametrize("compressed", [False, True])
 def test_a_json_line_too_long_for_max_document_bytes_is_refused_as_it_is_read(tmp_path, capsys, monkeypatch,
                                                                              compressed):
