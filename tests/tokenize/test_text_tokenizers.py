@@ -364,33 +364,38 @@ def test_tokenizers_pickle_and_encode_alike(hf, cl100k):
         assert copy.encode_batch(texts, eos_id=1).to_pylist() == loaded.encode_batch(texts, eos_id=1).to_pylist()
 
 
+def _long_fourth_document(tmp_path, fmt: str, long_text: str, newline: str = "\n") -> tuple[str, str]:
+    """A text directory whose fourth document is ``long_text``: Parquet (row groups of 2 rows) or
+    JSON Lines (a blank line before it); and the place an error must name ("p.jsonl line 5")."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    (tmp_path / "text").mkdir()
+    texts = ["short", "short", "short", long_text, "short"]
+    if fmt == "parquet":
+        pq.write_table(pa.table({"text": texts}), tmp_path / "text" / "p.parquet", row_group_size=2)
+        return str(tmp_path / "text"), "p.parquet row 3"
+    lines = [json.dumps({"text": t}) for t in texts]
+    (tmp_path / "text" / "p.jsonl").write_text(newline.join([*lines[:3], "", *lines[3:]]) + newline)
+    return str(tmp_path / "text"), "p.jsonl line 5"
+
+
 @pytest.mark.parametrize("command", ["tokenize", "pack"])
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
 def test_a_text_over_max_document_bytes_is_one_line_naming_it(tmp_path, capsys, command, fmt):
     """Refused before it is encoded (a 100 MB document took the HF tokenizer to 12.6 GB, then an abort).
     Named by its place in the file: the row of a later row group, the line past a blank one (it said
     "document 1 of bytes [N, M) (tokenize task 2)")."""
-    import json
-
-    import pyarrow.parquet as pq
-
     from raypack.cli import main
 
-    (tmp_path / "text").mkdir()
-    texts = ["short", "short", "short", "x" * 5000, "short"]
-    if fmt == "parquet":
-        pq.write_table(pa.table({"text": texts}), tmp_path / "text" / "p.parquet", row_group_size=2)
-        said = "p.parquet row 3 holds 5,000 bytes"
-    else:
-        lines = [json.dumps({"text": t}) for t in texts]
-        (tmp_path / "text" / "p.jsonl").write_text("\n".join([*lines[:3], "", *lines[3:]]) + "\n")
-        said = "p.jsonl line 5 holds 5,000 bytes"
+    text_dir, place = _long_fourth_document(tmp_path, fmt, "x" * 5000)
     base = ["pack", "--context-length", "8"] if command == "pack" else ["tokenize"]
-    args = [*base, "--local", "--input", str(tmp_path / "text"), "--tokenizer", "tiktoken:cl100k_base",
+    args = [*base, "--local", "--input", text_dir, "--tokenizer", "tiktoken:cl100k_base",
             "--task-rows", "2", "--task-bytes", "40"]
     assert main([*args, "--output", str(tmp_path / "o1"), "--max-document-bytes", "4096"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and said in err[0] and "--max-document-bytes" in err[0], err
+    assert len(err) == 1 and f"{place} holds 5,000 bytes" in err[0] and "--max-document-bytes" in err[0], err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["text"]
     assert main([*args, "--output", str(tmp_path / "o2")]) == 0  # the default (16 MiB) takes it
 
@@ -398,26 +403,14 @@ def test_a_text_over_max_document_bytes_is_one_line_naming_it(tmp_path, capsys, 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
 def test_a_document_over_max_document_tokens_is_named_by_its_place_in_the_file(tmp_path, capsys, fmt):
     """``pack --tokenizer`` named it by its row in its task ("row 1451" for line 34716)."""
-    import json
-
-    import pyarrow.parquet as pq
-
     from raypack.cli import main
 
-    (tmp_path / "text").mkdir()
-    texts = ["short", "short", "short", "word " * 200, "short"]
-    if fmt == "parquet":
-        pq.write_table(pa.table({"text": texts}), tmp_path / "text" / "p.parquet", row_group_size=2)
-        said = "p.parquet row 3: the document holds"
-    else:
-        lines = [json.dumps({"text": t}) for t in texts]
-        (tmp_path / "text" / "p.jsonl").write_text("\r\n".join([*lines[:3], "", *lines[3:]]) + "\r\n")
-        said = "p.jsonl line 5: the document holds"
-    args = ["pack", "--context-length", "8", "--local", "--input", str(tmp_path / "text"), "--tokenizer",
+    text_dir, place = _long_fourth_document(tmp_path, fmt, "word " * 200, newline="\r\n")
+    args = ["pack", "--context-length", "8", "--local", "--input", text_dir, "--tokenizer",
             "tiktoken:cl100k_base", "--task-rows", "2", "--task-bytes", "40", "--max-document-tokens", "100"]
     assert main([*args, "--output", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and said in err[0] and "max_document_tokens=100" in err[0], err
+    assert len(err) == 1 and f"{place}: the document holds" in err[0] and "max_document_tokens=100" in err[0], err
 
 
 @pytest.mark.parametrize("compressed", [False, True])
