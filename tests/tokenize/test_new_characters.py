@@ -9,7 +9,7 @@ import unicodedata
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from raypack.tokenize.backends import BACKENDS, load_backed_tokenizer
@@ -131,3 +131,188 @@ def test_gigatoken_alone_cuts_a_new_character_otherwise():
     reference = load_tokenizer("tiktoken:cl100k_base").encode_flat(texts)
     assert raw.values.tolist() != reference.values.tolist()
     assert tokenizer.encode_flat(texts).values.tolist() == reference.values.tolist()
+
+
+# ------------------------------------------------- only the lines around new characters go to the reference
+
+LINES = st.sampled_from(["\n", "\r\n", "\n\n", " ", "  ", "    ", "\t", "a", "Ab", "'s", "1", "234", "(", ")", "/",
+                         ".", ",", "é", "中", "\u3000", "\u00a0", "\u0085", NEW, "\u088f", "x\u036f", "<eos>"])
+
+
+def _naive_cuts(text: bytes, not_before: bytes = b"") -> list[int]:
+    """Every p: text[p - 1] and text[p] are spaces in a run of spaces that starts a line, and a visible
+    ASCII character not in ``not_before`` follows text[p]."""
+    cuts = []
+    for p in range(1, len(text) - 1):
+        if text[p - 1] == text[p] == 0x20 and 0x21 <= text[p + 1] <= 0x7E and text[p + 1] not in not_before:
+            q = p
+            while q > 0 and text[q - 1] == 0x20:
+                q -= 1
+            if q > 0 and text[q - 1] == 0x0A:
+                cuts.append(p)
+    return cuts
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(LINES, max_size=40).map("".join))
+def test_indent_cuts_are_those_of_a_naive_reference(text):
+    from raypack.tokenize.backends.new_characters import indent_cuts
+
+    data = text.encode("utf-8")
+    assert indent_cuts(np.frombuffer(data, np.uint8)).tolist() == _naive_cuts(data)
+    assert indent_cuts(np.frombuffer(data, np.uint8), b"<(").tolist() == _naive_cuts(data, b"<(")
+
+
+CODE = "def f(x):\n    if x:\n        return [\n            1,\n        ]\n\n    return x  \n  \n\tpass\n"
+
+
+def _split_tokenizer(pattern):
+    """A byte-level BPE whose pre-tokenizer is ``Split(pattern, Isolated)`` then
+    ``ByteLevel(use_regex=false)`` (Llama 3's and o200k's shape), or GPT-2's ``ByteLevel`` for None."""
+    import tokenizers
+
+    tok = train_byte_level_bpe(CORPUS + [CODE] * 50, 800)  # merges across newlines and indents
+    if pattern is not None:
+        tok.pre_tokenizer = tokenizers.pre_tokenizers.Sequence([
+            tokenizers.pre_tokenizers.Split(tokenizers.Regex(pattern), behavior="isolated"),
+            tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    return tok
+
+
+def _cuttable_references(tmp_path_factory):
+    """(name, tokenizer spec) for every pattern of CUTTABLE_PATTERNS."""
+    from test_tokenize_backends import LLAMA3, O200K
+
+    from raypack.tokenize.backends.new_characters import CUTTABLE_PATTERNS
+
+    directory = tmp_path_factory.mktemp("cuttable")
+    specs = {}
+    for name, pattern in (("gpt2", None), ("llama3", LLAMA3), ("o200k split", O200K)):
+        path = directory / f"{name.replace(' ', '_')}.json"
+        _split_tokenizer(pattern).save(str(path))
+        specs[name] = str(path)
+    specs["cl100k"], specs["o200k"] = "tiktoken:cl100k_base", "tiktoken:o200k_base"
+    assert len(CUTTABLE_PATTERNS) == 4  # each is tested here (o200k's Split regex is tiktoken's pattern)
+    return specs
+
+
+@pytest.fixture(scope="module")
+def cuttable(tmp_path_factory):
+    """name: (reference tokenizer, the bytes that may not follow a cut)."""
+    from raypack.tokenize.backends.new_characters import indent_cut_rule
+
+    specs = _cuttable_references(tmp_path_factory)
+    tokenizers = {name: load_tokenizer(spec) for name, spec in specs.items()}
+    rules = {name: indent_cut_rule(tokenizer) for name, tokenizer in tokenizers.items()}
+    assert rules == {"gpt2": b"<", "llama3": b"<", "o200k split": b"<", "cl100k": b"", "o200k": b""}  # <bos>, <eos>
+    return {name: (tokenizer, rules[name]) for name, tokenizer in tokenizers.items()}
+
+
+def _cut_at(text: str, cuts: list[int]) -> list[str]:
+    data = text.encode("utf-8")
+    edges = [0, *cuts, len(data)]
+    return [data[a:b].decode("utf-8") for a, b in zip(edges[:-1], edges[1:])]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(LINES, max_size=40).map("".join))
+@example("\n  <eos>")  # an added token right after the cut: tokenizers' regex sees the spaces end a text
+@example("a\n    (\n  b  \n\t\n   x")
+def test_each_cuttable_pattern_gives_the_same_ids_cut_at_indents(cuttable, text):
+    """The claim the routing rests on, against the libraries themselves: for every pattern of
+    CUTTABLE_PATTERNS, the reference's ids of a text equal those of its pieces cut at indent_cuts."""
+    for name, (tokenizer, not_before) in cuttable.items():
+        pieces = _cut_at(text, _naive_cuts(text.encode("utf-8"), not_before))
+        whole = tokenizer.encode_flat(pa.array([text])).values.tolist()
+        apart = tokenizer.encode_flat(pa.array(pieces)).values.tolist()
+        assert apart == whole, (name, pieces)
+
+
+@pytest.mark.parametrize("name", ["cl100k", "o200k"])
+def test_cutting_at_every_line_start_would_change_the_ids(cuttable, name):
+    """So the test above can fail: the obvious cut, after every newline, splits cl100k's and
+    o200k's ``\\s*[\\r\\n]+`` ("\\n\\n" is one token of both)."""
+    text = "x = 1\n\n    y = 2\n"
+    data = text.encode("utf-8")
+    line_starts = [p + 1 for p in range(len(data) - 1) if data[p] == 0x0A]
+    tokenizer = cuttable[name][0]
+    whole = tokenizer.encode_flat(pa.array([text])).values.tolist()
+    assert tokenizer.encode_flat(pa.array(_cut_at(text, line_starts))).values.tolist() != whole
+    assert tokenizer.encode_flat(pa.array(_cut_at(text, _naive_cuts(data)))).values.tolist() == whole
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(LINES, max_size=30).map("".join), max_size=6), st.sampled_from([1024, 3]))
+def test_the_stretches_holding_new_characters_take_the_references_ids(texts, max_runs):
+    """A backend giving [1] per character, a reference [2, 2]: in a document holding a new character,
+    each run of stretches between indent cuts holding one has the reference's ids, the rest the
+    backend's (a naive cut and split, per document)."""
+    from raypack.tokenize.backends import new_characters
+
+    array = pa.array(texts, pa.string())
+
+    def ids(texts_array, per):
+        lengths = [len(t) * len(per) for t in texts_array.to_pylist()]
+        return FlatIds(np.array([v for t in texts_array.to_pylist() for _ in t for v in per], np.uint32),
+                       np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+
+    saved, new_characters.MAX_RUNS = new_characters.MAX_RUNS, max_runs
+    try:
+        got = encode_new_characters(array, ids(array, [1]), lambda sub: ids(sub, [2, 2]), lambda sub: ids(sub, [1]),
+                                    b"(")
+    finally:
+        new_characters.MAX_RUNS = saved
+    want = []
+    for text in texts:
+        stretches = _cut_at(text, _naive_cuts(text.encode("utf-8"), b"(")) if _is_new(text) else [text]
+        runs = 1 + sum(_is_new(a) != _is_new(b) for a, b in zip(stretches, stretches[1:]))
+        if runs > max_runs:
+            stretches = [text]  # many runs: the whole document to the reference
+        want.append([v for s in stretches for _ in s for v in ([2, 2] if _is_new(s) else [1])])
+    assert [got.values[got.offsets[k]:got.offsets[k + 1]].tolist() for k in range(len(texts))] == want
+
+
+INDENTED = ("def table():\n    return [\n    (0x1C89, 'M', '\u1c8a'),\n    (0x1C8A, 'V'),\n"
+            f"    ('{NEW}'S', \"{NEW}'s\"),\n    # x{NEW}y\n]\n\n  plain  text\n    more\n")
+
+
+@pytest.mark.parametrize("backend", FAST_INSTALLED)
+@pytest.mark.parametrize("spec", ["byte-level", "tiktoken:cl100k_base", "tiktoken:o200k_base"])
+def test_indented_documents_with_new_characters_get_the_references_ids(backend, spec, byte_level):
+    """Through the backed tokenizer, documents cut into stretches (indented code holding new
+    characters on some lines, as Unicode tables do) equal the reference, with others around them."""
+    spec = byte_level if spec == "byte-level" else spec
+    texts = pa.array(["plain", INDENTED, INDENTED * 3 + NEW, f"{NEW}'S", "", INDENTED.replace("    ", "  \t  ")])
+    tokenizer = load_backed_tokenizer(spec, backend)
+    assert tokenizer.cut_rule is not None
+    reference = load_tokenizer(spec).encode_flat(texts)
+    got = tokenizer.encode_flat(texts)
+    assert np.array_equal(got.offsets, reference.offsets)
+    assert np.array_equal(got.values, reference.values)
+
+
+def _config(**changes):
+    config = {"normalizer": None, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
+              "added_tokens": [{"content": "<|eos|>", "id": 5, "special": True, "lstrip": False, "rstrip": False}]}
+    config.update(changes)
+    return config
+
+
+@pytest.mark.parametrize("changes, cuttable_config", [
+    ({}, True),
+    ({"normalizer": {"type": "NFC"}}, False),
+    ({"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": True, "use_regex": True}}, False),
+    ({"pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581"}}, False),
+    ({"pre_tokenizer": None}, False),
+    ({"added_tokens": [{"content": "    ", "id": 5}]}, False),
+    ({"added_tokens": [{"content": "\n", "id": 5}]}, False),
+    ({"added_tokens": [{"content": "<x>", "id": 5, "lstrip": True}]}, False),
+    ({"added_tokens": [{"content": "<x>", "id": 5, "rstrip": True}]}, False),
+    ({"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": r"\s+|\S+"}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}]}}, False),
+])
+def test_only_the_proven_shapes_are_cut(changes, cuttable_config):
+    from raypack.tokenize.backends.new_characters import cut_rule_of
+
+    assert (cut_rule_of(_config(**changes)) == b"<") if cuttable_config else cut_rule_of(_config(**changes)) is None

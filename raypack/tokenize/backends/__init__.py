@@ -38,7 +38,7 @@ from raypack.errors import BackendError, InputError
 from raypack.tokenize.backends.base import TokenizerBackend, Unsupported, package_version
 from raypack.tokenize.backends.fastokens import FastokensBackend
 from raypack.tokenize.backends.gigatoken import GigatokenBackend
-from raypack.tokenize.backends.new_characters import encode_new_characters
+from raypack.tokenize.backends.new_characters import encode_new_characters, indent_cut_rule
 from raypack.tokenize.backends.reference import ReferenceBackend
 from raypack.tokenize.tokenizers import TEXT_EXTRA, Encoder, FlatIds, TextTokenizer, encode_with, load_tokenizer
 
@@ -82,6 +82,8 @@ class BackedTokenizer:
         self.library = reference.library
         self.vocab_size = reference.vocab_size
         self.batch_bytes = BACKENDS[backend].batch_bytes
+        self.cut_rule = None if backend == ReferenceBackend.name else indent_cut_rule(reference)
+        """Where documents holding new characters may be cut (new_characters.indent_cut_rule)."""
 
     def identity(self) -> dict[str, Any]:
         return self.reference.identity()
@@ -103,7 +105,9 @@ class BackedTokenizer:
         flat = FlatIds(flat.values.astype(np.uint32, copy=False), flat.offsets)
         if self.backend == ReferenceBackend.name:
             return flat
-        return encode_new_characters(texts, flat, self.reference.encode_flat)  # new characters: the reference's ids
+        # new characters: the reference's ids (of the lines around them, where the split regex allows)
+        return encode_new_characters(texts, flat, self.reference.encode_flat,
+                                     None if self.cut_rule is None else self.encoder.encode_flat, self.cut_rule or b"")
 
     def encode_batch(self, texts: pa.StringArray | pa.LargeStringArray, *, bos_id: int | None = None,
                      eos_id: int | None = None) -> pa.ListArray | pa.LargeListArray:
