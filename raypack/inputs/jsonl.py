@@ -139,6 +139,11 @@ class LineBlock(NamedTuple):
 class LineTooLong(Exception):
     """A line runs past ``max_line_bytes``; every line before it has been yielded."""
 
+    def __init__(self, line_start: int) -> None:
+        super().__init__(line_start)
+        self.line_start = line_start
+        """The (decompressed) byte offset where the line begins."""
+
 
 def iter_line_blocks(fs: pafs.FileSystem, fs_path: str, path: str, start: int, end: int | None, block_bytes: int,
                      *, max_line_bytes: int | None = None, what: str = "text file") -> Iterator[LineBlock]:
@@ -195,7 +200,7 @@ def _split_lines(stream: pa.NativeFile, position: int, end: int | None, block_by
             carry.append(chunk)
             num_carried += len(chunk)
         if max_line_bytes is not None and num_carried > max_line_bytes:
-            raise LineTooLong()
+            raise LineTooLong(position + len(chunk) - num_carried)
         position += len(chunk)
     if num_carried:
         yield LineBlock(position - num_carried, b"".join(carry))
@@ -331,12 +336,13 @@ def iter_jsonl_texts(
             for offset in range(0, len(texts), batch_rows):
                 yield first_row + offset, texts.slice(offset, batch_rows)
             first_row += len(texts)
-    except LineTooLong:
+    except LineTooLong as e:
         said = "" if max_text_bytes is None else (
             f", more than a text of max_document_bytes={max_text_bytes:,} takes as JSON (at most 6 bytes a byte, "
             "escaped, and 1 MiB of other keys); raise --max-document-bytes if the workers have the memory, or")
-        raise InputError(f"{path}: document {first_row} of bytes [{start}, {end}) is on a line of more than "
-                         f"{max_line_bytes:,} bytes{said or ';'} split the document upstream") from None
+        line = _count_newlines(fs, fs_path, e.line_start) + 1
+        raise InputError(f"{path}: line {line} is longer than {max_line_bytes:,} bytes{said or ';'} "
+                         "split the document upstream") from None
 
 
 def text_line_limit(max_text_bytes: int | None) -> int:

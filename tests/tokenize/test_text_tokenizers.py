@@ -418,12 +418,13 @@ def test_a_json_line_too_long_for_max_document_bytes_is_refused_as_it_is_read(tm
                                                                              compressed):
     """A JSON line was held whole and parsed before its text was measured: one 1 GiB line of a 1 MB
     .jsonl.gz took 4.3 GB. Now a line past 6 bytes a byte of max_document_bytes (+ 1 MiB) is refused
-    while it is read, after one 16 MiB read block of it, never joined whole (40 MiB here)."""
+    while it is read, after one 16 MiB read block of it, never joined whole (40 MiB here). Named by
+    its line in the file, blank lines counted (it said "document 1 of bytes [0, N)")."""
     from raypack.cli import main
     from raypack.inputs import jsonl
 
     (tmp_path / "text").mkdir()
-    lines = b'{"text": "short"}\n{"text": "' + b"y" * (40 << 20) + b'"}\n{"text": "short"}\n'
+    lines = b'{"text": "short"}\n\n{"text": "' + b"y" * (40 << 20) + b'"}\n{"text": "short"}\n'
     name = "t.jsonl.gz" if compressed else "t.jsonl"
     (tmp_path / "text" / name).write_bytes(gzip.compress(lines, 1) if compressed else lines)
     held = []
@@ -439,8 +440,8 @@ def test_a_json_line_too_long_for_max_document_bytes_is_refused_as_it_is_read(tm
             "tiktoken:cl100k_base", "--output", str(tmp_path / "o"), "--max-document-bytes", "1000"]
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"{name}: document 1 of bytes [0, " in err[0], err
-    assert "is on a line of more than 1,054,576 bytes, more than a text of max_document_bytes=1,000" in err[0], err
+    assert len(err) == 1 and f"{name}: line 3 is longer than 1,054,576 bytes, more than a text of " in err[0], err
+    assert "max_document_bytes=1,000" in err[0], err
     assert max(held) < 1 << 20  # only the first line was ever handed on whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["text"]
 
