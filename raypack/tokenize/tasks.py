@@ -171,6 +171,16 @@ def tokenize_task(task: TextTask, settings: TokenizeSettings, tokenizer: TextTok
     return result
 
 
+def _check_still_planned(task: TextTask) -> None:
+    """check_planned, now; a file gone or unreadable leaves the error at hand to be said."""
+    if task.planned:
+        try:
+            identity = sampled_identity(task.path, task.format)
+        except (OSError, InputError):
+            return
+        check_planned(task, identity)
+
+
 def tokenize_in_memory(task: TextTask, settings: TokenizeSettings, tokenizer: TextTokenizer) -> Iterator[pa.Array]:
     """``task``'s ids as list<token_dtype> arrays, in order, one per piece of at most ``batch_bytes``
     of text (what :func:`tokenize_task` writes; kept in memory, ``pack --tokenizer``'s one pass). The
@@ -180,11 +190,15 @@ def tokenize_in_memory(task: TextTask, settings: TokenizeSettings, tokenizer: Te
     token_type = pa.from_numpy_dtype(np.dtype(settings.token_dtype))
     guard = ReferenceGuard(tokenizer, lambda k: document_name(task, k))
     seen = 0
-    for _, texts in _iter_texts(task, settings):
-        for piece in _byte_pieces(texts, settings.batch_bytes):
-            flat = encode_naming(tokenizer, piece, lambda k, first=seen: document_name(task, first + k))
-            yield _encode(piece, flat, settings, token_type, guard)
-            seen += len(piece)
+    try:
+        for _, texts in _iter_texts(task, settings):
+            for piece in _byte_pieces(texts, settings.batch_bytes):
+                flat = encode_naming(tokenizer, piece, lambda k, first=seen: document_name(task, first + k))
+                yield _encode(piece, flat, settings, token_type, guard)
+                seen += len(piece)
+    except InputError:
+        _check_still_planned(task)  # a file rewritten under the read (say, cut short) is that, not bad JSON
+        raise
     guard.finish()
     if task.planned:  # the task's reads span its encode: the file must still be the one planned
         check_planned(task, sampled_identity(task.path, task.format))

@@ -162,6 +162,35 @@ def test_a_text_file_rewritten_during_the_run_is_refused(tmp_path, tok, capsys, 
     assert sorted(os.listdir(tmp_path)) == ["in"]
 
 
+@pytest.mark.parametrize("command", ["pack", "tokenize"])
+def test_a_text_file_cut_short_while_it_is_read_is_named_as_changed(tmp_path, tok, capsys, monkeypatch, command):
+    """A JSONL file cut mid-line while a task reads it: its last line is then half a JSON object, and the
+    run said "bad JSON" on that line, as if the file were broken (found by a hostile trial). Now the
+    error says the file changed during the run."""
+    from raypack.inputs import jsonl
+
+    lines = [json.dumps({"text": f"document {i:03d} " + "x" * (i % 7)}) + "\n" for i in range(300)]
+    (tmp_path / "in").mkdir()
+    path = tmp_path / "in" / "a.jsonl"
+    path.write_text("".join(lines))
+    real = jsonl._split_lines
+
+    def small_blocks(stream, position, end, block_bytes, max_line_bytes):
+        for k, block in enumerate(real(stream, position, end, 1000, max_line_bytes)):
+            if k == 0:
+                path.write_bytes(path.read_bytes()[:5005])  # mid-line
+            yield block
+
+    monkeypatch.setattr(jsonl, "_split_lines", small_blocks)
+    args = ["--local", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--tokenizer", tok[1],
+            "--workers", "1", *(["--context-length", "16"] if command == "pack" else [])]
+    code = main([command, *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert f"text file {path} changed during the run (" in err[0] and "5,005 now)" in err[0], err
+    assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
 @pytest.mark.parametrize("flag, said", [
     (["--pad-token", "600"], "--pad-token 600 (pad_token in a config) is outside the tokenizer's vocabulary [0, 600)"),
     (["--pad-token", "-1"], "--pad-token -1 (pad_token in a config) is outside the tokenizer's vocabulary [0, 600)"),
