@@ -31,7 +31,7 @@ from raypack.tokenize.backends.fastokens import FastokensBackend
 from raypack.tokenize.backends.gigatoken import GigatokenBackend, GigatokenEncoder, pool_threads
 from raypack.tokenize.guard import BYTES_SHARE, FREE_BYTES, ReferenceGuard, candidates
 from raypack.tokenize.job import TextOptions, TokenizeConfig, run_tokenize
-from raypack.tokenize.tokenizers import FlatIds, load_tokenizer
+from raypack.tokenize.tokenizers import TIKTOKEN_ENCODINGS, FlatIds, load_tokenizer
 
 from helpers import train_byte_level_bpe, train_sentencepiece_style_bpe
 
@@ -469,6 +469,9 @@ SHAPES = {
     "Split inverted": ("bl", {"pre_tokenizer": _seq(_split(invert=True), _bl(regex=False))}, []),
     # gigatoken refuses these itself
     "two Splits": ("bl", {"pre_tokenizer": _seq(_split(), _split(r"\p{N}{1,3}"), _bl(regex=False))}, []),
+    # fastokens refuses: Oniguruma reads cl100k's \p{N}{1,3}+ as a repeated interval (any run of digits)
+    "cl100k-style Split": ("bl", {"pre_tokenizer": _seq(_split(TIKTOKEN_ENCODINGS["cl100k_base"]["pat_str"]),
+                                                        _bl(regex=False))}, []),
     "Digits then ByteLevel": ("bl", {"pre_tokenizer": _seq(_DIGITS, _bl())}, []),
     "gpt2 Lowercase": ("bl", {"normalizer": {"type": "Lowercase"}}, []),
     "sp Replace by a regex": ("sp", {"normalizer": {"type": "Sequence", "normalizers": [
@@ -521,10 +524,10 @@ def _reference_ids(path) -> FlatIds:
 
 
 FASTOKENS_REFUSES = {"sp Metaspace", "sp Metaspace always, no split", "no pre-tokenizer, byte-level",
-                     "Split, Punctuation, ByteLevel", "sp NFKC", "an added token's id past a gap"}
+                     "Split, Punctuation, ByteLevel", "sp NFKC", "an added token's id past a gap", "cl100k-style Split"}
 TAKES = {"gigatoken": GIGATOKEN_TAKES, "fastokens": set(SHAPES) - FASTOKENS_REFUSES}
 MISENCODES = {"gigatoken": GIGATOKEN_MISENCODES,
-              "fastokens": ["no pre-tokenizer, byte-level", "an added token's id past a gap"]}
+              "fastokens": ["no pre-tokenizer, byte-level", "an added token's id past a gap", "cl100k-style Split"]}
 
 
 @pytest.mark.parametrize("backend", FAST_INSTALLED)

@@ -18,6 +18,7 @@ flat at ~320 MiB over 350 MB of distinct random words, BENCHMARKS.md).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,10 @@ from raypack.tokenize.tokenizers import TEXT_EXTRA, TIKTOKEN_ENCODINGS, FlatIds,
 
 NORMALIZERS = {"NFC", "Lowercase", "Prepend", "Replace", "Sequence"}
 PRE_TOKENIZERS = {"ByteLevel", "Split", "Digits", "Sequence"}
+POSSESSIVE_INTERVAL = re.compile(r"(?<!\\)\{\d+(?:,\d*)?\}\+")
+"""``{n,m}+``: possessive to fastokens (and tiktoken), a repeated interval to ``tokenizers``' Oniguruma,
+so cl100k's ``\\p{N}{1,3}+`` in a tokenizer.json takes every digit of a run there, three at a time
+in fastokens (a hostile trial: "1123")."""
 
 
 class FastokensBackend:
@@ -80,7 +85,21 @@ def inexact(config: dict[str, Any]) -> str | None:
             return f"pre-tokenizer {kind}; fastokens is proven exact with {', '.join(sorted(PRE_TOKENIZERS))}"
     if pre is None and not model.get("byte_fallback"):
         return "no pre-tokenizer without byte_fallback, where fastokens' ids differ"
+    for pattern in _regexes(normalizer) + _regexes(pre):
+        if POSSESSIVE_INTERVAL.search(pattern):
+            return (f"the regex {pattern[:48]!r}... has {{n,m}}+, which tokenizers (Oniguruma) reads as a repeated "
+                    "interval and fastokens as possessive")
     return None
+
+
+def _regexes(part: Any) -> list[str]:
+    """Every ``{"Regex": pattern}`` in a normalizer or pre-tokenizer and the parts nested in it."""
+    if isinstance(part, dict):
+        found = [part["Regex"]] if isinstance(part.get("Regex"), str) else []
+        return found + [p for value in part.values() for p in _regexes(value)]
+    if isinstance(part, list):
+        return [p for value in part for p in _regexes(value)]
+    return []
 
 
 def _types(part: Any, children: str) -> list[str]:
