@@ -16,16 +16,20 @@ Python would make smaller than the backends' own tables. Real text rarely holds 
 (the newest emoji and scripts, Unicode tables themselves), so the reference's speed costs little.
 The ids are the reference's whatever the backend.
 
+One assigned character is routed too (:data:`ALSO_ROUTED`): U+180E MONGOLIAN VOWEL SEPARATOR, the
+one character Unicode 6.3 took out of White_Space. fastokens' regex engine for the split regexes it
+has no built-in matcher for counts it as ``\\s``; ``tokenizers``' Oniguruma does not (a hostile
+trial found ``"(\\u180e<"`` cut otherwise; every other code point of planes 0-3 agrees).
+
 Only the lines around the new characters go to the reference where the tokenizer allows it: its
 split regex is one of :data:`CUTTABLE_PATTERNS` (GPT-2's ByteLevel, cl100k, Llama 3, o200k), with
 no normalizer and no added token that holds whitespace, strips it, or starts right after the cut
-(:func:`indent_cut_rule`). Such a regex cuts the leading spaces of an indented line before the last
-one (``"\\n    x"`` is ``"\\n   "`` then ``" x"``, or ``"\\n"``, ``"   "``, ``" x"``), whatever the
-characters around, so encoding the text on either side of that point apart gives the ids of the
-whole (:func:`indent_cuts`; the tests check it against the libraries themselves). A routed document
-is cut at those points, and only the runs of stretches that hold a new character are encoded by
-the reference, the rest by the backend. Without such a cut near its new characters, a document goes
-to the reference whole.
+(:func:`indent_cut_rule`). Such a regex always cuts an indented line at one place, whatever the
+characters around: at its start, or (GPT-2's) before its last leading space; so encoding the text
+on either side of that point apart gives the ids of the whole (:func:`indent_cuts`; the tests check
+it against the libraries themselves). A routed document is cut at those points, and only the runs
+of stretches that hold a new character are encoded by the reference, the rest by the backend.
+Without such a cut near its new characters, a document goes to the reference whole.
 
 Cost: one pass over a piece's UTF-8 bytes (its maximum) when the piece is ASCII; otherwise, in
 blocks of SCAN_BLOCK bytes, one more to find the characters past U+007F, whose first two bytes are
@@ -41,7 +45,7 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -49,24 +53,39 @@ import pyarrow as pa
 from raypack.tokenize.backends.unassigned import UNASSIGNED
 from raypack.tokenize.tokenizers import TIKTOKEN_ENCODINGS, FlatIds, TextTokenizer, text_offsets
 
-__all__ = ["CUTTABLE_PATTERNS", "cut_rule_of", "documents_with_new_characters", "encode_new_characters",
+__all__ = ["CUTTABLE_PATTERNS", "CutRule", "cut_rule_of", "documents_with_new_characters", "encode_new_characters",
            "indent_cut_rule", "indent_cuts", "new_character_table"]
 
 GPT2 = "ByteLevel"
 """The GPT-2 regex of the ``ByteLevel`` pre-tokenizer with ``use_regex`` (it has no pattern field)."""
-CUTTABLE_PATTERNS = frozenset({
-    GPT2,
-    *(encoding["pat_str"] for encoding in TIKTOKEN_ENCODINGS.values()),  # cl100k_base, o200k_base
-    # Llama 3's Split regex, and o200k's as a tokenizer.json writes it:
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-    r"|\s+(?!\S)|\s+",
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-})
-"""Split regexes that cut an indented line's leading spaces before the last one, whatever the
-characters' properties (each alternative that takes a newline ends at it or takes only whitespace;
-a whitespace run followed by a visible character ends one space early; nothing looks behind)."""
+_CL100K = TIKTOKEN_ENCODINGS["cl100k_base"]["pat_str"]
+_O200K = TIKTOKEN_ENCODINGS["o200k_base"]["pat_str"]  # also o200k's Split regex in a tokenizer.json
+_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+           r"|\s+(?!\S)|\s+")
+CUTTABLE_PATTERNS: dict[str, bool] = {GPT2: False, _CL100K: True, _LLAMA3: True, _O200K: True}
+"""Split regexes that always cut an indented line (a newline, two or more spaces, a visible ASCII
+character) at one place, whatever the characters' properties, and whether that place is the line's
+start (True) or before its last space (False):
+
+* each alternative that takes a newline ends at the last newline of its whitespace or takes only
+  whitespace, so a token ends at the line's start; nothing looks behind;
+* GPT-2's ``\\s+(?!\\S)`` takes the newline and the spaces less the last (``"\\n   "``, ``" x"``),
+  so its cut is before the last space;
+* cl100k's ``\\s++$`` would take ``"\\n   "`` whole at the end of a piece cut before the last space
+  (a vocabulary with such a token gives other ids), so its cut is at the line's start, where the
+  piece's trailing whitespace ends with the newline as the whole text's token does."""
+
+
+class CutRule(NamedTuple):
+    """Where a tokenizer's documents may be cut (:func:`indent_cut_rule`)."""
+
+    not_before: bytes
+    """Bytes that may not follow the line's spaces: the first bytes of its added tokens, which
+    ``tokenizers`` cuts out before the regex sees the text (the regex would see the spaces before one
+    as the end of a text)."""
+    at_line_start: bool
+    """Cut at the line's start, else before its last space (:data:`CUTTABLE_PATTERNS`)."""
+
 
 SCAN_BLOCK = 1 << 16
 """Bytes scanned at once: whole pieces (16 MiB) made fresh temporaries whose first touch cost more
@@ -78,11 +97,16 @@ MAX_RUNS = 1024
 to the reference whole: the runs are Python objects, and so is each one's text."""
 
 
+ALSO_ROUTED = ((0x180E, 0x180E),)
+"""Assigned code points the regex engines disagree on, routed with the new characters (module doc)."""
+
+
 @functools.cache
 def new_character_table() -> np.ndarray:
-    """``table[cp]``: code point ``cp`` is unassigned in Unicode 14.0 (raypack.tokenize.backends.unassigned)."""
+    """``table[cp]``: code point ``cp`` is unassigned in Unicode 14.0 (raypack.tokenize.backends.unassigned),
+    or one of :data:`ALSO_ROUTED`."""
     table = np.zeros(0x110000, dtype=bool)
-    for first, last in UNASSIGNED:
+    for first, last in (*UNASSIGNED, *ALSO_ROUTED):
         table[first:last + 1] = True
     return table
 
@@ -156,19 +180,16 @@ def new_character_bytes(data: np.ndarray) -> np.ndarray:
     return leads[table[np.minimum(points, 0x10FFFF)]].astype(np.int64)
 
 
-def indent_cut_rule(tokenizer: TextTokenizer) -> bytes | None:
-    """None unless ``tokenizer`` (a reference adapter) splits text by one of :data:`CUTTABLE_PATTERNS`
-    alone, so that :func:`indent_cuts` are points where encoding either side apart gives its ids;
-    else the bytes that may not follow a cut's space (the first bytes of its added tokens, which
-    ``tokenizers`` cuts out before the regex sees the text, so that the regex would see the spaces
-    before one as the end of a text). That is: a tiktoken encoding raypack knows (``encode_ordinary``:
-    no added tokens), or a tokenizer.json with no normalizer, the pre-tokenizer
+def indent_cut_rule(tokenizer: TextTokenizer) -> CutRule | None:
+    """Where ``tokenizer`` (a reference adapter) may cut a document so that encoding the pieces apart
+    gives the ids of the whole (:func:`indent_cuts`), or None: a tiktoken encoding raypack knows
+    (``encode_ordinary``: no added tokens), or a tokenizer.json with no normalizer, the pre-tokenizer
     ``ByteLevel(use_regex=true, add_prefix_space=false)`` or ``Sequence[Split(PATTERN, Isolated),
-    ByteLevel(use_regex=false, add_prefix_space=false)]``, and no added token that holds whitespace
-    or strips it beside it."""
+    ByteLevel(use_regex=false, add_prefix_space=false)]`` (PATTERN of :data:`CUTTABLE_PATTERNS`),
+    and no added token that holds whitespace or strips it beside it."""
     if tokenizer.kind == "tiktoken":
         pattern = TIKTOKEN_ENCODINGS.get(getattr(tokenizer, "name", ""), {}).get("pat_str")
-        return b"" if pattern in CUTTABLE_PATTERNS else None
+        return CutRule(b"", CUTTABLE_PATTERNS[pattern]) if pattern in CUTTABLE_PATTERNS else None
     path = getattr(tokenizer, "path", None)
     if tokenizer.kind != "hf" or path is None:
         return None
@@ -179,7 +200,7 @@ def indent_cut_rule(tokenizer: TextTokenizer) -> bytes | None:
     return cut_rule_of(config) if isinstance(config, dict) else None
 
 
-def cut_rule_of(config: dict[str, Any]) -> bytes | None:
+def cut_rule_of(config: dict[str, Any]) -> CutRule | None:
     """:func:`indent_cut_rule` of a parsed tokenizer.json."""
     if config.get("normalizer") is not None:
         return None
@@ -190,18 +211,19 @@ def cut_rule_of(config: dict[str, Any]) -> bytes | None:
                 or token.get("lstrip") or token.get("rstrip") or token.get("single_word")):
             return None
         first_bytes.add(content.encode("utf-8")[0])
+    not_before = bytes(sorted(first_bytes))
     pre = config.get("pre_tokenizer")
-    rule = bytes(sorted(first_bytes))
     if _byte_level(pre, use_regex=True):
-        return rule
+        return CutRule(not_before, CUTTABLE_PATTERNS[GPT2])
     parts = pre.get("pretokenizers") if isinstance(pre, dict) and pre.get("type") == "Sequence" else None
     if not isinstance(parts, list) or len(parts) != 2 or not _byte_level(parts[1], use_regex=False):
         return None
-    split = parts[0]
-    if (isinstance(split, dict) and split.get("type") == "Split" and split.get("behavior") == "Isolated"
-            and not split.get("invert") and isinstance(split.get("pattern"), dict)
-            and split["pattern"].get("Regex") in CUTTABLE_PATTERNS - {GPT2}):
-        return rule
+    split = parts[0] if isinstance(parts[0], dict) else {}
+    pattern = split.get("pattern")
+    regex = pattern.get("Regex") if isinstance(pattern, dict) else None
+    if (split.get("type") == "Split" and split.get("behavior") == "Isolated" and not split.get("invert")
+            and regex in CUTTABLE_PATTERNS and regex != GPT2):
+        return CutRule(not_before, CUTTABLE_PATTERNS[regex])
     return None
 
 
@@ -210,16 +232,16 @@ def _byte_level(part: Any, *, use_regex: bool) -> bool:
             and part.get("add_prefix_space", True) is False)
 
 
-def indent_cuts(data: np.ndarray, not_before: bytes = b"") -> np.ndarray:
-    """The positions p (sorted, int64) in ``data`` (UTF-8 bytes) where a line begins with at least
-    two spaces (0x20, right after a newline 0x0A), ``p`` is the last of them and a visible ASCII
-    character (0x21-0x7E) not in ``not_before`` follows it. A regex of :data:`CUTTABLE_PATTERNS`
-    splits there."""
+def indent_cuts(data: np.ndarray, rule: CutRule = CutRule(b"", False)) -> np.ndarray:
+    """The cuts (sorted int64 positions in ``data``, UTF-8 bytes) of the lines that begin with at
+    least two spaces (0x20, right after a newline 0x0A) followed by a visible ASCII character
+    (0x21-0x7E) not in ``rule.not_before``: each line's start if ``rule.at_line_start``, else the
+    position of its last space. A regex of :data:`CUTTABLE_PATTERNS` splits there."""
     if data.size < 4:
         return np.zeros(0, dtype=np.int64)
     after = data[2:]
     visible = (after >= 0x21) & (after <= 0x7E)
-    for byte in not_before:
+    for byte in rule.not_before:
         visible &= after != byte
     candidates = np.flatnonzero((data[:-2] == 0x20) & (data[1:-1] == 0x20) & visible) + 1
     if candidates.size == 0:
@@ -228,21 +250,27 @@ def indent_cuts(data: np.ndarray, not_before: bytes = b"") -> np.ndarray:
     before = np.searchsorted(others, candidates) - 1
     keep = before >= 0
     keep[keep] = data[others[before[keep]]] == 0x0A
+    if rule.at_line_start:
+        return others[before[keep]].astype(np.int64) + 1
     return candidates[keep].astype(np.int64)
 
 
 def encode_new_characters(texts: pa.StringArray | pa.LargeStringArray, flat: FlatIds,
                           reference: Callable[[pa.Array], FlatIds],
-                          backend: Callable[[pa.Array], FlatIds] | None = None, not_before: bytes = b"") -> FlatIds:
+                          backend: Callable[[pa.Array], FlatIds] | None = None, rule: CutRule | None = None
+                          ) -> FlatIds:
     """``flat`` (a fast backend's ids of ``texts``) with the documents holding new characters encoded
-    by ``reference`` instead: whole, or, given ``backend`` (for a tokenizer whose
-    :func:`indent_cut_rule` is ``not_before``), the stretches between :func:`indent_cuts` that hold
-    them by ``reference`` and the rest by ``backend``. Returns ``flat`` itself when there are none."""
+    by ``reference`` instead: whole, or, given ``backend`` and ``rule`` (the tokenizer's
+    :func:`indent_cut_rule`), the stretches between :func:`indent_cuts` that hold them by
+    ``reference`` and the rest by ``backend``. Returns ``flat`` itself when there are none."""
     rows = documents_with_new_characters(texts)
     if rows.size == 0:
         return flat
     routed = texts.take(pa.array(rows))
-    redone = reference(routed) if backend is None else _encode_in_stretches(routed, reference, backend, not_before)
+    if backend is None or rule is None:
+        redone = reference(routed)
+    else:
+        redone = _encode_in_stretches(routed, reference, backend, rule)
     lengths = np.diff(flat.offsets)
     lengths[rows] = np.diff(redone.offsets)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
@@ -258,7 +286,7 @@ def encode_new_characters(texts: pa.StringArray | pa.LargeStringArray, flat: Fla
 
 
 def _encode_in_stretches(texts: pa.StringArray | pa.LargeStringArray, reference: Callable[[pa.Array], FlatIds],
-                         backend: Callable[[pa.Array], FlatIds], not_before: bytes) -> FlatIds:
+                         backend: Callable[[pa.Array], FlatIds], rule: CutRule) -> FlatIds:
     """The ids of ``texts``: each cut at its :func:`indent_cuts` into stretches, runs of stretches
     holding a new character encoded by ``reference``, the runs between by ``backend``."""
     offsets = text_offsets(texts)
@@ -269,7 +297,7 @@ def _encode_in_stretches(texts: pa.StringArray | pa.LargeStringArray, reference:
     for k in range(len(texts)):
         start, end = int(offsets[k]), int(offsets[k + 1])
         document = data[start:end]
-        edges = np.concatenate(([0], indent_cuts(document, not_before), [document.size]))
+        edges = np.concatenate(([0], indent_cuts(document, rule), [document.size]))
         new = np.zeros(edges.size - 1, dtype=bool)  # stretch j is [edges[j], edges[j + 1])
         new[np.searchsorted(edges, new_character_bytes(document), side="right") - 1] = True
         changes = np.flatnonzero(new[1:] != new[:-1]) + 1  # runs of stretches alike
