@@ -107,7 +107,7 @@ class BackedTokenizer:
             return flat
         # new characters: the reference's ids (of the lines around them, where the split regex allows)
         return encode_new_characters(texts, flat, self.reference.encode_flat,
-                                     self.encoder.encode_flat, self.cut_rule)
+                                     self.encoder.encode_flat, self.cut_rule, BACKENDS[self.backend].misread)
 
     def encode_batch(self, texts: pa.StringArray | pa.LargeStringArray, *, bos_id: int | None = None,
                      eos_id: int | None = None) -> pa.ListArray | pa.LargeListArray:

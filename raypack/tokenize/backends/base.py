@@ -33,6 +33,10 @@ class TokenizerBackend(Protocol):
     thread_env: tuple[str, ...]
     """Environment variables that size the backend's thread pool, read before its first encode
     (:func:`raypack.tokenize.backends.set_thread_env`)."""
+    misread: tuple[tuple[int, int], ...]
+    """Assigned code points (inclusive ranges) the backend is known to read otherwise than the
+    reference library: a document holding one goes to the reference, as one holding a character
+    newer than Unicode 14.0 does (raypack.tokenize.backends.new_characters)."""
 
     def version(self) -> str | None:
         """The installed version, or None when the backend is not installed (nothing is imported)."""

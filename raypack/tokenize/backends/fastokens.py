@@ -50,6 +50,10 @@ class FastokensBackend:
 
     thread_env = ("FASTOKENS_BPE_THREADS",)
     """fastokens' own pool (it does not read RAYON_NUM_THREADS)."""
+    misread = ((0x017F, 0x017F), (0x180E, 0x180E))
+    """U+017F (its Llama 3 and Qwen 2 matchers leave ``'ſ`` out of ``(?i:'s)``) and U+180E (its generic
+    regex engine counts it as ``\\s``): raypack.tokenize.backends.new_characters; the only ones
+    bench/probe_code_points.py finds."""
 
     def version(self) -> str | None:
         return package_version("fastokens")

@@ -16,10 +16,13 @@ Python would make smaller than the backends' own tables. Real text rarely holds 
 (the newest emoji and scripts, Unicode tables themselves), so the reference's speed costs little.
 The ids are the reference's whatever the backend.
 
-One assigned character is routed too (:data:`ALSO_ROUTED`): U+180E MONGOLIAN VOWEL SEPARATOR, the
-one character Unicode 6.3 took out of White_Space. fastokens' regex engine for the split regexes it
-has no built-in matcher for counts it as ``\\s``; ``tokenizers``' Oniguruma does not (a hostile
-trial found ``"(\\u180e<"`` cut otherwise; every other code point of planes 0-3 agrees).
+A backend may name assigned characters it is known to read otherwise too (``misread`` on its
+class, raypack.tokenize.backends): documents holding one are routed the same way. fastokens names
+two, found by a hostile trial and then by probing every code point of planes 0-3 in contexts:
+U+180E MONGOLIAN VOWEL SEPARATOR (out of White_Space since Unicode 6.3; its regex engine for split
+regexes it has no built-in matcher for counts it as ``\\s``, ``tokenizers``' Oniguruma does not)
+and U+017F LATIN SMALL LETTER LONG S (Oniguruma's ``(?i:'s)`` takes ``'ſ``, fastokens' Llama 3 and
+Qwen 2 matchers do not).
 
 Only the lines around the new characters go to the reference where the tokenizer allows it: its
 split regex is one of :data:`CUTTABLE_PATTERNS` (GPT-2's ByteLevel, cl100k, Llama 3, o200k), with
@@ -97,23 +100,23 @@ MAX_RUNS = 1024
 to the reference whole: the runs are Python objects, and so is each one's text."""
 
 
-ALSO_ROUTED = ((0x180E, 0x180E),)
-"""Assigned code points the regex engines disagree on, routed with the new characters (module doc)."""
+Ranges = tuple[tuple[int, int], ...]
+"""Inclusive code point ranges: a backend's ``misread``."""
 
 
 @functools.cache
-def new_character_table() -> np.ndarray:
+def new_character_table(misread: Ranges = ()) -> np.ndarray:
     """``table[cp]``: code point ``cp`` is unassigned in Unicode 14.0 (raypack.tokenize.backends.unassigned),
-    or one of :data:`ALSO_ROUTED`."""
+    or in one of the ``misread`` ranges."""
     table = np.zeros(0x110000, dtype=bool)
-    for first, last in (*UNASSIGNED, *ALSO_ROUTED):
+    for first, last in (*UNASSIGNED, *misread):
         table[first:last + 1] = True
     return table
 
 
 @functools.cache
-def _prefix_table() -> np.ndarray:
-    return prefixes_of(new_character_table())
+def _prefix_table(misread: Ranges = ()) -> np.ndarray:
+    return prefixes_of(new_character_table(misread))
 
 
 def prefixes_of(table: np.ndarray) -> np.ndarray:
@@ -130,14 +133,14 @@ def prefixes_of(table: np.ndarray) -> np.ndarray:
     return prefixes
 
 
-def documents_with_new_characters(texts: pa.StringArray | pa.LargeStringArray) -> np.ndarray:
+def documents_with_new_characters(texts: pa.StringArray | pa.LargeStringArray, misread: Ranges = ()) -> np.ndarray:
     """The indices (sorted, int64) of the ``texts`` (valid UTF-8) holding a code point
-    :func:`new_character_table` marks."""
+    ``new_character_table(misread)`` marks."""
     offsets = text_offsets(texts)
     if len(texts) == 0 or offsets[-1] == offsets[0]:
         return np.zeros(0, dtype=np.int64)
     start = int(offsets[0])
-    found = new_character_bytes(_text_bytes(texts, offsets))
+    found = new_character_bytes(_text_bytes(texts, offsets), misread)
     if found.size == 0:
         return np.zeros(0, dtype=np.int64)
     rows = np.searchsorted(offsets, found + start, side="right") - 1
@@ -152,12 +155,12 @@ def _text_bytes(texts: pa.StringArray | pa.LargeStringArray, offsets: np.ndarray
     return np.frombuffer(data_buffer, dtype=np.uint8)[int(offsets[0]):int(offsets[-1])]
 
 
-def new_character_bytes(data: np.ndarray) -> np.ndarray:
+def new_character_bytes(data: np.ndarray, misread: Ranges = ()) -> np.ndarray:
     """The positions (sorted, int64) in ``data`` (UTF-8 bytes) of the first byte of each code point
-    :func:`new_character_table` marks."""
+    ``new_character_table(misread)`` marks."""
     if data.size < 2 or int(data.max()) < 0x80:
         return np.zeros(0, dtype=np.int64)
-    table, prefixes = new_character_table(), _prefix_table()
+    table, prefixes = new_character_table(misread), _prefix_table(misread)
     last = data.size - 1
     found_leads = []
     for block_start in range(0, data.size, SCAN_BLOCK):  # small blocks: their temporaries stay in cache
@@ -257,20 +260,21 @@ def indent_cuts(data: np.ndarray, rule: CutRule = CutRule(b"", False)) -> np.nda
 
 def encode_new_characters(texts: pa.StringArray | pa.LargeStringArray, flat: FlatIds,
                           reference: Callable[[pa.Array], FlatIds],
-                          backend: Callable[[pa.Array], FlatIds] | None = None, rule: CutRule | None = None
-                          ) -> FlatIds:
+                          backend: Callable[[pa.Array], FlatIds] | None = None, rule: CutRule | None = None,
+                          misread: Ranges = ()) -> FlatIds:
     """``flat`` (a fast backend's ids of ``texts``) with the documents holding new characters encoded
     by ``reference`` instead: whole, or, given ``backend`` and ``rule`` (the tokenizer's
     :func:`indent_cut_rule`), the stretches between :func:`indent_cuts` that hold them by
-    ``reference`` and the rest by ``backend``. Returns ``flat`` itself when there are none."""
-    rows = documents_with_new_characters(texts)
+    ``reference`` and the rest by ``backend``. ``misread``: the backend's own (module doc). Returns
+    ``flat`` itself when there are none."""
+    rows = documents_with_new_characters(texts, misread)
     if rows.size == 0:
         return flat
     routed = texts.take(pa.array(rows))
     if backend is None or rule is None:
         redone = reference(routed)
     else:
-        redone = _encode_in_stretches(routed, reference, backend, rule)
+        redone = _encode_in_stretches(routed, reference, backend, rule, misread)
     lengths = np.diff(flat.offsets)
     lengths[rows] = np.diff(redone.offsets)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
@@ -286,7 +290,7 @@ def encode_new_characters(texts: pa.StringArray | pa.LargeStringArray, flat: Fla
 
 
 def _encode_in_stretches(texts: pa.StringArray | pa.LargeStringArray, reference: Callable[[pa.Array], FlatIds],
-                         backend: Callable[[pa.Array], FlatIds], rule: CutRule) -> FlatIds:
+                         backend: Callable[[pa.Array], FlatIds], rule: CutRule, misread: Ranges) -> FlatIds:
     """The ids of ``texts``: each cut at its :func:`indent_cuts` into stretches, runs of stretches
     holding a new character encoded by ``reference``, the runs between by ``backend``."""
     offsets = text_offsets(texts)
@@ -299,7 +303,7 @@ def _encode_in_stretches(texts: pa.StringArray | pa.LargeStringArray, reference:
         document = data[start:end]
         edges = np.concatenate(([0], indent_cuts(document, rule), [document.size]))
         new = np.zeros(edges.size - 1, dtype=bool)  # stretch j is [edges[j], edges[j + 1])
-        new[np.searchsorted(edges, new_character_bytes(document), side="right") - 1] = True
+        new[np.searchsorted(edges, new_character_bytes(document, misread), side="right") - 1] = True
         changes = np.flatnonzero(new[1:] != new[:-1]) + 1  # runs of stretches alike
         bounds = np.concatenate(([0], changes, [new.size]))
         before = len(pieces)

@@ -11,6 +11,7 @@ class ReferenceBackend:
     batch_bytes = 1 << 20
     """HF ``tokenizers`` builds an ``Encoding`` of about 100-300 bytes a token: 1 MiB pieces."""
     thread_env = ("RAYON_NUM_THREADS",)  # tokenizers' pool (tiktoken's threads are per call)
+    misread = ()  # it is the reference
 
     def version(self) -> str | None:
         return "n/a"  # installed whenever a tokenizer loads; its library's version is recorded instead
