@@ -22,7 +22,7 @@ from raypack.tokenize.backends.new_characters import (
 from raypack.tokenize.backends.unassigned import UNASSIGNED
 from raypack.tokenize.tokenizers import TIKTOKEN_ENCODINGS, FlatIds, load_tokenizer
 
-from helpers import CORPUS, train_byte_level_bpe
+from helpers import CORPUS, LLAMA3, O200K, train_byte_level_bpe
 
 FAST_INSTALLED = [pytest.param(name, marks=pytest.mark.skipif(BACKENDS[name].version() is None,
                                                               reason=f"{name} is not installed"))
@@ -193,7 +193,6 @@ def _split_tokenizer(pattern):
 
 def _cuttable_references(tmp_path_factory):
     """(name, tokenizer spec) for every pattern of CUTTABLE_PATTERNS."""
-    from test_tokenize_backends import LLAMA3, O200K
 
     from raypack.tokenize.backends.new_characters import CUTTABLE_PATTERNS
 
@@ -388,7 +387,6 @@ def test_long_s_is_routed_where_fastokens_and_tokenizers_part(tmp_path, shape):
     """U+017F: Oniguruma's ``(?i:'s)`` takes ``'ſ`` (ſ folds to s), fastokens' Llama 3 and Qwen 2 matchers do
     not, so ``"'ſſ"`` is cut otherwise (found probing every code point; Qwen 2 is fastokens' in ``auto``)."""
     import tokenizers
-    from test_tokenize_backends import LLAMA3
 
     pattern = LLAMA3 if shape == "llama3" else LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
     tok = train_byte_level_bpe(CORPUS + ["it'ſſ 'ſt x'ſ"] * 50, 700)
