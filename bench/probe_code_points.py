@@ -40,19 +40,28 @@ CONTEXTS = ["'{c}", "x'{c} ", "'{c}{c}", "{c}'S", "({c}<", "a{c}b", " {c} ", "\n
 LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
           r"|\s+(?!\S)|\s+")
 QWEN2 = LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")
+QWEN_MARKS = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+              r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+DEEPSEEK = [r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+            "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+            "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"]
+"""DeepSeek V3's three Splits, as its tokenizer.json decodes (CR and LF as the characters themselves)."""
 BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
 
 
-def _split(pattern: str) -> dict:
+def _split(*patterns: str) -> dict:
     return {"type": "Sequence", "pretokenizers": [
-        {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
+        *({"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False}
+          for pattern in patterns),
         {**BYTE_LEVEL, "use_regex": False}]}
 
 
 SHAPES = {
     "gpt2": (BYTE_LEVEL, None), "gpt2 NFC": (BYTE_LEVEL, {"type": "NFC"}), "llama3": (_split(LLAMA3), None),
     "o200k": (_split(TIKTOKEN_ENCODINGS["o200k_base"]["pat_str"]), None), "qwen2": (_split(QWEN2), None),
-    "qwen2 NFC": (_split(QWEN2), {"type": "NFC"}), "digits": (_split(r"\p{N}{1,3}"), None),
+    "qwen2 NFC": (_split(QWEN2), {"type": "NFC"}), "qwen marks": (_split(QWEN_MARKS), None),
+    "gpt2 split": (_split(GPT2), None), "digits": (_split(r"\p{N}{1,3}"), None), "deepseek": (_split(*DEEPSEEK), None),
     "case-insensitive": (_split(r"'(?i:[sdmt]|ll|ve|re)|[^']+|'"), None),
     "cl100k split": (_split(TIKTOKEN_ENCODINGS["cl100k_base"]["pat_str"]), None),
 }

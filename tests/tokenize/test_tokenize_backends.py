@@ -33,7 +33,7 @@ from raypack.tokenize.guard import BYTES_SHARE, FREE_BYTES, ReferenceGuard, cand
 from raypack.tokenize.job import TextOptions, TokenizeConfig, run_tokenize
 from raypack.tokenize.tokenizers import TIKTOKEN_ENCODINGS, FlatIds, load_tokenizer
 
-from helpers import LLAMA3, O200K, train_byte_level_bpe, train_sentencepiece_style_bpe
+from helpers import DEEPSEEK, LLAMA3, O200K, train_byte_level_bpe, train_sentencepiece_style_bpe
 
 FAST = [name for name in BACKENDS if name != "reference"]
 FAST_INSTALLED = [pytest.param(name, marks=pytest.mark.skipif(BACKENDS[name].version() is None,
@@ -464,9 +464,13 @@ SHAPES = {
     "Split inverted": ("bl", {"pre_tokenizer": _seq(_split(invert=True), _bl(regex=False))}, []),
     # gigatoken refuses these itself
     "two Splits": ("bl", {"pre_tokenizer": _seq(_split(), _split(r"\p{N}{1,3}"), _bl(regex=False))}, []),
-    # fastokens refuses: Oniguruma reads cl100k's \p{N}{1,3}+ as a repeated interval (any run of digits)
+    # fastokens refuses regexes it is not proven on: Oniguruma reads cl100k's \p{N}{1,3}+ as a repeated
+    # interval (any run of digits), (?m) as dot-all
     "cl100k-style Split": ("bl", {"pre_tokenizer": _seq(_split(TIKTOKEN_ENCODINGS["cl100k_base"]["pat_str"]),
                                                         _bl(regex=False))}, []),
+    "(?m) Split": ("bl", {"pre_tokenizer": _seq(_split(r"(?m)\S.+|\s+"), _bl(regex=False))}, []),
+    # DeepSeek V3's three Splits: fastokens takes them (gigatoken refuses the Sequence)
+    "deepseek": ("bl", {"pre_tokenizer": _seq(*(_split(p) for p in DEEPSEEK), _bl(regex=False))}, []),
     "Digits then ByteLevel": ("bl", {"pre_tokenizer": _seq(_DIGITS, _bl())}, []),
     "gpt2 Lowercase": ("bl", {"normalizer": {"type": "Lowercase"}}, []),
     "sp Replace by a regex": ("sp", {"normalizer": {"type": "Sequence", "normalizers": [
@@ -519,10 +523,12 @@ def _reference_ids(path) -> FlatIds:
 
 
 FASTOKENS_REFUSES = {"sp Metaspace", "sp Metaspace always, no split", "no pre-tokenizer, byte-level",
-                     "Split, Punctuation, ByteLevel", "sp NFKC", "an added token's id past a gap", "cl100k-style Split"}
+                     "Split, Punctuation, ByteLevel", "sp NFKC", "an added token's id past a gap", "cl100k-style Split",
+                     "(?m) Split"}
 TAKES = {"gigatoken": GIGATOKEN_TAKES, "fastokens": set(SHAPES) - FASTOKENS_REFUSES}
 MISENCODES = {"gigatoken": GIGATOKEN_MISENCODES,
-              "fastokens": ["no pre-tokenizer, byte-level", "an added token's id past a gap", "cl100k-style Split"]}
+              "fastokens": ["no pre-tokenizer, byte-level", "an added token's id past a gap", "cl100k-style Split",
+                            "(?m) Split"]}
 
 
 @pytest.mark.parametrize("backend", FAST_INSTALLED)

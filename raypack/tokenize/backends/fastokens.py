@@ -1,13 +1,14 @@
 """The fastokens backend (PyPI ``fastokens``, Rust, Apache-2.0): BPE from a ``tokenizer.json`` with
-generic Split regexes (PCRE2), Digits and the common normalizers; and the tiktoken encodings.
+the Split regexes it is proven on, Digits and the common normalizers; and the tiktoken encodings.
 
 What it is taken for is what tests/tokenize/test_tokenize_backends.py proves token for token
 (:func:`inexact` refuses the rest, naming it, so ``auto`` falls back): a BPE model without
 dropout; normalizers NFC, Lowercase, Prepend, Replace and Sequences of them; pre-tokenizers
-ByteLevel, Split, Digits and Sequences of them (fastokens refuses Metaspace, WhitespaceSplit,
-Punctuation, NFKC, NFD ... itself); no pre-tokenizer only with ``byte_fallback`` (without it,
-fastokens' ids differ). tiktoken semantics are ``encode_ordinary``: ``split_special_tokens``, so
-``<|endoftext|>`` in a text is ordinary text.
+ByteLevel, Split, Digits and Sequences of them, every regex among them one of
+:data:`PROVEN_REGEXES` (fastokens refuses Metaspace, WhitespaceSplit, Punctuation, NFKC, NFD ...
+itself); no pre-tokenizer only with ``byte_fallback`` (without it, fastokens' ids differ).
+tiktoken semantics are ``encode_ordinary``: ``split_special_tokens``, so ``<|endoftext|>`` in a
+text is ordinary text.
 
 Ids without Python lists: fastokens takes Python strs (one per document: the Arrow strings are
 decoded once, 0.3-0.7 ns a byte) and returns the ids as one little-endian uint32 buffer and n + 1
@@ -18,7 +19,6 @@ flat at ~320 MiB over 350 MB of distinct random words, BENCHMARKS.md).
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import numpy as np
@@ -36,10 +36,28 @@ from raypack.tokenize.tokenizers import TEXT_EXTRA, TIKTOKEN_ENCODINGS, FlatIds,
 
 NORMALIZERS = {"NFC", "Lowercase", "Prepend", "Replace", "Sequence"}
 PRE_TOKENIZERS = {"ByteLevel", "Split", "Digits", "Sequence"}
-POSSESSIVE_INTERVAL = re.compile(r"(?<!\\)\{\d+(?:,\d*)?\}\+")
-"""``{n,m}+``: possessive to fastokens (and tiktoken), a repeated interval to ``tokenizers``' Oniguruma,
-so cl100k's ``\\p{N}{1,3}+`` in a tokenizer.json takes every digit of a run there, three at a time
-in fastokens (a hostile trial: "1123")."""
+_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+           r"|\s+(?!\S)|\s+")
+PROVEN_REGEXES = frozenset({
+    _LLAMA3,
+    _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}"),  # Qwen 2
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+",  # Qwen's, marks with letters
+    TIKTOKEN_ENCODINGS["o200k_base"]["pat_str"],  # o200k's, as a tokenizer.json writes it
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",  # GPT-2's, as a Split
+    r"\p{N}{1,3}",  # digits in threes (DeepSeek's first Split)
+    "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",  # DeepSeek's second: CJK and kana runs
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+    "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",  # DeepSeek's third (CR, LF as themselves)
+    " +",  # a Replace normalizer's runs of spaces
+})
+"""The regexes (Split patterns, Replace patterns) fastokens is taken for: those
+bench/probe_code_points.py proves on every code point of planes 0-3 and 14 (but its ``misread``).
+fastokens' generic regex engine and ``tokenizers``' Oniguruma read many others differently (two
+hostile trials): ``{n,m}+`` (possessive against a repeated interval: cl100k's regex in a
+tokenizer.json, any run of 4+ digits), ``^``/``$`` (line anchors in Oniguruma's Ruby syntax),
+``(?m)`` (dot-all there), ``\\h`` (a hex digit there), ``\\v``, POSIX classes, script properties,
+``\\w``/``\\b`` on spacing marks, ``(?i)`` with full case folding (ß, ligatures)."""
 
 
 class FastokensBackend:
@@ -90,9 +108,9 @@ def inexact(config: dict[str, Any]) -> str | None:
     if pre is None and not model.get("byte_fallback"):
         return "no pre-tokenizer without byte_fallback, where fastokens' ids differ"
     for pattern in _regexes(normalizer) + _regexes(pre):
-        if POSSESSIVE_INTERVAL.search(pattern):
-            return (f"the regex {pattern[:48]!r}... has {{n,m}}+, which tokenizers (Oniguruma) reads as a repeated "
-                    "interval and fastokens as possessive")
+        if pattern not in PROVEN_REGEXES:
+            return (f"the regex {pattern[:48]!r}{'...' if len(pattern) > 48 else ''}, not one fastokens is proven "
+                    "to read as tokenizers' Oniguruma does (Llama 3's, Qwen 2's, o200k's, GPT-2's, \\p{N}{1,3})")
     return None
 
 
