@@ -8,9 +8,10 @@ plane 14 (less surrogates, private use and those unassigned in Unicode 14.0, whi
 the reference anyway) is encoded in each context (``{c}`` is the code point) by the reference library and by the
 backend's own encoder (no routing), for:
 
-* tokenizer.json shapes (``--shapes``): GPT-2's ByteLevel, Llama 3, o200k and Qwen 2 split regexes,
-  with and without NFC, a ``\\p{N}{1,3}`` split, a case-insensitive split, cl100k's regex. Their BPE
-  merges every pair of bytes, so that any difference in pre-tokenization shows in the ids;
+* tokenizer.json shapes (``--shapes``): GPT-2's ByteLevel (and + NFC); Split regexes: Llama 3, Qwen 2
+  (and + NFC), Qwen's variant with marks, o200k, GPT-2's as a Split, DeepSeek V3's three, digits in
+  threes, a case-insensitive one, cl100k's. Their BPE merges every pair of bytes, so that any
+  difference in pre-tokenization shows in the ids;
 * tiktoken's cl100k_base and o200k_base (their own ranks).
 
 A code point where the ids differ outside the backend's ``misread`` (raypack.tokenize.backends.
