@@ -313,21 +313,15 @@ def _encode_in_stretches(texts: pa.StringArray | pa.LargeStringArray, reference:
             pieces += [(start + int(edges[a]), start + int(edges[b]), bool(new[a]))
                        for a, b in zip(bounds[:-1], bounds[1:])]
         per_document.append(len(pieces) - before)
-    encoded = {}
+    ids_of: dict[int, np.ndarray] = {}  # piece index: its ids
     for by_reference, encode in ((True, reference), (False, backend)):
-        chosen = [(a, b) for a, b, r in pieces if r is by_reference]
+        chosen = [i for i, piece in enumerate(pieces) if piece[2] is by_reference]
         if chosen:
-            strings = pa.array([data[a:b].tobytes() for a, b in chosen], pa.large_binary()).cast(pa.large_string())
-            encoded[by_reference] = (encode(strings), iter(range(len(chosen))))
-    parts, lengths = [], []
-    for count in per_document:
-        size = 0
-        for _ in range(count):
-            ids, order = encoded[pieces[len(parts)][2]]
-            j = next(order)
-            parts.append(ids.values[ids.offsets[j]:ids.offsets[j + 1]].astype(np.uint32, copy=False))
-            size += parts[-1].size
-        lengths.append(size)
-    out = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=out[1:])
+            texts_of = [data[pieces[i][0]:pieces[i][1]].tobytes() for i in chosen]
+            flat = encode(pa.array(texts_of, pa.large_binary()).cast(pa.large_string()))
+            ids_of.update((i, flat.values[flat.offsets[j]:flat.offsets[j + 1]]) for j, i in enumerate(chosen))
+    parts = [ids_of[i].astype(np.uint32, copy=False) for i in range(len(pieces))]
+    ends = np.cumsum([0, *per_document])  # each document's pieces are parts[ends[k]:ends[k + 1]]
+    piece_offsets = np.cumsum([0, *(part.size for part in parts)])
+    out = piece_offsets[ends].astype(np.int64)
     return FlatIds(np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32), out)
