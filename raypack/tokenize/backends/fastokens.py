@@ -110,7 +110,7 @@ def inexact(config: dict[str, Any]) -> str | None:
     for pattern in _regexes(normalizer) + _regexes(pre):
         if pattern not in PROVEN_REGEXES:
             return (f"the regex {pattern[:48]!r}{'...' if len(pattern) > 48 else ''}, not one fastokens is proven "
-                    "to read as tokenizers' Oniguruma does (Llama 3's, Qwen 2's, o200k's, GPT-2's, \\p{N}{1,3})")
+                    "to read as tokenizers' Oniguruma does (Llama 3's, Qwen 2's, o200k's, GPT-2's, DeepSeek V3's)")
     return None
 
 
