@@ -19,6 +19,10 @@ from typing import Any, Callable, Iterator, Protocol
 from raypack.errors import InputError
 from raypack.tokenize.tokenizers import TIKTOKEN_ENCODINGS, Encoder, TextTokenizer
 
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+"""Llama 3's Split regex in its tokenizer.json (Qwen 2's has ``\\p{N}`` for ``\\p{N}{1,3}``)."""
+
 
 class Unsupported(Exception):
     """A backend cannot encode this tokenizer exactly; the message says what it lacks (one line)."""

@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from raypack.errors import InputError
 from raypack.tokenize.backends.base import (
+    LLAMA3_SPLIT,
     Unsupported,
     package_version,
     rank_file_on_disk,
@@ -36,11 +37,9 @@ from raypack.tokenize.tokenizers import TEXT_EXTRA, TIKTOKEN_ENCODINGS, FlatIds,
 
 NORMALIZERS = {"NFC", "Lowercase", "Prepend", "Replace", "Sequence"}
 PRE_TOKENIZERS = {"ByteLevel", "Split", "Digits", "Sequence"}
-_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-           r"|\s+(?!\S)|\s+")
 PROVEN_REGEXES = frozenset({
-    _LLAMA3,
-    _LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}"),  # Qwen 2
+    LLAMA3_SPLIT,
+    LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}"),  # Qwen 2
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+",  # Qwen's, marks with letters
     TIKTOKEN_ENCODINGS["o200k_base"]["pat_str"],  # o200k's, as a tokenizer.json writes it

@@ -53,6 +53,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from raypack.tokenize.backends.base import LLAMA3_SPLIT
 from raypack.tokenize.backends.unassigned import UNASSIGNED
 from raypack.tokenize.tokenizers import TIKTOKEN_ENCODINGS, FlatIds, TextTokenizer, text_offsets
 
@@ -63,9 +64,7 @@ GPT2 = "ByteLevel"
 """The GPT-2 regex of the ``ByteLevel`` pre-tokenizer with ``use_regex`` (it has no pattern field)."""
 _CL100K = TIKTOKEN_ENCODINGS["cl100k_base"]["pat_str"]
 _O200K = TIKTOKEN_ENCODINGS["o200k_base"]["pat_str"]  # also o200k's Split regex in a tokenizer.json
-_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-           r"|\s+(?!\S)|\s+")
-CUTTABLE_PATTERNS: dict[str, bool] = {GPT2: False, _CL100K: True, _LLAMA3: True, _O200K: True}
+CUTTABLE_PATTERNS: dict[str, bool] = {GPT2: False, _CL100K: True, LLAMA3_SPLIT: True, _O200K: True}
 """Split regexes that always cut an indented line (a newline, two or more spaces, a visible ASCII
 character) at one place, whatever the characters' properties, and whether that place is the line's
 start (True) or before its last space (False):
