@@ -228,6 +228,11 @@ def check_texts(texts: pa.Array) -> None:
 
 
 SPLIT_IT = "split the document upstream, or lower --max-document-bytes to refuse such documents before they are encoded"
+SHORT_TEXT = 1 << 16
+"""Below this many bytes a document the tokenizer fails on is not too long: the tokenizer is broken."""
+BROKEN_TOKENIZER = ("the text is short, so the tokenizer itself fails on it (its tokenizer.json, e.g. a normalizer or "
+                    "regex that matches the empty string, or its library): fix the tokenizer, or remove the document "
+                    "upstream")
 
 
 NOT_THE_DOCUMENT = (InputError, BackendError, KeyboardInterrupt, SystemExit, GeneratorExit)
@@ -260,6 +265,8 @@ def encode_naming(encoder: Encoder, texts: pa.Array, name: Callable[[int], str],
 
 
 def _cannot(document: str, size: int, error: BaseException, fix: str) -> str:
+    if fix == SPLIT_IT and size < SHORT_TEXT:
+        fix = BROKEN_TOKENIZER
     return f"{document} ({size:,} bytes of text) cannot be encoded by the tokenizer: {_first_line(error)}; {fix}"
 
 

@@ -70,7 +70,9 @@ def check_tokenizer(out: str, num_docs: int = DEFAULT_DOCUMENTS) -> list[str]:
     sources = text_sources(manifest)
     if record is None or not sources:
         raise InputError(f"{out} was not packed from text (its manifest records no tokenizer and no text source); "
-                         "--check-tokenizer needs an output of pack --tokenizer, or of tokenize then pack")
+                         "--check-tokenizer needs an output of pack --tokenizer, or of tokenize then pack with "
+                         "--input the tokenized corpus's directory (part files given one by one, or by a glob, are "
+                         "packed as token files and carry no tokenizer)")
     tokenizer = _reference(record["identity"], out)
     options = record.get("options", {})
     total = sum(s.num_docs for s in sources)

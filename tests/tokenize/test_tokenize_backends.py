@@ -600,7 +600,13 @@ def test_a_document_the_library_fails_on_is_one_line_naming_it(error):
         encode_naming(_FailsOn("BOOM", error), texts, lambda k: f"doc {k + 10}")
     line = str(raised.value)
     assert line.startswith("doc 12 (54 bytes of text) cannot be encoded by the tokenizer: ") and "\n" not in line
-    assert str(error).split("\n")[0] in line and "--max-document-bytes" in line
+    assert str(error).split("\n")[0] in line and "the tokenizer itself fails" in line  # short: not its length
+    assert "--max-document-bytes" not in line
+    long = pa.array(["a", "BOOM" + "x" * (1 << 16)])
+    with pytest.raises(InputError) as raised:
+        encode_naming(_FailsOn("BOOM", error), long, lambda k: f"doc {k}")
+    assert "(65,540 bytes of text)" in str(raised.value) and "--max-document-bytes" in str(raised.value)
+    assert "itself" not in str(raised.value)
     one = _FailsOn("BOOM", error)  # a batch of one is not encoded again (a panic prints each time)
     with pytest.raises(InputError, match="^doc 0 "):
         encode_naming(one, pa.array(["BOOM"]), lambda k: f"doc {k}")
@@ -627,6 +633,22 @@ def test_a_document_past_fastokens_regex_limit_is_one_line_and_nothing_is_writte
     assert code == 2 and len(err) == 1 and not (tmp_path / "out").exists()
     assert "in.parquet row 1 " in err[0] and "12,582,912 bytes" in err[0]
     assert "cannot be encoded by the tokenizer: " in err[0] and "match limit" in err[0]
+
+
+def test_a_tokenizer_that_panics_on_any_text_is_one_line_that_blames_the_tokenizer(tmp_path, capsys):
+    """tokenizers panics on a Replace normalizer whose regex matches the empty string (index out of
+    bounds): the one line names the first document and says the tokenizer, not the text's length, fails."""
+    config = json.loads(train_byte_level_bpe(CORPUS[10:200], 400).to_str())
+    config["normalizer"] = {"type": "Replace", "pattern": {"Regex": "x*"}, "content": "y"}
+    (tmp_path / "broken.json").write_text(json.dumps(config))
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"text": ["hello world", "bye"]}), tmp_path / "in" / "in.parquet")
+    code = main(["tokenize", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--tokenizer",
+                 str(tmp_path / "broken.json"), "--tokenizer-backend", "reference", "--local"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("raypack: error:")]
+    assert code == 2 and len(err) == 1 and not (tmp_path / "out").exists(), err
+    assert "in.parquet row " in err[0] and "cannot be encoded by the tokenizer: " in err[0]
+    assert "the tokenizer itself fails on it" in err[0] and "--max-document-bytes" not in err[0]
 
 
 def test_a_bpe_with_dropout_is_refused_with_one_line(tmp_path, capsys):
