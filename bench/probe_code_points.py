@@ -12,6 +12,11 @@ backend's own encoder (no routing), for:
   (and + NFC), Qwen's variant with marks, o200k, GPT-2's as a Split, DeepSeek V3's three, digits in
   threes, a case-insensitive one, cl100k's. Their BPE merges every pair of bytes, so that any
   difference in pre-tokenization shows in the ids;
+* SentencePiece-style shapes (``sp ...``): a BPE with ``byte_fallback``, no pre-tokenizer and
+  Llama 2's normalizer (Prepend and Replace of "\u2581"), or Metaspace (prepend "first", split or
+  not). In ``sp ...`` every probed code point falls back to its bytes; in ``sp ... known`` each is
+  in the vocabulary, with a merge after "\u2581" and one with itself, so that how the backend cuts
+  the text into characters around it shows in the ids;
 * tiktoken's cl100k_base and o200k_base (their own ranks).
 
 A code point where the ids differ outside the backend's ``misread`` (raypack.tokenize.backends.
@@ -68,6 +73,47 @@ SHAPES = {
 }
 
 
+SP_NORMALIZER = {"type": "Sequence", "normalizers": [
+    {"type": "Prepend", "prepend": "\u2581"}, {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]}
+SP_SHAPES = {
+    "sp llama2": (None, SP_NORMALIZER),
+    "sp metaspace": ({"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": False}, None),
+    "sp metaspace split": ({"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": True},
+                           None),
+}
+"""SentencePiece-style shapes: (pre-tokenizer, normalizer); each also as ``NAME known``."""
+
+
+def _sentencepiece_config(pre: dict | None, normalizer: dict | None, known: list[int]) -> dict:
+    """A BPE with byte_fallback over printable ASCII and "\u2581" (every pair of them merged), the
+    byte tokens, and ``known`` code points, each with merges "\u2581"+c and c+c."""
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+    base = ["\u2581", *map(chr, range(0x21, 0x7F))]
+    merges = []
+    for ch in base:
+        vocab.setdefault(ch, len(vocab))
+    for a in base:
+        for b in base:
+            vocab.setdefault(a + b, len(vocab))
+            merges.append([a, b])
+    for cp in known:
+        c = chr(cp)
+        if c in vocab:
+            continue
+        vocab[c] = len(vocab)
+        for a, b in (("\u2581", c), (c, c)):
+            if a + b not in vocab:
+                vocab[a + b] = len(vocab)
+                merges.append([a, b])
+    return {"version": "1.0", "truncation": None, "padding": None,
+            "added_tokens": [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                              "normalized": False, "special": True} for i, t in enumerate(["<unk>", "<s>", "</s>"])],
+            "normalizer": normalizer, "pre_tokenizer": pre, "post_processor": None, "decoder": None,
+            "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+                      "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                      "vocab": vocab, "merges": merges}}
+
+
 def _byte_pairs_config(pre: dict, normalizer: dict | None) -> dict:
     """A byte-level BPE whose merges are all 65,536 byte pairs (GPT-2's byte-to-character table)."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
@@ -106,7 +152,8 @@ def _differing(reference, encoder, code_points: list[int], context: str) -> list
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backends", default="gigatoken,fastokens")
-    parser.add_argument("--shapes", default=",".join([*SHAPES, "tiktoken:cl100k_base", "tiktoken:o200k_base"]))
+    parser.add_argument("--shapes", default=",".join([*SHAPES, *SP_SHAPES, *(f"{k} known" for k in SP_SHAPES),
+                                                      "tiktoken:cl100k_base", "tiktoken:o200k_base"]))
     parser.add_argument("--planes", type=int, default=4)
     parser.add_argument("--contexts", default="|".join(CONTEXTS), help="'|'-separated, {c} the code point")
     args = parser.parse_args()
@@ -121,10 +168,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as directory:
         for shape in args.shapes.split(","):
             spec = shape
-            if shape in SHAPES:
+            sp = shape.removesuffix(" known")
+            if shape in SHAPES or sp in SP_SHAPES:
                 spec = os.path.join(directory, shape.replace(" ", "_") + ".json")
+                config = (_byte_pairs_config(*SHAPES[shape]) if shape in SHAPES else
+                          _sentencepiece_config(*SP_SHAPES[sp], code_points if shape != sp else []))
                 with open(spec, "w") as f:
-                    json.dump(_byte_pairs_config(*SHAPES[shape]), f)
+                    json.dump(config, f)
             reference = load_tokenizer(spec)
             for backend in args.backends.split(","):
                 try:
@@ -132,7 +182,7 @@ def main() -> int:
                 except Exception as e:  # refused (or not installed): nothing to probe
                     print(f"{shape} / {backend}: skipped ({str(e).splitlines()[0][:100]})", flush=True)
                     continue
-                misread = BACKENDS[backend].misread
+                misread = BACKENDS[backend].misread + getattr(encoder, "misread", ())  # gigatoken's NFC_MISREAD
                 start, found = time.perf_counter(), set()
                 for context in contexts:
                     for cp in _differing(reference, encoder, code_points, context):
