@@ -84,6 +84,8 @@ class BackedTokenizer:
         self.batch_bytes = BACKENDS[backend].batch_bytes
         self.cut_rule = None if backend == ReferenceBackend.name else indent_cut_rule(reference)
         """Where documents holding new characters may be cut (new_characters.indent_cut_rule)."""
+        self.misread = BACKENDS[backend].misread + getattr(encoder, "misread", ())
+        """Code points routed to the reference: the backend's, and its encoder's for this tokenizer."""
 
     def identity(self) -> dict[str, Any]:
         return self.reference.identity()
@@ -107,7 +109,7 @@ class BackedTokenizer:
             return flat
         # new characters: the reference's ids (of the lines around them, where the split regex allows)
         return encode_new_characters(texts, flat, self.reference.encode_flat,
-                                     self.encoder.encode_flat, self.cut_rule, BACKENDS[self.backend].misread)
+                                     self.encoder.encode_flat, self.cut_rule, self.misread)
 
     def encode_batch(self, texts: pa.StringArray | pa.LargeStringArray, *, bos_id: int | None = None,
                      eos_id: int | None = None) -> pa.ListArray | pa.LargeListArray:

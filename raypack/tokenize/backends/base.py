@@ -40,7 +40,8 @@ class TokenizerBackend(Protocol):
     misread: tuple[tuple[int, int], ...]
     """Assigned code points (inclusive ranges) the backend is known to read otherwise than the
     reference library: a document holding one goes to the reference, as one holding a character
-    newer than Unicode 14.0 does (raypack.tokenize.backends.new_characters)."""
+    newer than Unicode 14.0 does (raypack.tokenize.backends.new_characters). An encoder may add its
+    own for one tokenizer, as its ``misread`` attribute (gigatoken's for an NFC normalizer)."""
 
     def version(self) -> str | None:
         """The installed version, or None when the backend is not installed (nothing is imported)."""

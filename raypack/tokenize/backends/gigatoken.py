@@ -36,6 +36,7 @@ holds the GIL for the call, which is why it is not taken where the pool has thre
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import Any, Callable
@@ -65,6 +66,23 @@ PRETOKENIZERS = {"cl100k_base": "gpt4", "o200k_base": "o200k"}
 """gigatoken's name for the split pattern of each tiktoken encoding raypack knows."""
 
 
+NFC_MISREAD: tuple[tuple[int, int], ...] = (
+    (0x07FD, 0x07FD), (0x0898, 0x089F), (0x08CA, 0x08D3), (0x09FE, 0x09FE), (0x0C3C, 0x0C3C), (0x0D3B, 0x0D3C),
+    (0x0EBA, 0x0EBA), (0x1715, 0x1715), (0x1ABF, 0x1ACE), (0x1DF6, 0x1DFA), (0xA82C, 0xA82C), (0x10D24, 0x10D27),
+    (0x10EAB, 0x10EAC), (0x10F46, 0x10F50), (0x10F82, 0x10F85), (0x11070, 0x11070), (0x1133B, 0x1133B),
+    (0x1145E, 0x1145E), (0x11839, 0x1183A), (0x11930, 0x11930), (0x11935, 0x11935), (0x11938, 0x11938),
+    (0x1193D, 0x1193E), (0x11943, 0x11943), (0x119E0, 0x119E0), (0x11A34, 0x11A34), (0x11A47, 0x11A47),
+    (0x11A99, 0x11A99), (0x11D42, 0x11D42), (0x11D44, 0x11D45), (0x11D97, 0x11D97), (0x16FF0, 0x16FF1),
+    (0x1E130, 0x1E136), (0x1E2AE, 0x1E2AE), (0x1E2EC, 0x1E2EF),
+)
+"""Code points (inclusive ranges) gigatoken's NFC normalizes otherwise than ``tokenizers``': marks
+whose canonical combining class ``tokenizers``' older Unicode tables do not have (so it leaves them
+in place where gigatoken reorders them), and the parts of compositions it does not know. Found by
+bench/probe_nfc.py (every code point of planes 0-3 and 14, alone, beside a mark of every combining
+class and in every canonical composition of Unicode 14.0; then random strings without them: none
+differs). A document holding one goes to the reference (raypack.tokenize.backends.new_characters)."""
+
+
 class GigatokenBackend:
     name = "gigatoken"
     summary = "gigatoken (Rust): byte-level BPE, SentencePiece-style BPE with byte fallback, tiktoken encodings"
@@ -84,7 +102,10 @@ class GigatokenBackend:
         gigatoken = _import()
         if tokenizer.kind == "hf":
             data = tokenizer_json(tokenizer, inexact, self.name)
-            return GigatokenEncoder(lambda: gigatoken.Tokenizer(_load_hf(data)))
+            encoder = GigatokenEncoder(lambda: gigatoken.Tokenizer(_load_hf(data)))
+            if "NFC" in _normalizer_types(json.loads(data).get("normalizer")):
+                encoder.misread = NFC_MISREAD
+            return encoder
         if tokenizer.kind == "tiktoken" and tokenizer.name in PRETOKENIZERS:
             contents = tiktoken_ranks(tokenizer.name, tokenizer.rank_file)
             return GigatokenEncoder(lambda: gigatoken.Tokenizer(_load_tiktoken(tokenizer.name, contents)))
@@ -111,8 +132,9 @@ def inexact(config: dict[str, Any]) -> str | None:
     * SentencePiece-style (``byte_fallback``): no pre-tokenizer, or ``Metaspace``.
 
     * no added token that begins or ends with whitespace and strips whitespace beside it;
-    * no NFC normalizer (gigatoken's combining classes are another Unicode version's: fastokens, next
-      in ``auto``'s order, encodes it exactly).
+    * an NFC normalizer is taken: gigatoken's normalization data is another Unicode version's than
+      ``tokenizers``', so the code points where they part (NFC_MISREAD) make the encoder's
+      ``misread``, and documents holding one go to the reference.
 
     Other normalizers are gigatoken's to refuse (it takes Prepend/Replace for SentencePiece style,
     and encodes those exactly)."""
@@ -130,9 +152,6 @@ def inexact(config: dict[str, Any]) -> str | None:
                 and content != content.strip()):
             return (f"added token {content!r} begins or ends with whitespace and strips it beside it (lstrip/rstrip), "
                     "which gigatoken matches differently")
-    if "NFC" in _normalizer_types(config.get("normalizer")):
-        return ("the NFC normalizer, whose combining classes gigatoken takes from another Unicode version than "
-                "tokenizers (U+07FD, U+089A, U+1ABF, ... reorder otherwise)")
     pre = config.get("pre_tokenizer")
     if model.get("byte_fallback"):
         if pre is None or _is(pre, "Metaspace"):
@@ -215,6 +234,8 @@ class GigatokenEncoder:
     def __init__(self, load: Callable[[], Any], *, cache_budget: int | None = None,
                  rss: Callable[[], int] | None = None) -> None:
         self._load, self._rss = load, rss or resident_bytes
+        self.misread: tuple[tuple[int, int], ...] = ()
+        """Code points this tokenizer's encoder reads otherwise, beyond the backend's (NFC_MISREAD)."""
         self.cache_budget = CACHE_BUDGET if cache_budget is None else cache_budget
         self.reloads = 0
         self.tokenizer = load()
