@@ -484,14 +484,19 @@ SHAPES = {
         {"type": "Prepend", "prepend": "\u2581"},
         {"type": "Replace", "pattern": {"Regex": " +"}, "content": "\u2581"}]}}, []),
     "sp NFKC": ("sp", {"normalizer": {"type": "NFKC"}}, []),
+    "sp NFC, Prepend, Replace": ("sp", {"normalizer": {"type": "Sequence", "normalizers": [
+        {"type": "NFC"}, {"type": "Prepend", "prepend": "\u2581"},
+        {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]}}, []),
+    "qwen2 NFC": ("bl", {"normalizer": {"type": "NFC"},
+                         "pre_tokenizer": _seq(_split(LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")), _bl(regex=False))}, []),
     "sp Digits": ("sp", {"pre_tokenizer": _DIGITS}, []),
 }
 GIGATOKEN_TAKES = {"gpt2", "gpt2 prefix space", "gpt2 ignore_merges",
                    "gpt2 unk_token fuse_unk", "gpt2 truncation and padding in the file", "gpt2 added tokens",
                    "gpt2 added normalized", "llama3", "o200k-style", "sp Prepend+Replace", "sp Replace only",
                    "sp no normalizer", "sp Metaspace", "sp Metaspace always, no split",
-                   "sp ignore_merges, no fuse_unk", "gpt2 NFC", "gpt2 Sequence[NFC]"}
-GIGATOKEN_ROUTES = ["gpt2 NFC", "gpt2 Sequence[NFC]"]
+                   "sp ignore_merges, no fuse_unk", "gpt2 NFC", "gpt2 Sequence[NFC]", "qwen2 NFC"}
+GIGATOKEN_ROUTES = ["gpt2 NFC", "gpt2 Sequence[NFC]", "qwen2 NFC"]
 """Taken, though the library itself encodes some texts otherwise: those holding a code point of its
 encoder's ``misread`` go to the reference (gigatoken's NFC_MISREAD)."""
 GIGATOKEN_MISENCODES = ["ByteLevel without its regex", "no pre-tokenizer, byte-level",
