@@ -404,7 +404,8 @@ def test_invalid_utf8_is_one_line_naming_the_row(tokenizer_files):
 
 SHAPE_TEXTS = [*CORPUS[:-1], "abc123def 4567 x9", "<x> a<x>b <x>  <y>z", " <y> ", "  leading", "trailing  ",
                "ÀÉÎõü ﬁ ① ２ Ⅻ", "İstanbul ǅ ß", "a\u0301\u0302", "<s>hi</s>", "▁under▁score", "tab\there",
-               "a hello hello", "x\u036f\u089ay \u07fd\u036f\u08d2"]
+               "a hello hello", "x\u036f\u089ay \u07fd\u036f\u08d2", "<x>\u0338 call <x>\u0338<|im_start|>",
+               "caf\u00e9 cafe\u0301 e\u0301\u0323"]
 
 
 def _bl(prefix=False, regex=True):
@@ -488,7 +489,12 @@ SHAPES = {
         {"type": "NFC"}, {"type": "Prepend", "prepend": "\u2581"},
         {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]}}, []),
     "qwen2 NFC": ("bl", {"normalizer": {"type": "NFC"},
-                         "pre_tokenizer": _seq(_split(LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")), _bl(regex=False))}, []),
+                         "pre_tokenizer": _seq(_split(LLAMA3.replace(r"\p{N}{1,3}", r"\p{N}")), _bl(regex=False))},
+                  [("<|im_start|>", {"special": True}), ("<x>", {})]),
+    # tokenizers matches a normalized added token in the NFC text ("<x>" + U+0338 is "<x≯"), gigatoken as written
+    "gpt2 NFC, a normalized added token": ("bl", {"normalizer": {"type": "NFC"}}, [("<x>", {"normalized": True})]),
+    "gpt2 NFC, a normalized added token with a mark": ("bl", {"normalizer": {"type": "NFC"}},
+                                                       [("e\u0301", {"normalized": True})]),
     "sp Digits": ("sp", {"pre_tokenizer": _DIGITS}, []),
 }
 GIGATOKEN_TAKES = {"gpt2", "gpt2 prefix space", "gpt2 ignore_merges",
@@ -505,7 +511,8 @@ GIGATOKEN_MISENCODES = ["ByteLevel without its regex", "no pre-tokenizer, byte-l
                         "Split, Digits, ByteLevel",
                         "Split, Punctuation, ByteLevel", "end_of_word_suffix", "sp continuing_subword_prefix",
                         "single_word added token", "an added token's id past a gap",
-                        "added token with a leading space, rstrip"]
+                        "added token with a leading space, rstrip", "gpt2 NFC, a normalized added token",
+                        "gpt2 NFC, a normalized added token with a mark"]
 
 
 @pytest.fixture(scope="module")
@@ -537,13 +544,13 @@ def _reference_ids(path) -> FlatIds:
     return load_tokenizer(str(path)).encode_flat(pa.array(SHAPE_TEXTS))
 
 
-FASTOKENS_REFUSES = {"sp Metaspace", "sp Metaspace always, no split", "no pre-tokenizer, byte-level",
+FASTOKENS_REFUSES = {"sp Metaspace", "sp Metaspace always, no split", "no pre-tokenizer, byte-level", "Split alone",
                      "Split, Punctuation, ByteLevel", "sp NFKC", "an added token's id past a gap", "cl100k-style Split",
                      "(?m) Split"}
 TAKES = {"gigatoken": GIGATOKEN_TAKES, "fastokens": set(SHAPES) - FASTOKENS_REFUSES}
 MISENCODES = {"gigatoken": GIGATOKEN_MISENCODES,
-              "fastokens": ["no pre-tokenizer, byte-level", "an added token's id past a gap", "cl100k-style Split",
-                            "(?m) Split"]}
+              "fastokens": ["no pre-tokenizer, byte-level", "Split alone", "an added token's id past a gap",
+                            "cl100k-style Split", "(?m) Split"]}
 
 
 @pytest.mark.parametrize("backend", FAST_INSTALLED)

@@ -106,6 +106,9 @@ def inexact(config: dict[str, Any]) -> str | None:
             return f"pre-tokenizer {kind}; fastokens is proven exact with {', '.join(sorted(PRE_TOKENIZERS))}"
     if pre is None and not model.get("byte_fallback"):
         return "no pre-tokenizer without byte_fallback, where fastokens' ids differ"
+    if not model.get("byte_fallback") and "ByteLevel" not in _types(pre, "pretokenizers"):
+        return ("a BPE neither byte-level (ByteLevel) nor with byte_fallback: tokenizers merges across a character "
+                "outside the vocabulary, which it drops, and fastokens does not ('>' U+0338 '<')")
     for pattern in _regexes(normalizer) + _regexes(pre):
         if pattern not in PROVEN_REGEXES:
             return (f"the regex {pattern[:48]!r}{'...' if len(pattern) > 48 else ''}, not one fastokens is proven "

@@ -134,7 +134,9 @@ def inexact(config: dict[str, Any]) -> str | None:
     * no added token that begins or ends with whitespace and strips whitespace beside it;
     * an NFC normalizer is taken: gigatoken's normalization data is another Unicode version's than
       ``tokenizers``', so the code points where they part (NFC_MISREAD) make the encoder's
-      ``misread``, and documents holding one go to the reference.
+      ``misread``, and documents holding one go to the reference; but not with an added token that
+      is ``normalized`` (the default of ``add_tokens``): ``tokenizers`` matches it in the normalized
+      text, gigatoken in the text as written (Qwen 2's added tokens are not normalized).
 
     Other normalizers are gigatoken's to refuse (it takes Prepend/Replace for SentencePiece style,
     and encodes those exactly)."""
@@ -144,7 +146,11 @@ def inexact(config: dict[str, Any]) -> str | None:
     for field in ("continuing_subword_prefix", "end_of_word_suffix"):
         if model.get(field):
             return f"the BPE model's {field} {model[field]!r}, which gigatoken ignores"
+    nfc = "NFC" in _normalizer_types(config.get("normalizer"))
     for token in config.get("added_tokens") or []:
+        if nfc and isinstance(token, dict) and token.get("normalized", True):
+            return (f"added token {token.get('content')!r} is normalized, which tokenizers matches in the NFC text "
+                    "and gigatoken in the text as written (e.g. before U+0338, which composes with '>')")
         if isinstance(token, dict) and token.get("single_word"):
             return f"added token {token.get('content')!r} is single_word, which gigatoken matches differently"
         content = token.get("content") if isinstance(token, dict) else None
