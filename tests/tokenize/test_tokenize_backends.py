@@ -405,7 +405,7 @@ def test_invalid_utf8_is_one_line_naming_the_row(tokenizer_files):
 SHAPE_TEXTS = [*CORPUS[:-1], "abc123def 4567 x9", "<x> a<x>b <x>  <y>z", " <y> ", "  leading", "trailing  ",
                "ÀÉÎõü ﬁ ① ２ Ⅻ", "İstanbul ǅ ß", "a\u0301\u0302", "<s>hi</s>", "▁under▁score", "tab\there",
                "a hello hello", "x\u036f\u089ay \u07fd\u036f\u08d2", "<x>\u0338 call <x>\u0338<|im_start|>",
-               "caf\u00e9 cafe\u0301 e\u0301\u0323"]
+               "caf\u00e9 cafe\u0301 e\u0301\u0323", "a b a  b xa b <x> a b<x>"]
 
 
 def _bl(prefix=False, regex=True):
@@ -485,6 +485,10 @@ SHAPES = {
         {"type": "Prepend", "prepend": "\u2581"},
         {"type": "Replace", "pattern": {"Regex": " +"}, "content": "\u2581"}]}}, []),
     "sp NFKC": ("sp", {"normalizer": {"type": "NFKC"}}, []),
+    "sp Prepend+Replace, normalized added tokens": ("sp", {}, [("a b", {"normalized": True}),
+                                                              ("<x>", {"normalized": True})]),
+    "sp Metaspace, normalized added tokens": ("sp", {"normalizer": None, "pre_tokenizer": _METASPACE},
+                                              [("a b", {"normalized": True}), ("<x>", {"normalized": True})]),
     "sp NFC, Prepend, Replace": ("sp", {"normalizer": {"type": "Sequence", "normalizers": [
         {"type": "NFC"}, {"type": "Prepend", "prepend": "\u2581"},
         {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]}}, []),
@@ -501,7 +505,8 @@ GIGATOKEN_TAKES = {"gpt2", "gpt2 prefix space", "gpt2 ignore_merges",
                    "gpt2 unk_token fuse_unk", "gpt2 truncation and padding in the file", "gpt2 added tokens",
                    "gpt2 added normalized", "llama3", "o200k-style", "sp Prepend+Replace", "sp Replace only",
                    "sp no normalizer", "sp Metaspace", "sp Metaspace always, no split",
-                   "sp ignore_merges, no fuse_unk", "gpt2 NFC", "gpt2 Sequence[NFC]", "qwen2 NFC"}
+                   "sp ignore_merges, no fuse_unk", "gpt2 NFC", "gpt2 Sequence[NFC]", "qwen2 NFC",
+                   "sp Prepend+Replace, normalized added tokens", "sp Metaspace, normalized added tokens"}
 GIGATOKEN_ROUTES = ["gpt2 NFC", "gpt2 Sequence[NFC]", "qwen2 NFC"]
 """Taken, though the library itself encodes some texts otherwise: those holding a code point of its
 encoder's ``misread`` go to the reference (gigatoken's NFC_MISREAD)."""
@@ -544,9 +549,9 @@ def _reference_ids(path) -> FlatIds:
     return load_tokenizer(str(path)).encode_flat(pa.array(SHAPE_TEXTS))
 
 
-FASTOKENS_REFUSES = {"sp Metaspace", "sp Metaspace always, no split", "no pre-tokenizer, byte-level", "Split alone",
-                     "Split, Punctuation, ByteLevel", "sp NFKC", "an added token's id past a gap", "cl100k-style Split",
-                     "(?m) Split"}
+FASTOKENS_REFUSES = {"sp Metaspace", "sp Metaspace, normalized added tokens", "sp Metaspace always, no split",
+                     "no pre-tokenizer, byte-level", "Split alone", "Split, Punctuation, ByteLevel", "sp NFKC",
+                     "an added token's id past a gap", "cl100k-style Split", "(?m) Split"}
 TAKES = {"gigatoken": GIGATOKEN_TAKES, "fastokens": set(SHAPES) - FASTOKENS_REFUSES}
 MISENCODES = {"gigatoken": GIGATOKEN_MISENCODES,
               "fastokens": ["no pre-tokenizer, byte-level", "Split alone", "an added token's id past a gap",
