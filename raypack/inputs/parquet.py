@@ -365,9 +365,10 @@ def text_batch_rows(metadata: pq.FileMetaData, group: int, column: str, batch_ro
     dictionary-encoded column of repeated long texts, whose encoded size is less than its text)
     gives bigger batches, never more than ``batch_rows`` rows. O(columns)."""
     row_group = metadata.row_group(group)
-    try:
-        size = next((row_group.column(i).total_uncompressed_size for i in range(row_group.num_columns)
-                     if row_group.column(i).path_in_schema == column), row_group.total_byte_size)
+    try:  # the column found by the schema: no other column's chunk metadata is built (a damaged one can abort pyarrow)
+        schema = metadata.schema
+        leaf = next((i for i in range(len(schema)) if schema.column(i).path == column), None)
+        size = row_group.total_byte_size if leaf is None else row_group.column(leaf).total_uncompressed_size
     except UnicodeDecodeError:  # a damaged footer's column path: the read names the damage, if any
         size = row_group.total_byte_size
     if row_group.num_rows <= 0 or size <= 0:

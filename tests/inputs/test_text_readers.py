@@ -229,6 +229,32 @@ def test_text_batch_rows_from_the_footer(tmp_path):
     assert text_batch_rows(metadata, 0, "nope", 1024, metadata.row_group(0).total_byte_size) == 50
 
 
+def test_a_damaged_column_beside_the_text_does_not_abort_the_read(tmp_path):
+    """pyarrow's ``RowGroupMetaData.column(i)`` aborts the process (SIGABRT, an uncaught C++ exception)
+    on a column chunk whose level histogram does not fit its schema (apache/arrow#45283's check): here
+    the 'meta' column, made REQUIRED in the footer. The text reader builds the text column's chunk
+    metadata only, so a file whose other column is damaged reads (in a child: an abort would end pytest)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"meta": [f"m{i}" if i % 3 else None for i in range(50)],
+                             "text": [f"doc {i}" for i in range(50)]}), path)
+    data = bytearray(path.read_bytes())
+    at = data.index(b"\x25\x02\x18\x04meta", len(data) - 8 - int.from_bytes(data[-8:-4], "little"))
+    data[at + 1] = 0  # the repetition type of 'meta': OPTIONAL -> REQUIRED
+    path.write_bytes(bytes(data))
+
+    def child(code: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
+
+    damaged = child("import sys, pyarrow.parquet as pq; pq.ParquetFile(sys.argv[1]).metadata.row_group(0).column(0)")
+    assert damaged.returncode != 0 and "histogram size mismatch" in damaged.stderr  # so this test can fail
+    read = child("import sys; from raypack.inputs.parquet import iter_parquet_texts; "
+                 "print(sum(len(t) for _, t in iter_parquet_texts(sys.argv[1])))")
+    assert read.returncode == 0 and read.stdout.strip() == "50", read.stderr[-500:]
+
+
 def test_a_tokenized_file_given_as_text_says_to_drop_the_tokenizer(tmp_path):
     """It said to pass --text-column, which a file of token ids has none for."""
     path = tmp_path / "a.parquet"
@@ -267,7 +293,19 @@ def test_text_batch_rows_from_a_footer_that_lies(claimed, rows):
         def column(self, i):
             return Column()
 
+    class Leaf:
+        path = "text"
+
+    class Schema:
+        def __len__(self):
+            return 1
+
+        def column(self, i):
+            return Leaf()
+
     class Metadata:
+        schema = Schema()
+
         def row_group(self, g):
             return RowGroup()
 
