@@ -322,6 +322,26 @@ def _import_extra(module: str, kind: str) -> Any:
 # Hugging Face tokenizer.json
 
 
+def _colliding_added_tokens(tokenizer: Any) -> str | None:
+    """Two ``normalized`` added tokens that the normalizer makes equal (``"<a>"`` and ``"<A>"`` under
+    Lowercase): ``tokenizers`` matches them in the normalized text and gives such text one id or the
+    other from one process to the next (measured: 700 or 701 over six runs), so no run would be
+    reproducible. None when there are none. O(added tokens)."""
+    normalize = tokenizer.normalizer.normalize_str if tokenizer.normalizer is not None else (lambda text: text)
+    seen: dict[str, tuple[int, str]] = {}
+    for token_id, token in sorted(tokenizer.get_added_tokens_decoder().items()):
+        if not token.normalized:
+            continue
+        key = normalize(token.content)
+        if key in seen:
+            first_id, first = seen[key]
+            return (f"added tokens {first!r} (id {first_id}) and {token.content!r} (id {token_id}) are both "
+                    f"normalized, to {key!r}, so tokenizers gives such text either id from one run to the next; "
+                    'remove one, or set "normalized": false on them')
+        seen[key] = (token_id, token.content)
+    return None
+
+
 class HFTokenizer:
     """A ``tokenizer.json`` through ``tokenizers.Tokenizer``; threads: its Rayon pool (RAYON_NUM_THREADS)."""
 
@@ -346,6 +366,9 @@ class HFTokenizer:
                 f"tokenizer {path} has BPE dropout {dropout:.3g}, so its ids would change from run to run; "
                 f'give a tokenizer.json whose model has "dropout": null'
             )
+        clash = _colliding_added_tokens(tokenizer)
+        if clash:
+            raise InputError(f"tokenizer {path}: {clash}")
         tokenizer.no_padding()
         tokenizer.no_truncation()
         self.path = Path(os.path.abspath(path))  # manifests name the file wherever the run was started

@@ -405,7 +405,13 @@ def test_invalid_utf8_is_one_line_naming_the_row(tokenizer_files):
 SHAPE_TEXTS = [*CORPUS[:-1], "abc123def 4567 x9", "<x> a<x>b <x>  <y>z", " <y> ", "  leading", "trailing  ",
                "ÀÉÎõü ﬁ ① ２ Ⅻ", "İstanbul ǅ ß", "a\u0301\u0302", "<s>hi</s>", "▁under▁score", "tab\there",
                "a hello hello", "x\u036f\u089ay \u07fd\u036f\u08d2", "<x>\u0338 call <x>\u0338<|im_start|>",
-               "caf\u00e9 cafe\u0301 e\u0301\u0323", "a b a  b xa b <x> a b<x>"]
+               "caf\u00e9 cafe\u0301 e\u0301\u0323", "a b a  b xa b <x> a b<x>", "<a> <A> x<A>",
+               "\u13e3\u13b3\u13a9 \uab70 \u13a0 caf\u00e9 th\u13a0e wor\u13a0ld he\u13a0llo"]
+
+
+def _dense(vocab: dict) -> dict:
+    """``vocab`` renumbered 0.. in its order (a vocabulary with entries taken out, no gaps)."""
+    return {t: k for k, t in enumerate(sorted(vocab, key=vocab.get))}
 
 
 def _bl(prefix=False, regex=True):
@@ -485,6 +491,12 @@ SHAPES = {
         {"type": "Prepend", "prepend": "\u2581"},
         {"type": "Replace", "pattern": {"Regex": " +"}, "content": "\u2581"}]}}, []),
     "sp NFKC": ("sp", {"normalizer": {"type": "NFKC"}}, []),
+    # found by a hostile trial: tokenizers drops a byte the vocabulary cannot hold and merges across it
+    "sp without byte tokens 0x80-0xFF, no unk": ("sp", {"model.unk_token": None, "model.vocab": lambda vocab: _dense(
+        {t: i for t, i in vocab.items() if not (t.startswith("<0x") and int(t[3:5], 16) >= 0x80)})}, []),
+    "gpt2 without the byte character of a space": ("bl", {"model.vocab": lambda vocab: _dense(
+        {t: i for t, i in vocab.items() if "\u0120" not in t}), "model.merges": lambda merges: [
+        m for m in merges if "\u0120" not in (m if isinstance(m, str) else " ".join(m))]}, []),
     "sp Prepend+Replace, normalized added tokens": ("sp", {}, [("a b", {"normalized": True}),
                                                               ("<x>", {"normalized": True})]),
     "sp Metaspace, normalized added tokens": ("sp", {"normalizer": None, "pre_tokenizer": _METASPACE},
@@ -532,7 +544,7 @@ def shape_files(tmp_path_factory):
         config = json.loads(json.dumps(bases[base]))
         for key, value in edits.items():
             where, field = (config["model"], key[6:]) if key.startswith("model.") else (config, key)
-            where[field] = value
+            where[field] = value(where.get(field)) if callable(value) else value
         next_id = max(config["model"]["vocab"].values()) + 1
         for content, flags in added:
             next_id += flags.get("gap", 0)
@@ -551,7 +563,8 @@ def _reference_ids(path) -> FlatIds:
 
 FASTOKENS_REFUSES = {"sp Metaspace", "sp Metaspace, normalized added tokens", "sp Metaspace always, no split",
                      "no pre-tokenizer, byte-level", "Split alone", "Split, Punctuation, ByteLevel", "sp NFKC",
-                     "an added token's id past a gap", "cl100k-style Split", "(?m) Split"}
+                     "an added token's id past a gap", "cl100k-style Split", "(?m) Split",
+                     "sp without byte tokens 0x80-0xFF, no unk", "gpt2 without the byte character of a space"}
 TAKES = {"gigatoken": GIGATOKEN_TAKES, "fastokens": set(SHAPES) - FASTOKENS_REFUSES}
 MISENCODES = {"gigatoken": GIGATOKEN_MISENCODES,
               "fastokens": ["no pre-tokenizer, byte-level", "Split alone", "an added token's id past a gap",
@@ -698,6 +711,56 @@ def test_a_tokenizer_that_panics_on_any_text_is_one_line_that_blames_the_tokeniz
     assert "the tokenizer itself fails on it" in err[0] and "--max-document-bytes" not in err[0]
 
 
+_TINY_BPE = {"version": "1.0", "added_tokens": [], "normalizer": None, "pre_tokenizer": None, "post_processor": None,
+             "decoder": None, "model": {"type": "BPE", "dropout": None, "unk_token": None, "fuse_unk": False,
+                                        "byte_fallback": True, "vocab": {"a": 0, "b": 1, "ab": 2},
+                                        "merges": [["a", "b"]]}}
+
+
+@pytest.mark.parametrize("backend", FAST_INSTALLED)
+def test_a_vocabulary_missing_byte_tokens_is_refused_by_the_fast_backends(tmp_path, backend):
+    """byte_fallback without the <0xXX> tokens: tokenizers drops a byte it cannot hold and merges across
+    it ("a b" is "ab"), fastokens does not (a hostile trial: 440 of 2,050 texts of a Llama 2-style
+    tokenizer without <0x80>-<0xFF>). A ByteLevel vocabulary without a byte's character: fastokens
+    fails the whole batch, tokenizers drops the byte."""
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(_TINY_BPE))
+    reference = load_tokenizer(str(path))
+    assert reference.encode_flat(pa.array(["a b"])).values.tolist() == [2]
+    if backend == "fastokens":
+        import fastokens
+
+        assert fastokens.Tokenizer.from_file(str(path)).encode("a b").ids == [0, 1]  # so this test can fail
+    with pytest.raises(Unsupported, match="byte_fallback without the byte token <0x00>"):
+        BACKENDS[backend].encoder(reference)
+    byte_level = {**_TINY_BPE, "pre_tokenizer": _bl(), "model": {**_TINY_BPE["model"], "byte_fallback": False}}
+    path.write_text(json.dumps(byte_level))
+    with pytest.raises(Unsupported):
+        BACKENDS[backend].encoder(load_tokenizer(str(path)))
+
+
+def test_added_tokens_one_normalizer_makes_equal_are_refused_with_one_line(tmp_path, capsys):
+    """Under Lowercase, normalized "<a>" and "<A>" both match "<A>" in the text, and tokenizers gives it one
+    id or the other from one process to the next (found by a hostile trial): no run would be reproducible."""
+    config = json.loads(train_byte_level_bpe(CORPUS[10:200], 400).to_str())
+    config["normalizer"] = {"type": "Lowercase"}
+    next_id = max(config["model"]["vocab"].values()) + 1
+    config["added_tokens"] += [{"id": next_id + k, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+                                "normalized": True, "special": False} for k, c in enumerate(["<a>", "<A>"])]
+    (tmp_path / "tok.json").write_text(json.dumps(config))
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"text": ["x <A> y"]}), tmp_path / "in" / "in.parquet")
+    code = main(["tokenize", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--tokenizer",
+                 str(tmp_path / "tok.json"), "--local"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and not (tmp_path / "out").exists(), err
+    assert "added tokens '<a>' (id " in err[0] and "'<A>'" in err[0] and '"normalized": false' in err[0]
+    config["added_tokens"][-1]["normalized"] = False  # matched in the text as written: one id, always
+    (tmp_path / "tok.json").write_text(json.dumps(config))
+    assert main(["tokenize", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--tokenizer",
+                 str(tmp_path / "tok.json"), "--local"]) == 0
+
+
 def test_a_bpe_with_dropout_is_refused_with_one_line(tmp_path, capsys):
     """Dropout draws other merges at every call, so no run could be reproduced (any backend)."""
     tok = train_byte_level_bpe(CORPUS[10:200], 400)
@@ -776,6 +839,30 @@ def test_the_guard_refuses_a_backend_that_differs_naming_the_document(tmp_path, 
     with pytest.raises(InputError, match=GUARD_REFUSAL):
         _tokenize(tmp_path, "out", tokenizer_files["byte_level"], "gigatoken", ["first doc", *CORPUS[10:300]])
     assert not (tmp_path / "out").exists()
+
+
+def test_a_reference_that_fails_on_the_guards_sample_is_one_line_naming_the_document():
+    """The reference re-encodes the sample at the task's end; where it panics (a broken tokenizer.json the
+    backend takes, e.g. a Replace of the empty string), the run ended in a traceback, exit 1 (a hostile trial)."""
+
+    class Reference:
+        library = "tokenizers"
+
+        def encode_flat(self, texts):
+            if any("BOOM" in t for t in texts.to_pylist()):
+                raise _Panic("index out of bounds: the len is 7 but the index is 7")
+            return FlatIds(np.zeros(len(texts), np.uint32), np.arange(len(texts) + 1, dtype=np.int64))
+
+    class Backed:
+        reference, backend, encoder = Reference(), "fastokens", object()
+
+    guard = ReferenceGuard(Backed(), lambda k: f"in.parquet row {k}")
+    texts = pa.array(["BOOM a", "b"])
+    guard.check(texts, FlatIds(np.zeros(2, np.uint32), np.arange(3, dtype=np.int64)))
+    with pytest.raises(InputError) as raised:
+        guard.finish()
+    assert str(raised.value).startswith("in.parquet row 0 (6 bytes of text) cannot be encoded by the tokenizer: index")
+    assert "the tokenizer itself fails" in str(raised.value)
 
 
 @needs_gigatoken

@@ -71,6 +71,8 @@ def tokenizer_json(tokenizer: TextTokenizer, inexact: Callable[[dict[str, Any]],
     except ValueError as e:
         raise Unsupported(f"{tokenizer.path} is not JSON") from e
     reason = inexact(config) if isinstance(config, dict) else "not a JSON object"
+    if reason is None:
+        reason = incomplete_vocabulary(config, backend)
     for token in (config.get("added_tokens") or []) if reason is None else []:
         if not isinstance(token, dict) or not isinstance(token.get("content"), str):
             continue
@@ -85,6 +87,35 @@ def tokenizer_json(tokenizer: TextTokenizer, inexact: Callable[[dict[str, Any]],
     if reason is not None:
         raise Unsupported(reason)
     return data
+
+
+def incomplete_vocabulary(config: dict[str, Any], backend: str) -> str | None:
+    """Why a BPE's vocabulary cannot take every byte, where ``tokenizers`` and the Rust backends part:
+    with ``byte_fallback``, a missing ``<0xXX>`` token (``tokenizers`` drops the character and merges
+    across it, the backends do not); with a ByteLevel pre-tokenizer, a missing byte character (a
+    backend fails the whole batch, ``tokenizers`` drops it). None when every byte has its token."""
+    model = config.get("model") or {}
+    vocab = model.get("vocab") if isinstance(model.get("vocab"), dict) else {}
+    if model.get("byte_fallback"):
+        missing = next((f"<0x{b:02X}>" for b in range(256) if f"<0x{b:02X}>" not in vocab), None)
+        if missing is not None:
+            return (f"byte_fallback without the byte token {missing} in the vocabulary: tokenizers drops such a "
+                    f"byte and merges across it, {backend} does not")
+    elif "ByteLevel" in _pre_tokenizer_types(config.get("pre_tokenizer")):
+        import tokenizers
+
+        missing = next((c for c in sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet()) if c not in vocab), None)
+        if missing is not None:
+            return (f"a ByteLevel vocabulary without the byte character {missing!r}: tokenizers drops that byte, "
+                    f"{backend} fails the whole batch")
+    return None
+
+
+def _pre_tokenizer_types(part: Any) -> list[str]:
+    if not isinstance(part, dict):
+        return []
+    children = part.get("pretokenizers") or []
+    return [str(part.get("type")), *(t for child in children for t in _pre_tokenizer_types(child))]
 
 
 def tiktoken_ranks(name: str, rank_file) -> bytes:
