@@ -114,8 +114,8 @@ def _sentencepiece_config(pre: dict | None, normalizer: dict | None, known: list
                       "vocab": vocab, "merges": merges}}
 
 
-def _byte_pairs_config(pre: dict, normalizer: dict | None) -> dict:
-    """A byte-level BPE whose merges are all 65,536 byte pairs (GPT-2's byte-to-character table)."""
+def byte_chars() -> dict[int, str]:
+    """GPT-2's byte-to-character table (ByteLevel's): byte -> the character that stands for it."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     chars, extra = {}, 0
     for b in range(256):
@@ -123,6 +123,12 @@ def _byte_pairs_config(pre: dict, normalizer: dict | None) -> dict:
             chars[b] = chr(b)
         else:
             chars[b], extra = chr(256 + extra), extra + 1
+    return chars
+
+
+def _byte_pairs_config(pre: dict, normalizer: dict | None) -> dict:
+    """A byte-level BPE whose merges are all 65,536 byte pairs (GPT-2's byte-to-character table)."""
+    chars = byte_chars()
     vocab = {chars[b]: b for b in range(256)}
     merges = []
     for a in range(256):

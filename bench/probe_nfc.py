@@ -36,6 +36,7 @@ import unicodedata
 
 import numpy as np
 import pyarrow as pa
+from probe_code_points import byte_chars  # bench/, beside this script
 
 from raypack.tokenize.backends import BACKENDS
 from raypack.tokenize.backends.gigatoken import GigatokenEncoder
@@ -49,13 +50,7 @@ BASE = "\u4e00"
 def _bytes_config() -> dict:
     """A byte-level BPE of the 256 byte tokens (GPT-2's byte-to-character table) and no merge, with NFC:
     its ids are the bytes of the normalized text."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[b] = chr(b)
-        else:
-            chars[b], extra = chr(256 + extra), extra + 1
+    chars = byte_chars()
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
     return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": {"type": "NFC"},
             "pre_tokenizer": byte_level, "post_processor": None, "decoder": byte_level,
