@@ -406,7 +406,8 @@ SHAPE_TEXTS = [*CORPUS[:-1], "abc123def 4567 x9", "<x> a<x>b <x>  <y>z", " <y> "
                "ÀÉÎõü ﬁ ① ２ Ⅻ", "İstanbul ǅ ß", "a\u0301\u0302", "<s>hi</s>", "▁under▁score", "tab\there",
                "a hello hello", "x\u036f\u089ay \u07fd\u036f\u08d2", "<x>\u0338 call <x>\u0338<|im_start|>",
                "caf\u00e9 cafe\u0301 e\u0301\u0323", "a b a  b xa b <x> a b<x>", "<a> <A> x<A>",
-               "\u13e3\u13b3\u13a9 \uab70 \u13a0 caf\u00e9 th\u13a0e wor\u13a0ld he\u13a0llo"]
+               "\u13e3\u13b3\u13a9 \uab70 \u13a0 caf\u00e9 th\u13a0e wor\u13a0ld he\u13a0llo", "x<a>y <a> x<a>yx<a>y",
+               "<a>\n<b> <a> \n<b><a>\n<b>"]
 
 
 def _dense(vocab: dict) -> dict:
@@ -491,6 +492,10 @@ SHAPES = {
         {"type": "Prepend", "prepend": "\u2581"},
         {"type": "Replace", "pattern": {"Regex": " +"}, "content": "\u2581"}]}}, []),
     "sp NFKC": ("sp", {"normalizer": {"type": "NFKC"}}, []),
+    # found by a hostile trial of gigatoken: it matches these added tokens, and ranks these merges, otherwise
+    "gpt2, overlapping added tokens, one normalized": ("bl", {}, [("<a>", {}), ("x<a>y", {"normalized": True})]),
+    "gpt2, rstrip beside a token that begins with a newline": ("bl", {}, [("<a>", {"rstrip": True}), ("\n<b>", {})]),
+    "gpt2, merges listed twice": ("bl", {"model.merges": lambda merges: merges + merges[:50]}, []),
     # found by a hostile trial: tokenizers drops a byte the vocabulary cannot hold and merges across it
     "sp without byte tokens 0x80-0xFF, no unk": ("sp", {"model.unk_token": None, "model.vocab": lambda vocab: _dense(
         {t: i for t, i in vocab.items() if not (t.startswith("<0x") and int(t[3:5], 16) >= 0x80)})}, []),
@@ -517,7 +522,7 @@ GIGATOKEN_TAKES = {"gpt2", "gpt2 prefix space", "gpt2 ignore_merges",
                    "gpt2 unk_token fuse_unk", "gpt2 truncation and padding in the file", "gpt2 added tokens",
                    "gpt2 added normalized", "llama3", "o200k-style", "sp Prepend+Replace", "sp Replace only",
                    "sp no normalizer", "sp Metaspace", "sp Metaspace always, no split",
-                   "sp ignore_merges, no fuse_unk", "gpt2 NFC", "gpt2 Sequence[NFC]", "qwen2 NFC",
+                   "gpt2 NFC", "gpt2 Sequence[NFC]", "qwen2 NFC",
                    "sp Prepend+Replace, normalized added tokens", "sp Metaspace, normalized added tokens"}
 GIGATOKEN_ROUTES = ["gpt2 NFC", "gpt2 Sequence[NFC]", "qwen2 NFC"]
 """Taken, though the library itself encodes some texts otherwise: those holding a code point of its
@@ -529,7 +534,9 @@ GIGATOKEN_MISENCODES = ["ByteLevel without its regex", "no pre-tokenizer, byte-l
                         "Split, Punctuation, ByteLevel", "end_of_word_suffix", "sp continuing_subword_prefix",
                         "single_word added token", "an added token's id past a gap",
                         "added token with a leading space, rstrip", "gpt2 NFC, a normalized added token",
-                        "gpt2 NFC, a normalized added token with a mark"]
+                        "gpt2 NFC, a normalized added token with a mark",
+                        "gpt2, overlapping added tokens, one normalized",
+                        "gpt2, rstrip beside a token that begins with a newline", "gpt2, merges listed twice"]
 
 
 @pytest.fixture(scope="module")
@@ -564,11 +571,12 @@ def _reference_ids(path) -> FlatIds:
 FASTOKENS_REFUSES = {"sp Metaspace", "sp Metaspace, normalized added tokens", "sp Metaspace always, no split",
                      "no pre-tokenizer, byte-level", "Split alone", "Split, Punctuation, ByteLevel", "sp NFKC",
                      "an added token's id past a gap", "cl100k-style Split", "(?m) Split",
-                     "sp without byte tokens 0x80-0xFF, no unk", "gpt2 without the byte character of a space"}
+                     "sp without byte tokens 0x80-0xFF, no unk", "gpt2 without the byte character of a space",
+                     "gpt2, overlapping added tokens, one normalized"}
 TAKES = {"gigatoken": GIGATOKEN_TAKES, "fastokens": set(SHAPES) - FASTOKENS_REFUSES}
 MISENCODES = {"gigatoken": GIGATOKEN_MISENCODES,
               "fastokens": ["no pre-tokenizer, byte-level", "Split alone", "an added token's id past a gap",
-                            "cl100k-style Split", "(?m) Split"]}
+                            "cl100k-style Split", "(?m) Split", "gpt2, overlapping added tokens, one normalized"]}
 
 
 @pytest.mark.parametrize("backend", FAST_INSTALLED)
@@ -737,6 +745,57 @@ def test_a_vocabulary_missing_byte_tokens_is_refused_by_the_fast_backends(tmp_pa
     path.write_text(json.dumps(byte_level))
     with pytest.raises(Unsupported):
         BACKENDS[backend].encoder(load_tokenizer(str(path)))
+
+
+def _tiny_sp(vocab: list[str], merges: list[list[str]], **model) -> dict:
+    """A SentencePiece-style BPE (Llama 2's normalizer, byte fallback) over ``vocab`` after the specials and bytes."""
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *vocab]
+    prepend_and_replace = [{"type": "Prepend", "prepend": "\u2581"},
+                           {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]
+    return {"version": "1.0", "normalizer": {"type": "Sequence", "normalizers": prepend_and_replace},
+        "pre_tokenizer": None, "post_processor": None, "decoder": None,
+        "added_tokens": [{"id": k, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True} for k, t in enumerate(tokens[:3])],
+        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "fuse_unk": True, "byte_fallback": True,
+                  "vocab": {t: k for k, t in enumerate(tokens)}, "merges": merges, **model}}
+
+
+@needs_gigatoken
+@pytest.mark.parametrize("case, text", [
+    ("ignore_merges", "ab"),  # tokenizers takes a word in the vocabulary whole ("\u2581ab"); gigatoken merges it
+    ("merges listed twice", "abc"),  # tokenizers ranks a merge by its last place, gigatoken by its first
+])
+def test_gigatoken_refuses_a_sentencepiece_style_bpe_it_ranks_otherwise(tmp_path, case, text):
+    """Found by a hostile trial of gigatoken; each case's own ids differ from the reference's."""
+    from gigatoken.gigatoken_rs import load_hf_json
+
+    if case == "ignore_merges":
+        config = _tiny_sp(["\u2581", "a", "b", "c", "\u2581ab"], [], ignore_merges=True)
+    else:
+        config = _tiny_sp(["\u2581", "a", "b", "c", "ab", "bc"], [["a", "b"], ["b", "c"], ["a", "b"]])
+    path = tmp_path / "tok.json"
+    path.write_text(json.dumps(config))
+    reference = load_tokenizer(str(path))
+    want = reference.encode_flat(pa.array([text])).values.tolist()
+    assert list(load_hf_json(path.read_bytes()).encode_batch([text]).tolist()[0]) != want  # so this test can fail
+    with pytest.raises(Unsupported, match="ignore_merges" if case == "ignore_merges" else "listed twice"):
+        BACKENDS["gigatoken"].encoder(reference)
+
+
+@pytest.mark.parametrize("backend", FAST_INSTALLED)
+def test_a_normalized_added_token_the_normalizer_empties_is_refused(tmp_path, backend):
+    """Replace(">", "") and the normalized added token ">": gigatoken asked for 8-15 GB and aborted the
+    process (a hostile trial); tokenizers encodes the text. Not run through the library here."""
+    config = _tiny_sp(["\u2581", "a", "b", "c"], [])
+    config["normalizer"] = {"type": "Replace", "pattern": {"String": ">"}, "content": ""}
+    config["added_tokens"].append({"id": len(config["model"]["vocab"]), "content": ">", "single_word": False,
+                                   "lstrip": False, "rstrip": False, "normalized": True, "special": False})
+    path = tmp_path / "tok.json"
+    path.write_text(json.dumps(config))
+    reference = load_tokenizer(str(path))
+    assert reference.encode_flat(pa.array(["a"])).values.size > 0
+    with pytest.raises(Unsupported, match="normalized to nothing"):
+        BACKENDS[backend].encoder(reference)
 
 
 def test_added_tokens_one_normalizer_makes_equal_are_refused_with_one_line(tmp_path, capsys):

@@ -72,7 +72,8 @@ def tokenizer_json(tokenizer: TextTokenizer, inexact: Callable[[dict[str, Any]],
         raise Unsupported(f"{tokenizer.path} is not JSON") from e
     reason = inexact(config) if isinstance(config, dict) else "not a JSON object"
     if reason is None:
-        reason = incomplete_vocabulary(config, backend)
+        reason = (incomplete_vocabulary(config, backend) or _normalized_to_nothing(config, backend)
+                  or _overlapping_added_tokens(config, backend))
     for token in (config.get("added_tokens") or []) if reason is None else []:
         if not isinstance(token, dict) or not isinstance(token.get("content"), str):
             continue
@@ -108,6 +109,41 @@ def incomplete_vocabulary(config: dict[str, Any], backend: str) -> str | None:
         if missing is not None:
             return (f"a ByteLevel vocabulary without the byte character {missing!r}: tokenizers drops that byte, "
                     f"{backend} fails the whole batch")
+    return None
+
+
+def _normalized_to_nothing(config: dict[str, Any], backend: str) -> str | None:
+    """A ``normalized`` added token the normalizer makes empty (a Replace of ``">"`` by ``""`` and the
+    token ``">"``): gigatoken asks for gigabytes and aborts the process (a hostile trial); ``tokenizers``
+    encodes the text. None when there is none."""
+    if not config.get("normalizer"):
+        return None
+    import tokenizers
+
+    empty = {"version": "1.0", "normalizer": config["normalizer"], "model": {"type": "BPE", "vocab": {}, "merges": []}}
+    try:
+        normalize = tokenizers.Tokenizer.from_str(json.dumps(empty)).normalizer.normalize_str
+    except Exception:  # noqa: BLE001 (the reference loaded the file: this copy of its normalizer should too)
+        return None
+    for token in config.get("added_tokens") or []:
+        if (isinstance(token, dict) and isinstance(token.get("content"), str) and token["content"]
+                and token.get("normalized", True) and not normalize(token["content"])):
+            return f"added token {token['content']!r} is normalized to nothing, which {backend} cannot match"
+    return None
+
+
+def _overlapping_added_tokens(config: dict[str, Any], backend: str) -> str | None:
+    """A ``normalized`` added token and one that is not, where one's content holds the other's or they
+    overlap (``<a>`` and ``x<a>y``): ``tokenizers`` matches the not-normalized ones first and the others
+    in what is left, gigatoken and fastokens all in one pass (a hostile trial). None when there is none."""
+    tokens = [t for t in config.get("added_tokens") or []
+              if isinstance(t, dict) and isinstance(t.get("content"), str) and t["content"]]
+    normalized = [t["content"] for t in tokens if t.get("normalized", True)]
+    for b in (t["content"] for t in tokens if not t.get("normalized", True)):
+        for a in normalized:
+            if a in b or b in a or any(a.endswith(b[:k]) or b.endswith(a[:k]) for k in range(1, min(len(a), len(b)))):
+                return (f"added tokens {a!r} (normalized) and {b!r} (not) overlap, which tokenizers matches in two "
+                        f"passes and {backend} in one")
     return None
 
 

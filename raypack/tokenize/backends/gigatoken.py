@@ -36,6 +36,7 @@ holds the GIL for the call, which is why it is not taken where the pool has thre
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -158,6 +159,17 @@ def inexact(config: dict[str, Any]) -> str | None:
                 and content != content.strip()):
             return (f"added token {content!r} begins or ends with whitespace and strips it beside it (lstrip/rstrip), "
                     "which gigatoken matches differently")
+    reason = _added_tokens_matched_otherwise(config.get("added_tokens") or [])
+    if reason:
+        return reason
+    if model.get("byte_fallback") and model.get("ignore_merges"):
+        return "ignore_merges with byte_fallback, which gigatoken ignores (a word in the vocabulary is merged instead)"
+    merges = model.get("merges") or []
+    keys = [m if isinstance(m, str) else " ".join(map(str, m)) for m in merges]
+    if len(set(keys)) != len(keys):
+        twice = next(k for k, n in collections.Counter(keys).items() if n > 1)
+        return (f"the merge {twice!r} listed twice: tokenizers ranks it by its last place, gigatoken by its "
+                "first")
     pre = config.get("pre_tokenizer")
     if model.get("byte_fallback"):
         if pre is None or _is(pre, "Metaspace"):
@@ -174,6 +186,20 @@ def inexact(config: dict[str, Any]) -> str | None:
             return None
     return (f"pre-tokenizer {_describe(pre)}; gigatoken is proven exact with ByteLevel(use_regex=true), or "
             f"Split(Isolated) then ByteLevel(use_regex=false, add_prefix_space=false)")
+
+
+def _added_tokens_matched_otherwise(tokens: list[Any]) -> str | None:
+    """Added tokens gigatoken matches otherwise than ``tokenizers`` (found by a hostile trial): a token
+    that strips whitespace (lstrip/rstrip) beside one that begins (rstrip) or ends (lstrip) with
+    whitespace, whose whitespace gigatoken's strip takes."""
+    tokens = [t for t in tokens if isinstance(t, dict) and isinstance(t.get("content"), str) and t["content"]]
+    for strip, edge, where in (("rstrip", 0, "begins"), ("lstrip", -1, "ends")):
+        stripping = next((t for t in tokens if t.get(strip)), None)
+        spaced = next((t for t in tokens if t is not stripping and t["content"][edge].isspace()), None)
+        if stripping is not None and spaced is not None:
+            return (f"added token {stripping['content']!r} strips whitespace ({strip}) and {spaced['content']!r} "
+                    f"{where} with whitespace, which gigatoken's strip takes")
+    return None
 
 
 def _normalizer_types(normalizer: Any) -> list[str]:
