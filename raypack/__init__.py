@@ -45,6 +45,8 @@ def console_main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         raise KeyboardInterrupt
 
+    first_interrupt.raypack_stops = True  # type: ignore[attr-defined]  (raypack.io.terminal.command_done)
+
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored (nohup, &)
         signal.signal(signal.SIGINT, first_interrupt)
     from raypack.io.terminal import interrupted_code, interrupted_line, stop_on_sigterm

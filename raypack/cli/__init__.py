@@ -13,6 +13,7 @@ from typing import Any, Mapping, NoReturn, Sequence
 
 from raypack import __version__
 from raypack.errors import InputError, install_extra
+from raypack.io.terminal import command_done
 from raypack.pack.config import TEXT_KEYS, TOKEN_DTYPES, PackConfig, flag_of, load_config
 from raypack.strategies import DEFAULT_STRATEGY, STRATEGIES, option_fields, strategy_names
 from raypack.tokenize.backends import BACKENDS, backend_names
@@ -299,6 +300,7 @@ def _run_tokenize(args: argparse.Namespace) -> int:
     config = TokenizeConfig(inputs=pack_config.inputs, output=args.output, text=text, num_workers=args.num_workers,
                             overwrite=args.overwrite, address=args.address or pack_config.address)
     summary = run_tokenize(config, engine="local" if args.local else "ray", resume=args.resume)
+    command_done()  # published: a Ctrl-C or SIGTERM as the summary shows does not undo it
     print("\n".join(summary.lines()))
     return 0
 
@@ -323,6 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         runners = {"pack": _run_pack, "verify": _run_verify, "stats": _run_stats, "tokenize": _run_tokenize,
                    "export": _run_export, "mix": _run_mix}
         code = runners[args.command](args)
+        command_done()  # a signal as the summary shows (it is flushed next) does not undo the finished run
         sys.stdout.flush()  # a closed pipe shows here, not in Python's flush at exit
         return code
     except InputError as e:
@@ -491,6 +494,7 @@ def _run_pack(args: argparse.Namespace) -> int:
         print("\n".join(report.lines()))
         return 0
     summary = run_pack(config, engine="local" if args.local else "ray", resume=args.resume, text=text)
+    command_done()  # published: a Ctrl-C or SIGTERM as the summary shows does not undo it
     print("\n".join(summary.lines()))
     return 0
 

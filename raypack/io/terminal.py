@@ -30,8 +30,21 @@ def stop_on_sigterm() -> None:
         _TERMINATED.append(signum)
         raise KeyboardInterrupt
 
+    on_sigterm.raypack_stops = True  # type: ignore[attr-defined]  (command_done knows it by this)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def command_done() -> None:
+    """The command's work is done and its summary not yet flushed: from here a Ctrl-C or SIGTERM is
+    ignored, so one that comes as the summary shows (``timeout``, a double tap) does not turn a
+    finished run into exit 130/143. Only where raypack's own handlers are installed (the console
+    script), not in a caller's process."""
+    import signal
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        if getattr(signal.getsignal(signum), "raypack_stops", False):
+            signal.signal(signum, signal.SIG_IGN)
 
 
 def terminated() -> None:

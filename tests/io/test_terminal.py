@@ -431,3 +431,37 @@ def test_a_sigterm_after_a_finished_ray_run_does_not_fail_it(tmp_path):
     proc.communicate(timeout=120)
     assert proc.returncode == 0
     assert (tmp_path / "out" / "manifest.json").is_file()
+
+
+def test_a_signal_once_the_command_is_done_is_ignored_and_only_raypacks_handlers_are_touched():
+    """A SIGTERM as the summary was flushed turned a finished run into exit 143 (CI saw it once in
+    test_a_sigterm_after_a_finished_ray_run_does_not_fail_it): command_done() ignores signals from there,
+    where raypack's own handlers are installed; a caller's handler is left as it is."""
+    code = ("import os, signal\n"
+            "from raypack.io.terminal import command_done, stop_on_sigterm\n"
+            "stop_on_sigterm()\n"
+            "try:\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    for _ in range(1000): pass\n"
+            "    print('not stopped')\n"
+            "except KeyboardInterrupt:\n"
+            "    print('stopped')\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_DFL); stop_on_sigterm(); command_done()\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "for _ in range(1000): pass\n"
+            "print('done')\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": REPO})
+    assert run.returncode == 0 and run.stdout.split() == ["stopped", "done"], run.stderr[-500:]
+
+    from raypack.io.terminal import command_done
+
+    def callers(signum, frame):
+        pass
+
+    before = signal.signal(signal.SIGTERM, callers)
+    try:
+        command_done()
+        assert signal.getsignal(signal.SIGTERM) is callers
+    finally:
+        signal.signal(signal.SIGTERM, before)
