@@ -132,7 +132,10 @@ def inexact(config: dict[str, Any]) -> str | None:
       (Llama 3, Qwen 2, o200k-style; gigatoken refuses a regex it does not know);
     * SentencePiece-style (``byte_fallback``): no pre-tokenizer, or ``Metaspace``.
 
-    * no added token that begins or ends with whitespace and strips whitespace beside it;
+    * no added token that begins or ends with whitespace and strips whitespace beside it, and no
+      stripping token beside one that begins (rstrip) or ends (lstrip) with whitespace;
+    * no merge listed twice, and no ``ignore_merges`` with ``byte_fallback`` (byte-level
+      ``ignore_merges``, Llama 3's, is exact);
     * an NFC normalizer is taken: gigatoken's normalization data is another Unicode version's than
       ``tokenizers``', so the code points where they part (NFC_MISREAD) make the encoder's
       ``misread``, and documents holding one go to the reference; but not with an added token that
