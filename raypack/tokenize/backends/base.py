@@ -104,7 +104,7 @@ def incomplete_vocabulary(config: dict[str, Any], backend: str) -> str | None:
         if missing is not None:
             return (f"byte_fallback without the byte token {missing} in the vocabulary: tokenizers drops such a "
                     f"byte and merges across it, {backend} does not")
-    elif "ByteLevel" in _pre_tokenizer_types(config.get("pre_tokenizer")):
+    elif "ByteLevel" in part_types(config.get("pre_tokenizer"), "pretokenizers"):
         import tokenizers
 
         missing = next((c for c in sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet()) if c not in vocab), None)
@@ -134,12 +134,17 @@ def _normalized_to_nothing(config: dict[str, Any], backend: str) -> str | None:
     return None
 
 
+def added_tokens_with_content(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The added tokens of a tokenizer.json that are objects with a non-empty string ``content``."""
+    return [t for t in config.get("added_tokens") or []
+            if isinstance(t, dict) and isinstance(t.get("content"), str) and t["content"]]
+
+
 def _overlapping_added_tokens(config: dict[str, Any], backend: str) -> str | None:
     """A ``normalized`` added token and one that is not, where one's content holds the other's or they
     overlap (``<a>`` and ``x<a>y``): ``tokenizers`` matches the not-normalized ones first and the others
     in what is left, gigatoken and fastokens all in one pass (a hostile trial). None when there is none."""
-    tokens = [t for t in config.get("added_tokens") or []
-              if isinstance(t, dict) and isinstance(t.get("content"), str) and t["content"]]
+    tokens = added_tokens_with_content(config)
     normalized = [t["content"] for t in tokens if t.get("normalized", True)]
     for b in (t["content"] for t in tokens if not t.get("normalized", True)):
         for a in normalized:
@@ -149,11 +154,12 @@ def _overlapping_added_tokens(config: dict[str, Any], backend: str) -> str | Non
     return None
 
 
-def _pre_tokenizer_types(part: Any) -> list[str]:
+def part_types(part: Any, children: str) -> list[str]:
+    """The ``type`` of a normalizer or pre-tokenizer ``part`` and of every part nested in its Sequences
+    (``children``: "normalizers" or "pretokenizers")."""
     if not isinstance(part, dict):
         return []
-    children = part.get("pretokenizers") or []
-    return [str(part.get("type")), *(t for child in children for t in _pre_tokenizer_types(child))]
+    return [str(part.get("type")), *(t for child in part.get(children) or [] for t in part_types(child, children))]
 
 
 def tiktoken_ranks(name: str, rank_file) -> bytes:

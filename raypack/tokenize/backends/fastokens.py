@@ -29,6 +29,7 @@ from raypack.tokenize.backends.base import (
     LLAMA3_SPLIT,
     Unsupported,
     package_version,
+    part_types,
     rank_file_on_disk,
     tiktoken_ranks,
     tokenizer_json,
@@ -98,15 +99,15 @@ def inexact(config: dict[str, Any]) -> str | None:
     if model.get("type") != "BPE":
         return f"model {model.get('type')}; fastokens is proven exact with BPE"
     normalizer, pre = config.get("normalizer"), config.get("pre_tokenizer")
-    for kind in _types(normalizer, "normalizers"):
+    for kind in part_types(normalizer, "normalizers"):
         if kind not in NORMALIZERS:
             return f"normalizer {kind}; fastokens is proven exact with {', '.join(sorted(NORMALIZERS))}"
-    for kind in _types(pre, "pretokenizers"):
+    for kind in part_types(pre, "pretokenizers"):
         if kind not in PRE_TOKENIZERS:
             return f"pre-tokenizer {kind}; fastokens is proven exact with {', '.join(sorted(PRE_TOKENIZERS))}"
     if pre is None and not model.get("byte_fallback"):
         return "no pre-tokenizer without byte_fallback, where fastokens' ids differ"
-    if not model.get("byte_fallback") and "ByteLevel" not in _types(pre, "pretokenizers"):
+    if not model.get("byte_fallback") and "ByteLevel" not in part_types(pre, "pretokenizers"):
         return ("a BPE neither byte-level (ByteLevel) nor with byte_fallback: tokenizers merges across a character "
                 "outside the vocabulary, which it drops, and fastokens does not ('>' U+0338 '<')")
     for pattern in _regexes(normalizer) + _regexes(pre):
@@ -124,16 +125,6 @@ def _regexes(part: Any) -> list[str]:
     if isinstance(part, list):
         return [p for value in part for p in _regexes(value)]
     return []
-
-
-def _types(part: Any, children: str) -> list[str]:
-    """The ``type`` of ``part`` and of every part nested in its Sequences."""
-    if not isinstance(part, dict):
-        return []
-    kinds = [str(part.get("type"))]
-    for child in part.get(children) or []:
-        kinds += _types(child, children)
-    return kinds
 
 
 def _import() -> Any:

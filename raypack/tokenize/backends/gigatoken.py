@@ -48,7 +48,9 @@ import pyarrow as pa
 from raypack.errors import InputError
 from raypack.tokenize.backends.base import (
     Unsupported,
+    added_tokens_with_content,
     package_version,
+    part_types,
     rank_file_on_disk,
     tiktoken_ranks,
     tokenizer_json,
@@ -104,7 +106,7 @@ class GigatokenBackend:
         if tokenizer.kind == "hf":
             data = tokenizer_json(tokenizer, inexact, self.name)
             encoder = GigatokenEncoder(lambda: gigatoken.Tokenizer(_load_hf(data)))
-            if "NFC" in _normalizer_types(json.loads(data).get("normalizer")):
+            if "NFC" in part_types(json.loads(data).get("normalizer"), "normalizers"):
                 encoder.misread = NFC_MISREAD
             return encoder
         if tokenizer.kind == "tiktoken" and tokenizer.name in PRETOKENIZERS:
@@ -150,7 +152,7 @@ def inexact(config: dict[str, Any]) -> str | None:
     for field in ("continuing_subword_prefix", "end_of_word_suffix"):
         if model.get(field):
             return f"the BPE model's {field} {model[field]!r}, which gigatoken ignores"
-    nfc = "NFC" in _normalizer_types(config.get("normalizer"))
+    nfc = "NFC" in part_types(config.get("normalizer"), "normalizers")
     for token in config.get("added_tokens") or []:
         if nfc and isinstance(token, dict) and token.get("normalized", True):
             return (f"added token {token.get('content')!r} is normalized, which tokenizers matches in the NFC text "
@@ -162,7 +164,7 @@ def inexact(config: dict[str, Any]) -> str | None:
                 and content != content.strip()):
             return (f"added token {content!r} begins or ends with whitespace and strips it beside it (lstrip/rstrip), "
                     "which gigatoken matches differently")
-    reason = _added_tokens_matched_otherwise(config.get("added_tokens") or [])
+    reason = _added_tokens_matched_otherwise(added_tokens_with_content(config))
     if reason:
         return reason
     if model.get("byte_fallback") and model.get("ignore_merges"):
@@ -191,11 +193,10 @@ def inexact(config: dict[str, Any]) -> str | None:
             f"Split(Isolated) then ByteLevel(use_regex=false, add_prefix_space=false)")
 
 
-def _added_tokens_matched_otherwise(tokens: list[Any]) -> str | None:
+def _added_tokens_matched_otherwise(tokens: list[dict[str, Any]]) -> str | None:
     """Added tokens gigatoken matches otherwise than ``tokenizers`` (found by a hostile trial): a token
     that strips whitespace (lstrip/rstrip) beside one that begins (rstrip) or ends (lstrip) with
     whitespace, whose whitespace gigatoken's strip takes."""
-    tokens = [t for t in tokens if isinstance(t, dict) and isinstance(t.get("content"), str) and t["content"]]
     for strip, edge, where in (("rstrip", 0, "begins"), ("lstrip", -1, "ends")):
         stripping = next((t for t in tokens if t.get(strip)), None)
         spaced = next((t for t in tokens if t is not stripping and t["content"][edge].isspace()), None)
@@ -203,14 +204,6 @@ def _added_tokens_matched_otherwise(tokens: list[Any]) -> str | None:
             return (f"added token {stripping['content']!r} strips whitespace ({strip}) and {spaced['content']!r} "
                     f"{where} with whitespace, which gigatoken's strip takes")
     return None
-
-
-def _normalizer_types(normalizer: Any) -> list[str]:
-    """The types of a normalizer and of those in its Sequence."""
-    if not isinstance(normalizer, dict):
-        return []
-    inner = normalizer.get("normalizers") if normalizer.get("type") == "Sequence" else None
-    return [normalizer.get("type"), *(t for part in inner or [] for t in _normalizer_types(part))]
 
 
 def _is(part: Any, kind: str) -> bool:
