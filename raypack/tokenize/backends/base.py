@@ -127,9 +127,8 @@ def _normalized_to_nothing(config: dict[str, Any], backend: str) -> str | None:
         normalize = tokenizers.Tokenizer.from_str(json.dumps(empty)).normalizer.normalize_str
     except Exception:  # noqa: BLE001 (the reference loaded the file: this copy of its normalizer should too)
         return None
-    for token in config.get("added_tokens") or []:
-        if (isinstance(token, dict) and isinstance(token.get("content"), str) and token["content"]
-                and token.get("normalized", True) and not normalize(token["content"])):
+    for token in added_tokens_with_content(config):
+        if token.get("normalized", True) and not normalize(token["content"]):
             return f"added token {token['content']!r} is normalized to nothing, which {backend} cannot match"
     return None
 
