@@ -60,13 +60,15 @@ def package_version(distribution: str) -> str | None:
         return None
 
 
-def tokenizer_json(tokenizer: TextTokenizer, inexact: Callable[[dict[str, Any]], str | None], backend: str) -> bytes:
-    """The bytes of ``tokenizer``'s tokenizer.json, or ``Unsupported`` naming why ``backend`` may not
-    give its ids: ``inexact(config)`` (the backend's proven shapes); a vocabulary that cannot hold
-    every byte; a normalized added token the normalizer empties; a normalized added token overlapping
-    one that is not; or an added token whose id in the file is not the one ``tokenizers`` gives it
-    (it numbers added tokens after the vocabulary, whatever a file with a gap says; the Rust backends
-    take the file's). Every one of these made a Rust backend give other ids, or fail, in a trial."""
+def tokenizer_json(tokenizer: TextTokenizer, inexact: Callable[[dict[str, Any]], str | None],
+                   backend: str) -> tuple[bytes, dict[str, Any]]:
+    """The bytes of ``tokenizer``'s tokenizer.json and its parsed config (read and parsed once), or
+    ``Unsupported`` naming why ``backend`` may not give its ids: ``inexact(config)`` (the backend's
+    proven shapes); a vocabulary that cannot hold every byte; a normalized added token the normalizer
+    empties; a normalized added token overlapping one that is not; or an added token whose id in the
+    file is not the one ``tokenizers`` gives it (it numbers added tokens after the vocabulary,
+    whatever a file with a gap says; the Rust backends take the file's). Every one of these made a
+    Rust backend give other ids, or fail, in a trial."""
     data = tokenizer.path.read_bytes()
     try:
         config = json.loads(data)
@@ -89,7 +91,7 @@ def tokenizer_json(tokenizer: TextTokenizer, inexact: Callable[[dict[str, Any]],
             break
     if reason is not None:
         raise Unsupported(reason)
-    return data
+    return data, config
 
 
 def incomplete_vocabulary(config: dict[str, Any], backend: str) -> str | None:

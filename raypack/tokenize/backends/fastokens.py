@@ -79,7 +79,7 @@ class FastokensBackend:
     def encoder(self, tokenizer: TextTokenizer) -> FastokensEncoder:
         fastokens = _import()
         if tokenizer.kind == "hf":
-            data = tokenizer_json(tokenizer, inexact, self.name)
+            data, _ = tokenizer_json(tokenizer, inexact, self.name)
             try:
                 loaded = fastokens.Tokenizer.from_json_str(data.decode("utf-8"))
             except (ValueError, RuntimeError) as e:

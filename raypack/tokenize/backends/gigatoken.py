@@ -37,7 +37,6 @@ holds the GIL for the call, which is why it is not taken where the pool has thre
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import os
 from typing import Any, Callable
@@ -104,9 +103,9 @@ class GigatokenBackend:
     def encoder(self, tokenizer: TextTokenizer) -> GigatokenEncoder:
         gigatoken = _import()
         if tokenizer.kind == "hf":
-            data = tokenizer_json(tokenizer, inexact, self.name)
+            data, config = tokenizer_json(tokenizer, inexact, self.name)
             encoder = GigatokenEncoder(lambda: gigatoken.Tokenizer(_load_hf(data)))
-            if "NFC" in part_types(json.loads(data).get("normalizer"), "normalizers"):
+            if "NFC" in part_types(config.get("normalizer"), "normalizers"):
                 encoder.misread = NFC_MISREAD
             return encoder
         if tokenizer.kind == "tiktoken" and tokenizer.name in PRETOKENIZERS:
@@ -169,10 +168,9 @@ def inexact(config: dict[str, Any]) -> str | None:
         return reason
     if model.get("byte_fallback") and model.get("ignore_merges"):
         return "ignore_merges with byte_fallback, which gigatoken ignores (a word in the vocabulary is merged instead)"
-    merges = model.get("merges") or []
-    keys = [m if isinstance(m, str) else " ".join(map(str, m)) for m in merges]
-    if len(set(keys)) != len(keys):
-        twice = next(k for k, n in collections.Counter(keys).items() if n > 1)
+    counts = collections.Counter(m if isinstance(m, str) else " ".join(map(str, m)) for m in model.get("merges") or [])
+    twice = next((k for k, n in counts.items() if n > 1), None)
+    if twice is not None:
         return (f"the merge {twice!r} listed twice: tokenizers ranks it by its last place, gigatoken by its "
                 "first")
     pre = config.get("pre_tokenizer")
