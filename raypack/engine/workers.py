@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from raypack.errors import InputError
-from raypack.pack.packer import count_task, pack_shard
+from raypack.pack.packer import count_task, pack_shard, reset_peak_rss
 from raypack.pack.tasks import PackSettings, ShardTask, result_to_table
 
 
@@ -22,9 +22,11 @@ def error_table(index: int, error: InputError) -> pa.Table:
 
 
 class ShardPackerActor:
-    """Packs whole tasks, one per call, in the order its rows list them."""
+    """Packs whole tasks, one per call, in the order its rows list them. Its tasks' ``peak_rss_bytes``
+    are the process's peak since the actor started (Ray may give it a worker that ran other work)."""
 
     def __init__(self, settings: dict) -> None:
+        reset_peak_rss()
         self.settings = PackSettings(**settings)
         self.token_type = pa.from_numpy_dtype(np.dtype(self.settings.token_dtype))
 
@@ -80,9 +82,12 @@ class TextTokenizerActor:
 
 class TextPackerActor:
     """Tokenizes text tasks into memory and packs each once the driver sends its offsets
-    (raypack.tokenize.onepass). Holds the ids of the tasks it has tokenized and not packed."""
+    (raypack.tokenize.onepass). Holds the ids of the tasks it has tokenized and not packed. Its
+    tasks' ``peak_rss_bytes`` are the process's peak since the actor started: its tokenizer, the ids
+    it holds and its tokenizing included."""
 
     def __init__(self, text_settings: dict, settings: dict) -> None:
+        reset_peak_rss()
         from raypack.tokenize.backends import set_thread_env
         from raypack.tokenize.tasks import TokenizeSettings, load_worker_tokenizer
 

@@ -16,7 +16,7 @@ from raypack.io.progress import Progress
 from raypack.pack.assemble import check_coverage, count_stats, stitch_boundaries, write_boundaries
 from raypack.pack.config import PackConfig
 from raypack.pack.local import run_tasks
-from raypack.pack.packer import count_task, current_rss_bytes, local_publisher, pack_shard
+from raypack.pack.packer import count_task, local_publisher, local_run_base, pack_shard
 from raypack.pack.plan import (
     Plan,
     check_inputs_before_start,
@@ -205,12 +205,12 @@ def _count_tasks(plan: Plan, settings: PackSettings, config: PackConfig, engine:
 def _pack_locally(tasks, settings: PackSettings, workers: int, unit: str = "shards") -> list[ShardResult]:
     """This process, ``workers`` tasks at a time on threads (raypack.pack.local), with a progress line
     at most once a second. Each result's ``peak_rss_bytes`` is what this process grew by, at its
-    peak, while the task ran (with other tasks beside it on threads: theirs too). The chunk files
+    peak, from the run's start to the task's end (:func:`raypack.pack.packer.local_run_base`). The chunk files
     are published (fsync, rename, resume record) on a background thread while the packers go on
     (:func:`raypack.pack.packer.local_publisher`), all of them before this returns (BENCHMARKS.md,
     2026-12-04: the fsyncs had left the cores idle)."""
     progress = Progress("packed", len(tasks), unit)
-    base = current_rss_bytes()  # this process also holds whatever its caller holds
+    base = local_run_base()
     with local_publisher(workers) as committer:
         results = run_tasks(lambda task, stop: pack_shard(task, settings, stop, committer), tasks, workers,
                             on_result=lambda r: progress.add(r.num_tokens))

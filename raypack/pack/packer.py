@@ -46,7 +46,6 @@ def pack_shard(task: ShardTask, settings: PackSettings, stop: threading.Event | 
     is packed is not recorded as the new version (cost: see raypack/pack/resume.py).
     """
     started_at = time.time()
-    reset_peak_rss()
     identity = identify_input(task, settings)
     batches = iter_document_batches(task.path, task.format, settings.token_column, read_batch_rows(task, settings),
                                     extra_columns=tuple(c.name for c in settings.extra_columns),
@@ -217,7 +216,11 @@ def _push_sliced(packer: ShardPacker, writer: ChunkFileWriter, tokens: np.ndarra
 
 def reset_peak_rss() -> None:
     """Start measuring a new peak: Linux resets VmHWM on ``5`` written to /proc/self/clear_refs.
-    Elsewhere (or where that is refused) the peak stays the process's lifetime peak."""
+    Elsewhere (or where that is refused) the peak stays the process's lifetime peak. It resets the
+    kernel's ``ru_maxrss`` too (what ``/usr/bin/time`` and ``getrusage`` report), so it is called once
+    per local run (:func:`local_run_base`), never per task: tasks overlap on threads, and a reset at
+    each task's start hid the peaks before it (tokenizing, earlier tasks) from the summary and from
+    any outside measure."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -226,7 +229,8 @@ def reset_peak_rss() -> None:
 
 
 def peak_rss_bytes() -> int:
-    """Peak resident set size of this process since :func:`reset_peak_rss` (else since it started)."""
+    """Peak resident set size of this process since :func:`reset_peak_rss` (else since it started):
+    read at a task's end, it covers everything the process did before, the task's tokenizing too."""
     return _proc_status_bytes("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
@@ -248,6 +252,15 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return ctypes.CDLL(None).malloc_trim  # the process's own symbols: glibc's, where it is glibc
     except (OSError, AttributeError, TypeError):  # no malloc_trim (musl, macOS), or no CDLL(None) (Windows)
         return None
+
+
+def local_run_base() -> int:
+    """A ``--local`` run's start: its peak measured from here (:func:`reset_peak_rss`, once), and the
+    RSS it grows from (the process also holds whatever its caller holds). A task's ``peak_rss_bytes``
+    minus this is what the process grew by, at its peak, from the run's start to the task's end.
+    In a Ray worker nothing is reset: the actor's process is its own, and its peak is its lifetime's."""
+    reset_peak_rss()
+    return current_rss_bytes()
 
 
 def current_rss_bytes() -> int:

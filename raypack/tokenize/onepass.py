@@ -60,11 +60,10 @@ from raypack.io.fs import is_uri
 from raypack.pack.config import PackConfig
 from raypack.pack.packer import (
     count_lengths,
-    current_rss_bytes,
     give_back_freed_memory,
     local_publisher,
+    local_run_base,
     pack_documents,
-    reset_peak_rss,
 )
 from raypack.pack.plan import Plan, resolve_token_dtype, settings_for
 from raypack.pack.resume import identify_input, load_verified_result, recorded_task
@@ -212,7 +211,6 @@ def pack_held(held: HeldTask, task: ShardTask, settings: PackSettings, committer
     out of ``held`` as they are packed, so each is freed once its chunks are written (while the next
     task is tokenized beside this one, the two tasks' ids hold about one task's worth, not two).
     ``committer``: as for :func:`raypack.pack.packer.pack_documents`."""
-    reset_peak_rss()
     try:
         return pack_documents(task, settings, _consumed(held), held.identity, held.started_at, committer)
     finally:
@@ -378,7 +376,9 @@ def _run_locally(placer: Placer, text_settings: TokenizeSettings, settings: Pack
     packed (the backend and the Parquet reader release the GIL): at most two tasks' ids held. With
     ``workers`` 1 (``--workers 1``), no such thread: each task is tokenized, then packed, in this
     thread, so one task's ids are held (BENCHMARKS.md: two tokenize threads, or one thread per
-    task, were faster by 5-16% and held up to 1.5x the memory)."""
+    task, were faster by 5-16% and held up to 1.5x the memory). Each result's ``peak_rss_bytes`` is
+    what this process grew by, at its peak, from here to the task's end, its tokenizing included."""
+    base = local_run_base()
     queue, results, held = list(placer.to_tokenize()), [], {}
     ahead: list[tuple[TextTask, Future]] = []
     threaded = workers > 1
@@ -402,7 +402,6 @@ def _run_locally(placer: Placer, text_settings: TokenizeSettings, settings: Pack
                     else:
                         if threaded:
                             start_next()
-                        base = current_rss_bytes()
                         result = pack_held(held.pop(step.index), step.task, settings, committer)
                         results.append(replace(result, peak_rss_bytes=max(0, result.peak_rss_bytes - base)))
                     if progress is not None and step.kind != "tokenize":
