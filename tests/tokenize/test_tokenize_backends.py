@@ -350,6 +350,36 @@ def test_auto_takes_the_next_backend_that_takes_the_tokenizer_with_one_info_line
 
 
 @needs_gigatoken
+@needs_fastokens
+@pytest.mark.parametrize("shape, picked", [
+    ("sp Prepend+Replace", "fastokens"), ("sp Replace only", "fastokens"), ("sp no normalizer", "fastokens"),
+    ("sp Metaspace always, no split", "gigatoken"),  # fastokens refuses Metaspace
+    ("sp Metaspace", "gigatoken"), ("gpt2", "gigatoken"), ("llama3", "gigatoken")])
+def test_auto_takes_fastokens_first_for_a_bpe_over_whole_documents(shape_files, shape, picked, caplog, monkeypatch):
+    """No pre-tokenizer (Llama 2's SentencePiece-style tokenizer.json): gigatoken merges over each
+    whole document at about half fastokens' speed (BENCHMARKS.md, stop 51), so auto takes fastokens
+    there, and gigatoken where fastokens is not installed (Linux aarch64) or refuses the tokenizer."""
+    import raypack.tokenize.backends as backends
+
+    monkeypatch.setattr(backends, "_SAID", set())
+    with caplog.at_level(logging.INFO, logger="raypack.tokenize.backends"):
+        tokenizer = load_backed_tokenizer(str(shape_files[shape]))
+    assert tokenizer.backend == picked
+    lines = [r.getMessage() for r in caplog.records if r.name == "raypack.tokenize.backends"]
+    if shape in ("sp Metaspace", "gpt2", "llama3"):
+        assert lines == []
+    elif picked == "fastokens":
+        assert len(lines) == 1 and "gigatoken is slower for this tokenizer (its BPE merges over whole documents" \
+            in lines[0] and lines[0].endswith("using fastokens")
+        monkeypatch.setattr(FastokensBackend, "version", lambda self: None)
+        assert load_backed_tokenizer(str(shape_files[shape])).backend == "gigatoken"
+    else:
+        assert len(lines) == 1 and "fastokens cannot do this tokenizer" in lines[0] and "slower" not in lines[0]
+    got = tokenizer.encode_flat(pa.array(SHAPE_TEXTS))
+    assert_same_ids(got, _reference_ids(shape_files[shape]), SHAPE_TEXTS)
+
+
+@needs_gigatoken
 def test_an_explicit_backend_that_cannot_do_the_tokenizer_is_refused(tmp_path, capsys):
     path = _unsupported_tokenizer(tmp_path, "nfkc")
     with pytest.raises(InputError, match=r"--tokenizer-backend gigatoken cannot encode this tokenizer exactly "

@@ -12,7 +12,9 @@ sample at run time, :mod:`raypack.tokenize.guard`). So the ids, the part files a
   * ``auto`` (default): the first backend of ``AUTO_ORDER`` (fastest first, measured by
     bench/bench_backends.py and bench/bench_backend_candidates.py: gigatoken, then fastokens for
     the tokenizer.json shapes gigatoken does not take) that is installed and takes the tokenizer,
-    else the reference; one INFO line says why each faster one was passed over;
+    else the reference; a backend whose ``slower_for(tokenizer)`` names a reason goes after the
+    others (gigatoken for a BPE without a pre-tokenizer); one INFO line says why each faster one was
+    passed over;
   * ``reference``: the reference library itself;
   * a backend's name (``gigatoken``): that one, or an InputError when it is not installed
     (naming the extra) or cannot do this tokenizer (naming what it lacks).
@@ -123,8 +125,9 @@ def select_encoder(tokenizer: TextTokenizer, requested: str = AUTO) -> tuple[str
         return requested, tokenizer
     if requested != AUTO:
         return requested, _explicit(BACKENDS[requested], tokenizer)
+    slower = {name: BACKENDS[name].slower_for(tokenizer) for name in AUTO_ORDER}
     passed = []  # why each faster backend was passed over: said in one line
-    for name in AUTO_ORDER:
+    for name in [n for n in AUTO_ORDER if not slower[n]] + [n for n in AUTO_ORDER if slower[n]]:
         backend = BACKENDS[name]
         if backend.version() is None:
             passed.append(f"{name} is not installed")
@@ -134,8 +137,10 @@ def select_encoder(tokenizer: TextTokenizer, requested: str = AUTO) -> tuple[str
         except Unsupported as e:
             passed.append(f"{name} cannot do this tokenizer ({e})")
             continue
-        if passed:
-            _say_once(tokenizer, f"tokenizer backend auto: {'; '.join(passed)}; using {name}")
+        deferred = [f"{n} is slower for this tokenizer ({slower[n]})" for n in AUTO_ORDER
+                    if slower[n] and n != name and not slower[name]]
+        if passed or deferred:
+            _say_once(tokenizer, f"tokenizer backend auto: {'; '.join(deferred + passed)}; using {name}")
         return name, encoder
     _say_once(tokenizer, f"tokenizer backend auto: {'; '.join(passed)}; using the reference, {tokenizer.library} "
                          f"({TEXT_EXTRA})")

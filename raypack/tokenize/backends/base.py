@@ -51,6 +51,11 @@ class TokenizerBackend(Protocol):
         """An encoder giving ``tokenizer``'s ids; raises ``Unsupported`` naming what it lacks."""
         ...
 
+    def slower_for(self, tokenizer: TextTokenizer) -> str | None:
+        """Why the backends after it in ``AUTO_ORDER`` are faster for ``tokenizer`` (measured), or
+        None: ``auto`` tries them first, and this one only where none of them takes the tokenizer."""
+        ...
+
 
 def package_version(distribution: str) -> str | None:
     """The installed version of ``distribution``, or None if it is not installed."""

@@ -76,6 +76,9 @@ class FastokensBackend:
     def version(self) -> str | None:
         return package_version("fastokens")
 
+    def slower_for(self, tokenizer: TextTokenizer) -> str | None:
+        return None
+
     def encoder(self, tokenizer: TextTokenizer) -> FastokensEncoder:
         fastokens = _import()
         if tokenizer.kind == "hf":

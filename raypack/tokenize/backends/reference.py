@@ -18,3 +18,6 @@ class ReferenceBackend:
 
     def encoder(self, tokenizer: TextTokenizer) -> Encoder:
         return tokenizer
+
+    def slower_for(self, tokenizer: TextTokenizer) -> str | None:
+        return None
