@@ -1,7 +1,7 @@
 """Tokens/s of each tokenizer backend (raypack.tokenize.backends), in memory and in ``raypack tokenize``.
 
     PYTHONPATH=. .venv/bin/python bench/bench_backends.py [--mb 4] [--vocab 16000] [--repeats 3]
-        [--shape deepseek-like|starcoder-like]
+        [--shape deepseek-like|starcoder-like|sentencepiece-like]
 
 Text: the Python standard library's .py files (sorted paths, one document each, real text) up
 to ``--mb`` MB, plus the same bytes again as one JSONL corpus for the job runs. Tokenizers: a
@@ -62,6 +62,21 @@ SHAPES = {
         {"type": "Digits", "individual_digits": True}, {**BYTE_LEVEL, "use_regex": True}]},
 }
 """Pre-tokenizers of real models that gigatoken does not take (``--shape``)."""
+SENTENCEPIECE_LIKE = "sentencepiece-like"
+"""Llama 2's and Mistral's shape (``--shape sentencepiece-like``): a BPE with byte fallback trained
+in this run, a Prepend and Replace normalizer of "\u2581", no pre-tokenizer, so its merges run over
+each whole document (where auto takes fastokens first: BENCHMARKS.md, stop 51)."""
+
+
+def train_sentencepiece_like(texts: list[str], vocab_size: int, path: Path) -> None:
+    import tokenizers
+
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = tokenizers.normalizers.Sequence(
+        [tokenizers.normalizers.Prepend("\u2581"), tokenizers.normalizers.Replace(" ", "\u2581")])
+    special = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
+    tok.train_from_iterator(texts, tokenizers.trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special))
+    tok.save(str(path))
 
 
 def batches(texts: list[str], max_bytes: int = 1 << 20) -> list[pa.Array]:
@@ -116,13 +131,16 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=16000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--job-copies", type=int, default=6, help="the job's big run: the text this many times")
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="as-trained",
+    parser.add_argument("--shape", choices=sorted([*SHAPES, SENTENCEPIECE_LIKE]), default="as-trained",
                         help="the byte-level BPE's pre-tokenizer rewritten to a real model's shape (no cl100k run)")
     args = parser.parse_args()
     texts = stdlib_texts(int(args.mb * 1e6))
     work = Path(tempfile.mkdtemp(prefix="raypack-bench-backends-"))
-    train_bpe(texts, args.vocab, work / "tok.json")
-    if SHAPES[args.shape] is not None:
+    if args.shape == SENTENCEPIECE_LIKE:
+        train_sentencepiece_like(texts, args.vocab, work / "tok.json")
+    else:
+        train_bpe(texts, args.vocab, work / "tok.json")
+    if SHAPES.get(args.shape) is not None:
         config = json.loads((work / "tok.json").read_text())
         config["pre_tokenizer"] = SHAPES[args.shape]
         (work / "tok.json").write_text(json.dumps(config))
@@ -130,7 +148,7 @@ def main() -> None:
           f"text {sum(len(t.encode()) for t in texts) / 1e6:.1f} MB, {len(texts)} documents")
     big, tiny = work / "big" / "in.jsonl", work / "tiny" / "in.jsonl"
     big_bytes, tiny_bytes = write_jsonl(texts * args.job_copies, big), write_jsonl(texts[:3], tiny)
-    specs = ((f"byte-level BPE {args.vocab:,}, pre-tokenizer {args.shape}", str(work / "tok.json")),
+    specs = ((f"BPE {args.vocab:,}, {args.shape}", str(work / "tok.json")),
              ("cl100k_base", "tiktoken:cl100k_base"))[:2 if args.shape == "as-trained" else 1]
     for label, spec in specs:
         rates = in_memory(spec, texts, args.repeats)

@@ -92,8 +92,9 @@ class TextOptions:
     effect on the output (the manifest records which one ran)."""
     max_document_bytes: int = 16 << 20
     """A longer text is one line naming it, before it is encoded: a tokenizer's working memory grows
-    with the document (BENCHMARKS.md, "One long text document": about 9 bytes per byte of text with
-    gigatoken, 110 with HF tokenizers); no effect on the output of the documents it accepts."""
+    with the document (BENCHMARKS.md, "One long text document" and "stop 51": about 9-15 bytes per
+    byte of real text with gigatoken, up to 44 for one repeated character or a SentencePiece-style
+    BPE, 110 with HF tokenizers); no effect on the output of the documents it accepts."""
 
     def __post_init__(self) -> None:
         if not self.tokenizer:

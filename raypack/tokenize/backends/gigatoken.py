@@ -104,10 +104,11 @@ class GigatokenBackend:
     def slower_for(self, tokenizer: TextTokenizer) -> str | None:
         """A BPE with no pre-tokenizer that cuts the text into words (Llama 2's and Mistral's
         SentencePiece-style tokenizer.json: a Prepend and Replace normalizer, no pre-tokenizer) merges
-        over each whole document, and gigatoken does that at about half fastokens' speed: 1.8-1.9 against
-        3.3-3.7M tok/s in `pack --tokenizer --local`, 2.5 against 4.6M in memory, and 8.6 against 0.5 s
-        for one 8 MiB document (BENCHMARKS.md, "stop 51"). With a pre-tokenizer that splits (Metaspace
-        with ``split``), gigatoken's pretoken table makes it the fast one (22.6M tok/s)."""
+        over each whole document, and gigatoken does that at a quarter to a half of fastokens' speed:
+        1.8 against 3.3M tok/s in `pack --tokenizer --local`, 1.5 against 6.0M in `raypack tokenize`,
+        and 8.6 against 0.5 s for one 8 MiB document (BENCHMARKS.md, "stop 51"). With a pre-tokenizer
+        that splits (Metaspace with ``split``), gigatoken's pretoken table makes it the fast one (22.6M
+        tok/s)."""
         if tokenizer.kind != "hf":
             return None
         try:
@@ -119,7 +120,8 @@ class GigatokenBackend:
             return None
         pre = config.get("pre_tokenizer")
         if pre is None or (isinstance(pre, dict) and pre.get("type") == "Metaspace" and pre.get("split") is False):
-            return "its BPE merges over whole documents (no pre-tokenizer splits them), where fastokens is ~1.8x faster"
+            return ("its BPE merges over whole documents (no pre-tokenizer splits them), "
+                    "where fastokens is 1.8-4x faster")
         return None
 
     def encoder(self, tokenizer: TextTokenizer) -> GigatokenEncoder:
