@@ -126,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--check-tokenizer", type=int, nargs="?", const=64, metavar="N",
                         help="an output packed from text: re-encode N of its documents (default 64) from their "
                              "text files with the tokenizer's reference library and compare, token for token")
+    verify.add_argument("--max-document-bytes", type=int, metavar="BYTES",
+                        help="--check-tokenizer: a chosen document of more text is counted, not re-encoded (default: "
+                             "pack's default, 16 MiB; the reference library needs ~110 bytes of memory a byte)")
     stats = commands.add_parser("stats", help="how well an output packed: padding, split documents, fragments")
     stats.add_argument("output", metavar="OUT", help="packed output directory")
     stats.add_argument("--plot", metavar="PNG", help=f"also write a plot (needs {PLOT_EXTRA})")
@@ -397,10 +400,14 @@ def _run_verify(args: argparse.Namespace) -> int:
     inputs = [] if args.no_inputs else args.inputs
     if args.check_tokenizer is not None:
         check_count(args.check_tokenizer)  # before the inputs' check prints its notes
+    elif args.max_document_bytes is not None:
+        raise InputError("--max-document-bytes limits what --check-tokenizer re-encodes: add --check-tokenizer, "
+                         "or drop it")
     try:
         limit = {} if args.max_document_tokens is None else {"max_document_tokens": args.max_document_tokens}
         report = verify_output(args.output, inputs, token_column=args.token_column, **limit)
-        extra = [] if args.check_tokenizer is None else check_tokenizer(args.output, args.check_tokenizer)
+        text_limit = {} if args.max_document_bytes is None else {"max_document_bytes": args.max_document_bytes}
+        extra = [] if args.check_tokenizer is None else check_tokenizer(args.output, args.check_tokenizer, **text_limit)
     except VerifyError as e:
         print(f"raypack: verify failed: {e}", file=sys.stderr)
         return 1

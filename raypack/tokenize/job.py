@@ -42,6 +42,7 @@ from raypack.tokenize.corpus import (
 )
 from raypack.tokenize.onepass import run_onepass
 from raypack.tokenize.tasks import (
+    MAX_DOCUMENT_BYTES,
     TextResult,
     TextTask,
     TokenizeSettings,
@@ -90,7 +91,7 @@ class TextOptions:
     tokenizer_backend: str = AUTO
     """Who computes the ids (raypack.tokenize.backends): auto, reference or a backend's name; no
     effect on the output (the manifest records which one ran)."""
-    max_document_bytes: int = 16 << 20
+    max_document_bytes: int = MAX_DOCUMENT_BYTES
     """A longer text is one line naming it, before it is encoded: a tokenizer's working memory grows
     with the document (BENCHMARKS.md, "One long text document" and "stop 51": about 9-15 bytes per
     byte of real text with gigatoken, up to 44 for one repeated character or a SentencePiece-style

@@ -90,6 +90,11 @@ def check_planned(task: TextTask, identity: dict) -> None:
                          "versions of it; run again on a copy that does not change while it is read")
 
 
+MAX_DOCUMENT_BYTES = 16 << 20
+"""The default ``max_document_bytes``: a longer text is one line (pack, tokenize), or not re-encoded
+(verify --check-tokenizer); BENCHMARKS.md, "One long text document" and "stop 51"."""
+
+
 @dataclass(frozen=True)
 class TokenizeSettings:
     """What every tokenize worker shares; the tokenizer travels as its spec string."""
@@ -120,7 +125,7 @@ class TokenizeSettings:
     """The version of the library behind ``tokenizer_backend`` on the driver; a worker whose
     library differs refuses to run, and a resume record made by another backend or version is
     not kept (:func:`record_settings`)."""
-    max_document_bytes: int = 16 << 20
+    max_document_bytes: int = MAX_DOCUMENT_BYTES
     """A longer text is refused before it is encoded (raypack.tokenize.job.TextOptions)."""
     held_tokens: int = 16 << 20
     """``pack --tokenizer``: the ids a task keeps in memory; the rest of a larger task (a Parquet

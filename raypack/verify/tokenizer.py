@@ -13,7 +13,11 @@ A mix (raypack mix): each of its sources packed from text, N documents each.
 
 Cost: reading the text ranges that hold the chosen documents (at most one task per document),
 encoding only those documents, and one pass over the output's doc ids (``np.isin`` per batch).
-Memory: one output batch plus the chosen documents' tokens.
+Memory: one output batch plus the chosen documents' tokens, plus what the reference library needs
+to encode one of them (``tokenizers``: ~110 bytes a byte of text). So a chosen document of more than
+``max_document_bytes`` (pack's default, 16 MiB; verify's ``--max-document-bytes``) is not
+re-encoded: the report counts it (an output packed with a raised limit held a 50 MB document, which
+took verify to 5.1 GB).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from raypack.errors import InputError
 from raypack.inputs.registry import format_named
@@ -30,6 +35,7 @@ from raypack.io.fs import is_file
 from raypack.outputs import read_packed
 from raypack.packed.manifest import MIX_KIND, Manifest, load_manifest, read_manifest_json
 from raypack.rules.long_docs import DEFAULT_LONG_DOCS
+from raypack.tokenize.tasks import MAX_DOCUMENT_BYTES
 from raypack.tokenize.tokenizers import encode_naming, load_tokenizer
 from raypack.verify.report import VerifyError
 
@@ -58,13 +64,17 @@ def check_count(num_docs: int) -> None:
         raise InputError(f"--check-tokenizer {num_docs!r}: give a number of documents >= 1")
 
 
-def check_tokenizer(out: str, num_docs: int = DEFAULT_DOCUMENTS) -> list[str]:
+def check_tokenizer(out: str, num_docs: int = DEFAULT_DOCUMENTS,
+                    max_document_bytes: int = MAX_DOCUMENT_BYTES) -> list[str]:
     """Re-encode ``num_docs`` documents of ``out`` with the reference tokenizer; report lines, or
-    VerifyError naming the first document that differs (InputError: nothing to check against)."""
+    VerifyError naming the first document that differs (InputError: nothing to check against).
+    A chosen document of more than ``max_document_bytes`` of text is counted, not re-encoded."""
     check_count(num_docs)
+    if isinstance(max_document_bytes, bool) or not isinstance(max_document_bytes, int) or max_document_bytes < 1:
+        raise InputError(f"--max-document-bytes {max_document_bytes!r}: give a number of bytes >= 1")
     data, where = read_manifest_json(out)
     if isinstance(data, dict) and data.get("kind") == MIX_KIND:
-        return _check_mix(out, data, where, num_docs)
+        return _check_mix(out, data, where, num_docs, max_document_bytes)
     manifest = load_manifest(out)
     record = manifest.tokenizer_record
     sources = text_sources(manifest)
@@ -77,10 +87,13 @@ def check_tokenizer(out: str, num_docs: int = DEFAULT_DOCUMENTS) -> list[str]:
     options = record.get("options", {})
     total = sum(s.num_docs for s in sources)
     chosen = np.unique(np.linspace(0, total - 1, min(num_docs, total)).round().astype(np.int64))
-    expected = _encode(sources, chosen, tokenizer, options.get("text_column", "text"), options)
+    expected, longer = _encode(sources, chosen, tokenizer, options.get("text_column", "text"), options,
+                               max_document_bytes)
     found = _output_documents(out, chosen)
     cut = manifest.long_docs
     for doc in chosen.tolist():
+        if doc in longer:
+            continue
         want, source, row = expected[doc]
         if cut != DEFAULT_LONG_DOCS and want.size > manifest.context_length:
             want = want[:manifest.context_length] if cut == "truncate" else want[:0]
@@ -91,10 +104,15 @@ def check_tokenizer(out: str, num_docs: int = DEFAULT_DOCUMENTS) -> list[str]:
                               f"{tokenizer.library} differs from the output at token {at} ({want.size} tokens "
                               f"expected, {got.size} in the output); the text or the tokenizer changed since, "
                               "or the backend that packed it is not exact")
-    return [f"  tokenizer        {len(chosen):>14,}  documents re-encoded with {tokenizer.library}: equal"]
+    said = f"  tokenizer        {len(chosen) - len(longer):>14,}  documents re-encoded with {tokenizer.library}: equal"
+    if longer:
+        said += (f"; {len(longer):,} longer than max_document_bytes={max_document_bytes:,} not re-encoded (doc "
+                 f"{min(longer)}{', ...' if len(longer) > 1 else ''}; the reference needs ~110 bytes of memory a "
+                 "byte of text: --max-document-bytes raises the limit)")
+    return [said]
 
 
-def _check_mix(out: str, data: Any, where: str, num_docs: int) -> list[str]:
+def _check_mix(out: str, data: Any, where: str, num_docs: int, max_document_bytes: int) -> list[str]:
     """A mix: each of its sources packed from text, ``num_docs`` documents each; InputError when none was."""
     from raypack.mix.dataset import MixManifest, source_location
 
@@ -106,7 +124,7 @@ def _check_mix(out: str, data: Any, where: str, num_docs: int) -> list[str]:
             lines.append(f"  source {k}: {path}: not packed from text, nothing to re-encode")
             continue
         try:
-            said = check_tokenizer(path, num_docs)
+            said = check_tokenizer(path, num_docs, max_document_bytes)
         except VerifyError as e:
             raise VerifyError(f"source {k} of the mix {out} ({path}): {e}") from e
         lines += [f"  source {k}: {path}", *said]
@@ -154,11 +172,13 @@ def _reference(identity: dict[str, Any], out: str):
     return tokenizer
 
 
-def _encode(sources: list[TextSource], chosen: np.ndarray, tokenizer, column: str,
-            options: dict[str, Any]) -> dict[int, tuple[np.ndarray, TextSource, int]]:
-    """``{doc id: (its ids with BOS/EOS, its source, its row in the task)}`` for the chosen docs."""
+def _encode(sources: list[TextSource], chosen: np.ndarray, tokenizer, column: str, options: dict[str, Any],
+            max_document_bytes: int) -> tuple[dict[int, tuple[np.ndarray, TextSource, int]], set[int]]:
+    """``{doc id: (its ids with BOS/EOS, its source, its row in the task)}`` for the chosen docs, and
+    the chosen docs longer than ``max_document_bytes`` (not encoded)."""
     bos, eos = options.get("bos_id"), options.get("eos_id")
     result: dict[int, tuple[np.ndarray, TextSource, int]] = {}
+    longer: set[int] = set()
     for source in sources:
         wanted = chosen[(chosen >= source.doc_offset) & (chosen < source.doc_offset + source.num_docs)]
         if wanted.size == 0:
@@ -173,6 +193,10 @@ def _encode(sources: list[TextSource], chosen: np.ndarray, tokenizer, column: st
         for texts in _texts_as_packed(source, column):
             take = (rows[(rows >= seen) & (rows < seen + len(texts))] - seen).tolist()
             if take:
+                sizes = pc.binary_length(texts.take(pa.array(take))).to_numpy(zero_copy_only=False)
+                longer.update(source.doc_offset + seen + k for k, size in zip(take, sizes) if size > max_document_bytes)
+                take = [k for k, size in zip(take, sizes) if size <= max_document_bytes]
+            if take:
                 def name(j: int, first: int = seen, taken: list = take) -> str:
                     row = first + taken[j]
                     return f"document {source.doc_offset + row} ({source.path} {_file_row(source, row)})"
@@ -186,7 +210,7 @@ def _encode(sources: list[TextSource], chosen: np.ndarray, tokenizer, column: st
         if seen != source.num_docs:
             raise VerifyError(f"{source.path}: its task holds {seen} documents now, the manifest says "
                               f"{source.num_docs}; the text changed since the output was packed")
-    return result
+    return result, longer
 
 
 def _texts_as_packed(source: TextSource, column: str) -> Iterator[pa.Array]:

@@ -189,3 +189,35 @@ def test_a_tokenizer_moved_or_changed_since_packing_says_to_put_it_back(tmp_path
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"packed with tokenizer {copy}, which is no longer there" in err[0], err
     assert "put it back at that path" in err[0], err
+
+
+def test_a_document_over_max_document_bytes_is_counted_not_re_encoded(tmp_path, tok, capsys):
+    """The reference library needs ~110 bytes a byte of text: verify re-encodes a chosen document only
+    up to --max-document-bytes (pack's default), and says how many it left (a 50 MB document, packed
+    with a raised limit, took verify to 5.1 GB)."""
+    sizes = [len(t.encode()) for t in TEXTS]
+    assert main(["pack", "--local", "--input", text_dir(tmp_path), "--output", str(tmp_path / "out"),
+                 "--context-length", "24", "--tokenizer", tok]) == 0
+    changed = list(TEXTS)
+    changed[118] = changed[118] + " something else"  # 118 % 7 == 6: six "naïve café 🙂 ", over 40 bytes
+    text_dir(tmp_path, changed)
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "out"), "--check-tokenizer", "120", "--max-document-bytes", "40"]) == 0
+    out = capsys.readouterr().out
+    longer = sum(size > 40 for size in sizes)
+    assert 0 < longer < 120 and f"{120 - longer}  documents re-encoded with tokenizers: equal; {longer} longer " \
+        "than max_document_bytes=40 not re-encoded" in out, out
+    assert main(["verify", str(tmp_path / "out"), "--check-tokenizer", "120"]) == 1  # 16 MiB by default
+    assert "document 118" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--max-document-bytes", "10"], "--max-document-bytes limits what --check-tokenizer re-encodes"),
+    (["--check-tokenizer", "--max-document-bytes", "0"], "--max-document-bytes 0: give a number of bytes >= 1")])
+def test_max_document_bytes_mistakes_are_one_line(tmp_path, tok, capsys, flags, said):
+    assert main(["pack", "--local", "--input", text_dir(tmp_path), "--output", str(tmp_path / "out"),
+                 "--context-length", "24", "--tokenizer", tok]) == 0
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "out"), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0], err
