@@ -122,6 +122,11 @@ class InputFormat:
         """``(start, end, cost)`` ranges splitting a text file into tasks (``holds_text``)."""
         raise InputError(f"text input {path} is {self.name}; give text as Parquet (a string column) or JSON Lines")
 
+    def text_notes(self, path: str, column: str) -> list[str]:
+        """Lines for the user about reading ``path``'s text (``holds_text``), from its metadata alone:
+        what the file's layout will cost (Parquet: a dictionary page of long texts is read whole)."""
+        return []
+
     def iter_texts(self, path: str, column: str, start: int, end: int, batch_rows: int, *,
                    max_text_bytes: int | None = None) -> Iterator[tuple[int, pa.Array]]:
         """``(first_row, texts)`` of one text task (``holds_text``). ``max_text_bytes``: the caller

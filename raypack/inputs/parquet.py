@@ -126,6 +126,9 @@ class ParquetFormat(InputFormat):
         return [(g.row_group_start, g.row_group_end, g.num_bytes)
                 for g in parquet_row_group_tasks(path, target_rows=task_rows, target_bytes=task_bytes)]
 
+    def text_notes(self, path: str, column: str) -> list[str]:
+        return dictionary_page_notes(path, column)
+
     def iter_texts(self, path: str, column: str, start: int, end: int, batch_rows: int, *,
                    max_text_bytes: int | None = None) -> Iterator[tuple[int, pa.Array]]:
         return iter_parquet_texts(path, column, (start, end), batch_rows)  # batches sized from the footer
@@ -356,6 +359,45 @@ def iter_parquet_texts(
             _check_parquet_texts(texts, path, column, file_row + first_row)
             yield first_row, texts
             first_row += len(texts)
+
+
+DICTIONARY_NOTE_BYTES = 64 << 20
+"""A text column chunk whose dictionary page holds more text than this is named (:func:`dictionary_page_notes`)."""
+
+
+def dictionary_page_notes(path: str, column: str) -> list[str]:
+    """One line when a row group's ``column`` keeps more than DICTIONARY_NOTE_BYTES of text in its
+    dictionary page (the largest such row group): a Parquet page is decoded whole, and pyarrow's
+    writer puts a row group's first 1,024 values in one before it falls back to plain pages, so long
+    texts (books) make a page of up to ~1 GB, which pyarrow reads at ~2.5x its text (BENCHMARKS.md,
+    "stop 51"). The page's text is estimated from the footer (its share of the chunk's compressed
+    bytes times the chunk's uncompressed bytes); a footer that does not add up gives no line. O(row groups)."""
+    try:
+        fs, fs_path = resolve_filesystem(path)
+        with open_input_file(fs, fs_path, path) as source:
+            metadata = open_parquet(source, path).metadata
+        schema = metadata.schema
+        leaf = next((i for i in range(len(schema)) if schema.column(i).path == column), None)
+        if leaf is None:
+            return []
+        largest, where = 0, 0
+        for group in range(metadata.num_row_groups):
+            chunk = metadata.row_group(group).column(leaf)
+            start, data, compressed = chunk.dictionary_page_offset, chunk.data_page_offset, chunk.total_compressed_size
+            if not chunk.has_dictionary_page or start is None or not 0 <= start < data or compressed <= 0:
+                continue
+            if data - start > compressed:
+                continue
+            size = chunk.total_uncompressed_size * (data - start) // compressed
+            if size > largest:
+                largest, where = size, group
+    except (InputError, OSError, ValueError, UnicodeDecodeError, pa.ArrowException):
+        return []  # the read says what is wrong with the file, if anything
+    if largest <= DICTIONARY_NOTE_BYTES:
+        return []
+    return [f"text file {path}: row group {where} keeps about {largest >> 20:,} MiB of its {column!r} column's text "
+            "in one dictionary page, which a Parquet reader decodes whole (about 2.5x that in memory); write the "
+            "file with use_dictionary=False for that column, or smaller row groups, to read it in small pages"]
 
 
 def text_batch_rows(metadata: pq.FileMetaData, group: int, column: str, batch_rows: int, batch_bytes: int) -> int:

@@ -412,3 +412,29 @@ def test_parquet_missing_and_corrupt_file(tmp_path):
     bad.write_bytes(b"PAR1 not really")
     with pytest.raises(InputError, match=r"bad\.parquet is not a readable Parquet file"):
         parquet_row_group_tasks(str(bad))
+
+
+def test_a_dictionary_page_of_long_texts_is_named_in_one_line(tmp_path, monkeypatch, caplog):
+    """pyarrow's writer puts a row group's first 1,024 texts in one dictionary page; a reader decodes
+    a page whole, so a page of books costs ~2.5x its text to read (BENCHMARKS.md, stop 51): the plan
+    names the file. Written without dictionary encoding, or with short texts, it says nothing."""
+    import logging
+
+    import raypack.inputs.parquet as parquet
+    from raypack.tokenize.job import TextOptions, plan_text_tasks
+
+    monkeypatch.setattr(parquet, "DICTIONARY_NOTE_BYTES", 1 << 20)
+    books = [f"book {i} " + "lorem ipsum dolor sit amet " * 12_000 for i in range(8)]  # ~330 kB each
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    pq.write_table(pa.table({"id": range(8), "text": books}), tmp_path / "a" / "books.parquet")
+    pq.write_table(pa.table({"text": books}), tmp_path / "b" / "plain.parquet", use_dictionary=False)
+    pq.write_table(pa.table({"text": TEXTS * 100}), tmp_path / "b" / "short.parquet")
+    notes = parquet.dictionary_page_notes(str(tmp_path / "a" / "books.parquet"), "text")
+    assert len(notes) == 1 and "row group 0 keeps about 2 MiB of its 'text' column's text in one dictionary " \
+        "page" in notes[0] and "use_dictionary=False" in notes[0], notes
+    assert parquet.dictionary_page_notes(str(tmp_path / "a" / "books.parquet"), "id") == []  # 8 ints
+    with caplog.at_level(logging.INFO, logger="raypack.tokenize.job"):
+        plan_text_tasks((str(tmp_path / "a"), str(tmp_path / "b")), TextOptions(tokenizer="unused.json"))
+    said = [r.getMessage() for r in caplog.records if r.name == "raypack.tokenize.job"]
+    assert said == notes
