@@ -384,9 +384,7 @@ def dictionary_page_notes(path: str, column: str) -> list[str]:
         for group in range(metadata.num_row_groups):
             chunk = metadata.row_group(group).column(leaf)
             start, data, compressed = chunk.dictionary_page_offset, chunk.data_page_offset, chunk.total_compressed_size
-            if not chunk.has_dictionary_page or start is None or not 0 <= start < data or compressed <= 0:
-                continue
-            if data - start > compressed:
+            if not chunk.has_dictionary_page or start is None or not 0 <= start < data <= start + compressed:
                 continue
             size = chunk.total_uncompressed_size * (data - start) // compressed
             if size > largest:

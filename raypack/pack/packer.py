@@ -258,7 +258,7 @@ def local_run_base() -> int:
     """A ``--local`` run's start: its peak measured from here (:func:`reset_peak_rss`, once), and the
     RSS it grows from (the process also holds whatever its caller holds). A task's ``peak_rss_bytes``
     minus this is what the process grew by, at its peak, from the run's start to the task's end.
-    In a Ray worker nothing is reset: the actor's process is its own, and its peak is its lifetime's."""
+    A Ray packer actor resets once, as it starts (raypack.engine.workers), and reports its peak whole."""
     reset_peak_rss()
     return current_rss_bytes()
 
