@@ -323,9 +323,10 @@ def test_tiktoken_loads_with_no_network(monkeypatch):
     def no_network(*args, **kwargs):
         raise AssertionError("tried to use the network")
 
+    tiktoken_load = pytest.importorskip("tiktoken.load")  # a submodule: `tiktoken.load` exists only once imported
     monkeypatch.setattr(socket.socket, "connect", no_network)
-    monkeypatch.setattr(tiktoken.load, "read_file", no_network)
-    monkeypatch.setattr(tiktoken.load, "read_file_cached", no_network)
+    monkeypatch.setattr(tiktoken_load, "read_file", no_network)
+    monkeypatch.setattr(tiktoken_load, "read_file_cached", no_network)
     loaded = load_tokenizer("tiktoken:o200k_base")
     assert loaded.encode_batch(pa.array(["hello world"])).to_pylist()[0] == [24912, 2375]
     identity = loaded.identity()
