@@ -338,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"raypack: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
-        print(interrupted_line(argv, getattr(e, "kept", None)), file=sys.stderr)
+        print(interrupted_line(argv, getattr(e, "kept", None), getattr(e, "finished", True)), file=sys.stderr)
         return interrupted_code()
     except BrokenPipeError:
         silence_stdout()

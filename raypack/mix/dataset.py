@@ -174,7 +174,7 @@ def run_mix(config: MixConfig) -> MixSummary:
 
     _refuse_output_over_source(config)
     return MixSummary(config.output, run_published(config.output, overwrite=config.overwrite, resume=False,
-                                                   plan=plan, write=write))
+                                                   plan=plan, write=write, resumable=False))
 
 
 def _open_source(path: str, k: int) -> PackedDataset:

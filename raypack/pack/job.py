@@ -28,7 +28,7 @@ from raypack.pack.plan import (
 from raypack.pack.publish import LocalOutput, ObjectStoreOutput, check_free_before_start, run_published
 from raypack.pack.resume import load_verified_result
 from raypack.pack.tasks import PackSettings, ShardResult, TaskCounts
-from raypack.packed.manifest import Manifest, PackedCounts, build_manifest, write_manifest
+from raypack.packed.manifest import Manifest, PackedCounts, build_manifest, load_manifest, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,9 @@ class Summary:
     engine: str = "ray"
     kept: tuple[int, int] = (0, 0)
     """Tasks, and their tokens, kept from an interrupted run's records (``--resume``): not in the rate."""
+    finished_publish: bool = False
+    """A ``--resume`` that found the interrupted run's output complete and published it: nothing was
+    packed (no time, rate or memory to show)."""
 
     def lines(self) -> list[str]:
         c = self.manifest.counts
@@ -55,8 +58,9 @@ class Summary:
         split_pct = 100.0 * c.split_documents / c.documents if c.documents else 0.0
         rate = (c.tokens - self.kept[1]) / self.seconds if self.seconds > 0 else 0.0
         strategy = self.manifest.strategy.describe()
-        return [
-            f"packed {self.output} ({strategy})",
+        done = "finished the interrupted publish of" if self.finished_publish else "packed"
+        counts = [
+            f"{done} {self.output} ({strategy})",
             f"  documents        {c.documents:>14,}",
             f"  tokens           {c.tokens:>14,}",
             f"  chunks           {c.chunks:>14,}  of {self.manifest.context_length} tokens",
@@ -65,6 +69,11 @@ class Summary:
             *_cut_lines(c),
             *_tokenizer_lines(self.manifest),
             f"  files            {len(self.manifest.files):>14,}",
+        ]
+        if self.finished_publish:
+            return counts
+        return [
+            *counts,
             f"  time             {self.seconds:>14.2f}s  ({rate / 1e6:,.1f}M tokens/s, start-up included"
             + (f"; {self.kept[0]:,} tasks, {self.kept[1]:,} tokens, kept from the run before)" if self.kept[0]
                else ")"),
@@ -122,10 +131,13 @@ def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False, t
             check_before_ray(config.inputs, text, config)  # inputs, tokenizer, ids: one line before Ray starts
         else:
             check_inputs_before_start(config)  # a mistyped input or a text file: one line before Ray starts
-        check_free_before_start(config.output, overwrite=config.overwrite, resume=resume)
-        connect_ray(config.address, verbose=verbose, worker_num_cpus=config.worker_num_cpus)
+        if not (check_free_before_start(config.output, overwrite=config.overwrite, resume=resume) and resume):
+            connect_ray(config.address, verbose=verbose, worker_num_cpus=config.worker_num_cpus)
+        # else an interrupted publish, which run_published finishes with no engine
 
     def plan() -> Plan | None:
+        if engine == "ray":  # connected above, unless the output looked finished there; idempotent
+            connect_ray(config.address, verbose=verbose, worker_num_cpus=config.worker_num_cpus)
         if text is not None:
             return None  # counts come from the tokenizing packers (raypack.tokenize.onepass)
         planned = make_plan(config)
@@ -140,8 +152,12 @@ def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False, t
             return _finish(target, config, planned, settings, results)
         return _pack_into(target, config, planned, engine, resume)
 
-    manifest, results = run_published(config.output, overwrite=config.overwrite, resume=resume, plan=plan,
-                                      write=write)
+    outcome = run_published(config.output, overwrite=config.overwrite, resume=resume, plan=plan, write=write,
+                            finished=lambda: None)
+    if outcome is None:  # --resume of a run interrupted while publishing: its publish finished
+        return Summary(config.output, load_manifest(config.output), time.perf_counter() - start, engine=engine,
+                       finished_publish=True)
+    manifest, results = outcome
     kept = [r for r in results if not r.finished_at]  # a resume record's result (raypack.pack.resume)
     return Summary(config.output, manifest, time.perf_counter() - start,
                    max((r.peak_rss_bytes for r in results if r.finished_at), default=0), _pack_seconds(results), engine,

@@ -58,21 +58,26 @@ R = TypeVar("R")
 
 
 def run_published(output: str, *, overwrite: bool, resume: bool, plan: Callable[[], P],
-                  write: Callable[[LocalOutput | ObjectStoreOutput, P], R]) -> R:
+                  write: Callable[[LocalOutput | ObjectStoreOutput, P], R],
+                  finished: Callable[[], R] | None = None, resumable: bool = True) -> R:
     """The life of every run that publishes an output (pack, tokenize), in one place:
 
     1. take the output's lock (held to the end), finish a publish a dead run left half done,
-       refuse an output that is not free for this run;
+       refuse an output that is not free for this run. Where that publish made the output complete
+       and this run is a ``resume`` (what the interrupted run's line told the user to run), the
+       run is done: returns ``finished()`` (without it, the output is refused as complete);
     2. ``plan()`` (bad input raises before anything is made);
     3. make the work directory, ``write(target, planned)`` into ``target.work_dir``, publish;
        bad input or a full disk leaves nothing (``after_failure``), anything else keeps the
-       work for ``--resume``; Ctrl-C raises :class:`~raypack.errors.Interrupted` naming it.
+       work for ``--resume``; Ctrl-C raises :class:`~raypack.errors.Interrupted` naming it. A
+       command with no ``--resume`` (not ``resumable``: a mix) keeps nothing on Ctrl-C either.
     Returns what ``write`` returned.
     """
     target = output_target(output)
     target.acquire()
     try:
-        target.recover()
+        if target.recover() and resume and finished is not None:
+            return finished()
         target.check_free(overwrite=overwrite, resume=resume)
         planned = plan()
         target.prepare(fresh=overwrite and not resume, resume=resume)
@@ -80,7 +85,10 @@ def run_published(output: str, *, overwrite: bool, resume: bool, plan: Callable[
             result = write(target, planned)
             target.publish()
         except KeyboardInterrupt:
-            raise Interrupted(target.work_dir) from None
+            if not resumable:
+                target.discard()
+                raise Interrupted(None) from None
+            raise Interrupted(target.work_dir, target.holds_finished_work()) from None
         except BaseException as e:
             target.after_failure(e)
             raise
@@ -89,17 +97,19 @@ def run_published(output: str, *, overwrite: bool, resume: bool, plan: Callable[
     return result
 
 
-def check_free_before_start(output: str, *, overwrite: bool, resume: bool) -> None:
+def check_free_before_start(output: str, *, overwrite: bool, resume: bool) -> bool:
     """What :func:`run_published` refuses about the output (not empty, an unfinished run, already
     complete), said before Ray takes seconds to start. No lock, nothing changed: run_published checks
     again under the lock. Skipped where a dead run's publish is to be finished first (its refusal
-    would be premature)."""
+    would be premature): returns True there (a ``resume`` then needs no engine: run_published
+    finishes that publish, and the run with it)."""
     target = output_target(output)
     if isinstance(target, LocalOutput):
         target.lock.check_free()  # another run writing it: one line now, not after Ray's start
         if os.path.isfile(os.path.join(target.work_dir, MANIFEST_NAME)):
-            return
+            return True
     target.check_free(overwrite=overwrite, resume=resume)
+    return False
 
 
 def staging_dir(output: str) -> str:
@@ -139,11 +149,15 @@ class LocalOutput:
     def acquire(self) -> None:
         self.lock.acquire()
 
-    def recover(self) -> None:
-        """Finish a publish that a dead run left half done (call holding the lock)."""
+    def recover(self) -> bool:
+        """Finish a publish that a dead run left half done (call holding the lock). True when the
+        dead run's output is now the published one: its publish finished here, or had swapped it in
+        (the staging directory then held the old output)."""
         staging, output, old = self.work_dir, self.output, self.old_dir
         staged = os.path.join(staging, MANIFEST_NAME)
+        finished = False
         if os.path.isfile(staged):
+            finished = True
             published = os.path.join(output, MANIFEST_NAME)
             if os.path.isfile(published) and os.stat(published).st_mtime_ns >= os.stat(staged).st_mtime_ns:
                 log.info("removing %s: an output replaced by an interrupted publish", staging)
@@ -157,6 +171,7 @@ class LocalOutput:
                 os.replace(old, output)
             else:
                 shutil.rmtree(old, ignore_errors=True)
+        return finished
 
     def check_free(self, *, overwrite: bool, resume: bool) -> None:
         out, staging = self.output, self.work_dir
@@ -165,12 +180,25 @@ class LocalOutput:
         if os.path.isdir(staging) and not (resume or overwrite):
             raise InputError(f"an earlier run into {out} did not finish (its work is in {staging}); "
                              f"pass --resume to finish it or --overwrite to start over")
+        if resume and os.path.isdir(staging):
+            return  # an unfinished run (an --overwrite one, where an output is there) to finish
         if os.path.isdir(out) and os.listdir(out) and not overwrite:
-            if resume and os.path.exists(os.path.join(out, MANIFEST_NAME)) and not os.path.isdir(staging):
+            if resume and os.path.exists(os.path.join(out, MANIFEST_NAME)):
                 raise InputError(f"output {out} is already complete; nothing to resume (to pack it again, with other "
                                  "inputs or settings, pass --overwrite instead of --resume)")
             raise InputError(f"output directory {out} is not empty; pass --overwrite to replace it "
                              f"(the old output is removed only after the new one is complete)")
+
+    def holds_finished_work(self) -> bool:
+        """Whether the staging directory holds a finished task's record, or a complete output."""
+        staging = self.work_dir
+        results = os.path.join(staging, RESULTS_DIR)
+        return os.path.isfile(os.path.join(staging, MANIFEST_NAME)) or (os.path.isdir(results)
+                                                                       and any(os.scandir(results)))
+
+    def discard(self) -> None:
+        """Remove the staging directory (a run that keeps nothing)."""
+        shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def prepare(self, *, fresh: bool, resume: bool = False) -> None:
         if fresh:
@@ -291,8 +319,9 @@ class ObjectStoreOutput:
             raise InputError(f"cannot reach the output {out} ({e}); check the credentials and the endpoint") from e
         self.lock.acquire()
 
-    def recover(self) -> None:
+    def recover(self) -> bool:
         """Nothing to recover: the manifest, written last, is the only commit."""
+        return False
 
     def check_free(self, *, overwrite: bool, resume: bool) -> None:
         out = self.output
@@ -317,6 +346,13 @@ class ObjectStoreOutput:
         raise InputError(f"output {out} is not empty (it holds {names[0]}, ...); pass --overwrite to replace it "
                          f"(on an object store the old {MANIFEST_NAME} is deleted when packing starts, and "
                          f"the old objects just before the new manifest is written)")
+
+    def holds_finished_work(self) -> bool:
+        """Not listed here (a listing can be slow): say there may be some."""
+        return True
+
+    def discard(self) -> None:
+        """Nothing: the prefix may hold an old output's objects, and one without a manifest is no output."""
 
     def prepare(self, *, fresh: bool, resume: bool = False) -> None:
         if fresh:  # the old output stops being readable before any of its objects is replaced

@@ -38,6 +38,7 @@ from raypack.tokenize.backends import AUTO, check_backend_name, load_backed_toke
 from raypack.tokenize.corpus import (
     TokenizedManifest,
     build_tokenized_manifest,
+    load_tokenized_manifest,
     save_tokenized_manifest,
 )
 from raypack.tokenize.onepass import run_onepass
@@ -130,20 +131,25 @@ class TokenizeSummary:
     output: str
     manifest: TokenizedManifest
     seconds: float
+    finished_publish: bool = False
+    """A ``--resume`` that found the interrupted run's output complete and published it (no time to show)."""
 
     def lines(self) -> list[str]:
         c, tokenizer = self.manifest.counts, self.manifest.tokenizer
         rate = c.tokens / self.seconds if self.seconds > 0 else 0.0
         backend = self.manifest.backend
-        return [
-            f"tokenized {self.output} ({tokenizer['kind']}, vocabulary "
+        done = "finished the interrupted publish of" if self.finished_publish else "tokenized"
+        lines = [
+            f"{done} {self.output} ({tokenizer['kind']}, vocabulary "
             f"{tokenizer['vocab_size']:,}, {self.manifest.token_dtype.name}, backend "
             f"{backend.get('name')} {backend.get('version')})",
             f"  documents  {c.documents:>14,}",
             f"  tokens     {c.tokens:>14,}",
             f"  shards     {c.shards:>14,}",
-            f"  time       {self.seconds:>14.2f}s  ({rate / 1e6:,.2f}M tokens/s, start-up included)",
         ]
+        if self.finished_publish:
+            return lines
+        return [*lines, f"  time       {self.seconds:>14.2f}s  ({rate / 1e6:,.2f}M tokens/s, start-up included)"]
 
 
 def parse_token(value: str | int | None) -> str | int | None:
@@ -193,10 +199,15 @@ def run_tokenize(config: TokenizeConfig, *, engine: str = "ray", resume: bool = 
         from raypack.engine.session import connect_ray
 
         check_before_ray(config.inputs, config.text)
-        check_free_before_start(config.output, overwrite=config.overwrite, resume=resume)
-        connect_ray(config.address, verbose=verbose, worker_num_cpus=config.worker_num_cpus)
+        if not (check_free_before_start(config.output, overwrite=config.overwrite, resume=resume) and resume):
+            connect_ray(config.address, verbose=verbose, worker_num_cpus=config.worker_num_cpus)
+        # else an interrupted publish, which run_published finishes with no engine
 
     def plan() -> list[TextTask]:
+        if engine == "ray":  # connected above, unless the output looked finished there; idempotent
+            from raypack.engine.session import connect_ray
+
+            connect_ray(config.address, verbose=verbose, worker_num_cpus=config.worker_num_cpus)
         tasks = plan_text_tasks(config.inputs, config.text)
         _check_outside(config.output, tasks, config.inputs)
         return tasks
@@ -207,7 +218,11 @@ def run_tokenize(config: TokenizeConfig, *, engine: str = "ray", resume: bool = 
         save_tokenized_manifest(target.work_dir, manifest)
         return manifest
 
-    manifest = run_published(config.output, overwrite=config.overwrite, resume=resume, plan=plan, write=write)
+    manifest = run_published(config.output, overwrite=config.overwrite, resume=resume, plan=plan, write=write,
+                             finished=lambda: None)
+    if manifest is None:  # --resume of a run interrupted while publishing: its publish finished
+        return TokenizeSummary(config.output, load_tokenized_manifest(config.output), time.perf_counter() - start,
+                               finished_publish=True)
     return TokenizeSummary(config.output, manifest, time.perf_counter() - start)
 
 

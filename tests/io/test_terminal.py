@@ -275,6 +275,11 @@ def test_interrupted_line():
         "raypack: interrupted; the finished work is kept in /x/s; finish with: raypack pack --output 'o o' --resume")
     assert interrupted_line(["pack", "--resume"], "/x/s").endswith("raypack pack --resume")
     assert interrupted_line(["pack"], None) == "raypack: interrupted; nothing was written"
+    assert interrupted_line(["pack", "--overwrite", "--output", "o"], "/x/s").endswith(
+        "finish with: raypack pack --output o --resume")  # --overwrite and --resume are refused together
+    assert interrupted_line(["pack", "--output", "o"], "/x/s", finished=False) == (
+        "raypack: interrupted before any task finished (its work directory is /x/s); start it again with: "
+        "raypack pack --output o --resume")
 
 
 @pytest.mark.parametrize("command", ["verify", "stats"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -310,6 +311,141 @@ def test_a_publish_that_died_is_finished_by_the_next_run(tmp_path, corpus, monke
         run_pack(config(tmp_path, [corpus]), engine="local")
     assert_exactly_the_manifest(tmp_path / "out")["context_length"] == 12
     assert sorted(os.listdir(tmp_path)) == ["corpus", "out"]
+
+
+def interrupt_in_publish(monkeypatch, when: str) -> None:
+    """Ctrl-C (a KeyboardInterrupt on the main thread) in the publish: before its rename, right after
+    the exchange, or after the first of the two renames (where there is no exchange)."""
+    if when == "before the rename":
+        real_publish = publish.LocalOutput.publish
+
+        def publish_once(self):
+            monkeypatch.setattr(publish.LocalOutput, "publish", real_publish)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(publish.LocalOutput, "publish", publish_once)
+    elif when == "exchange":
+        real = publish.exchange_paths
+
+        def exchange_then_interrupt(a, b):
+            assert real(a, b)
+            monkeypatch.setattr(publish, "exchange_paths", real)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(publish, "exchange_paths", exchange_then_interrupt)
+    else:
+        monkeypatch.setattr(publish, "exchange_paths", lambda a, b: False)
+        real_replace = os.replace
+
+        def replace_then_interrupt(a, b):
+            real_replace(a, b)
+            if b.endswith("-old"):
+                monkeypatch.setattr(publish.os, "replace", real_replace)
+                raise KeyboardInterrupt
+
+        monkeypatch.setattr(publish.os, "replace", replace_then_interrupt)
+
+
+@pytest.mark.parametrize("engine", ["local", "ray"])
+@pytest.mark.parametrize("when", ["before the rename", "exchange", "first rename"])
+@pytest.mark.parametrize("command", ["pack", "tokenize"])
+def test_ctrl_c_while_publishing_is_finished_by_the_resume_its_line_names(tmp_path, corpus, monkeypatch, capsys,
+                                                                           command, when, engine):
+    """Ctrl-C after the last task, as the output is published: the interrupted line's own ``--resume``
+    command finishes the publish, exit 0, with the output's counts (it was 'already complete', exit 2,
+    for a run that had in fact finished). On Ray that resume starts no Ray: there is nothing to run."""
+    import raypack.engine.session as session
+    from raypack.cli import main
+
+    if when == "exchange" and publish._renameat2() is None:
+        pytest.skip("renameat2(RENAME_EXCHANGE) is not available here")
+    if command == "tokenize":
+        pq.write_table(pa.table({"text": [f"text number {i} " * (i % 7) for i in range(60)]}), tmp_path / "t.parquet")
+        args = ["tokenize", "--local", "--input", str(tmp_path / "t.parquet"), "--tokenizer", "tiktoken:cl100k_base",
+                "--output", str(tmp_path / "out")]
+    else:
+        args = ["pack", "--local", "--input", str(corpus), "--context-length", "8", "--output", str(tmp_path / "out")]
+    if when != "before the rename":  # those two replace an output: the second run is an --overwrite
+        assert main(args) == 0
+        args = [*args, "--overwrite"]
+    before = sorted(os.listdir(tmp_path))
+    capsys.readouterr()
+    interrupt_in_publish(monkeypatch, when)
+    assert main(args) == 130
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "finish with: raypack " in line, line
+    again = shlex.split(line.split("finish with: raypack ", 1)[1])
+    assert again == [*(a for a in args if a != "--overwrite"), "--resume"]  # the two are refused together
+    monkeypatch.undo()
+    if engine == "ray":
+        again.remove("--local")
+
+        def no_ray(*a, **k):
+            raise AssertionError("Ray started for a resume with nothing to run")
+
+        monkeypatch.setattr(session, "connect_ray", no_ray)
+        monkeypatch.setattr(job, "connect_ray", no_ray)
+    assert main(again) == 0
+    captured = capsys.readouterr()
+    done = "finished the interrupted publish of" + f" {tmp_path / 'out'}"
+    assert captured.out.startswith(done), captured.out
+    assert "time" not in captured.out
+    if command == "pack":
+        assert_exactly_the_manifest(tmp_path / "out")
+    else:
+        assert "tokens" in captured.out and (tmp_path / "out" / "manifest.json").is_file()
+    assert sorted(os.listdir(tmp_path)) == sorted(set(before) | {"out"})
+    # and a resume of that complete output is still refused, as before
+    assert main(again) == 2
+    assert "already complete; nothing to resume" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("first", [0, 3])
+def test_an_interrupted_overwrite_is_finished_by_the_resume_its_line_names(tmp_path, corpus, monkeypatch, capsys,
+                                                                           first):
+    """Ctrl-C in an ``--overwrite`` run: its line names the command with ``--resume`` in place of
+    ``--overwrite`` (the two are refused together: it named both, which exited 2), and that resume
+    replaces the old output with what a clean run makes. Interrupted at the first task (``--workers 1``),
+    the line says no task had finished."""
+    from raypack.cli import main
+
+    base = ["pack", "--local", "--workers", "1", "--input", str(corpus), "--pad-token", "0", "--output"]
+    assert main([*base, str(tmp_path / "clean"), "--context-length", "12"]) == 0
+    args = [*base, str(tmp_path / "out"), "--context-length", "12", "--overwrite"]
+    assert main([*base, str(tmp_path / "out"), "--context-length", "8"]) == 0
+    capsys.readouterr()
+    fail_at_shard(monkeypatch, first, KeyboardInterrupt())
+    assert main(args) == 130
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert ("before any task finished" in line) == (first == 0), line
+    again = shlex.split(line.split("with: raypack ", 1)[1])
+    assert again == [*args[:-1], "--resume"]
+    monkeypatch.undo()
+    assert main(again) == 0
+    assert assert_exactly_the_manifest(tmp_path / "out")["context_length"] == 12
+    assert file_digests(str(tmp_path / "out")) == file_digests(str(tmp_path / "clean"))
+    assert not os.path.exists(staging_dir(str(tmp_path / "out")))
+
+
+def test_an_interrupted_mix_keeps_nothing(tmp_path, corpus, monkeypatch, capsys):
+    """``mix`` has no ``--resume``: Ctrl-C leaves no staging directory, and its line says nothing was
+    written (it named a ``--resume`` that mix refuses)."""
+    import raypack.mix.dataset as dataset
+    from raypack.cli import main
+
+    run_pack(config(tmp_path, [corpus]), engine="local")
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dataset, "write_manifest", interrupt)
+    command = ["mix", "--source", str(tmp_path / "out"), "--weight", "1", "--num-chunks", "5", "--output",
+               str(tmp_path / "mix")]
+    assert main(command) == 130
+    assert capsys.readouterr().err == "raypack: interrupted; nothing was written\n"
+    assert sorted(os.listdir(tmp_path)) == ["corpus", "out"]
+    monkeypatch.undo()
+    assert main(command) == 0
 
 
 def test_a_complete_staging_directory_is_published_by_the_next_run(tmp_path, corpus):
