@@ -15,7 +15,7 @@ class InputError(ValueError):
 
 
 class NotAnOutput(InputError):
-    """Where an output was to be read, something else: an input directory, a tokenized corpus. The
+    """Where an output was to be read, something else: an input directory, a tokenized corpus, nothing. The
     message names what it is. ``raypack verify`` says it as bad input (exit 2), not a failed audit."""
 
 

@@ -281,7 +281,7 @@ def read_manifest_json(path: str) -> tuple[Any, str]:
     if info.type != pafs.FileType.File:
         if filesystem.get_file_info(base).type != pafs.FileType.Directory:
             check_bucket(filesystem, base, f"output {path}")
-            raise InputError(f"{path}: no such output directory; check the path")
+            raise NotAnOutput(f"{path}: no such output directory; check the path")
         inputs = _input_like_files(filesystem, base)
         if inputs:
             raise NotAnOutput(f"{path} holds no {MANIFEST_NAME} and no chunk files, but {inputs}: an input, not a "

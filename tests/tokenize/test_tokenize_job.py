@@ -355,6 +355,9 @@ def test_stats_and_verify_name_a_tokenized_corpus_for_what_it_is(tmp_path, text_
     assert main([command, text_dir]) == 2  # an input directory
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "an input, not a packed output" in err
+    assert main([command, str(tmp_path / "no-such-dir")]) == 2  # a mistyped path: it was exit 1, "verify failed"
+    err = capsys.readouterr().err.strip()
+    assert err == f"raypack: error: {tmp_path / 'no-such-dir'}: no such output directory; check the path"
 
 
 @pytest.mark.parametrize("mistake", ["text column", "output not empty", "unfinished run"])
