@@ -127,10 +127,12 @@ def select_encoder(tokenizer: TextTokenizer, requested: str = AUTO) -> tuple[str
         return requested, _explicit(BACKENDS[requested], tokenizer)
     slower = {name: BACKENDS[name].slower_for(tokenizer) for name in AUTO_ORDER}
     passed = []  # why each faster backend was passed over: said in one line
+    missing = False  # a backend not installed: the line then says how to install it
     for name in [n for n in AUTO_ORDER if not slower[n]] + [n for n in AUTO_ORDER if slower[n]]:
         backend = BACKENDS[name]
         if backend.version() is None:
             passed.append(f"{name} is not installed")
+            missing = True
             continue
         try:
             encoder = backend.encoder(tokenizer)
@@ -142,8 +144,9 @@ def select_encoder(tokenizer: TextTokenizer, requested: str = AUTO) -> tuple[str
         if passed or deferred:
             _say_once(tokenizer, f"tokenizer backend auto: {'; '.join(deferred + passed)}; using {name}")
         return name, encoder
-    _say_once(tokenizer, f"tokenizer backend auto: {'; '.join(passed)}; using the reference, {tokenizer.library} "
-                         f"({TEXT_EXTRA})")
+    install = f" ({TEXT_EXTRA})" if missing else ""
+    _say_once(tokenizer, f"tokenizer backend auto: {'; '.join(passed)}; using the reference, {tokenizer.library}"
+                         + install)
     return ReferenceBackend.name, tokenizer
 
 
