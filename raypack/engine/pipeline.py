@@ -88,9 +88,10 @@ def init_ray(address: str | None = None, *, verbose: bool | None = None) -> None
     if verbose is None:
         verbose = RAY_VERBOSE.get()
     quiet = {"log_to_driver": verbose, "logging_level": logging.INFO if verbose else logging.ERROR}
+    given = "--address" if address else "RAY_ADDRESS"  # which one to name when nothing is there
     address = address or os.environ.get("RAY_ADDRESS")
     if address and address not in ("auto", "local"):
-        _check_reachable(address)
+        _check_reachable(address, given)
     if not verbose:
         os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")  # the driver's C++ core worker (E ... lines)
     on_sigterm = signal.getsignal(signal.SIGTERM)
@@ -206,8 +207,9 @@ def _quiet_console(name: str) -> None:
             handler.setLevel(logging.CRITICAL + 1)
 
 
-def _check_reachable(address: str) -> None:
-    """Fail fast (one line) when nothing listens at ``host:port`` (``ray://`` and others: Ray decides)."""
+def _check_reachable(address: str, given: str = "--address") -> None:
+    """Fail fast (one line) when nothing listens at ``host:port`` (``ray://`` and others: Ray decides);
+    ``given``: where the address came from (``--address``, or the environment's ``RAY_ADDRESS``)."""
     import socket
 
     host, _, port = address.rpartition(":")
@@ -216,8 +218,10 @@ def _check_reachable(address: str) -> None:
     try:
         socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
     except OSError as e:
-        raise InputError(f"no Ray cluster at --address {address} ({e.strerror or e}); start one with "
-                         f"`ray start --head`, check the address, or use --address auto on the head node") from None
+        unset = "; or unset RAY_ADDRESS for a local Ray" if given == "RAY_ADDRESS" else ""
+        raise InputError(f"no Ray cluster at {given}={address} ({e.strerror or e}); start one with "
+                         f"`ray start --head`, check the address, or use --address auto on the head node"
+                         f"{unset}") from None
 
 
 def _connect_hint(address: str | None, error: BaseException) -> str:

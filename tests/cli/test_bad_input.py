@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -382,6 +384,24 @@ def test_workers_asking_for_more_cpus_than_the_machine_has_is_one_line(tmp_path,
     assert done.returncode == 2 and len(err) == 1, done.stderr
     assert err[0].startswith("raypack: error: --worker-num-cpus 64: each worker asks for 64 CPUs"), err
     assert "at most" in err[0], err
+    assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("given", ["--address", "RAY_ADDRESS"])
+def test_no_cluster_at_the_address_names_where_the_address_came_from(tmp_path, given):
+    """Nothing listening at the address: one line naming ``--address`` or the environment's
+    ``RAY_ADDRESS`` (it said --address for a RAY_ADDRESS the user never typed as a flag)."""
+    write_parquet(tmp_path / "in" / "part-0.parquet", [[1, 2, 3]])
+    flag = ["--address", "127.0.0.1:1"] if given == "--address" else []
+    done = subprocess.run([sys.executable, "-m", "raypack.cli", "pack", "--input", str(tmp_path / "in"), "--output",
+                           str(tmp_path / "out"), "--context-length", "4", *flag],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "RAY_ADDRESS": "" if flag else "127.0.0.1:1"})
+    err = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(err) == 1, done.stderr
+    assert err[0].startswith(f"raypack: error: no Ray cluster at {given}=127.0.0.1:1 ("), err
+    assert ("unset RAY_ADDRESS" in err[0]) == (given == "RAY_ADDRESS"), err
     assert sorted(os.listdir(tmp_path)) == ["in"]
 
 
