@@ -34,6 +34,7 @@ import hashlib
 import importlib
 import importlib.util
 import itertools
+import json
 import os
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Protocol, Sequence
@@ -342,6 +343,20 @@ def _colliding_added_tokens(tokenizer: Any) -> str | None:
     return None
 
 
+def _json_without_a_model(path: Path) -> str | None:
+    """Words for a file ``tokenizers`` refused that is JSON but no tokenizer (its own error then quotes
+    a parser's position, as if the JSON were broken); None for anything else. On the error path only."""
+    try:
+        if path.stat().st_size > 64 << 20:
+            return None
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return None
+    if isinstance(data, dict) and "model" in data:
+        return None
+    return 'it is JSON, but not an object with a "model" (the tokenizer itself) as a tokenizer.json has'
+
+
 class HFTokenizer:
     """A ``tokenizer.json`` through ``tokenizers.Tokenizer``; threads: its Rayon pool (RAYON_NUM_THREADS)."""
 
@@ -355,7 +370,7 @@ class HFTokenizer:
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as e:  # a bare Exception for a bad file; a Rust panic (pyo3's PanicException) for some
-            first_line = str(e).splitlines()[0] if str(e) else type(e).__name__
+            first_line = _json_without_a_model(path) or (str(e).splitlines()[0] if str(e) else type(e).__name__)
             raise InputError(
                 f"tokenizer {path} is not a Hugging Face tokenizer.json ({first_line}); "
                 f"give the tokenizer.json a model ships, or tiktoken:NAME"

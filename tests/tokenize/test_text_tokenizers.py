@@ -180,12 +180,16 @@ def test_missing_path(tmp_path):
         load_tokenizer(str(tmp_path))  # a directory without tokenizer.json
 
 
-@pytest.mark.parametrize("content", ['{"vocab": {"a": 0}}', "not json at all", ""])
+@pytest.mark.parametrize("content", ['{"vocab": {"a": 0}}', '{"hello": 1}', "[1, 2]", "not json at all", "",
+                                     '{"model": {"type": "BPE"}'])
 def test_file_that_is_not_a_tokenizer(tmp_path, content):
     path = tmp_path / "tokenizer.json"
     path.write_text(content)
-    with pytest.raises(InputError, match=r"is not a Hugging Face tokenizer\.json \(.+\); give"):
+    with pytest.raises(InputError, match=r"is not a Hugging Face tokenizer\.json \(.+\); give") as caught:
         load_tokenizer(str(path))
+    # JSON that is no tokenizer is said so, not with the parser's position (as if the JSON were broken)
+    assert ('it is JSON, but not an object with a "model"' in str(caught.value)) == content.startswith(("{\"v", "{\"h",
+                                                                                                        "["))
 
 
 def test_unknown_tiktoken_name_lists_known():
