@@ -98,12 +98,26 @@ def _expand_path(item: str, fs: pafs.FileSystem, fs_path: str) -> list[str]:
         return [_to_user_path(item, fs_path, fs_path)]
     paths = sorted(_list_shard_files(fs, fs_path, recursive=True, walk=True))
     if not paths:
-        raise InputError(
-            f"input directory {item} holds no shard files (accepted suffixes: "
-            f"{accepted_suffixes()}; names starting with '_' or '.' are skipped; .json files are read only "
-            f"when named: pass {item.rstrip('/')}/*.json)"
-        )
+        raise InputError(f"input directory {item} {_what_it_holds(fs, fs_path, item)}")
     return [_to_user_path(item, fs_path, p) for p in paths]
+
+
+def _what_it_holds(fs: pafs.FileSystem, fs_path: str, item: str) -> str:
+    """Words for a directory with no shard files, from its own entries (not its subfolders'): empty, or
+    what it has, and the hint for .json files only where it has some. On the error path only."""
+    try:
+        entries = fs.get_file_info(pafs.FileSelector(fs_path))
+    except OSError:
+        entries = []
+    accepted = f"accepted suffixes: {accepted_suffixes()}; names starting with '_' or '.' are skipped"
+    if not entries:
+        return f"is empty; give the directory that holds the shard files ({accepted})"
+    files = sorted(e.base_name for e in entries if e.type == pafs.FileType.File)
+    if any(name.endswith(".json") for name in files):
+        return (f"holds no shard files ({accepted}; .json files are read only when named: pass "
+                f"{item.rstrip('/')}/*.json)")
+    has = f"{len(files)} files like {files[0]}" if files else f"{len(entries)} folders and no shard file in them"
+    return f"holds no shard files: it has {has} ({accepted})"
 
 
 def read_region(item: str) -> str | None:

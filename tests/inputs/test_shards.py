@@ -144,7 +144,12 @@ def test_single_string_is_one_input(tree: Path):
         (["{d}/*.feather"], r"glob .*\*\.feather matched no shard files"),
         (["{d}/nowhere/*.parquet"], r"glob .* matched nothing: its base directory .*nowhere does not exist"),
         (["{d}/_tmp/../notes.txt"], r"notes\.txt has an unknown shard suffix; accepted: \.parquet, \.pq, \.jsonl"),
-        (["{d}/empty"], r"input directory .*empty holds no shard files \(accepted suffixes: \.parquet"),
+        (["{d}/empty"], r"input directory .*empty holds no shard files: it has 2 files like _SUCCESS \(accepted "
+                        r"suffixes: \.parquet"),
+        (["{d}/nothing"], r"input directory .*nothing is empty; give the directory that holds the shard files "
+                          r"\(accepted suffixes: \.parquet"),
+        (["{d}/onlyjson"], r"input directory .*onlyjson holds no shard files \(accepted suffixes: .*; \.json files are "
+                           r"read only when named: pass .*onlyjson/\*\.json\)"),
         ([], r"no inputs given"),
         ([""], r"must be a non-empty path string"),
     ],
@@ -152,6 +157,8 @@ def test_single_string_is_one_input(tree: Path):
 def test_discovery_errors(tree: Path, inputs, match):
     touch(tree / "empty" / "_SUCCESS")
     touch(tree / "empty" / "readme.md")
+    (tree / "nothing").mkdir()
+    touch(tree / "onlyjson" / "a.json")
     with pytest.raises(InputError, match=match):
         discover_shards([item.format(d=tree) for item in inputs])
 
