@@ -62,7 +62,8 @@ tokenizer.json, any run of 4+ digits), ``^``/``$`` (line anchors in Oniguruma's 
 
 class FastokensBackend:
     name = "fastokens"
-    summary = "fastokens (Rust): BPE tokenizer.json with any Split regex, Digits, common normalizers; tiktoken"
+    summary = ("fastokens (Rust): BPE tokenizer.json with a Split regex it is proven on (Llama 3's, Qwen 2's, "
+               "GPT-2's, o200k's, DeepSeek V3's), Digits, common normalizers; tiktoken")
     batch_bytes = 16 << 20
     """Flat uint32 ids plus the documents as Python strs: ~2-3 bytes per byte of text."""
 
