@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--sample-docs", type=int, metavar="N",
                       help="with --dry-run: the first N documents of the stream (0: all)")
     pack.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded local Ray)")
-    pack.add_argument("--overwrite", action="store_true", default=None, help="replace a non-empty output directory")
+    pack.add_argument("--overwrite", action="store_true", default=None, help=OVERWRITE_HELP)
     pack.add_argument("--resume", action="store_true",
                       help="finish an interrupted run: keep shards whose output verifies, pack the rest")
     pack.add_argument("--progress-timeout", dest="progress_timeout_s", type=float, metavar="SECONDS",
@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     tokenize.add_argument("--workers", dest="num_workers", type=int, default=_tokenize_defaults()["num_workers"],
                           help="tokenizer actors")
     tokenize.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded local Ray)")
-    tokenize.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    tokenize.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     tokenize.add_argument("--resume", action="store_true",
                           help="finish an interrupted run: keep tasks whose output verifies")
     tokenize.add_argument("--local", action="store_true", help="tokenize in this process, without Ray")
@@ -148,7 +148,7 @@ def _add_mix_parser(commands) -> None:
     mix.add_argument("--num-chunks", type=int, metavar="N", help="items of the mix")
     mix.add_argument("--seed", type=int, help="the order's seed, 0..2**64-1 (default: 0)")
     mix.add_argument("--output", help="the mix directory (holds a manifest only)")
-    mix.add_argument("--overwrite", action="store_true", default=None, help="replace an existing output")
+    mix.add_argument("--overwrite", action="store_true", default=None, help=OVERWRITE_HELP)
     mix.add_argument("--allow-mixed-tokenizers", action="store_true", default=None,
                      help="mix sources whose manifests name different tokenizers (refused otherwise)")
 
@@ -264,6 +264,9 @@ def _add_text_arguments(parser: argparse.ArgumentParser) -> None:
                         help="who computes the ids (the same ids whichever): auto, the fastest installed backend "
                              "that can do the tokenizer, else the reference; "
                              + "; ".join(f"{name}: {b.summary}" for name, b in BACKENDS.items()))
+
+
+OVERWRITE_HELP = "replace an earlier raypack output (a directory holding other files is refused)"
 
 
 def _refuse_contradictions(args: argparse.Namespace, rules: Sequence[tuple[str, str, str]]) -> None:

@@ -9,7 +9,8 @@ beside the output, ``.<name>.raypack-staging-partial``, and published by one ato
 (``renameat2(RENAME_EXCHANGE)`` when an old output is there, so readers of the path see the
 old directory or the new one, never neither; a plain rename otherwise). So:
   * bad input (found while planning or while packing) and a full disk leave nothing behind;
-  * ``overwrite`` replaces the old output only once the new one is complete;
+  * ``overwrite`` replaces the old output only once the new one is complete, and only an output a
+    raypack run wrote: an output holding anything else is refused (``_refuse_foreign``);
   * before publishing, everything in the staging directory that the manifest does not list is
     removed (resume records, temporary files, chunk files of a layout that changed between a
     crash and a resume): a published directory holds exactly the manifest and its files;
@@ -182,6 +183,8 @@ class LocalOutput:
                              f"pass --resume to finish it or --overwrite to start over")
         if resume and os.path.isdir(staging):
             return  # an unfinished run (an --overwrite one, where an output is there) to finish
+        if os.path.isdir(out):
+            _refuse_foreign(out, [n for n in os.listdir(out) if not _is_run_object(n) and not _is_run_object(f"{n}/")])
         if os.path.isdir(out) and os.listdir(out) and not overwrite:
             if resume and os.path.exists(os.path.join(out, MANIFEST_NAME)):
                 raise InputError(f"output {out} is already complete; nothing to resume (to pack it again, with other "
@@ -331,6 +334,7 @@ class ObjectStoreOutput:
             names = [n for n in self._names() if n != ObjectStoreLock.NAME]
         except OSError as e:
             raise InputError(f"cannot list the output {out} ({e}); check the credentials and the endpoint") from e
+        _refuse_foreign(out, [n for n in names if not _is_run_object(n)])
         if not names or overwrite:
             return
         complete = MANIFEST_NAME in names
@@ -394,6 +398,16 @@ class ObjectStoreOutput:
                     self._fs.delete_file(posixpath.join(self._base, name))
                 except FileNotFoundError:
                     pass
+
+
+def _refuse_foreign(out: str, foreign: list[str]) -> None:
+    """An output that holds anything a run does not write is refused, ``--overwrite`` or not: it replaces
+    an output whole, so a mistyped ``--output`` naming a home or data directory would be deleted."""
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise InputError(f"output {out} holds {sorted(foreign)[0]!r}{more}, which raypack did not write (an output is "
+                         "replaced whole, so --overwrite takes only a raypack output); choose another --output, or "
+                         "remove those files first")
 
 
 def _is_run_object(name: str) -> bool:

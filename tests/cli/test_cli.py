@@ -94,7 +94,8 @@ def test_pack_help_shows_the_config_defaults(capsys):
         assert f"(default: {value})" in section, (flag, section)
     assert "--context-length C tokens per chunk (required, or context_length in --config)" in printed
     assert "--sample-docs N with --dry-run: the first N documents of the stream (0: all) (default: 100000)" in printed
-    assert "--overwrite replace a non-empty output directory (default: off)" in printed
+    assert ("--overwrite replace an earlier raypack output (a directory holding other files is refused) "
+            "(default: off)") in printed
     assert "(default: text)" in printed and "(default: 65536)" in printed  # TextOptions' defaults
 
 

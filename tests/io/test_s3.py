@@ -280,12 +280,15 @@ def test_bad_input_while_packing_leaves_nothing(s3, monkeypatch):
 
 
 def test_overwrite_replaces_the_old_output(s3, local_run, monkeypatch):
-    s3.client.put_object(Bucket=BUCKET, Key="over/notes.txt", Body=b"old output")
+    s3.client.put_object(Bucket=BUCKET, Key="over/notes.txt", Body=b"not raypack's")
+    for overwrite in (False, True):  # an output is replaced whole: a prefix holding other objects is refused
+        with pytest.raises(InputError, match="holds 'notes.txt', which raypack did not write"):
+            run_pack(s3_config(s3, "over", overwrite=overwrite), engine="local")
+    assert s3.objects("over") == {"notes.txt": b"not raypack's"}
+    s3.client.delete_object(Bucket=BUCKET, Key="over/notes.txt")
+    run_pack(s3_config(s3, "over", context_length=32), engine="local")  # a different old output
     with pytest.raises(InputError, match="not empty.*--overwrite"):
         run_pack(s3_config(s3, "over"), engine="local")
-    run_pack(s3_config(s3, "over", context_length=32, overwrite=True), engine="local")  # a different old output
-    old = s3.objects("over")
-    assert "manifest.json" in old and "notes.txt" not in old
 
     fail_at_shard(monkeypatch, 1, RuntimeError("crash"))
     with pytest.raises(RuntimeError):

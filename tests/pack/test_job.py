@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from raypack.rules.core import pack_sequences
 
-from helpers import file_digests, pack, random_corpus, read_output, sharded_corpora, write_shards
+from helpers import file_digests, pack, random_corpus, read_output, sharded_corpora, tree_digest, write_shards
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -140,14 +140,32 @@ def test_non_empty_output_is_refused_then_overwritten(tmp_path):
 
     shard_dir = write_shards(tmp_path, [[1, 2, 3]], [])
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "old.txt").write_text("x")
+    pack(tmp_path, shard_dir, context_length=4)
     with pytest.raises(InputError, match="not empty.*--overwrite"):
         pack(tmp_path, shard_dir)
     pack(tmp_path, shard_dir, overwrite=True)
-    assert not (out / "old.txt").exists()
     check_equals_reference(str(out), [[1, 2, 3]], 8)
     assert not [p for p in os.listdir(tmp_path) if "staging" in p]
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_an_output_holding_files_raypack_did_not_write_is_refused(tmp_path, overwrite):
+    """--overwrite replaces an output whole: a directory holding anything else (a mistyped --output naming
+    a data or home directory) is refused, one line naming a file, and nothing in it is touched (it was
+    deleted). Without --overwrite the line no longer says to pass it."""
+    from raypack.errors import InputError
+
+    shard_dir = write_shards(tmp_path, [[1, 2, 3]], [])
+    out = tmp_path / "out"
+    pack(tmp_path, shard_dir)
+    (out / "notes.txt").write_text("x")
+    (out / "data").mkdir()
+    before = tree_digest(out)
+    with pytest.raises(InputError, match=r"output .*out holds 'data' and 1 more, which raypack did not write "
+                                         r"\(an output is replaced whole, so --overwrite takes only a raypack "
+                                         r"output\); choose another --output, or remove those files first$"):
+        pack(tmp_path, shard_dir, overwrite=overwrite)
+    assert tree_digest(out) == before and sorted(os.listdir(tmp_path)) == ["out", "shards"]
 
 
 def test_record_batches_inside_a_read_batch_are_written_without_a_copy(tmp_path, monkeypatch):

@@ -379,7 +379,7 @@ def test_cheap_mistakes_are_one_line_before_ray_starts(tmp_path, text_dir, tok, 
     elif mistake == "unfinished run":
         (tmp_path / ".out.raypack-staging-partial").mkdir()
     text = options(tok, **({"text_column": "body"} if mistake == "text column" else {}))
-    expected = {"text column": "has no column 'body'", "output not empty": "is not empty; pass --overwrite",
+    expected = {"text column": "has no column 'body'", "output not empty": "holds 'notes.txt', which raypack did not",
                 "unfinished run": "did not finish"}[mistake]
     with pytest.raises(InputError, match=expected):
         if command == "pack":
