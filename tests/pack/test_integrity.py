@@ -270,17 +270,24 @@ def test_overwrite_without_exchange_falls_back_to_two_renames(tmp_path, corpus, 
     assert sorted(os.listdir(tmp_path)) == ["corpus", "out"]
 
 
-def die_in_publish(monkeypatch, after: str):
-    """Make the publish stop dead right after ``after`` ("exchange" or "first rename")."""
+def die_in_publish(monkeypatch, after: str, error: BaseException | None = None) -> type[BaseException]:
+    """Make the publish stop dead right after ``after`` ("exchange" or "first rename"), or just before its
+    rename ("before the rename"), raising ``error`` (default: a BaseException of its own); its type."""
     class Died(BaseException):
         pass
 
-    if after == "exchange":
+    raised = Died() if error is None else error
+    if after == "before the rename":
+        def publish_then_die(self):
+            raise raised
+
+        monkeypatch.setattr(publish.LocalOutput, "publish", publish_then_die)
+    elif after == "exchange":
         real = publish.exchange_paths
 
         def exchange_then_die(a, b):
             assert real(a, b)
-            raise Died()
+            raise raised
 
         monkeypatch.setattr(publish, "exchange_paths", exchange_then_die)
     else:
@@ -290,10 +297,10 @@ def die_in_publish(monkeypatch, after: str):
         def replace_then_die(a, b):
             real_replace(a, b)
             if b.endswith("-old"):
-                raise Died()
+                raise raised
 
         monkeypatch.setattr(publish.os, "replace", replace_then_die)
-    return Died
+    return type(raised)
 
 
 @pytest.mark.parametrize("after", ["exchange", "first rename"])
@@ -311,39 +318,6 @@ def test_a_publish_that_died_is_finished_by_the_next_run(tmp_path, corpus, monke
         run_pack(config(tmp_path, [corpus]), engine="local")
     assert_exactly_the_manifest(tmp_path / "out")["context_length"] == 12
     assert sorted(os.listdir(tmp_path)) == ["corpus", "out"]
-
-
-def interrupt_in_publish(monkeypatch, when: str) -> None:
-    """Ctrl-C (a KeyboardInterrupt on the main thread) in the publish: before its rename, right after
-    the exchange, or after the first of the two renames (where there is no exchange)."""
-    if when == "before the rename":
-        real_publish = publish.LocalOutput.publish
-
-        def publish_once(self):
-            monkeypatch.setattr(publish.LocalOutput, "publish", real_publish)
-            raise KeyboardInterrupt
-
-        monkeypatch.setattr(publish.LocalOutput, "publish", publish_once)
-    elif when == "exchange":
-        real = publish.exchange_paths
-
-        def exchange_then_interrupt(a, b):
-            assert real(a, b)
-            monkeypatch.setattr(publish, "exchange_paths", real)
-            raise KeyboardInterrupt
-
-        monkeypatch.setattr(publish, "exchange_paths", exchange_then_interrupt)
-    else:
-        monkeypatch.setattr(publish, "exchange_paths", lambda a, b: False)
-        real_replace = os.replace
-
-        def replace_then_interrupt(a, b):
-            real_replace(a, b)
-            if b.endswith("-old"):
-                monkeypatch.setattr(publish.os, "replace", real_replace)
-                raise KeyboardInterrupt
-
-        monkeypatch.setattr(publish.os, "replace", replace_then_interrupt)
 
 
 @pytest.mark.parametrize("engine", ["local", "ray"])
@@ -370,7 +344,7 @@ def test_ctrl_c_while_publishing_is_finished_by_the_resume_its_line_names(tmp_pa
         args = [*args, "--overwrite"]
     before = sorted(os.listdir(tmp_path))
     capsys.readouterr()
-    interrupt_in_publish(monkeypatch, when)
+    die_in_publish(monkeypatch, when, KeyboardInterrupt())  # Ctrl-C there
     assert main(args) == 130
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert "finish with: raypack " in line, line
