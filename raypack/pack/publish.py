@@ -181,10 +181,10 @@ class LocalOutput:
         if os.path.isdir(staging) and not (resume or overwrite):
             raise InputError(f"an earlier run into {out} did not finish (its work is in {staging}); "
                              f"pass --resume to finish it or --overwrite to start over")
-        if resume and os.path.isdir(staging):
-            return  # an unfinished run (an --overwrite one, where an output is there) to finish
         if os.path.isdir(out):
             _refuse_foreign(out, [n for n in os.listdir(out) if not _is_run_object(n) and not _is_run_object(f"{n}/")])
+        if resume and os.path.isdir(staging):
+            return  # an unfinished run (an --overwrite one, where an output is there) to finish
         if os.path.isdir(out) and os.listdir(out) and not overwrite:
             if resume and os.path.exists(os.path.join(out, MANIFEST_NAME)):
                 raise InputError(f"output {out} is already complete; nothing to resume (to pack it again, with other "
