@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import os
 import shlex
 import sys
-from typing import Sequence
+from typing import Iterator, Sequence
 
 RAY_VERBOSE: contextvars.ContextVar[bool] = contextvars.ContextVar("raypack_ray_verbose", default=False)
 """``-v``: Ray's own log lines, the workers' output and Ray Data's progress reach the terminal too."""
@@ -45,6 +46,28 @@ def command_done() -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         if getattr(signal.getsignal(signum), "raypack_stops", False):
             signal.signal(signum, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[list[int]]:
+    """Ctrl-C and SIGTERM held off for the block (a few renames: a publish), then dropped: the block
+    finishes what it started, and the caller, knowing the signals that came (the yielded list), goes on
+    as if they had come after it. Only on the main thread (elsewhere Python delivers no signal)."""
+    import signal
+    import threading
+
+    came: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield came
+        return
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    for signum in before:
+        signal.signal(signum, lambda number, frame: came.append(number))
+    try:
+        yield came
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
 
 
 def terminated() -> None:

@@ -15,10 +15,12 @@ old directory or the new one, never neither; a plain rename otherwise). So:
     removed (resume records, temporary files, chunk files of a layout that changed between a
     crash and a resume): a published directory holds exactly the manifest and its files;
   * a run that dies for any other reason (a crash, a lost cluster, Ctrl-C) keeps its staging
-    directory, and ``resume`` finishes it. A run that died *while publishing* is finished by
-    the next run on that output (:meth:`LocalOutput.recover`): a staging directory holding a
-    manifest is a complete output, published if it is newer than the one in place, else (the
-    old output swapped out by the exchange) deleted.
+    directory, and ``resume`` finishes it. Ctrl-C and SIGTERM are held off during the publish's
+    renames. A run that died *while publishing* (killed) is finished by the next run on that
+    output (:meth:`LocalOutput.recover`): a staging directory holding a manifest and no resume
+    records is a complete output, published if it is newer than the one in place, else (the old
+    output swapped out by the exchange) deleted. One that still holds its records stopped before
+    its publish began: its manifest is dropped, and ``resume`` checks its tasks as any others.
   Where the exchange is not available (not Linux, or a filesystem that refuses it) the publish
   is two renames, output -> ``.<name>.raypack-staging-old`` then staging -> output; a crash
   between them is recovered the same way.
@@ -42,6 +44,7 @@ import logging
 import os
 import posixpath
 import shutil
+import signal
 from typing import Callable, TypeVar
 
 import pyarrow.fs as pafs
@@ -49,6 +52,7 @@ import pyarrow.fs as pafs
 from raypack.errors import InputError, Interrupted
 from raypack.io.fs import bucket_of, check_bucket, is_uri, resolve_filesystem
 from raypack.io.lock import LocalLock, ObjectStoreLock
+from raypack.io.terminal import signals_deferred
 from raypack.pack.resume import RESULTS_DIR
 from raypack.packed.writer import CHUNK_FILE_RE, MANIFEST_NAME, TMP_PREFIX
 from raypack.tokenize.corpus import PART_FILE_RE, TOKENIZED_SUBDIR
@@ -107,7 +111,7 @@ def check_free_before_start(output: str, *, overwrite: bool, resume: bool) -> bo
     target = output_target(output)
     if isinstance(target, LocalOutput):
         target.lock.check_free()  # another run writing it: one line now, not after Ray's start
-        if os.path.isfile(os.path.join(target.work_dir, MANIFEST_NAME)):
+        if target.publish_pending():
             return True
     target.check_free(overwrite=overwrite, resume=resume)
     return False
@@ -153,11 +157,20 @@ class LocalOutput:
     def recover(self) -> bool:
         """Finish a publish that a dead run left half done (call holding the lock). True when the
         dead run's output is now the published one: its publish finished here, or had swapped it in
-        (the staging directory then held the old output)."""
+        (the staging directory then held the old output). A run stopped after writing its manifest but
+        before its publish began (its resume records still there) is not published here: its manifest
+        goes, and it is an unfinished run like any other, whose tasks ``--resume`` checks against the
+        inputs and settings of the day (they may have changed since) and the chunk files' sha256."""
         staging, output, old = self.work_dir, self.output, self.old_dir
         staged = os.path.join(staging, MANIFEST_NAME)
         finished = False
-        if os.path.isfile(staged):
+        if os.path.isfile(staged) and self._holds_records():
+            # Stopped after its manifest, before its publish: its tasks are checked again like any
+            # unfinished run's (--resume verifies each against today's inputs and settings)
+            log.info("an interrupted run into %s wrote its manifest but did not publish; its tasks are "
+                     "checked again", output)
+            os.remove(staged)
+        elif os.path.isfile(staged):  # killed in the publish itself (signals are held off there)
             finished = True
             published = os.path.join(output, MANIFEST_NAME)
             if os.path.isfile(published) and os.stat(published).st_mtime_ns >= os.stat(staged).st_mtime_ns:
@@ -194,10 +207,16 @@ class LocalOutput:
 
     def holds_finished_work(self) -> bool:
         """Whether the staging directory holds a finished task's record, or a complete output."""
-        staging = self.work_dir
-        results = os.path.join(staging, RESULTS_DIR)
-        return os.path.isfile(os.path.join(staging, MANIFEST_NAME)) or (os.path.isdir(results)
-                                                                       and any(os.scandir(results)))
+        return os.path.isfile(os.path.join(self.work_dir, MANIFEST_NAME)) or self._holds_records()
+
+    def publish_pending(self) -> bool:
+        """Whether a dead run's publish is half done (:meth:`recover` finishes it): a manifest in the
+        staging directory and no resume records (the publish removes them first)."""
+        return os.path.isfile(os.path.join(self.work_dir, MANIFEST_NAME)) and not self._holds_records()
+
+    def _holds_records(self) -> bool:
+        results = os.path.join(self.work_dir, RESULTS_DIR)
+        return os.path.isdir(results) and any(os.scandir(results))
 
     def discard(self) -> None:
         """Remove the staging directory (a run that keeps nothing)."""
@@ -222,19 +241,29 @@ class LocalOutput:
                 os.remove(entry.path)
 
     def publish(self) -> None:
-        """Make the complete staging directory the output: one atomic rename where possible."""
-        staging, output = self.work_dir, self.output
-        shutil.rmtree(os.path.join(staging, RESULTS_DIR), ignore_errors=True)  # the manifest is written
-        if not os.path.exists(output):
-            os.rename(staging, output)
-            return
-        if exchange_paths(staging, output):
-            shutil.rmtree(staging)  # now the old output
-            return
-        shutil.rmtree(self.old_dir, ignore_errors=True)  # no exchange here: two renames (see recover)
-        os.replace(output, self.old_dir)
-        os.replace(staging, output)
-        shutil.rmtree(self.old_dir, ignore_errors=True)
+        """Make the complete staging directory the output: one atomic rename where possible. A Ctrl-C or
+        SIGTERM from the resume records' removal to the rename is held off, so that an interrupted run
+        either has its records (:meth:`recover` then leaves its tasks to be checked by ``--resume``) or
+        is published; one that comes after is dropped: the output is complete, and the old one, moved
+        aside first, is removed by the next run if its removal here is cut short."""
+        staging, output, old = self.work_dir, self.output, self.old_dir
+        shutil.rmtree(old, ignore_errors=True)  # a leftover (recover removes it): the name is needed below
+        with signals_deferred() as came:
+            shutil.rmtree(os.path.join(staging, RESULTS_DIR), ignore_errors=True)  # the manifest is written
+            if not os.path.exists(output):
+                os.rename(staging, output)
+            elif exchange_paths(staging, output):
+                os.replace(staging, old)  # the old output, swapped into the staging directory's name
+            else:  # no exchange here: two renames (see recover)
+                os.replace(output, old)
+                os.replace(staging, output)
+        if came:
+            log.info("%s came as %s was published; it is complete", "Ctrl-C" if signal.SIGINT in came else
+                     "SIGTERM", output)
+        try:
+            shutil.rmtree(old, ignore_errors=True)
+        except KeyboardInterrupt:
+            log.info("the old output's removal was cut short; the next run on %s removes %s", output, old)
 
     def after_failure(self, error: BaseException) -> None:
         """Bad input and a full disk leave nothing; anything else keeps the work for --resume. A full
