@@ -84,7 +84,12 @@ def run_published(output: str, *, overwrite: bool, resume: bool, plan: Callable[
         if target.recover() and resume and finished is not None:
             return finished()
         target.check_free(overwrite=overwrite, resume=resume)
-        planned = plan()
+        try:
+            planned = plan()
+        except InputError as e:
+            if resume:
+                target.keep_for_resume(e)
+            raise
         target.prepare(fresh=overwrite and not resume, resume=resume)
         try:
             result = write(target, planned)
@@ -205,6 +210,13 @@ class LocalOutput:
             raise InputError(f"output directory {out} is not empty; pass --overwrite to replace it "
                              f"(the old output is removed only after the new one is complete)")
 
+    def keep_for_resume(self, error: InputError) -> None:
+        """Bad input in a ``--resume`` whose staging directory holds the runs before's finished tasks:
+        they stay, and the line says so (raises ``error`` with that said; nothing where none are kept)."""
+        if self._holds_records():
+            raise InputError(f"{error}; the finished tasks of the runs before are kept in {self.work_dir}: "
+                             "rerun with --resume once it is fixed") from error
+
     def holds_finished_work(self) -> bool:
         """Whether the staging directory holds a finished task's record, or a complete output."""
         return os.path.isfile(os.path.join(self.work_dir, MANIFEST_NAME)) or self._holds_records()
@@ -266,9 +278,9 @@ class LocalOutput:
             log.info("the old output's removal was cut short; the next run on %s removes %s", output, old)
 
     def after_failure(self, error: BaseException) -> None:
-        """Bad input and a full disk leave nothing; anything else keeps the work for --resume. A full
-        disk during a resume keeps the finished tasks (its temporary files go): deleting them undid
-        the earlier runs' work, which the next --resume then redid."""
+        """Bad input and a full disk leave nothing; anything else keeps the work for --resume. Bad input
+        or a full disk during a resume keeps the finished tasks (its temporary files go; the line says
+        so): deleting them undid the earlier runs' work, which the next --resume then redid."""
         staging = self.work_dir
         if isinstance(error, OSError) and error.errno == errno.ENOSPC and self.resumed:
             for entry in os.scandir(staging):
@@ -276,6 +288,11 @@ class LocalOutput:
                     os.remove(entry.path)
             raise InputError(f"writing the output failed: {error.strerror} ({_where(error, staging)}); the "
                              f"finished tasks are kept in {staging}: free space and rerun with --resume") from error
+        if isinstance(error, InputError) and self.resumed:
+            for entry in os.scandir(staging):  # the runs before did their tasks on good input: keep them
+                if entry.name.startswith(TMP_PREFIX) and entry.is_file(follow_symlinks=False):
+                    os.remove(entry.path)
+            self.keep_for_resume(error)
         if isinstance(error, InputError) or (isinstance(error, OSError) and error.errno == errno.ENOSPC):
             shutil.rmtree(staging, ignore_errors=True)
             if isinstance(error, OSError):
@@ -383,6 +400,9 @@ class ObjectStoreOutput:
     def holds_finished_work(self) -> bool:
         """Not listed here (a listing can be slow): say there may be some."""
         return True
+
+    def keep_for_resume(self, error: InputError) -> None:
+        """Nothing: bad input deletes what is under the prefix (:meth:`after_failure`)."""
 
     def discard(self) -> None:
         """Nothing: the prefix may hold an old output's objects, and one without a manifest is no output."""

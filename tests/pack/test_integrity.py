@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -109,6 +110,61 @@ def test_a_crash_leaves_files_a_resume_on_changed_inputs_must_drop(tmp_path, cor
     append_rows(shards(corpus)[0], 10)
     run_pack(config(tmp_path, [corpus], "clean"), engine="local")
     assert staged - set(os.listdir(tmp_path / "clean"))
+
+
+def test_bad_input_in_a_resume_keeps_the_finished_tasks(tmp_path, corpus, monkeypatch):
+    """A file added before the resume is not Parquet: one line, saying the earlier runs' tasks are kept
+    (they were deleted with the staging directory, and the next resume did them again); once it is gone,
+    the resume keeps them and equals a clean run."""
+    crash_at(monkeypatch, tmp_path, [corpus], 4)
+    staging = staging_dir(str(tmp_path / "out"))
+    records = sorted(os.listdir(os.path.join(staging, "_results")))
+    assert records
+    (corpus / "zz.parquet").write_bytes(b"not a Parquet file at all")
+    with pytest.raises(InputError, match=rf"zz\.parquet.*; the finished tasks of the runs before are kept in "
+                                         rf"{re.escape(staging)}: rerun with --resume once it is fixed$"):
+        run_pack(config(tmp_path, [corpus]), engine="local", resume=True)
+    assert sorted(os.listdir(os.path.join(staging, "_results"))) == records
+    (corpus / "zz.parquet").unlink()
+    summary = run_pack(config(tmp_path, [corpus]), engine="local", resume=True)
+    assert summary.kept[0] == len(records)
+    run_pack(config(tmp_path, [corpus], "clean"), engine="local")
+    assert tree_digest(tmp_path / "out") == tree_digest(tmp_path / "clean")
+
+
+def test_bad_input_in_a_one_pass_resume_keeps_the_finished_tasks(tmp_path, monkeypatch):
+    """The same for ``pack --tokenizer``, whose tasks are planned as they are tokenized: the bad file is met
+    inside the run, where the staging directory was deleted with the earlier runs' tasks."""
+    import raypack.tokenize.onepass as onepass
+    from raypack.tokenize.job import TextOptions
+
+    (tmp_path / "text").mkdir()
+    for k in range(4):
+        pq.write_table(pa.table({"text": [f"text {k} {i} " * (i % 5) for i in range(40)]}),
+                       tmp_path / "text" / f"t{k}.parquet")
+    settings = make_config(dict(inputs=[str(tmp_path / "text")], output=str(tmp_path / "out"), context_length=16))
+    options = TextOptions(tokenizer="tiktoken:cl100k_base")
+    real, calls = onepass.pack_held, []
+
+    def crash_at_the_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("crash")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(onepass, "pack_held", crash_at_the_third)
+    with pytest.raises(RuntimeError, match="crash"):
+        run_pack(settings, engine="local", text=options)
+    monkeypatch.undo()
+    staging = staging_dir(str(tmp_path / "out"))
+    records = sorted(os.listdir(os.path.join(staging, "_results")))
+    assert len(records) == 2
+    (tmp_path / "text" / "t9.parquet").write_bytes(b"not a Parquet file at all")
+    with pytest.raises(InputError, match=r"t9\.parquet.*; the finished tasks of the runs before are kept in "):
+        run_pack(settings, engine="local", text=options, resume=True)
+    assert sorted(os.listdir(os.path.join(staging, "_results"))) == records
+    (tmp_path / "text" / "t9.parquet").unlink()
+    assert run_pack(settings, engine="local", text=options, resume=True).kept[0] == 2
 
 
 # ----------------------------------------------------------------------------- 4: one writer per output
