@@ -341,7 +341,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"raypack: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
-        print(interrupted_line(argv, getattr(e, "kept", None), getattr(e, "finished", True)), file=sys.stderr)
+        kept, finished = getattr(e, "kept", None), getattr(e, "finished", True)
+        if kept is None and args.command in ("pack", "tokenize"):  # before the run took its output (Ray's start)
+            kept = _work_kept(getattr(args, "output", None))
+        print(interrupted_line(argv, kept, finished), file=sys.stderr)
         return interrupted_code()
     except BrokenPipeError:
         silence_stdout()
@@ -352,6 +355,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         has_workers = "num_workers" in vars(args) or "workers" in vars(args)
         print(f"raypack: error: {NO_THREAD}{NO_THREAD_WORKERS if has_workers else ''}", file=sys.stderr)
         return 1
+
+
+def _work_kept(output: str | None) -> str | None:
+    """The staging directory of a local ``output`` where earlier runs' finished tasks wait for ``--resume``
+    (a run interrupted before it took the output, say during Ray's start, still names them); else None."""
+    from raypack.io.fs import is_uri
+    from raypack.pack.publish import LocalOutput
+
+    if not output or is_uri(output):
+        return None
+    target = LocalOutput(output)
+    return target.work_dir if target.holds_finished_work() else None
 
 
 def unknown_flags_hint(parser: argparse.ArgumentParser, command: str, extra: Sequence[str]) -> str:

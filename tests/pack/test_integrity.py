@@ -167,6 +167,26 @@ def test_bad_input_in_a_one_pass_resume_keeps_the_finished_tasks(tmp_path, monke
     assert run_pack(settings, engine="local", text=options, resume=True).kept[0] == 2
 
 
+def test_ctrl_c_before_a_resume_takes_its_output_still_names_the_kept_work(tmp_path, corpus, monkeypatch, capsys):
+    """Ctrl-C while Ray starts, in a --resume: the line named no kept work ("nothing was written") though the
+    runs before's tasks wait in the staging directory; it names them and the command to run."""
+    from raypack.cli import main
+
+    crash_at(monkeypatch, tmp_path, [corpus], 4)
+
+    def ctrl_c_in_rays_start(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(job, "connect_ray", ctrl_c_in_rays_start)
+    args = ["pack", "--input", str(corpus), "--output", str(tmp_path / "out"), "--context-length", "16", "--resume"]
+    assert main(args) == 130
+    staging = staging_dir(str(tmp_path / "out"))
+    assert capsys.readouterr().err == (f"raypack: interrupted; the finished work is kept in {staging}; finish with: "
+                                       f"raypack {shlex.join(args)}\n")
+    assert main([*args[:4], str(tmp_path / "elsewhere"), *args[5:-1]]) == 130  # a fresh run: nothing kept
+    assert capsys.readouterr().err == "raypack: interrupted; nothing was written\n"
+
+
 # ----------------------------------------------------------------------------- 4: one writer per output
 
 
