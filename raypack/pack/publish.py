@@ -54,6 +54,7 @@ from raypack.io.fs import bucket_of, check_bucket, is_uri, resolve_filesystem
 from raypack.io.lock import LocalLock, ObjectStoreLock
 from raypack.io.terminal import signals_deferred
 from raypack.pack.resume import RESULTS_DIR
+from raypack.packed.manifest import read_manifest_json
 from raypack.packed.writer import CHUNK_FILE_RE, MANIFEST_NAME, TMP_PREFIX
 from raypack.tokenize.corpus import PART_FILE_RE, TOKENIZED_SUBDIR
 
@@ -205,6 +206,7 @@ class LocalOutput:
             return  # an unfinished run (an --overwrite one, where an output is there) to finish
         if os.path.isdir(out) and os.listdir(out) and not overwrite:
             if resume and os.path.exists(os.path.join(out, MANIFEST_NAME)):
+                _refuse_damaged(out)
                 raise InputError(f"output {out} is already complete; nothing to resume (to pack it again, with other "
                                  "inputs or settings, pass --overwrite instead of --resume)")
             raise InputError(f"output directory {out} is not empty; pass --overwrite to replace it "
@@ -386,6 +388,7 @@ class ObjectStoreOutput:
         complete = MANIFEST_NAME in names
         ours = all(_is_run_object(n) for n in names)
         if resume and complete:
+            _refuse_damaged(out)
             raise InputError(f"output {out} is already complete; nothing to resume (to pack it again, with other "
                              "inputs or settings, pass --overwrite instead of --resume)")
         if ours and not complete:
@@ -447,6 +450,19 @@ class ObjectStoreOutput:
                     self._fs.delete_file(posixpath.join(self._base, name))
                 except FileNotFoundError:
                     pass
+
+
+def _refuse_damaged(out: str) -> None:
+    """A resume of a published output whose manifest does not load (truncated, edited): said as that, with
+    the fix, not as 'already complete'. Reads the manifest (on this refusal's path only)."""
+    try:
+        data, _ = read_manifest_json(out)
+    except InputError as e:
+        raise InputError(f"output {out} has a manifest.json that does not load ({e}); nothing to resume: pass "
+                         "--overwrite instead of --resume to pack it again") from e
+    if not isinstance(data, dict) or not data:
+        raise InputError(f"output {out} has a manifest.json that holds no manifest; nothing to resume: pass "
+                         "--overwrite instead of --resume to pack it again")
 
 
 def _refuse_foreign(out: str, foreign: list[str]) -> None:

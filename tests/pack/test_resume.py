@@ -152,6 +152,19 @@ def test_resume_of_a_complete_output_says_so(tmp_path, corpus):
         run_pack(config(tmp_path, corpus), engine="local", resume=True)
 
 
+@pytest.mark.parametrize("manifest", ["", "{\"format_version\": 3, \"coun", "null", "{}"])
+def test_resume_of_an_output_whose_manifest_does_not_load_says_so(tmp_path, corpus, manifest):
+    """Truncated, emptied or edited: said as that, with --overwrite, not as 'already complete' (an operator's
+    trial); the output is not touched."""
+    run_pack(config(tmp_path, corpus), engine="local")
+    (tmp_path / "out" / "manifest.json").write_text(manifest)
+    before = tree_digest(tmp_path / "out")
+    with pytest.raises(InputError, match=r"out has a manifest\.json that (does not load \(.+\)|holds no manifest); "
+                                         r"nothing to resume: pass --overwrite instead of --resume to pack it again$"):
+        run_pack(config(tmp_path, corpus), engine="local", resume=True)
+    assert tree_digest(tmp_path / "out") == before
+
+
 def test_ray_resume_equals_clean_run(ray_session, tmp_path, corpus, clean_run, monkeypatch):
     fail_at_shard(monkeypatch, 3, RuntimeError("crash"))
     with pytest.raises(RuntimeError):
