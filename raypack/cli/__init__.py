@@ -7,6 +7,7 @@ import dataclasses
 import importlib.util
 import inspect
 import logging
+import os
 import shlex
 import sys
 from typing import Any, Mapping, NoReturn, Sequence
@@ -416,6 +417,10 @@ def _run_verify(args: argparse.Namespace) -> int:
         ("no_inputs", "token_column", "--token-column names the inputs' column, which --no-inputs does not read"),
     ))
     inputs = [] if args.no_inputs else args.inputs
+    kept = None if os.path.exists(args.output) else _work_kept(args.output)
+    if kept is not None:  # said as that, not as "no such output directory"
+        raise InputError(f"{args.output}: no output here yet: an unfinished run's work is in {kept}; finish it with "
+                         "the run's own command and --resume, then verify")
     if args.check_tokenizer is not None:
         check_count(args.check_tokenizer)  # before the inputs' check prints its notes
     elif args.max_document_bytes is not None:

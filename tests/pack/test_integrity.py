@@ -185,6 +185,10 @@ def test_ctrl_c_before_a_resume_takes_its_output_still_names_the_kept_work(tmp_p
                                        f"raypack {shlex.join(args)}\n")
     assert main([*args[:4], str(tmp_path / "elsewhere"), *args[5:-1]]) == 130  # a fresh run: nothing kept
     assert capsys.readouterr().err == "raypack: interrupted; nothing was written\n"
+    assert main(["verify", str(tmp_path / "out")]) == 2  # it said "no such output directory"
+    assert capsys.readouterr().err == (f"raypack: error: {tmp_path / 'out'}: no output here yet: an unfinished "
+                                       f"run's work is in {staging}; finish it with the run's own command and "
+                                       "--resume, then verify\n")
 
 
 # ----------------------------------------------------------------------------- 4: one writer per output
