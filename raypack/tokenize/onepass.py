@@ -56,7 +56,7 @@ import numpy as np
 import pyarrow as pa
 
 from raypack.inputs.base import DocumentBatch, ShardInfo, check_document_lengths
-from raypack.io.fs import is_uri
+from raypack.io.fs import is_uri, resolve_filesystem
 from raypack.pack.config import PackConfig
 from raypack.pack.packer import (
     count_lengths,
@@ -168,6 +168,15 @@ class HeldTask:
             self.spill.discard()
 
 
+def _size_or_none(path: str) -> int | None:
+    """The file's size now, for a resume's reason line (None where it cannot be told)."""
+    try:
+        fs, fs_path = resolve_filesystem(path)
+        return fs.get_file_info(fs_path).size
+    except (OSError, ValueError):
+        return None
+
+
 def text_identity(task: TextTask, settings: TokenizeSettings) -> dict[str, Any]:
     return json.loads(json.dumps({"task": asdict(task), "settings": record_settings(settings)}))
 
@@ -273,6 +282,8 @@ class Placer:
                     continue
                 if not isinstance(recorded, dict) or recorded.get("task") != asdict(t):
                     why = "its record was made for another split of the text into tasks"
+                    if found[1].get("size") != _size_or_none(t.path):
+                        why = f"{t.path} changed (its size differs), and its text splits into other tasks"
                 else:
                     why = settings_changed(recorded.get("settings"), text_settings) or "its record differs"
                 redone.setdefault(why, []).append(t)

@@ -132,9 +132,9 @@ def test_bad_input_in_a_resume_keeps_the_finished_tasks(tmp_path, corpus, monkey
     assert tree_digest(tmp_path / "out") == tree_digest(tmp_path / "clean")
 
 
-def test_bad_input_in_a_one_pass_resume_keeps_the_finished_tasks(tmp_path, monkeypatch):
-    """The same for ``pack --tokenizer``, whose tasks are planned as they are tokenized: the bad file is met
-    inside the run, where the staging directory was deleted with the earlier runs' tasks."""
+def one_pass_crashed_at_its_third_task(tmp_path, monkeypatch):
+    """Four text files packed in one pass (``pack --tokenizer``, local), the run crashed as its third task
+    was packed: two tasks' records kept. Its (config, text options) for the resume."""
     import raypack.tokenize.onepass as onepass
     from raypack.tokenize.job import TextOptions
 
@@ -156,6 +156,13 @@ def test_bad_input_in_a_one_pass_resume_keeps_the_finished_tasks(tmp_path, monke
     with pytest.raises(RuntimeError, match="crash"):
         run_pack(settings, engine="local", text=options)
     monkeypatch.undo()
+    return settings, options
+
+
+def test_bad_input_in_a_one_pass_resume_keeps_the_finished_tasks(tmp_path, monkeypatch):
+    """The same for ``pack --tokenizer``, whose tasks are planned as they are tokenized: the bad file is met
+    inside the run, where the staging directory was deleted with the earlier runs' tasks."""
+    settings, options = one_pass_crashed_at_its_third_task(tmp_path, monkeypatch)
     staging = staging_dir(str(tmp_path / "out"))
     records = sorted(os.listdir(os.path.join(staging, "_results")))
     assert len(records) == 2
@@ -189,6 +196,23 @@ def test_ctrl_c_before_a_resume_takes_its_output_still_names_the_kept_work(tmp_p
     assert capsys.readouterr().err == (f"raypack: error: {tmp_path / 'out'}: no output here yet: an unfinished "
                                        f"run's work is in {staging}; finish it with the run's own command and "
                                        "--resume, then verify\n")
+
+
+def test_a_one_pass_resume_says_a_file_changed_where_its_size_did(tmp_path, monkeypatch, caplog):
+    """Rows appended to a file whose task finished: the resume's reason names the file as changed (it said
+    only "another split of the text into tasks"), and the output equals a clean run's."""
+    import logging
+
+    settings, options = one_pass_crashed_at_its_third_task(tmp_path, monkeypatch)
+    append_rows(tmp_path / "text" / "t0.parquet", 5)
+    with caplog.at_level(logging.INFO, logger="raypack.tokenize"):
+        summary = run_pack(settings, engine="local", text=options, resume=True)
+    said = [r.getMessage() for r in caplog.records if "tokenized again" in r.getMessage()]
+    assert len(said) == 1 and f"{tmp_path / 'text' / 't0.parquet'} changed (its size differs)" in said[0], said
+    assert summary.kept[0] == 0  # t1's chunks moved with t0's new rows (global doc ids and chunk starts)
+    run_pack(make_config(dict(inputs=[str(tmp_path / "text")], output=str(tmp_path / "clean"), context_length=16)),
+             engine="local", text=options)
+    assert file_digests(str(tmp_path / "out")) == file_digests(str(tmp_path / "clean"))
 
 
 # ----------------------------------------------------------------------------- 4: one writer per output
