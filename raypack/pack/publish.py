@@ -176,7 +176,7 @@ class LocalOutput:
             log.info("an interrupted run into %s wrote its manifest but did not publish; its tasks are "
                      "checked again", output)
             os.remove(staged)
-        elif os.path.isfile(staged):  # killed in the publish itself (signals are held off there)
+        elif self.publish_pending():  # killed in the publish itself (signals are held off there)
             finished = True
             published = os.path.join(output, MANIFEST_NAME)
             if os.path.isfile(published) and os.stat(published).st_mtime_ns >= os.stat(staged).st_mtime_ns:
@@ -285,15 +285,11 @@ class LocalOutput:
         so): deleting them undid the earlier runs' work, which the next --resume then redid."""
         staging = self.work_dir
         if isinstance(error, OSError) and error.errno == errno.ENOSPC and self.resumed:
-            for entry in os.scandir(staging):
-                if entry.name.startswith(TMP_PREFIX) and entry.is_file(follow_symlinks=False):
-                    os.remove(entry.path)
+            self._remove_temporary_files()
             raise InputError(f"writing the output failed: {error.strerror} ({_where(error, staging)}); the "
                              f"finished tasks are kept in {staging}: free space and rerun with --resume") from error
-        if isinstance(error, InputError) and self.resumed:
-            for entry in os.scandir(staging):  # the runs before did their tasks on good input: keep them
-                if entry.name.startswith(TMP_PREFIX) and entry.is_file(follow_symlinks=False):
-                    os.remove(entry.path)
+        if isinstance(error, InputError) and self.resumed:  # the runs before did their tasks on good input
+            self._remove_temporary_files()
             self.keep_for_resume(error)
         if isinstance(error, InputError) or (isinstance(error, OSError) and error.errno == errno.ENOSPC):
             shutil.rmtree(staging, ignore_errors=True)
@@ -302,6 +298,13 @@ class LocalOutput:
                                  f"nothing was published; free space and run again") from error
         elif os.path.isdir(staging):
             log.error("the run failed; its finished shards are kept in %s: rerun with --resume to finish it", staging)
+
+
+    def _remove_temporary_files(self) -> None:
+        """This run's unfinished files; the finished tasks' files and records stay."""
+        for entry in os.scandir(self.work_dir):
+            if entry.name.startswith(TMP_PREFIX) and entry.is_file(follow_symlinks=False):
+                os.remove(entry.path)
 
 
 def _where(error: OSError, staging: str) -> str:
