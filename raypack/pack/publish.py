@@ -18,9 +18,11 @@ old directory or the new one, never neither; a plain rename otherwise). So:
     directory, and ``resume`` finishes it. Ctrl-C and SIGTERM are held off during the publish's
     renames. A run that died *while publishing* (killed) is finished by the next run on that
     output (:meth:`LocalOutput.recover`): a staging directory holding a manifest and no resume
-    records is a complete output, published if it is newer than the one in place, else (the old
-    output swapped out by the exchange) deleted. One that still holds its records stopped before
-    its publish began: its manifest is dropped, and ``resume`` checks its tasks as any others.
+    records is a complete output. The publish first writes the new manifest's sha256 beside the
+    output (``.<name>.raypack-publishing``), so the next run knows which of the two directories is
+    the new one: the staging directory is published if it holds that manifest, else (the old output
+    swapped out by the exchange) deleted. One that still holds its records stopped before its
+    publish began: its manifest is dropped, and ``resume`` checks its tasks as any others.
   Where the exchange is not available (not Linux, or a filesystem that refuses it) the publish
   is two renames, output -> ``.<name>.raypack-staging-old`` then staging -> output; a crash
   between them is recovered the same way.
@@ -40,6 +42,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import hashlib
 import logging
 import os
 import posixpath
@@ -151,10 +154,12 @@ class LocalOutput:
         self.work_dir = staging_dir(output)
         """Where the run writes: the staging directory."""
         self.old_dir = f"{self.work_dir[:-len('-partial')]}-old"
+        parent, name = os.path.split(self.output)
+        self.marker = os.path.join(parent, f".{name}.raypack-publishing")
+        """Written as a publish begins, removed once it is done: the sha256 of the manifest being published."""
         self.resumed = False
         """A --resume, or an earlier run's finished tasks in the staging directory (:meth:`prepare`): a
         full disk keeps the finished tasks (:meth:`after_failure`)."""
-        parent, name = os.path.split(self.output)
         self.lock = LocalLock(os.path.join(parent, f".{name}.raypack-lock"), what=f"output {output}")
 
     def acquire(self) -> None:
@@ -178,8 +183,7 @@ class LocalOutput:
             os.remove(staged)
         elif self.publish_pending():  # killed in the publish itself (signals are held off there)
             finished = True
-            published = os.path.join(output, MANIFEST_NAME)
-            if os.path.isfile(published) and os.stat(published).st_mtime_ns >= os.stat(staged).st_mtime_ns:
+            if self._swapped_out():
                 log.info("removing %s: an output replaced by an interrupted publish", staging)
                 shutil.rmtree(staging)
             else:
@@ -191,7 +195,29 @@ class LocalOutput:
                 os.replace(old, output)
             else:
                 shutil.rmtree(old, ignore_errors=True)
+        if os.path.exists(self.marker):
+            os.remove(self.marker)
         return finished
+
+    def _swapped_out(self) -> bool:
+        """Whether the staging directory of a publish killed half way holds the old output (the exchange was
+        done) rather than the new one: the new one is the manifest whose sha256 the publish wrote first. A
+        publish that left no such record (a raypack before it) is judged by the manifests' modification
+        times, which a manifest touched in between can fool."""
+        staged, published = (os.path.join(d, MANIFEST_NAME) for d in (self.work_dir, self.output))
+        if not os.path.isfile(published):
+            return False
+        try:
+            with open(self.marker, encoding="ascii") as f:
+                new = f.read().strip()
+        except (OSError, ValueError):
+            new = ""
+        if new:
+            if new == _sha256_of(staged):
+                return False
+            if new == _sha256_of(published):
+                return True
+        return os.stat(published).st_mtime_ns >= os.stat(staged).st_mtime_ns
 
     def check_free(self, *, overwrite: bool, resume: bool) -> None:
         out, staging = self.output, self.work_dir
@@ -262,7 +288,11 @@ class LocalOutput:
         aside first, is removed by the next run if its removal here is cut short."""
         staging, output, old = self.work_dir, self.output, self.old_dir
         shutil.rmtree(old, ignore_errors=True)  # a leftover (recover removes it): the name is needed below
+        manifest = os.path.join(staging, MANIFEST_NAME)
         with signals_deferred() as came:
+            if os.path.isfile(manifest):  # which directory is the new one, should the publish be killed
+                with open(self.marker, "w", encoding="ascii") as f:
+                    f.write(_sha256_of(manifest) + "\n")
             shutil.rmtree(os.path.join(staging, RESULTS_DIR), ignore_errors=True)  # the manifest is written
             if not os.path.exists(output):
                 os.rename(staging, output)
@@ -271,6 +301,8 @@ class LocalOutput:
             else:  # no exchange here: two renames (see recover)
                 os.replace(output, old)
                 os.replace(staging, output)
+            if os.path.exists(self.marker):
+                os.remove(self.marker)
         if came:
             log.info("%s came as %s was published; it is complete", "Ctrl-C" if signal.SIGINT in came else
                      "SIGTERM", output)
@@ -305,6 +337,12 @@ class LocalOutput:
         for entry in os.scandir(self.work_dir):
             if entry.name.startswith(TMP_PREFIX) and entry.is_file(follow_symlinks=False):
                 os.remove(entry.path)
+
+
+def _sha256_of(path: str) -> str:
+    """The hex sha256 of a (small) file's bytes."""
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def _where(error: OSError, staging: str) -> str:

@@ -375,8 +375,9 @@ def test_overwrite_without_exchange_falls_back_to_two_renames(tmp_path, corpus, 
 
 
 def die_in_publish(monkeypatch, after: str, error: BaseException | None = None) -> type[BaseException]:
-    """Make the publish stop dead right after ``after`` ("exchange" or "first rename"), or just before its
-    rename ("before the rename"), raising ``error`` (default: a BaseException of its own); its type."""
+    """Make the publish stop dead right after ``after`` ("exchange" or "first rename"), just before its
+    exchange, its records removed ("before the exchange"), or just before the publish ("before the
+    rename"), raising ``error`` (default: a BaseException of its own); its type."""
     class Died(BaseException):
         pass
 
@@ -386,11 +387,11 @@ def die_in_publish(monkeypatch, after: str, error: BaseException | None = None) 
             raise raised
 
         monkeypatch.setattr(publish.LocalOutput, "publish", publish_then_die)
-    elif after == "exchange":
+    elif after in ("exchange", "before the exchange"):
         real = publish.exchange_paths
 
         def exchange_then_die(a, b):
-            assert real(a, b)
+            assert after == "before the exchange" or real(a, b)
             raise raised
 
         monkeypatch.setattr(publish, "exchange_paths", exchange_then_die)
@@ -422,6 +423,33 @@ def test_a_publish_that_died_is_finished_by_the_next_run(tmp_path, corpus, monke
         run_pack(config(tmp_path, [corpus]), engine="local")
     assert_exactly_the_manifest(tmp_path / "out")["context_length"] == 12
     assert sorted(os.listdir(tmp_path)) == ["corpus", "out"]
+
+
+@pytest.mark.parametrize("when", ["before the exchange", "exchange"])
+def test_a_publish_killed_half_way_is_finished_whatever_the_manifests_times_say(tmp_path, corpus, monkeypatch, when):
+    """Killed in the publish, before or after the exchange of the two directories, and then the manifest of
+    the directory that is not the new output touched to be the newer one (an operator's trial did it with
+    ``touch -d '+1 hour'``): the next run still publishes the new output and removes the old one. The
+    directory to publish was chosen by modification time, which kept the old output here (after the
+    exchange), or deleted the new one (before it)."""
+    if publish._renameat2() is None:
+        pytest.skip("renameat2(RENAME_EXCHANGE) is not available here")
+    out = tmp_path / "out"
+    run_pack(config(tmp_path, [corpus]), engine="local")
+    run_pack(config(tmp_path, [corpus], "clean", context_length=12), engine="local")
+    died = die_in_publish(monkeypatch, when)
+    with pytest.raises(died):
+        run_pack(config(tmp_path, [corpus], context_length=12, overwrite=True), engine="local")
+    monkeypatch.undo()
+    staged = os.path.join(staging_dir(str(out)), "manifest.json")
+    not_new = staged if when == "exchange" else str(out / "manifest.json")
+    later = os.stat(not_new).st_mtime + 3600
+    os.utime(not_new, (later, later))
+    with pytest.raises(InputError, match="not empty"):  # the next run on the output finishes the publish first
+        run_pack(config(tmp_path, [corpus]), engine="local")
+    assert assert_exactly_the_manifest(out)["context_length"] == 12
+    assert file_digests(str(out)) == file_digests(str(tmp_path / "clean"))
+    assert sorted(os.listdir(tmp_path)) == ["clean", "corpus", "out"]
 
 
 @pytest.mark.parametrize("engine", ["local", "ray"])
