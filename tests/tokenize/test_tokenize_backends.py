@@ -381,6 +381,36 @@ def test_auto_takes_fastokens_first_for_a_bpe_over_whole_documents(shape_files, 
 
 
 @needs_gigatoken
+@needs_fastokens
+def test_a_model_without_a_type_goes_to_the_reference(tmp_path, caplog):
+    """A tokenizer.json whose model has no ``type``: ``tokenizers`` still loads it (as a BPE), and the
+    backends' checks, which go by the type, passed over it. A
+    hostile trial: an untyped model with a single_word added token went to gigatoken, which got 20 of 21
+    documents wrong, and the guard's sample missed them. auto now takes the reference (one line), an
+    explicit backend is refused, and the ids are the reference's."""
+    config = json.loads(train_byte_level_bpe(CORPUS[10:200], 400).to_str())
+    config["added_tokens"].append({"id": max(config["model"]["vocab"].values()) + 1, "content": "<z>",
+                                   "single_word": True, "lstrip": False, "rstrip": False, "normalized": False,
+                                   "special": False})
+    del config["model"]["type"]
+    path = tmp_path / "untyped.json"
+    path.write_text(json.dumps(config))
+    reference = tokenizers.Tokenizer.from_file(str(path))
+    with caplog.at_level(logging.INFO, logger="raypack.tokenize.backends"):
+        tokenizer = load_backed_tokenizer(str(path))
+    assert tokenizer.backend == "reference"
+    lines = [r.getMessage() for r in caplog.records if r.name == "raypack.tokenize.backends"]
+    assert len(lines) == 1 and 'has no "type"' in lines[0], lines
+    for backend in ("gigatoken", "fastokens"):
+        with pytest.raises(InputError, match=f"--tokenizer-backend {backend} cannot encode this tokenizer exactly"):
+            select_encoder(load_tokenizer(str(path)), backend)
+    texts = ["the<z>the cat 0 a<z> sat", *CORPUS[:20]]
+    got = tokenizer.encode_flat(pa.array(texts))
+    want = [reference.encode(t, add_special_tokens=False).ids for t in texts]
+    assert [got.values[got.offsets[k]:got.offsets[k + 1]].tolist() for k in range(len(texts))] == want
+
+
+@needs_gigatoken
 def test_an_explicit_backend_that_cannot_do_the_tokenizer_is_refused(tmp_path, capsys):
     path = _unsupported_tokenizer(tmp_path, "nfkc")
     with pytest.raises(InputError, match=r"--tokenizer-backend gigatoken cannot encode this tokenizer exactly "
