@@ -961,6 +961,56 @@ def test_the_guard_refuses_a_backend_that_differs_naming_the_document(tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
+def _source_documents(size: int, count: int) -> list[str]:
+    """``count`` documents of ~``size`` bytes of real Python source (indented lines), each starting anywhere
+    in a line."""
+    import inspect
+    import json.decoder
+    import logging.handlers
+
+    text = "".join(inspect.getsource(m) for m in (json.decoder, logging.handlers, random))
+    step = max(1, (len(text) - size) // count)
+    return [text[k * step + k % 7: k * step + k % 7 + size] for k in range(count)]
+
+
+@needs_gigatoken
+@pytest.mark.parametrize("name", ["byte_level", "cl100k_base"])
+def test_the_guard_checks_long_documents_on_a_prefix(tokenizer_files, name):
+    """Documents all longer than the guard's budget (source files, books): each candidate is checked on its
+    text up to its last indented line's cut within the budget, whose reference ids begin the backend's. A
+    hostile trial: the guard checked nothing in a task of documents over 1 KiB, so a backend wrong on every
+    one of them went unsaid. The right ids pass; ids wrong in a prefix are refused, naming the document."""
+    tokenizer = load_backed_tokenizer(tokenizer_files[name], "gigatoken")
+    assert tokenizer.cut_rule is not None
+    docs = _source_documents(3000, 3000)
+    texts = pa.array(docs)
+    flat = tokenizer.encode_flat(texts)
+    guard = ReferenceGuard(tokenizer, lambda k: f"in.parquet row {k}")
+    for start in range(0, len(docs), 500):  # in batches, as a task's
+        batch = texts.slice(start, 500)
+        guard.check(batch, FlatIds(flat.values, flat.offsets[start:start + 501]))
+    assert guard.num_checked_docs >= 2 and 0 < guard.num_checked_bytes <= FREE_BYTES + BYTES_SHARE * guard.num_bytes
+    guard.finish()  # the backend's ids are right: no refusal
+    wrong = flat.values.copy()
+    for k in range(len(docs)):  # every document's first ids out of order
+        first = slice(int(flat.offsets[k]), int(flat.offsets[k]) + 8)
+        wrong[first] = wrong[first][::-1]
+    guard = ReferenceGuard(tokenizer, lambda k: f"in.parquet row {k}")
+    guard.check(texts, FlatIds(wrong, flat.offsets))
+    with pytest.raises(InputError, match=r"^in\.parquet row 0 \(text .*\): the gigatoken tokenizer backend gives "
+                                         r"\d+ ids for its first \d+ bytes, the reference"):
+        guard.finish()
+
+
+@needs_gigatoken
+def test_the_guard_refuses_a_backend_wrong_on_long_documents_in_a_run(tmp_path, tokenizer_files, monkeypatch):
+    """The same, end to end: every document over 1 KiB, the first one's ids wrong."""
+    _reverse_the_first_document_once(monkeypatch)
+    with pytest.raises(InputError, match=GUARD_REFUSAL + r" \d+ ids for its first \d+ bytes"):
+        _tokenize(tmp_path, "out", tokenizer_files["byte_level"], "gigatoken", _source_documents(1500, 40))
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_reference_that_fails_on_the_guards_sample_is_one_line_naming_the_document():
     """The reference re-encodes the sample at the task's end; where it panics (a broken tokenizer.json the
     backend takes, e.g. a Replace of the empty string), the run ended in a traceback, exit 1 (a hostile trial)."""
