@@ -17,7 +17,7 @@ import pyarrow.fs as pafs
 import pyarrow.ipc as paipc
 
 from raypack.errors import InputError
-from raypack.inputs.base import InputFormat, ReadLimits, ShardInfo, token_value_type
+from raypack.inputs.base import InputFormat, ReadLimits, ShardInfo, check_named_once, token_value_type
 from raypack.io.fs import error_text, open_input_file, resolve_filesystem
 from raypack.rules.side_columns import side_value_types
 
@@ -61,6 +61,7 @@ class ArrowFormat(InputFormat):
         fs, fs_path = resolve_filesystem(path)
         for schema, batch in iter_ipc_batches(fs, fs_path, path, units):
             if batch is None:
+                check_named_once(schema, columns, path)
                 token_value_type(schema, columns[0], path)
                 side_value_types(schema, columns[1:], path)
                 continue
@@ -69,6 +70,7 @@ class ArrowFormat(InputFormat):
     def side_types(self, path: str, names: tuple[str, ...]) -> tuple[str, ...]:
         fs, fs_path = resolve_filesystem(path)
         for schema, _ in iter_ipc_batches(fs, fs_path, path):
+            check_named_once(schema, names, path)
             return side_value_types(schema, names, path)
         raise InputError(f"shard {path}: no Arrow schema; re-write it with pyarrow.ipc.new_file")
 

@@ -22,7 +22,7 @@ What a format provides (the callers in brackets):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterator, NamedTuple
+from typing import Any, Callable, ClassVar, Iterable, Iterator, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -147,6 +147,16 @@ class InputFormat:
         return f"<input format {self.name}>"
 
 
+def check_named_once(schema: pa.Schema, names: Iterable[str], path: str) -> None:
+    """InputError where a column of ``names`` is named twice in ``schema`` (Parquet and Arrow allow it; a
+    column is read by its name, so which one is meant is unsaid: it raised a KeyError, a traceback)."""
+    for name in names:
+        count = len(schema.get_all_field_indices(name))
+        if count > 1:
+            raise InputError(f"shard {path} has {count} columns named {name!r}; a column is read by its name: "
+                             "rename or drop all but one")
+
+
 def token_value_type(schema: pa.Schema, column: str, path: str) -> pa.DataType:
     """The integer value type of ``column``, a list/large_list of integers, in ``schema``."""
     texts = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
@@ -155,6 +165,7 @@ def token_value_type(schema: pa.Schema, column: str, path: str) -> pa.DataType:
             f"shard {path} has no column {column!r}; its columns are {schema.names}; "
             "set the token column name" + (_text_hint(texts[0]) if texts else "")
         )
+    check_named_once(schema, [column], path)
     field_type = schema.field(column).type
     if not (pa.types.is_list(field_type) or pa.types.is_large_list(field_type)):
         raise (HoldsText if column in texts else InputError)(

@@ -34,7 +34,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from raypack.errors import InputError
-from raypack.inputs.base import InputFormat, ReadLimits, ShardInfo, check_batch_rows, token_value_type, too_long
+from raypack.inputs.base import (
+    InputFormat,
+    ReadLimits,
+    ShardInfo,
+    check_batch_rows,
+    check_named_once,
+    token_value_type,
+    too_long,
+)
 from raypack.io.fs import error_text, open_input_file, resolve_filesystem
 from raypack.rules.side_columns import side_value_types
 
@@ -93,6 +101,7 @@ class ParquetFormat(InputFormat):
         fs, fs_path = resolve_filesystem(path)
         with open_input_file(fs, fs_path, path) as source:
             parquet_file = open_parquet(source, path)
+            check_named_once(parquet_file.schema_arrow, columns, path)
             token_value_type(parquet_file.schema_arrow, columns[0], path)
             side_value_types(parquet_file.schema_arrow, columns[1:], path)
             check_column_levels(parquet_file, columns[0], path)
@@ -113,7 +122,9 @@ class ParquetFormat(InputFormat):
     def side_types(self, path: str, names: tuple[str, ...]) -> tuple[str, ...]:
         fs, fs_path = resolve_filesystem(path)
         with open_input_file(fs, fs_path, path) as source:
-            return side_value_types(open_parquet(source, path).schema_arrow, names, path)
+            schema = open_parquet(source, path).schema_arrow
+            check_named_once(schema, names, path)
+            return side_value_types(schema, names, path)
 
     def metadata_start(self, size: int, tail: bytes) -> int:
         """Where the footer begins (``size`` when the file does not end like Parquet)."""
@@ -436,6 +447,7 @@ def _check_text_column(schema: pa.Schema, column: str, path: str) -> None:
         raise InputError(
             f"text file {path} has no column {column!r}; its columns: {', '.join(schema.names) or '(none)'}; {fix}"
         )
+    check_named_once(schema, [column], path)
     value_type = schema.field(column).type
     if not is_text_type(value_type):
         raise InputError(

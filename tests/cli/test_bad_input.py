@@ -452,3 +452,33 @@ def test_more_text_workers_than_the_machine_holds_use_those_that_fit(tmp_path):
     assert main(["pack", "--local", *args, "--output", str(tmp_path / "local")]) == 0
     with open(tmp_path / "out" / "manifest.json") as a, open(tmp_path / "local" / "manifest.json") as b:
         assert json.load(a)["content_sha256"] == json.load(b)["content_sha256"]
+
+
+@pytest.mark.parametrize("case", ["text", "tokenize", "tokens", "tokens in Arrow", "side column"])
+def test_a_column_named_twice_is_one_line(tmp_path, capsys, case):
+    """Parquet and Arrow allow two columns of one name; raypack reads a column by its name. A hostile trial:
+    two 'text' columns ended in a KeyError traceback (exit 1) with a staging directory left to --resume."""
+    (tmp_path / "in").mkdir()
+    name, args = "text", ["pack", "--tokenizer", "tiktoken:cl100k_base", "--context-length", "4"]
+    if case in ("text", "tokenize"):
+        table = pa.table([pa.array(["a b"]), pa.array(["c"])], names=["text", "text"])
+        args = args if case == "text" else ["tokenize", "--tokenizer", "tiktoken:cl100k_base"]
+    else:
+        ids = pa.array([[1, 2, 3]], pa.list_(pa.int32()))
+        name = "loss_mask" if case == "side column" else "input_ids"
+        table = pa.table([ids, ids] if case != "side column" else [ids, ids, ids],
+                         names=["input_ids", "input_ids"] if case != "side column" else
+                         ["input_ids", "loss_mask", "loss_mask"])
+        args = ["pack", "--context-length", "4"] + (["--extra-columns", "loss_mask"] if case == "side column" else [])
+    path = tmp_path / "in" / ("part-0.arrow" if case == "tokens in Arrow" else "part-0.parquet")
+    if case == "tokens in Arrow":
+        with pa.ipc.new_file(str(path), table.schema) as writer:
+            writer.write_table(table)
+    else:
+        pq.write_table(table, path)
+    code = main([*args, "--local", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0] == (f"raypack: error: shard {path} has 2 columns named {name!r}; a column is read by its name: "
+                      "rename or drop all but one"), err
+    assert sorted(os.listdir(tmp_path)) == ["in"]
