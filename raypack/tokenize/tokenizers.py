@@ -36,6 +36,7 @@ import importlib.util
 import itertools
 import json
 import os
+import zlib
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
@@ -491,16 +492,26 @@ def tiktoken_rank_file(name: str) -> Path:
     return path
 
 
-def load_rank_file(path: Path, expected_sha256: str) -> dict[bytes, int]:
-    """Ranks of a (gzip) ``.tiktoken`` file, parsed as ``tiktoken.load.load_tiktoken_bpe`` does.
-
-    Raises InputError if the decompressed bytes do not hash to ``expected_sha256``.
-    """
-    contents = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+def rank_file_bytes(path: Path, expected_sha256: str) -> bytes:
+    """The bytes of a (gzip) ``.tiktoken`` rank file; InputError, one line, where it cannot be read or
+    decompressed (a damaged install: it was a traceback, with the run's work kept for a --resume) or its
+    bytes do not hash to ``expected_sha256``."""
+    try:
+        contents = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    except (OSError, EOFError, zlib.error) as e:
+        raise InputError(f"rank file {path} cannot be read ({type(e).__name__}: {e}); reinstall bpe-openai "
+                         f"({TEXT_EXTRA})") from e
     actual = hashlib.sha256(contents).hexdigest()
     if actual != expected_sha256:
         raise InputError(f"rank file {path} has sha256 {actual}, not tiktoken's {expected_sha256}; "
                          "reinstall bpe-openai")
+    return contents
+
+
+def load_rank_file(path: Path, expected_sha256: str) -> dict[bytes, int]:
+    """Ranks of a (gzip) ``.tiktoken`` file, parsed as ``tiktoken.load.load_tiktoken_bpe`` does
+    (checked as :func:`rank_file_bytes` says)."""
+    contents = rank_file_bytes(path, expected_sha256)
     pairs = (line.split() for line in contents.splitlines() if line)
     return {base64.b64decode(token): int(rank) for token, rank in pairs}
 

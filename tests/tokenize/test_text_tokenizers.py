@@ -322,6 +322,30 @@ def test_rank_file_with_wrong_hash(tmp_path):
         load_rank_file(path, "0" * 64)
 
 
+@pytest.mark.parametrize("damage", ["not gzip", "truncated"])
+def test_a_damaged_rank_file_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, capsys, damage):
+    """A damaged install (bpe-openai's rank file not gzip, or cut short): a hostile trial got a traceback,
+    exit 1, and a staging directory kept 'for --resume'."""
+    import os
+
+    import pyarrow.parquet as pq
+
+    from raypack.cli import main
+
+    real = tiktoken_rank_file("cl100k_base").read_bytes()
+    bad = tmp_path / "cl100k_base.tiktoken.gz"
+    bad.write_bytes(b"notgzip" if damage == "not gzip" else real[: len(real) // 2])
+    monkeypatch.setattr(text_tokenizers, "tiktoken_rank_file", lambda name: bad)
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"text": ["some text"]}), tmp_path / "in" / "a.parquet")
+    code = main(["pack", "--local", "--tokenizer", "tiktoken:cl100k_base", "--context-length", "8", "--input",
+                 str(tmp_path / "in"), "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"raypack: error: rank file {bad} cannot be read (") and "reinstall bpe-openai" in err[0]
+    assert sorted(os.listdir(tmp_path)) == ["cl100k_base.tiktoken.gz", "in"]
+
+
 @pytest.mark.slow  # > 5 s
 def test_tiktoken_loads_with_no_network(monkeypatch):
     def no_network(*args, **kwargs):

@@ -8,8 +8,6 @@ backend can read it).
 from __future__ import annotations
 
 import contextlib
-import gzip
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -17,7 +15,7 @@ import tempfile
 from typing import Any, Callable, Iterator, Protocol
 
 from raypack.errors import InputError
-from raypack.tokenize.tokenizers import TIKTOKEN_ENCODINGS, Encoder, TextTokenizer
+from raypack.tokenize.tokenizers import TIKTOKEN_ENCODINGS, Encoder, TextTokenizer, rank_file_bytes
 
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -181,10 +179,7 @@ def part_types(part: Any, children: str) -> list[str]:
 
 def tiktoken_ranks(name: str, rank_file) -> bytes:
     """The uncompressed rank file of tiktoken encoding ``name``, checked against tiktoken's sha256."""
-    contents = gzip.decompress(rank_file.read_bytes()) if rank_file.suffix == ".gz" else rank_file.read_bytes()
-    if hashlib.sha256(contents).hexdigest() != TIKTOKEN_ENCODINGS[name]["rank_sha256"]:
-        raise InputError(f"rank file {rank_file} does not have tiktoken's sha256; reinstall bpe-openai")
-    return contents
+    return rank_file_bytes(rank_file, TIKTOKEN_ENCODINGS[name]["rank_sha256"])
 
 
 @contextlib.contextmanager
