@@ -87,9 +87,11 @@ class LocalLock:
                 os.close(fd)
                 raise
         except OSError as e:
-            if e.errno not in UNWRITABLE:
+            a_file = e.errno == errno.EEXIST and os.path.lexists(parent) and not os.path.isdir(parent)
+            if e.errno not in UNWRITABLE and not a_file:
                 raise
-            raise InputError(f"{self.what}: cannot write in {os.path.abspath(parent)} ({os.strerror(e.errno)}); give "
+            why = "it is a file, not a directory" if a_file else os.strerror(e.errno)
+            raise InputError(f"{self.what}: cannot write in {os.path.abspath(parent)} ({why}); give "
                              "an --output in a directory this user can write") from None
         self._fd = fd
 

@@ -5,6 +5,7 @@ is finished by the next run."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -653,3 +654,30 @@ def test_an_output_that_is_a_symlink_to_a_directory_publishes_into_that_director
     assert file_digests(str(real)) == file_digests(str(tmp_path / "plain"))
     assert sorted(os.listdir(tmp_path)) == ["corpus", "disk", "link", "plain"]
     assert sorted(os.listdir(tmp_path / "disk")) == ["out"]  # no staging or lock left beside it
+
+
+@pytest.mark.parametrize("command", ["pack", "tokenize", "pack --tokenizer"])
+@pytest.mark.parametrize("depth", [1, 2])
+def test_an_output_under_a_file_is_one_line(tmp_path, corpus, capsys, command, depth):
+    """``--output FILE/x`` (a new user's slip: the input file named as the output's folder): a hostile trial
+    got a traceback (FileExistsError from the lock's folder), exit 1. ``FILE/x/y`` said 'Not a directory'."""
+    from raypack.cli import main
+
+    pq.write_table(pa.table({"text": ["some text"]}), tmp_path / "t.parquet")
+    output = tmp_path / "t.parquet" / "x" / ("y" if depth == 2 else "")
+    output = str(output).rstrip("/")
+    if command == "tokenize":
+        args = ["tokenize", "--input", str(tmp_path / "t.parquet"), "--tokenizer", "tiktoken:cl100k_base"]
+    elif command == "pack":
+        args = ["pack", "--input", str(corpus), "--context-length", "8"]
+    else:
+        args = ["pack", "--input", str(tmp_path / "t.parquet"), "--tokenizer", "tiktoken:cl100k_base",
+                "--context-length", "8"]
+    before = sorted(os.listdir(tmp_path))
+    assert main([*args, "--local", "--output", output]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    parent = os.path.dirname(output)
+    why = "it is a file, not a directory" if depth == 1 else os.strerror(errno.ENOTDIR)
+    assert err == [f"raypack: error: output {output}: cannot write in {parent} ({why}); give an --output in a "
+                   "directory this user can write"], err
+    assert sorted(os.listdir(tmp_path)) == before
