@@ -217,8 +217,19 @@ def _local_files(root: str, recursive: bool) -> Iterator[str]:
                     yield entry.path
                 elif recursive and entry.is_dir() and not entry.name.startswith(("_", ".")):
                     pending.append(entry.path)
-            except OSError:  # a link whose target cannot be looked up: skipped, as a dangling one is
-                continue
+                elif entry.is_symlink() and not entry.is_dir():
+                    _refuse_dangling(entry)
+            except OSError:  # a link whose target cannot be looked up (a loop of links)
+                _refuse_dangling(entry)
+
+
+def _refuse_dangling(entry: os.DirEntry) -> None:
+    """A symbolic link that leads nowhere, named as a shard (its suffix, no '_' or '.' first): the shard it
+    stood for would be left out without a word (a hostile trial). Others are skipped, as their files are."""
+    if shard_format(entry.name) is not None and shard_suffix(entry.name) not in NAMED_ONLY_SUFFIXES \
+            and not entry.name.startswith(("_", ".")):
+        raise InputError(f"input {entry.path} is a symbolic link that leads nowhere (a loop, or its target is gone); "
+                         "restore its target, or remove the link to pack without it")
 
 
 def _relative_parts(root: str, path: str) -> list[str]:

@@ -469,6 +469,27 @@ def test_a_fifo_or_a_looping_link_named_as_input_is_one_line(tmp_path: Path):
         discover_shards([str(tmp_path / "loop1")])
 
 
+@pytest.mark.parametrize("link", ["gone", "loop"])
+def test_a_dangling_link_named_as_a_shard_in_a_directory_is_one_line(tmp_path: Path, link):
+    """A directory holding ``b.parquet -> gone``: the shard it stood for was left out without a word, exit 0
+    (a hostile trial). Links that would not be shards (another suffix, hidden, metadata .json) are skipped."""
+    d = tmp_path / "in"
+    (d / "sub").mkdir(parents=True)
+    (d / "a.parquet").write_bytes(b"")
+    for name in ("notes.txt", ".hidden.parquet", "_tmp.parquet", "info.json"):
+        os.symlink(tmp_path / "gone", d / name)
+    assert discover_shards([str(d)]) == [str(d / "a.parquet")]
+    bad = d / "sub" / "b.parquet"
+    if link == "gone":
+        os.symlink(tmp_path / "gone", bad)
+    else:
+        os.symlink(d / "sub" / "c.parquet", bad)
+        os.symlink(bad, d / "sub" / "c.parquet")
+    with pytest.raises(InputError, match=rf"^input {d}/sub/[bc]\.parquet is a symbolic link that leads nowhere \(a "
+                                         r"loop, or its target is gone\); restore its target, or remove the link"):
+        discover_shards([str(d)])
+
+
 def test_a_file_whose_name_holds_glob_characters_is_taken_as_named(tmp_path: Path):
     """``star*glob.parquet`` also matched ``starXglob.parquet``; ``[br]acket.parquet`` matched nothing."""
     for name in ("star*glob.parquet", "starXglob.parquet", "[br]acket.parquet", "backet.parquet"):
