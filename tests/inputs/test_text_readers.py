@@ -81,13 +81,15 @@ def test_jsonl_range_starting_exactly_at_a_line(tmp_path):
     newline_at_end=st.booleans(),
     block_bytes=st.sampled_from([1, 7, 64, 1 << 20]),
     blank_every=st.integers(0, 5),
+    blank=st.sampled_from(["", "  ", "\t ", " \r"]),
+    line_end=st.sampled_from(["", "\r", " "]),
 )
 def test_jsonl_ranges_cover_every_line_once(tmp_path_factory, line_lens, target_bytes, newline_at_end, block_bytes,
-                                            blank_every):
+                                            blank_every, blank, line_end):
     texts = [("é" if n % 3 == 0 else "a") * n for n in line_lens]
-    lines = [json.dumps({"text": t}, ensure_ascii=False) for t in texts]
+    lines = [json.dumps({"text": t}, ensure_ascii=False) + line_end for t in texts]
     if blank_every:
-        lines = [x for i, line in enumerate(lines) for x in ([line, ""] if i % blank_every == 0 else [line])]
+        lines = [x for i, line in enumerate(lines) for x in ([line, blank] if i % blank_every == 0 else [line])]
     path = tmp_path_factory.mktemp("j") / "a.jsonl"
     path.write_bytes(("\n".join(lines) + ("\n" if newline_at_end and lines else "")).encode())
     tasks = jsonl_byte_range_tasks(str(path), target_bytes)
@@ -135,7 +137,13 @@ BAD_LINES = [
      r"line 2: no key 'text' \(keys: body, id; if one of them holds the text, pass it with --text-column\); fix"),
     (b'{"text": "ok"}\n[1, 2]\n', r"line 2: a JSON array where an object was expected"),
     (b'{"text": "ok"}\n"just a string"\n', r"line 2: a JSON string where an object was expected"),
-    (b'{"text": "ok"}\nnot json\n', r"line 2: not JSON \(Expecting value at column 1\)"),
+    (b'{"text": "ok"}\nnot json\n', r"line 2: not JSON \(Expecting value at column 1; JSON Lines holds one whole "
+                                    r"object on each line\)"),
+    # two objects on a line, and one across lines (pretty-printed): read as two and one before, whatever the
+    # lines, so the file was read or refused by how its tasks were cut (a hostile trial)
+    (b'{"text": "ok"}\n{"text": "a"} {"text": "b"}\n', r"line 2: not JSON \(Extra data at column 15; JSON Lines"),
+    (b'{"text": "ok"}\n\n{\n  "text": "a"\n}\n', r"line 3: not JSON \(Expecting property name enclosed in double "
+                                                 r"quotes at column 2; JSON Lines holds one whole object on each line"),
     (b'{"text": "ok"}\n{"text": "a", "id": {"k": 1, "k": 2}, "text": "b"}\n',
      r"line 2: the key 'text' appears 2 times \(which one is the text\?\); fix or drop that line"),
 ]
