@@ -122,9 +122,10 @@ class InputFormat:
         """``(start, end, cost)`` ranges splitting a text file into tasks (``holds_text``)."""
         raise InputError(f"text input {path} is {self.name}; give text as Parquet (a string column) or JSON Lines")
 
-    def text_notes(self, path: str, column: str) -> list[str]:
+    def text_notes(self, path: str, column: str, max_text_bytes: int | None = None) -> list[str]:
         """Lines for the user about reading ``path``'s text (``holds_text``), from its metadata alone:
-        what the file's layout will cost (Parquet: a dictionary page of long texts is read whole)."""
+        what the file's layout will cost (Parquet: a dictionary page of long texts is read whole).
+        InputError where the metadata already shows a text longer than ``max_text_bytes``."""
         return []
 
     def iter_texts(self, path: str, column: str, start: int, end: int, batch_rows: int, *,

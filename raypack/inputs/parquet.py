@@ -137,12 +137,18 @@ class ParquetFormat(InputFormat):
         return [(g.row_group_start, g.row_group_end, g.num_bytes)
                 for g in parquet_row_group_tasks(path, target_rows=task_rows, target_bytes=task_bytes)]
 
-    def text_notes(self, path: str, column: str) -> list[str]:
-        return dictionary_page_notes(path, column)
+    def text_notes(self, path: str, column: str, max_text_bytes: int | None = None) -> list[str]:
+        fs, fs_path = resolve_filesystem(path)
+        with open_input_file(fs, fs_path, path) as source:
+            metadata = open_parquet(source, path).metadata
+        if max_text_bytes is not None:  # at planning, so before any page is read (and before Ray starts)
+            check_row_group_text_bytes(metadata, column, path, range(metadata.num_row_groups), max_text_bytes)
+        return dictionary_page_notes(path, column, metadata)
 
     def iter_texts(self, path: str, column: str, start: int, end: int, batch_rows: int, *,
                    max_text_bytes: int | None = None) -> Iterator[tuple[int, pa.Array]]:
-        return iter_parquet_texts(path, column, (start, end), batch_rows)  # batches sized from the footer
+        return iter_parquet_texts(path, column, (start, end), batch_rows,  # batches sized from the footer
+                                  max_text_bytes=max_text_bytes)
 
     def write(self, path: str, table: pa.Table, rows_per_unit: int | None = None) -> None:
         pq.write_table(table, path, row_group_size=rows_per_unit)
@@ -334,14 +340,16 @@ def parquet_row_group_tasks(path: str, *, target_rows: int | None = None,
 
 def iter_parquet_texts(
     path: str, column: str = "text", row_groups: tuple[int, int] | None = None, batch_rows: int = 8192,
-    *, batch_bytes: int = TEXT_BATCH_BYTES,
+    *, batch_bytes: int = TEXT_BATCH_BYTES, max_text_bytes: int | None = None,
 ) -> Iterator[tuple[int, pa.StringArray | pa.LargeStringArray]]:
     """Yield ``(first_row, texts)`` for row groups ``row_groups`` (default: all), in file order.
 
     ``first_row`` is task-local (the first row of ``row_groups`` is 0). Memory: one batch of at
     most ``batch_rows`` texts, fewer where the row group's texts are long: as many as hold
     ``batch_bytes`` at the row group's mean (:func:`text_batch_rows`), plus pyarrow's buffers for
-    the batch (measured: up to about three times its text).
+    the batch (measured: up to about three times its text). ``max_text_bytes``: a row group whose
+    footer gives its column more bytes than that many texts of this size take is refused before it is
+    read (:func:`check_row_group_text_bytes`).
     """
     check_batch_rows(batch_rows)
     fs, fs_path = resolve_filesystem(path)
@@ -356,6 +364,8 @@ def iter_parquet_texts(
             raise InputError(f"{path}: the task reads row groups [{start}, {end}), and the file now has "
                              f"{parquet_file.num_row_groups}; it changed since its tasks were planned: run again "
                              "on the file as it is now")
+        if max_text_bytes is not None:
+            check_row_group_text_bytes(parquet_file.metadata, column, path, range(start, end), max_text_bytes)
         file_row = sum(parquet_file.metadata.row_group(g).num_rows for g in range(start))
         first_row = 0
         # One iter_batches per row group: over a range, pyarrow reads ahead and its memory grows
@@ -372,21 +382,47 @@ def iter_parquet_texts(
             first_row += len(texts)
 
 
+def check_row_group_text_bytes(metadata: pq.FileMetaData, column: str, path: str, groups: range,
+                               max_text_bytes: int) -> None:
+    """InputError where a row group's ``column`` holds, by the footer, more bytes than its rows' texts
+    could at ``max_text_bytes`` each (plus 64 bytes a row and 1 MiB for lengths, indices and page
+    headers): a document there is longer (or its pages hold more than its rows). A Parquet page is
+    decoded whole, so such a document was refused only after its page was in memory (a hostile trial:
+    one 200 MB text, 18 KB of zstd on disk, took 806 MB to refuse). O(row groups), the footer only; a
+    footer that understates its sizes is read as before and refused by the reader's own check."""
+    schema = metadata.schema
+    leaf = next((i for i in range(len(schema)) if schema.column(i).path == column), None)
+    if leaf is None:
+        return
+    for group in groups:
+        row_group = metadata.row_group(group)
+        size, rows = row_group.column(leaf).total_uncompressed_size, row_group.num_rows
+        if size > rows * (max_text_bytes + 64) + (1 << 20):
+            raise InputError(
+                f"text file {path} row group {group}: its {column!r} column holds {size:,} bytes (its footer says) "
+                f"for {rows:,} rows, more than {rows:,} texts of max_document_bytes={max_text_bytes:,} take, so a "
+                "document there is longer (refused before its page, which a Parquet reader decodes whole, is "
+                "read); raise --max-document-bytes if the workers have the memory (about 2.5x the page), or split "
+                "the document upstream")
+
+
 DICTIONARY_NOTE_BYTES = 64 << 20
 """A text column chunk whose dictionary page holds more text than this is named (:func:`dictionary_page_notes`)."""
 
 
-def dictionary_page_notes(path: str, column: str) -> list[str]:
+def dictionary_page_notes(path: str, column: str, metadata: pq.FileMetaData | None = None) -> list[str]:
     """One line when a row group's ``column`` keeps more than DICTIONARY_NOTE_BYTES of text in its
     dictionary page (the largest such row group): a Parquet page is decoded whole, and pyarrow's
     writer puts a row group's first 1,024 values in one before it falls back to plain pages, so long
     texts (books) make a page of up to ~1 GB, which pyarrow reads at ~2.5x its text (BENCHMARKS.md,
     "stop 51"). The page's text is estimated from the footer (its share of the chunk's compressed
-    bytes times the chunk's uncompressed bytes); a footer that does not add up gives no line. O(row groups)."""
+    bytes times the chunk's uncompressed bytes); a footer that does not add up gives no line. O(row groups);
+    ``metadata``: the file's footer, if read already."""
     try:
-        fs, fs_path = resolve_filesystem(path)
-        with open_input_file(fs, fs_path, path) as source:
-            metadata = open_parquet(source, path).metadata
+        if metadata is None:
+            fs, fs_path = resolve_filesystem(path)
+            with open_input_file(fs, fs_path, path) as source:
+                metadata = open_parquet(source, path).metadata
         schema = metadata.schema
         leaf = next((i for i in range(len(schema)) if schema.column(i).path == column), None)
         if leaf is None:

@@ -307,7 +307,7 @@ def plan_text_tasks(inputs: tuple[str, ...], text: TextOptions) -> list[TextTask
         fmt = format_of(path)  # discover_shards keeps only registered suffixes
         planned = file_mark(sampled_identity(path, fmt.name))  # each task checks its file is still this one
         ranges = fmt.text_tasks(path, task_rows=text.task_rows, task_bytes=text.task_bytes)
-        for note in fmt.text_notes(path, text.text_column):
+        for note in fmt.text_notes(path, text.text_column, text.max_document_bytes):
             log.info("%s", note)
         first = len(tasks)
         tasks.extend(TextTask(first + k, path, fmt.name, start, end, size, planned)

@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -328,8 +329,6 @@ def test_a_damaged_rank_file_is_one_line_and_leaves_nothing(tmp_path, monkeypatc
     exit 1, and a staging directory kept 'for --resume'."""
     import os
 
-    import pyarrow.parquet as pq
-
     from raypack.cli import main
 
     real = tiktoken_rank_file("cl100k_base").read_bytes()
@@ -398,8 +397,6 @@ def _long_fourth_document(tmp_path, fmt: str, long_text: str, newline: str = "\n
     JSON Lines (a blank line before it); and the place an error must name ("p.jsonl line 5")."""
     import json
 
-    import pyarrow.parquet as pq
-
     (tmp_path / "text").mkdir()
     texts = ["short", "short", "short", long_text, "short"]
     if fmt == "parquet":
@@ -427,6 +424,30 @@ def test_a_text_over_max_document_bytes_is_one_line_naming_it(tmp_path, capsys, 
     assert len(err) == 1 and f"{place} holds 5,000 bytes" in err[0] and "--max-document-bytes" in err[0], err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["text"]
     assert main([*args, "--output", str(tmp_path / "o2")]) == 0  # the default (16 MiB) takes it
+
+
+@pytest.mark.parametrize("command", ["tokenize", "pack"])
+def test_a_parquet_text_the_footer_shows_too_long_is_refused_before_its_page_is_read(tmp_path, capsys, monkeypatch,
+                                                                                   command):
+    """A Parquet page is decoded whole: one 200 MB text (18 KB of zstd on disk) took 806 MB to refuse (a
+    hostile trial). Where the footer gives a row group's text column more bytes than its rows can hold at
+    max_document_bytes, it is refused at planning, one line naming the row group; no page is read."""
+    from raypack.cli import main
+
+    (tmp_path / "text").mkdir()
+    path = tmp_path / "text" / "p.parquet"
+    pq.write_table(pa.table({"text": ["a", "b"]}), tmp_path / "text" / "a.parquet")
+    pq.write_table(pa.table({"text": ["small", "word " * 600_000, "after", "x", "y"]}), path, row_group_size=3,
+                   compression="zstd")
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", lambda *a, **k: pytest.fail("a page was read"))
+    base = ["pack", "--context-length", "8"] if command == "pack" else ["tokenize"]
+    args = [*base, "--local", "--input", str(tmp_path / "text"), "--tokenizer", "tiktoken:cl100k_base"]
+    assert main([*args, "--output", str(tmp_path / "o"), "--max-document-bytes", "100000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"raypack: error: text file {path} row group 0: its 'text' column holds "
+                                               "3,000,0"), err
+    assert "for 3 rows, more than 3 texts of max_document_bytes=100,000 take" in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["text"]
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
