@@ -312,7 +312,18 @@ def plan_text_tasks(inputs: tuple[str, ...], text: TextOptions) -> list[TextTask
         first = len(tasks)
         tasks.extend(TextTask(first + k, path, fmt.name, start, end, size, planned)
                      for k, (start, end, size) in enumerate(ranges))
+        if text.task_bytes < SMALL_TASK_BYTES and len(tasks) > MANY_SMALL_TASKS:
+            raise InputError(f"--task-bytes {text.task_bytes} cuts the text into more than {MANY_SMALL_TASKS:,} tasks "
+                             f"(at {path}), each with a fixed cost (a task, a file); it is a number of bytes: give "
+                             f"e.g. {64 << 20} for 64 MiB (the default)")
     return tasks
+
+
+SMALL_TASK_BYTES = 1 << 20
+MANY_SMALL_TASKS = 10_000
+"""A plan of more tasks than this, each under SMALL_TASK_BYTES, is refused: ``--task-bytes 64`` meant as
+MiB made a task (and a part file) per 64 bytes of a JSON Lines file (a new user's trial: 710 part files for
+a 710-byte file at 1)."""
 
 
 def _refuse_token_output(item: str) -> None:

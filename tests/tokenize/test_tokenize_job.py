@@ -1175,3 +1175,22 @@ def test_resume_sweeps_the_spill_file_of_a_killed_run(tmp_path, text_dir, tok, m
     assert digests(tmp_path / "out", "*") == digests(tmp_path / "clean", "*")
     assert sorted(os.listdir(tmp_path / "out")) == sorted(os.listdir(tmp_path / "clean"))  # dot files too
     assert not os.path.exists(tmp_path / STAGING)
+
+
+@pytest.mark.parametrize("command", ["tokenize", "pack"])
+def test_task_bytes_given_as_mib_is_one_line(tmp_path, capsys, command):
+    """``--task-bytes 64`` meant as MiB: a task (and a part file) per 64 bytes of a JSON Lines file, 710 part
+    files for a 710-byte file at 1 (a new user's trial). Past 10,000 tasks under 1 MiB each, one line."""
+    from raypack.cli import main
+
+    (tmp_path / "text").mkdir()
+    (tmp_path / "text" / "a.jsonl").write_text("".join(f'{{"text": "document {i} words"}}\n' for i in range(20000)))
+    base = ["pack", "--context-length", "8"] if command == "pack" else ["tokenize"]
+    args = [*base, "--local", "--input", str(tmp_path / "text"), "--tokenizer", "tiktoken:cl100k_base"]
+    assert main([*args, "--output", str(tmp_path / "o"), "--task-bytes", "64"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"raypack: error: --task-bytes 64 cuts the text into more than 10,000 tasks (at "
+                   f"{tmp_path / 'text' / 'a.jsonl'}), each with a fixed cost (a task, a file); it is a number of bytes: "
+                   "give e.g. 67108864 for 64 MiB (the default)"], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["text"]
+    assert main([*args, "--output", str(tmp_path / "o"), "--task-bytes", "100000"]) == 0
