@@ -223,7 +223,7 @@ class LocalOutput:
         out, staging = self.output, self.work_dir
         if os.path.exists(out) and not os.path.isdir(out):
             raise InputError(f"output {out} exists and is not a directory")
-        if os.path.isdir(staging) and not (resume or overwrite):
+        if os.path.isdir(staging) and not (resume or overwrite) and self.holds_finished_work():
             raise InputError(f"an earlier run into {out} did not finish (its work is in {staging}); "
                              f"pass --resume to finish it or --overwrite to start over")
         if os.path.isdir(out):

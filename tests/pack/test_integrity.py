@@ -534,6 +534,24 @@ def test_an_interrupted_overwrite_is_finished_by_the_resume_its_line_names(tmp_p
     assert not os.path.exists(staging_dir(str(tmp_path / "out")))
 
 
+def test_a_run_stopped_before_any_task_finished_does_not_block_the_plain_command(tmp_path, corpus, monkeypatch,
+                                                                                  capsys):
+    """Ctrl-C before any task finished left a staging directory with no work in it, and the run's own command,
+    run again, was refused as 'an earlier run ... did not finish' (a new user's trial). It now starts over."""
+    from raypack.cli import main
+
+    base = ["pack", "--local", "--workers", "1", "--input", str(corpus), "--pad-token", "0", "--context-length", "12"]
+    assert main([*base, "--output", str(tmp_path / "clean")]) == 0
+    fail_at_shard(monkeypatch, 0, KeyboardInterrupt())
+    assert main([*base, "--output", str(tmp_path / "out")]) == 130
+    assert "before any task finished" in capsys.readouterr().err
+    assert os.path.isdir(staging_dir(str(tmp_path / "out")))
+    monkeypatch.undo()
+    assert main([*base, "--output", str(tmp_path / "out")]) == 0
+    assert file_digests(str(tmp_path / "out")) == file_digests(str(tmp_path / "clean"))
+    assert not os.path.exists(staging_dir(str(tmp_path / "out")))
+
+
 def test_an_interrupted_mix_keeps_nothing(tmp_path, corpus, monkeypatch, capsys):
     """``mix`` has no ``--resume``: Ctrl-C leaves no staging directory, and its line says nothing was
     written (it named a ``--resume`` that mix refuses)."""

@@ -377,7 +377,8 @@ def test_cheap_mistakes_are_one_line_before_ray_starts(tmp_path, text_dir, tok, 
         out.mkdir()
         (out / "notes.txt").write_text("mine")
     elif mistake == "unfinished run":
-        (tmp_path / ".out.raypack-staging-partial").mkdir()
+        (tmp_path / ".out.raypack-staging-partial" / "_results").mkdir(parents=True)  # a finished task's record
+        (tmp_path / ".out.raypack-staging-partial" / "_results" / "task-000000.json").write_text("{}")
     text = options(tok, **({"text_column": "body"} if mistake == "text column" else {}))
     expected = {"text column": "has no column 'body'", "output not empty": "holds 'notes.txt', which raypack did not",
                 "unfinished run": "did not finish"}[mistake]
