@@ -287,6 +287,10 @@ def load_config(path: str | Path | None = None, *, required: tuple[str, ...] = (
         except tomllib.TOMLDecodeError as e:
             raise InputError(f"config file {path} is not valid TOML: {e}") from e
     values.update({k: v for k, v in overrides.items() if v is not None})
+    if isinstance(values.get("tokenizer"), str) and not values["tokenizer"].strip():  # it read as "token ids"
+        where = "--tokenizer" if overrides.get("tokenizer") is not None else f"{path}: tokenizer"
+        raise InputError(f"{where} is empty; give a tokenizer.json, its directory or tiktoken:NAME, or leave it out "
+                         "to pack token ids")
     for key in required:
         if key not in values:
             raise InputError(f"{flag_of(key)} is required (or {key} in --config)")

@@ -411,6 +411,11 @@ class HFTokenizer:
                 f"tokenizer {spec} not found (looked for {where}); give a tokenizer.json file, a "
                 f"directory holding one, or tiktoken:NAME"
             )
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as e:  # it said "not a Hugging Face tokenizer.json (Permission denied ...)": a wrong fix
+            raise InputError(f"tokenizer {path} cannot be read ({e.strerror}); check its permissions") from e
         return cls(path)
 
     def identity(self) -> dict[str, Any]:

@@ -482,3 +482,48 @@ def test_a_column_named_twice_is_one_line(tmp_path, capsys, case):
     assert err[0] == (f"raypack: error: shard {path} has 2 columns named {name!r}; a column is read by its name: "
                       "rename or drop all but one"), err
     assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
+@pytest.mark.parametrize("where", ["flag", "config"])
+def test_an_empty_tokenizer_is_one_line(tmp_path, capsys, where):
+    """``--tokenizer ""`` (or ``tokenizer = ""``) read as "token ids": the line said the text file had no
+    'input_ids' column and to pass --tokenizer (a new user's trial)."""
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"text": ["some text"]}), tmp_path / "in" / "a.parquet")
+    args = ["pack", "--local", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out")]
+    if where == "flag":
+        args += ["--tokenizer", "", "--context-length", "8"]
+        said = "--tokenizer"
+    else:
+        (tmp_path / "c.toml").write_text('tokenizer = " "\ncontext_length = 8\n')
+        args += ["--config", str(tmp_path / "c.toml")]
+        said = f"{tmp_path / 'c.toml'}: tokenizer"
+    assert main(args) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"raypack: error: {said} is empty; give a tokenizer.json, its directory or tiktoken:NAME, or leave it out "
+        "to pack token ids"]
+
+
+def test_an_unreadable_tokenizer_file_is_said_to_be_that(tmp_path, capsys, monkeypatch):
+    """It said "is not a Hugging Face tokenizer.json (Permission denied ...); give the tokenizer.json a model
+    ships": a wrong fix (a new user's trial, as a user without the file's read permission)."""
+    import builtins
+
+    import raypack.tokenize.tokenizers as tokenizers_module
+
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"text": ["some text"]}), tmp_path / "in" / "a.parquet")
+    (tmp_path / "tokenizer.json").write_text("{}")
+
+    def refuse(path, *args, **kwargs):
+        if str(path).endswith("tokenizer.json"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return builtins.open(path, *args, **kwargs)
+
+    monkeypatch.setattr(tokenizers_module, "open", refuse, raising=False)
+    args = ["pack", "--local", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--tokenizer",
+            str(tmp_path / "tokenizer.json"), "--context-length", "8"]
+    assert main(args) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"raypack: error: tokenizer {tmp_path / 'tokenizer.json'} cannot be read (Permission denied); check its "
+        "permissions"]
