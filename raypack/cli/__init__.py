@@ -410,7 +410,7 @@ NO_THREAD_WORKERS = ", or pass --workers 1"
 
 def _run_verify(args: argparse.Namespace) -> int:
     from raypack.verify import VerifyError, verify_output
-    from raypack.verify.tokenizer import check_count, check_tokenizer
+    from raypack.verify.tokenizer import check_count, check_max_document_bytes, check_tokenizer
 
     _refuse_contradictions(args, (
         ("no_inputs", "inputs", "--no-inputs checks the output alone; drop one"),
@@ -421,8 +421,10 @@ def _run_verify(args: argparse.Namespace) -> int:
     if kept is not None:  # said as that, not as "no such output directory"
         raise InputError(f"{args.output}: no output here yet: an unfinished run's work is in {kept}; finish it with "
                          "the run's own command and --resume, then verify")
-    if args.check_tokenizer is not None:
-        check_count(args.check_tokenizer)  # before the inputs' check prints its notes
+    if args.check_tokenizer is not None:  # before the audit, which takes a while and prints its notes
+        check_count(args.check_tokenizer)
+        if args.max_document_bytes is not None:
+            check_max_document_bytes(args.max_document_bytes)
     elif args.max_document_bytes is not None:
         raise InputError("--max-document-bytes limits what --check-tokenizer re-encodes: add --check-tokenizer, "
                          "or drop it")

@@ -64,14 +64,19 @@ def check_count(num_docs: int) -> None:
         raise InputError(f"--check-tokenizer {num_docs!r}: give a number of documents >= 1")
 
 
+def check_max_document_bytes(max_document_bytes: object) -> None:
+    """InputError unless ``max_document_bytes`` is a number of bytes >= 1."""
+    if isinstance(max_document_bytes, bool) or not isinstance(max_document_bytes, int) or max_document_bytes < 1:
+        raise InputError(f"--max-document-bytes {max_document_bytes!r}: give a number of bytes >= 1")
+
+
 def check_tokenizer(out: str, num_docs: int = DEFAULT_DOCUMENTS,
                     max_document_bytes: int = MAX_DOCUMENT_BYTES) -> list[str]:
     """Re-encode ``num_docs`` documents of ``out`` with the reference tokenizer; report lines, or
     VerifyError naming the first document that differs (InputError: nothing to check against).
     A chosen document of more than ``max_document_bytes`` of text is counted, not re-encoded."""
     check_count(num_docs)
-    if isinstance(max_document_bytes, bool) or not isinstance(max_document_bytes, int) or max_document_bytes < 1:
-        raise InputError(f"--max-document-bytes {max_document_bytes!r}: give a number of bytes >= 1")
+    check_max_document_bytes(max_document_bytes)
     data, where = read_manifest_json(out)
     if isinstance(data, dict) and data.get("kind") == MIX_KIND:
         return _check_mix(out, data, where, num_docs, max_document_bytes)

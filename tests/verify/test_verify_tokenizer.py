@@ -214,10 +214,14 @@ def test_a_document_over_max_document_bytes_is_counted_not_re_encoded(tmp_path, 
 @pytest.mark.parametrize("flags, said", [
     (["--max-document-bytes", "10"], "--max-document-bytes limits what --check-tokenizer re-encodes"),
     (["--check-tokenizer", "--max-document-bytes", "0"], "--max-document-bytes 0: give a number of bytes >= 1")])
-def test_max_document_bytes_mistakes_are_one_line(tmp_path, tok, capsys, flags, said):
+def test_max_document_bytes_mistakes_are_one_line(tmp_path, tok, capsys, monkeypatch, flags, said):
+    """Refused before the audit runs (it ran the whole audit, printing its notes, and then refused)."""
+    import raypack.verify as verify
+
     assert main(["pack", "--local", "--input", text_dir(tmp_path), "--output", str(tmp_path / "out"),
                  "--context-length", "24", "--tokenizer", tok]) == 0
     capsys.readouterr()
+    monkeypatch.setattr(verify, "verify_output", lambda *a, **k: pytest.fail("the audit ran"))
     assert main(["verify", str(tmp_path / "out"), *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and said in err[0], err
