@@ -529,16 +529,24 @@ def _check_parquet_texts(texts: pa.Array, path: str, column: str, file_row: int)
     try:
         texts.validate(full=True)
     except pa.ArrowInvalid as e:
-        row = file_row + _first_invalid_utf8(texts)
-        raise InputError(f"text file {path} row {row}: {column!r} is not valid UTF-8 ({error_text(e)}); "
-                         "re-encode the file") from e
+        row, where = _first_invalid_utf8(texts)
+        raise InputError(f"text file {path} row {file_row + row}: {column!r} is not valid UTF-8 "
+                         f"({where or error_text(e)}); re-encode the file") from e
 
 
-def _first_invalid_utf8(texts: pa.Array) -> int:
-    """Row of the first invalid string: a Python loop, on the error path only."""
+def _first_invalid_utf8(texts: pa.Array) -> tuple[int, str]:
+    """Row of the first invalid string, and where in it ("byte 0xff at byte 4 of the text"; Arrow's own
+    "at string index N" counts rows of the batch, not of the file): a Python loop, on the error path only."""
     for row in range(len(texts)):
         try:
             texts.slice(row, 1).validate(full=True)
         except pa.ArrowInvalid:
-            return row
-    return 0
+            width = np.int64 if pa.types.is_large_string(texts.type) else np.int32
+            start, end = (int(x) for x in np.frombuffer(texts.buffers()[1], width)[texts.offset + row:][:2])
+            data = texts.buffers()[2].slice(start, end - start).to_pybytes()
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return row, f"byte 0x{data[e.start]:02x} at byte {e.start:,} of the text"
+            return row, ""
+    return 0, ""

@@ -404,6 +404,17 @@ def test_parquet_text_of_another_type_names_a_null_or_invalid_row(tmp_path, kind
             list(iter_parquet_texts(str(path)))
 
 
+def test_parquet_invalid_utf8_names_the_row_and_the_byte_not_arrows_batch_index(tmp_path):
+    """Arrow's "(Invalid UTF8 sequence at string index 0)" counts rows of the batch: at file row 90,000 it
+    read as a place in the text (a new user's trial). The line names the byte in the text instead."""
+    texts = [b"fine"] * 9000 + [b"caf\xc3\xa9 then \xe2\x28\xa1"] + [b"after"]
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"text": pa.array(texts, pa.binary())}), path, row_group_size=4000)
+    with pytest.raises(InputError, match=r"^text file .*a\.parquet row 9000: 'text' is not valid UTF-8 \(byte 0xe2 at "
+                                         r"byte 11 of the text\); re-encode the file$"):
+        list(iter_parquet_texts(str(path), batch_rows=512))
+
+
 def test_parquet_invalid_utf8_names_the_row(tmp_path):
     offsets = pa.py_buffer(b"\x00\x00\x00\x00\x01\x00\x00\x00\x02\x00\x00\x00\x03\x00\x00\x00")
     strings = pa.Array.from_buffers(pa.string(), 3, [None, offsets, pa.py_buffer(b"ab\xff")])
