@@ -286,6 +286,11 @@ def load_config(path: str | Path | None = None, *, required: tuple[str, ...] = (
             raise InputError(f"config file not found: {path}") from e
         except tomllib.TOMLDecodeError as e:
             raise InputError(f"config file {path} is not valid TOML: {e}") from e
+        fields = {f.name for f in dataclasses.fields(PackConfig)}
+        table = next((key for key, value in values.items() if isinstance(value, dict) and key not in fields), None)
+        if table is not None:  # it said "--context-length is required" when every key was under [pack]
+            raise InputError(f"config file {path} has a table [{table}]; its keys are flat (context_length = 2048, "
+                             f"no [section]): move them out of [{table}]")
     values.update({k: v for k, v in overrides.items() if v is not None})
     if isinstance(values.get("tokenizer"), str) and not values["tokenizer"].strip():  # it read as "token ids"
         where = "--tokenizer" if overrides.get("tokenizer") is not None else f"{path}: tokenizer"

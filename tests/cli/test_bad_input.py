@@ -527,3 +527,16 @@ def test_an_unreadable_tokenizer_file_is_said_to_be_that(tmp_path, capsys, monke
     assert capsys.readouterr().err.strip().splitlines() == [
         f"raypack: error: tokenizer {tmp_path / 'tokenizer.json'} cannot be read (Permission denied); check its "
         "permissions"]
+
+
+def test_a_config_with_its_keys_under_a_table_is_said_to_be_that(tmp_path, capsys):
+    """Every key under ``[pack]``: it said "--context-length is required (or context_length in --config)"
+    (a new user's trial). The keys are flat."""
+    (tmp_path / "in").mkdir()
+    write_parquet(tmp_path / "in" / "a.parquet", [[1, 2, 3]])
+    (tmp_path / "c.toml").write_text('[pack]\ncontext_length = 8\n')
+    assert main(["pack", "--local", "--config", str(tmp_path / "c.toml"), "--input", str(tmp_path / "in"),
+                 "--output", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"raypack: error: config file {tmp_path / 'c.toml'} has a table [pack]; its keys are flat (context_length = "
+        "2048, no [section]): move them out of [pack]"]
