@@ -422,6 +422,7 @@ def test_an_explicit_backend_that_cannot_do_the_tokenizer_is_refused(tmp_path, c
                  "--tokenizer", path, "--tokenizer-backend", "gigatoken", "--local"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "NFKC" in err
+    assert f"the tokenizer {os.path.abspath(path)})" in err  # it did not name the file (a new user's trial)
 
 
 def test_a_backend_that_is_not_installed_names_the_extra(tokenizer_files, monkeypatch, caplog):

@@ -169,8 +169,9 @@ def _explicit(backend: TokenizerBackend, tokenizer: TextTokenizer) -> Encoder:
     try:
         return backend.encoder(tokenizer)
     except Unsupported as e:
-        raise InputError(f"--tokenizer-backend {backend.name} cannot encode this tokenizer exactly ({e}); "
-                         f"use --tokenizer-backend auto or reference") from e
+        name = getattr(tokenizer, "path", None) or f"tiktoken:{getattr(tokenizer, 'name', '?')}"
+        raise InputError(f"--tokenizer-backend {backend.name} cannot encode this tokenizer exactly ({e}; the "
+                         f"tokenizer {name}); use --tokenizer-backend auto or reference") from e
 
 
 def set_thread_env(num_threads: int) -> None:
