@@ -190,6 +190,10 @@ def _list_shard_files(fs: pafs.FileSystem, root: str, *, recursive: bool, walk: 
         yield path
 
 
+_SAID: set[str] = set()
+"""The looping directories whose line was said (once a process)."""
+
+
 def _local_files(root: str, recursive: bool) -> Iterator[str]:
     """The files under local directory ``root`` (through symbolic links), each directory entered once:
     a link back to a directory already entered (``self -> .``) is not followed again. pyarrow's
@@ -202,8 +206,10 @@ def _local_files(root: str, recursive: bool) -> Iterator[str]:
         try:
             st = os.stat(directory)
             if (st.st_dev, st.st_ino) in entered:
-                log.info("input directory %s is one already listed (through a symbolic link); its files are "
-                         "listed once", directory)
+                if directory not in _SAID:  # a run lists its inputs twice on Ray (before its start, and to plan)
+                    _SAID.add(directory)
+                    log.info("input directory %s is one already listed (through a symbolic link); its files are "
+                             "listed once", directory)
                 continue
             entered.add((st.st_dev, st.st_ino))
             entries = list(os.scandir(directory))
