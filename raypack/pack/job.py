@@ -26,7 +26,7 @@ from raypack.pack.plan import (
     settings_for,
 )
 from raypack.pack.publish import LocalOutput, ObjectStoreOutput, check_free_before_start, run_published
-from raypack.pack.resume import load_verified_result
+from raypack.pack.resume import load_verified_result, say_inputs_gone
 from raypack.pack.tasks import PackSettings, ShardResult, TaskCounts
 from raypack.packed.manifest import Manifest, PackedCounts, build_manifest, load_manifest, write_manifest
 
@@ -190,6 +190,8 @@ def _finish(target: LocalOutput | ObjectStoreOutput, config: PackConfig, plan: P
 
 
 def _pack_shards(plan: Plan, settings: PackSettings, config: PackConfig, engine: str, resume: bool) -> list[ShardResult]:
+    if resume:  # before this run's records take the task numbers of the runs before
+        say_inputs_gone(settings.out_dir, (t.path for t in plan.tasks))
     kept = {t.task_index: r for t in plan.tasks if resume and (r := load_verified_result(t, settings))}
     todo = [t for t in plan.tasks if t.task_index not in kept]
     if kept:

@@ -40,7 +40,7 @@ import os
 import posixpath
 import stat
 from dataclasses import asdict, replace
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import pyarrow.fs as pafs
@@ -172,6 +172,28 @@ def recorded_task(task_index: int, settings: PackSettings) -> tuple[ShardTask, d
     except (_Rejected, KeyError, TypeError, ValueError) as e:
         log.info("resume: task %d is packed again: its record %s %s", task_index, record_name(task_index), e)
         return None
+
+
+def say_inputs_gone(out_dir: str, paths: Iterable[str]) -> None:
+    """One INFO line where the records of the runs before name input files that are not among ``paths``
+    (today's): a file deleted or moved between a crash and its ``--resume`` was left out without a word
+    (a new user's trial). The output is what a run on today's inputs makes. Reads every record's task."""
+    fs, base = resolve_filesystem(out_dir)
+    selector = pafs.FileSelector(posixpath.join(base, RESULTS_DIR), allow_not_found=True)
+    recorded: set[str] = set()
+    for info in fs.get_file_info(selector):
+        try:
+            data = _read_record(fs, info.path)
+            path = None if data is None else _parse_record(data)["task"]["path"]
+        except (_Rejected, KeyError, TypeError, ValueError):
+            continue
+        if isinstance(path, str):
+            recorded.add(path)
+    gone = sorted(recorded - set(paths))
+    if gone:
+        log.info("resume: the run before read %d input file%s that %s not among today's inputs (%s%s); the output "
+                 "holds today's inputs only", len(gone), "" if len(gone) == 1 else "s", "is" if len(gone) == 1 else
+                 "are", gone[0], ", ..." if len(gone) > 1 else "")
 
 
 def _read_record(fs, path: str) -> bytes | None:

@@ -66,7 +66,7 @@ from raypack.pack.packer import (
     pack_documents,
 )
 from raypack.pack.plan import Plan, resolve_token_dtype, settings_for
-from raypack.pack.resume import identify_input, load_verified_result, recorded_task
+from raypack.pack.resume import identify_input, load_verified_result, recorded_task, say_inputs_gone
 from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts
 from raypack.packed.writer import TMP_PREFIX, Committer
 from raypack.rules.long_docs import CutCounts
@@ -371,6 +371,8 @@ def run_onepass(work_dir: str, config: PackConfig, tasks: list[TextTask], text_s
     skeleton = skeleton_plan(config, text_settings.token_dtype, tokenizer_record)
     settings = settings_for(config, skeleton, work_dir)
     placer = Placer(tasks, settings, text_settings, resume)
+    if resume:  # before this run's records take the task numbers of the runs before
+        say_inputs_gone(settings.out_dir, (t.path for t in tasks))
     if engine == "local" or on_ray is None:
         results = _run_locally(placer, text_settings, settings, tokenizer, progress, config.num_workers)
     else:
