@@ -25,6 +25,20 @@ def fail_at_shard(monkeypatch, index: int, error: BaseException) -> list[int]:
     return packed
 
 
+def fail_at_call(monkeypatch, owner, name: str, call: int, error: BaseException) -> None:
+    """Make ``owner.name`` (a function) raise ``error`` at its ``call``-th call (from 1), e.g. the one pass's
+    ``tokenize_held`` at its fourth task."""
+    real, calls = getattr(owner, name), []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            raise error
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, failing)
+
+
 def record_fsyncs(monkeypatch, fail_on_publish_thread: BaseException | None = None) -> list[tuple[str, str]]:
     """Record every ``os.fsync`` as (the file's name, the calling thread's name), in order. With
     ``fail_on_publish_thread``, an fsync of a chunk file on a Committer's thread raises it instead."""

@@ -31,7 +31,7 @@ from raypack.sample import write_sample_corpus
 from raypack.verify import verify_output
 
 from helpers import file_digests, tree_digest
-from packing_faults import fail_at_shard
+from packing_faults import fail_at_call, fail_at_shard
 
 
 @pytest.fixture
@@ -145,15 +145,7 @@ def one_pass_crashed_at_its_third_task(tmp_path, monkeypatch):
                        tmp_path / "text" / f"t{k}.parquet")
     settings = make_config(dict(inputs=[str(tmp_path / "text")], output=str(tmp_path / "out"), context_length=16))
     options = TextOptions(tokenizer="tiktoken:cl100k_base")
-    real, calls = onepass.pack_held, []
-
-    def crash_at_the_third(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise RuntimeError("crash")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(onepass, "pack_held", crash_at_the_third)
+    fail_at_call(monkeypatch, onepass, "pack_held", 3, RuntimeError("crash"))
     with pytest.raises(RuntimeError, match="crash"):
         run_pack(settings, engine="local", text=options)
     monkeypatch.undo()

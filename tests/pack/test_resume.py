@@ -24,7 +24,7 @@ from raypack.pack.resume import RESULTS_DIR, record_name
 from raypack.sample import write_sample_corpus
 
 from helpers import tree_digest
-from packing_faults import check_published_before_the_manifest, fail_at_shard, record_fsyncs
+from packing_faults import check_published_before_the_manifest, fail_at_call, fail_at_shard, record_fsyncs
 
 
 @pytest.fixture(scope="module")
@@ -545,15 +545,7 @@ def test_a_resume_says_which_input_files_of_the_run_before_are_gone(tmp_path, co
     if text:  # the one pass: its fourth task's tokenizing fails
         import raypack.tokenize.onepass as onepass
 
-        real, calls = onepass.tokenize_held, []
-
-        def fail_fourth(*args, **kwargs):
-            calls.append(1)
-            if len(calls) == 4:
-                raise RuntimeError("worker lost")
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(onepass, "tokenize_held", fail_fourth)
+        fail_at_call(monkeypatch, onepass, "tokenize_held", 4, RuntimeError("worker lost"))
     else:
         fail_at_shard(monkeypatch, 3, RuntimeError("worker lost"))
     with pytest.raises(RuntimeError, match="worker lost"):
