@@ -411,10 +411,9 @@ class HFTokenizer:
                 f"tokenizer {spec} not found (looked for {where}); give a tokenizer.json file, a "
                 f"directory holding one, or tiktoken:NAME"
             )
-        try:
-            with open(path, "rb"):
-                pass
-        except OSError as e:  # it said "not a Hugging Face tokenizer.json (Permission denied ...)": a wrong fix
+        try:  # unreadable: it said "not a Hugging Face tokenizer.json (Permission denied ...)", a wrong fix
+            open(path, "rb").close()
+        except OSError as e:
             raise InputError(f"tokenizer {path} cannot be read ({e.strerror}); check its permissions") from e
         return cls(path)
 
@@ -498,9 +497,8 @@ def tiktoken_rank_file(name: str) -> Path:
 
 
 def rank_file_bytes(path: Path, expected_sha256: str) -> bytes:
-    """The bytes of a (gzip) ``.tiktoken`` rank file; InputError, one line, where it cannot be read or
-    decompressed (a damaged install: it was a traceback, with the run's work kept for a --resume) or its
-    bytes do not hash to ``expected_sha256``."""
+    """The bytes of a (gzip) ``.tiktoken`` rank file; InputError where it cannot be read or decompressed (a
+    damaged install: it was a traceback) or its bytes do not hash to ``expected_sha256``."""
     try:
         contents = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     except (OSError, EOFError, zlib.error) as e:
@@ -514,10 +512,8 @@ def rank_file_bytes(path: Path, expected_sha256: str) -> bytes:
 
 
 def load_rank_file(path: Path, expected_sha256: str) -> dict[bytes, int]:
-    """Ranks of a (gzip) ``.tiktoken`` file, parsed as ``tiktoken.load.load_tiktoken_bpe`` does
-    (checked as :func:`rank_file_bytes` says)."""
-    contents = rank_file_bytes(path, expected_sha256)
-    pairs = (line.split() for line in contents.splitlines() if line)
+    """Ranks of a (gzip) ``.tiktoken`` file (:func:`rank_file_bytes`), parsed as tiktoken's ``load_tiktoken_bpe``."""
+    pairs = (line.split() for line in rank_file_bytes(path, expected_sha256).splitlines() if line)
     return {base64.b64decode(token): int(rank) for token, rank in pairs}
 
 
