@@ -25,7 +25,13 @@ from raypack.pack.plan import (
     place_counts,
     settings_for,
 )
-from raypack.pack.publish import LocalOutput, ObjectStoreOutput, check_free_before_start, run_published
+from raypack.pack.publish import (
+    LocalOutput,
+    ObjectStoreOutput,
+    check_free_before_start,
+    plan_before_start,
+    run_published,
+)
 from raypack.pack.resume import load_verified_result, say_inputs_gone
 from raypack.pack.tasks import PackSettings, ShardResult, TaskCounts
 from raypack.packed.manifest import Manifest, PackedCounts, build_manifest, load_manifest, write_manifest
@@ -124,6 +130,7 @@ def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False, t
         raise ValueError(f"engine={engine!r} must be 'ray' or 'local'")
     if not config.output:
         raise InputError("no output given: pass --output DIR")
+    early: Plan | None = None
     if engine == "ray":
         if text is not None:
             from raypack.tokenize.job import check_before_ray
@@ -132,6 +139,8 @@ def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False, t
         else:
             check_inputs_before_start(config)  # a mistyped input or a text file: one line before Ray starts
         if not (check_free_before_start(config.output, overwrite=config.overwrite, resume=resume) and resume):
+            if text is None:  # every shard's footer: a bad one is one line before Ray starts, not after
+                early = plan_before_start(config.output, resume=resume, plan=lambda: make_plan(config))
             connect_ray(config.address, verbose=verbose, worker_num_cpus=config.worker_num_cpus)
         # else an interrupted publish, which run_published finishes with no engine
 
@@ -140,7 +149,7 @@ def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False, t
             connect_ray(config.address, verbose=verbose, worker_num_cpus=config.worker_num_cpus)
         if text is not None:
             return None  # counts come from the tokenizing packers (raypack.tokenize.onepass)
-        planned = make_plan(config)
+        planned = early if early is not None else make_plan(config)
         check_output_outside_inputs(config.output, planned, config.inputs)
         return planned
 

@@ -126,6 +126,17 @@ def check_free_before_start(output: str, *, overwrite: bool, resume: bool) -> bo
     return False
 
 
+def plan_before_start(output: str, *, resume: bool, plan: Callable[[], P]) -> P:
+    """``plan()`` before an engine takes seconds to start (no lock: a plan reads the inputs, not the output);
+    bad input in a ``resume`` says what is kept, as :func:`run_published` does."""
+    try:
+        return plan()
+    except InputError as e:
+        if resume:
+            output_target(output).keep_for_resume(e)
+        raise
+
+
 def staging_dir(output: str) -> str:
     parent, name = os.path.split(os.path.abspath(output))
     return os.path.join(parent, f".{name}.raypack-staging-partial")

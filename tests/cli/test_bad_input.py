@@ -404,10 +404,11 @@ def test_no_cluster_at_the_address_names_where_the_address_came_from(tmp_path, g
     assert sorted(os.listdir(tmp_path)) == ["in"]
 
 
-@pytest.mark.parametrize("case", ["cpus", "text"])
+@pytest.mark.parametrize("case", ["cpus", "text", "a damaged shard"])
 def test_refused_before_ray_starts(tmp_path, capsys, monkeypatch, case):
-    """--worker-num-cpus over this machine's CPUs (embedded Ray) and a text file packed without
-    --tokenizer are one line before Ray takes seconds to start: Ray is never started here."""
+    """--worker-num-cpus over this machine's CPUs (embedded Ray), a text file packed without --tokenizer, and
+    a damaged token shard (its footer: the plan) are one line before Ray takes seconds to start: Ray is never
+    started here (a damaged shard was found after Ray's start, its line after Ray's own)."""
     from raypack.engine import pipeline
 
     def no_ray(*args, **kwargs):
@@ -422,6 +423,10 @@ def test_refused_before_ray_starts(tmp_path, capsys, monkeypatch, case):
     if case == "text":
         pq.write_table(pa.table({"text": ["some text"]}), tmp_path / "in" / "part-0.parquet")
         args, said = ["pack"], "has no column 'input_ids'"
+    elif case == "a damaged shard":
+        write_parquet(tmp_path / "in" / "part-0.parquet", [[1, 2, 3]])
+        (tmp_path / "in" / "part-1.parquet").write_bytes(b"PAR1garbagePAR1")
+        args, said = ["pack"], f"shard {tmp_path / 'in' / 'part-1.parquet'} is not a readable Parquet file"
     else:
         write_parquet(tmp_path / "in" / "part-0.parquet", [[1, 2, 3]])
         args = ["pack", "--worker-num-cpus", "3"]
