@@ -31,6 +31,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
@@ -100,7 +101,13 @@ def init_ray(address: str | None = None, *, verbose: bool | None = None) -> None
             if address:
                 ray.init(address=address, **quiet)
             else:
-                ray.init(address="local", include_dashboard=False, **quiet)
+                began = time.time()
+                try:
+                    ray.init(address="local", include_dashboard=False, **quiet)
+                except BaseException:  # a Ctrl-C while Ray starts: what it started so far ends with this process
+                    for started in _sessions_started_here(since=began):
+                        start_reaper(started)
+                    raise
                 global _EMBEDDED
                 _EMBEDDED = True
                 start_reaper(session_dir())  # its processes end with this one, even after a SIGKILL
@@ -231,6 +238,28 @@ def _connect_hint(address: str | None, error: BaseException) -> str:
             "check the address; if the cluster uses token authentication, set RAY_AUTH_MODE=token and "
             "RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token (`ray get-auth-token` on the head "
             "prints it), or run on the head node with --address auto")
+
+
+def _sessions_started_here(since: float) -> list[str]:
+    """The session directories of an embedded Ray this process began to start at or after ``since``
+    (Ray names each ``session_<time>_<pid>`` in its temporary directory), for a start that did not
+    finish. ``since`` keeps out an older session of another process that had this pid."""
+    import glob
+
+    try:
+        from ray._common.utils import get_default_system_temp_dir
+        temp = get_default_system_temp_dir()
+    except (ImportError, AttributeError):
+        temp = "/tmp"
+    import datetime
+
+    found, suffix = [], f"_{os.getpid()}"
+    for path in glob.glob(os.path.join(glob.escape(temp), "ray", f"session_*{suffix}")):
+        stamp = os.path.basename(path).removeprefix("session_").removesuffix(suffix)
+        with contextlib.suppress(ValueError):  # the time in its name is Ray's local time of the start
+            if datetime.datetime.strptime(stamp, "%Y-%m-%d_%H-%M-%S_%f").timestamp() >= since - 1:
+                found.append(path)
+    return sorted(found)
 
 
 def session_dir() -> str:

@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -95,3 +98,50 @@ def test_a_pipe_closed_before_the_driver_ends_does_not_kill_the_driver(tmp_path)
     finally:
         if driver.poll() is None:
             driver.kill()
+
+
+_CUT_SHORT = r"""
+import glob, os, sys, time
+import ray
+import ray._private.node as node
+from raypack.engine import pipeline
+
+started = node.Node.start_ray_processes
+
+def then_ctrl_c(self, *args, **kwargs):  # as a Ctrl-C that comes while ray.init runs, its processes started
+    started(self, *args, **kwargs)
+    time.sleep(2)  # the raylet starts its agents
+    raise KeyboardInterrupt
+
+node.Node.start_ray_processes = then_ctrl_c
+try:
+    pipeline.init_ray(None)
+except KeyboardInterrupt:
+    print(sys.argv[1], flush=True)
+    sys.stdout.flush()
+    os._exit(130)
+os._exit(5)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the reaper reads /proc")
+def test_a_ctrl_c_while_ray_starts_leaves_no_ray_process_behind(tmp_path):
+    """A new user's Ctrl-C 3-5 s into a run (Ray starting) left ray::DashboardAgent and
+    ray::RuntimeEnvAgent running for a minute: the reaper was started only once ray.init returned."""
+    temp = Path(tempfile.mkdtemp(prefix="rp-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
+    env = {k: v for k, v in {**os.environ, "PYTHONPATH": REPO, "RAY_TMPDIR": str(temp)}.items()
+           if k != "RAY_ADDRESS"}
+    driver = subprocess.Popen([sys.executable, "-c", _CUT_SHORT, "cut"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp_path))
+    try:
+        out, err = driver.communicate(timeout=60)
+        assert out.strip() == "cut" and driver.returncode == 130, err[-2000:]
+        sessions = [p for p in (temp / "ray").glob("session_*") if not p.is_symlink()]
+        assert len(sessions) == 1, sessions
+        left = _wait_for_none(str(sessions[0]), 20)
+        assert not left, [open(f"/proc/{p}/cmdline", "rb").read()[:80] for p in left if os.path.exists(f"/proc/{p}")]
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        shutil.rmtree(temp, ignore_errors=True)
