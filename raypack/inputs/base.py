@@ -125,7 +125,8 @@ class InputFormat:
     def text_notes(self, path: str, column: str, max_text_bytes: int | None = None) -> list[str]:
         """Lines for the user about reading ``path``'s text (``holds_text``), from its metadata alone:
         what the file's layout will cost (Parquet: a dictionary page of long texts is read whole).
-        InputError where the metadata already shows a text longer than ``max_text_bytes``."""
+        InputError where the metadata already shows what a task would refuse: no text ``column`` (or not
+        text), a text longer than ``max_text_bytes``."""
         return []
 
     def iter_texts(self, path: str, column: str, start: int, end: int, batch_rows: int, *,

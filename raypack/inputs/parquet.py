@@ -140,7 +140,12 @@ class ParquetFormat(InputFormat):
     def text_notes(self, path: str, column: str, max_text_bytes: int | None = None) -> list[str]:
         fs, fs_path = resolve_filesystem(path)
         with open_input_file(fs, fs_path, path) as source:
-            metadata = open_parquet(source, path).metadata
+            parquet_file = open_parquet(source, path)
+            # at planning: a later file without its text column was met only once the files before it were
+            # tokenized and packed (and that work thrown away)
+            _check_text_column(parquet_file.schema_arrow, column, path)
+            check_column_levels(parquet_file, column, path)
+            metadata = parquet_file.metadata
         if max_text_bytes is not None:  # at planning, so before any page is read (and before Ray starts)
             check_row_group_text_bytes(metadata, column, path, range(metadata.num_row_groups), max_text_bytes)
         return dictionary_page_notes(path, column, metadata)
@@ -475,20 +480,22 @@ def _read_text_batches(batches: Iterator[pa.RecordBatch], path: str) -> Iterator
 
 
 def _check_text_column(schema: pa.Schema, column: str, path: str) -> None:
+    texts = [f.name for f in schema if is_text_type(f.type) and f.name != column]
+    other = (f"; its text column is {texts[0]!r}: pass --text-column {texts[0]}" if len(texts) == 1 else
+             f"; pass --text-column with one of its text columns: {', '.join(texts)}" if texts else "")
     if column not in schema.names:
         lists = [f.name for f in schema if pa.types.is_list(f.type) or pa.types.is_large_list(f.type)]
-        fix = (f"if {lists[0]!r} holds token ids, the file is tokenized already: pack it without --tokenizer"
-               if lists and not any(is_text_type(f.type) for f in schema) else
-               "pass the text column's name with --text-column")
+        fix = (f"; if {lists[0]!r} holds token ids, the file is tokenized already: pack it without --tokenizer"
+               if lists and not texts else other or "; it has no text column to pass with --text-column")
         raise InputError(
-            f"text file {path} has no column {column!r}; its columns: {', '.join(schema.names) or '(none)'}; {fix}"
+            f"text file {path} has no column {column!r}; its columns: {', '.join(schema.names) or '(none)'}{fix}"
         )
     check_named_once(schema, [column], path)
     value_type = schema.field(column).type
     if not is_text_type(value_type):
         raise InputError(
             f"text file {path}: column {column!r} holds {value_type}, not text; it must hold strings "
-            f"(string, large_string or string_view, binary holding UTF-8, or a dictionary of those)"
+            f"(string, large_string or string_view, binary holding UTF-8, or a dictionary of those){other}"
         )
 
 

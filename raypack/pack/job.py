@@ -131,6 +131,7 @@ def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False, t
     if not config.output:
         raise InputError("no output given: pass --output DIR")
     early: Plan | None = None
+    early_tasks = None  # the text tasks, planned before Ray starts
     if engine == "ray":
         if text is not None:
             from raypack.tokenize.job import check_before_ray
@@ -141,6 +142,11 @@ def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False, t
         if not (check_free_before_start(config.output, overwrite=config.overwrite, resume=resume) and resume):
             if text is None:  # every shard's footer: a bad one is one line before Ray starts, not after
                 early = plan_before_start(config.output, resume=resume, plan=lambda: make_plan(config))
+            else:  # every text file's footer, its text column: the same
+                from raypack.tokenize.job import plan_text_tasks
+
+                early_tasks = plan_before_start(config.output, resume=resume,
+                                                plan=lambda: plan_text_tasks(config.inputs, text))
             connect_ray(config.address, verbose=verbose, worker_num_cpus=config.worker_num_cpus)
         # else an interrupted publish, which run_published finishes with no engine
 
@@ -157,7 +163,8 @@ def run_pack(config: PackConfig, *, engine: str = "ray", resume: bool = False, t
         if planned is None:
             from raypack.tokenize.job import pack_text
 
-            planned, settings, results = pack_text(target.work_dir, config, text, engine, resume)
+            planned, settings, results = pack_text(target.work_dir, config, text, engine, resume,
+                                                         tasks=early_tasks)
             return _finish(target, config, planned, settings, results)
         return _pack_into(target, config, planned, engine, resume)
 

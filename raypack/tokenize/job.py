@@ -31,7 +31,7 @@ from raypack.io.fs import resolve_filesystem
 from raypack.io.progress import Progress
 from raypack.pack.dry_run import DryRunReport, report_of
 from raypack.pack.plan import check_output_outside_inputs
-from raypack.pack.publish import check_free_before_start, run_published
+from raypack.pack.publish import check_free_before_start, plan_before_start, run_published
 from raypack.pack.resume import sampled_identity
 from raypack.packed.writer import MANIFEST_NAME
 from raypack.tokenize.backends import AUTO, check_backend_name, load_backed_tokenizer
@@ -195,11 +195,15 @@ def run_tokenize(config: TokenizeConfig, *, engine: str = "ray", resume: bool = 
     start = time.perf_counter()
     if not config.output:
         raise InputError("no output given: pass --output DIR")
+    early: list[TextTask] | None = None
     if engine == "ray":
         from raypack.engine.session import connect_ray
 
         check_before_ray(config.inputs, config.text)
         if not (check_free_before_start(config.output, overwrite=config.overwrite, resume=resume) and resume):
+            # every file's footer and text column: a bad one is one line before Ray starts, not after
+            early = plan_before_start(config.output, resume=resume,
+                                      plan=lambda: plan_text_tasks(config.inputs, config.text))
             connect_ray(config.address, verbose=verbose, worker_num_cpus=config.worker_num_cpus)
         # else an interrupted publish, which run_published finishes with no engine
 
@@ -208,7 +212,7 @@ def run_tokenize(config: TokenizeConfig, *, engine: str = "ray", resume: bool = 
             from raypack.engine.session import connect_ray
 
             connect_ray(config.address, verbose=verbose, worker_num_cpus=config.worker_num_cpus)
-        tasks = plan_text_tasks(config.inputs, config.text)
+        tasks = early if early is not None else plan_text_tasks(config.inputs, config.text)
         _check_outside(config.output, tasks, config.inputs)
         return tasks
 
@@ -226,16 +230,19 @@ def run_tokenize(config: TokenizeConfig, *, engine: str = "ray", resume: bool = 
     return TokenizeSummary(config.output, manifest, time.perf_counter() - start)
 
 
-def pack_text(work_dir: str, pack_config, text: TextOptions, engine: str, resume: bool):
+def pack_text(work_dir: str, pack_config, text: TextOptions, engine: str, resume: bool,
+              tasks: list[TextTask] | None = None):
     """``pack --tokenizer`` in one pass (raypack.tokenize.onepass): each text task tokenized into
     memory and packed from there; ``(plan, settings, results)`` for the driver to stitch and publish.
+    ``tasks``: :func:`plan_text_tasks`'s, where the caller planned them already (before Ray started).
 
     Same plan (counts, offsets, token dtype, manifest's tokenizer record) as ``make_plan`` over a
     ``raypack tokenize`` output made with the same options, so the packed output is byte-identical.
     """
     tokenizer = load_backed_tokenizer(text.tokenizer, text.tokenizer_backend)
     check_packed_ids(pack_config.pad_token, pack_config.token_dtype, tokenizer.vocab_size)
-    tasks = plan_text_tasks(pack_config.inputs, text)
+    if tasks is None:
+        tasks = plan_text_tasks(pack_config.inputs, text)
     _check_outside(pack_config.output, tasks, pack_config.inputs)
     settings, options = _text_settings(work_dir, text, tokenizer, pack_config.inputs)
     manifest = build_tokenized_manifest([], settings.token_dtype, tokenizer.identity(), options,

@@ -404,11 +404,14 @@ def test_no_cluster_at_the_address_names_where_the_address_came_from(tmp_path, g
     assert sorted(os.listdir(tmp_path)) == ["in"]
 
 
-@pytest.mark.parametrize("case", ["cpus", "text", "a damaged shard"])
+@pytest.mark.parametrize("case", ["cpus", "text", "a damaged shard", "pack: a later file without its text column",
+                                  "tokenize: a later file's text column not text"])
 def test_refused_before_ray_starts(tmp_path, capsys, monkeypatch, case):
-    """--worker-num-cpus over this machine's CPUs (embedded Ray), a text file packed without --tokenizer, and
-    a damaged token shard (its footer: the plan) are one line before Ray takes seconds to start: Ray is never
-    started here (a damaged shard was found after Ray's start, its line after Ray's own)."""
+    """--worker-num-cpus over this machine's CPUs (embedded Ray), a text file packed without --tokenizer,
+    a damaged token shard (its footer: the plan) and a later text file without its text column are one line
+    before Ray takes seconds to start: Ray is never started here (a damaged shard was found after Ray's start,
+    its line after Ray's own; a later text file's column once its task ran, after every file before it was
+    tokenized and packed)."""
     from raypack.engine import pipeline
 
     def no_ray(*args, **kwargs):
@@ -427,11 +430,22 @@ def test_refused_before_ray_starts(tmp_path, capsys, monkeypatch, case):
         write_parquet(tmp_path / "in" / "part-0.parquet", [[1, 2, 3]])
         (tmp_path / "in" / "part-1.parquet").write_bytes(b"PAR1garbagePAR1")
         args, said = ["pack"], f"shard {tmp_path / 'in' / 'part-1.parquet'} is not a readable Parquet file"
+    elif case.endswith("text column") or case.endswith("not text"):
+        pq.write_table(pa.table({"text": ["some text"] * 3}), tmp_path / "in" / "part-0.parquet")
+        later = {"body": ["more text"]} if case.startswith("pack") else {"text": [7], "content": ["more text"]}
+        pq.write_table(pa.table(later), tmp_path / "in" / "part-1.parquet")
+        args = [case.split(":")[0], "--tokenizer", "tiktoken:cl100k_base"]
+        said = (f"text file {tmp_path / 'in' / 'part-1.parquet'} has no column 'text'; its columns: body; its text "
+                "column is 'body': pass --text-column body" if case.startswith("pack") else
+                f"text file {tmp_path / 'in' / 'part-1.parquet'}: column 'text' holds int64, not text; it must hold "
+                "strings (string, large_string or string_view, binary holding UTF-8, or a dictionary of those); its "
+                "text column is 'content': pass --text-column content")
     else:
         write_parquet(tmp_path / "in" / "part-0.parquet", [[1, 2, 3]])
         args = ["pack", "--worker-num-cpus", "3"]
         said = "--worker-num-cpus 3: each worker asks for 3 CPUs, and this machine has 2"
-    code = main([*args, "--context-length", "4", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out")])
+    length = ["--context-length", "4"] if args[0] == "pack" else []
+    code = main([*args, *length, "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and said in err[0], err
     assert sorted(os.listdir(tmp_path)) == ["in"]
@@ -545,3 +559,27 @@ def test_a_config_with_its_keys_under_a_table_is_said_to_be_that(tmp_path, capsy
     assert capsys.readouterr().err.strip().splitlines() == [
         f"raypack: error: config file {tmp_path / 'c.toml'} has a table [pack]; its keys are flat (context_length = "
         "2048, no [section]): move them out of [pack]"]
+
+
+@pytest.mark.parametrize("command", ["pack", "tokenize"])
+def test_a_later_text_file_without_its_column_is_refused_before_any_text_is_tokenized(tmp_path, capsys, monkeypatch,
+                                                                                      command):
+    """--local: the missing column of the last of 17 files was met once its task ran (10 s of tokenizing and
+    packing in a new user's trial, thrown away); the plan reads every file's footer, so it is refused there."""
+    from raypack.tokenize import tasks
+
+    def never(*args, **kwargs):
+        raise AssertionError("a task was tokenized")
+
+    monkeypatch.setattr(tasks, "_iter_texts", never)
+    (tmp_path / "in").mkdir()
+    for k in range(3):
+        pq.write_table(pa.table({"text": [f"text {k}"] * 3}), tmp_path / "in" / f"part-{k}.parquet")
+    pq.write_table(pa.table({"txt": ["more text"], "id": [1]}), tmp_path / "in" / "part-3.parquet")
+    length = ["--context-length", "4"] if command == "pack" else []
+    code = main([command, "--local", "--tokenizer", "tiktoken:cl100k_base", "--text-column", "text", *length,
+                 "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == [f"raypack: error: text file {tmp_path / 'in' / 'part-3.parquet'} has no column "
+                                 "'text'; its columns: txt, id; its text column is 'txt': pass --text-column txt"], err
+    assert sorted(os.listdir(tmp_path)) == ["in"]

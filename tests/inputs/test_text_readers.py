@@ -354,9 +354,15 @@ def test_parquet_null_names_the_file_row(tmp_path):
 
 def test_parquet_missing_column_lists_columns(tmp_path):
     path = write_parquet(tmp_path / "a.parquet", TEXTS, 3)
-    with pytest.raises(InputError, match=r"a\.parquet has no column 'body'; its columns: id, text; pass the text "
-                                         r"column's name with --text-column"):
+    with pytest.raises(InputError, match=r"a\.parquet has no column 'body'; its columns: id, text; its text column "
+                                         r"is 'text': pass --text-column text$"):
         list(iter_parquet_texts(str(path), "body"))
+    pq.write_table(pa.table({"a": ["x"], "b": ["y"], "n": [1]}), tmp_path / "b.parquet")
+    with pytest.raises(InputError, match=r"pass --text-column with one of its text columns: a, b$"):
+        list(iter_parquet_texts(str(tmp_path / "b.parquet"), "text"))
+    pq.write_table(pa.table({"n": [1]}), tmp_path / "c.parquet")
+    with pytest.raises(InputError, match=r"its columns: n; it has no text column to pass with --text-column$"):
+        list(iter_parquet_texts(str(tmp_path / "c.parquet"), "text"))
 
 
 @pytest.mark.parametrize("values, type_name",
