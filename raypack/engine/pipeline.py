@@ -506,7 +506,8 @@ def pack_texts(placer, text_settings, settings: PackSettings, *, num_workers: in
     cpus = ray.cluster_resources().get("CPU", os.cpu_count() or 1)
     fit = max(1, int(cpus / worker_num_cpus + 1e-9))  # an actor that never starts stalls its tasks, in order
     if num_workers > fit:
-        log.info("--workers %d: %d of %g CPUs fit in %g CPUs; using %d", num_workers, fit, worker_num_cpus, cpus, fit)
+        log.info("%d workers (--workers, num_workers in a config) of %g CPU each (--worker-num-cpus): %d fit in the "
+                 "cluster's %g CPUs; using %d", num_workers, worker_num_cpus, fit, cpus, fit)
     num_actors = max(1, min(num_workers, len(queue), fit))
     text_settings = replace(text_settings, num_threads=rayon_threads(cpus, num_actors))
     remote = ray.remote(TextPackerActor).options(num_cpus=worker_num_cpus, max_restarts=0)
