@@ -266,6 +266,8 @@ class Placer:
         self.doc = self.token = self.chunk = 0
         self.kept = 0
         """Tasks kept from their resume records."""
+        self.moved = 0
+        """Tasks whose records hold, but whose documents now start elsewhere (a task before them changed)."""
         redone: dict[str, list[TextTask]] = {}
         if resume:
             for t in tasks:
@@ -313,6 +315,15 @@ class Placer:
                 recorded = self.candidates.pop(k)
                 task = self._placed(k, TaskReport(recorded.num_docs, recorded.num_tokens,
                                                   TaskCounts(recorded.num_chunks, recorded.cut)))
+                if _moved(recorded, task):  # a task before it changed: not its record's fault, one line for all
+                    if not self.moved:
+                        log.info("resume: text task %d (%s) and those after it whose documents moved are tokenized "
+                                 "again: its documents now start at doc %d, token %d (its record: doc %d, token %d), "
+                                 "as a task before it changed", k, task.path, task.doc_offset, task.token_offset,
+                                 recorded.doc_offset, recorded.token_offset)
+                    self.moved += 1
+                    steps.append(Step("tokenize", k, text=self.tasks[k]))
+                    break
                 result = load_verified_result(task, self.settings)
                 if result is not None:
                     self._commit(task)
@@ -353,6 +364,12 @@ class Placer:
         cut = sum((t.cut for t in self.placed), CutCounts())
         return replace(skeleton, shards=shards, tasks=tuple(self.placed), num_docs=self.doc,
                        num_tokens=sum(t.num_tokens for t in self.placed), cut=cut)
+
+
+def _moved(recorded: ShardTask, placed: ShardTask) -> bool:
+    """``placed`` is ``recorded`` but for where its documents, tokens or chunks start."""
+    offsets = {"doc_offset": 0, "token_offset": 0, "first_chunk": 0}
+    return replace(recorded, **offsets) == replace(placed, **offsets) and recorded != placed
 
 
 def skeleton_plan(config: PackConfig, token_dtype: str, tokenizer_record: dict[str, Any]) -> Plan:

@@ -198,11 +198,16 @@ def test_a_one_pass_resume_says_a_file_changed_where_its_size_did(tmp_path, monk
 
     settings, options = one_pass_crashed_at_its_third_task(tmp_path, monkeypatch)
     append_rows(tmp_path / "text" / "t0.parquet", 5)
-    with caplog.at_level(logging.INFO, logger="raypack.tokenize"):
+    with caplog.at_level(logging.INFO, logger="raypack"):
         summary = run_pack(settings, engine="local", text=options, resume=True)
     said = [r.getMessage() for r in caplog.records if "tokenized again" in r.getMessage()]
-    assert len(said) == 1 and f"{tmp_path / 'text' / 't0.parquet'} changed (its size differs)" in said[0], said
+    assert len(said) == 2 and f"{tmp_path / 'text' / 't0.parquet'} changed (its size differs)" in said[0], said
     assert summary.kept[0] == 0  # t1's chunks moved with t0's new rows (global doc ids and chunk starts)
+    # t1's record holds: its line says why it is redone all the same (it said "its record was made for
+    # another task or other settings", a line per task)
+    assert said[1].startswith(f"resume: text task 1 ({tmp_path / 'text' / 't1.parquet'}) and those after it whose "
+                              "documents moved are tokenized again: its documents now start at doc "), said
+    assert not [r for r in caplog.records if "another task or other settings" in r.getMessage()]
     run_pack(make_config(dict(inputs=[str(tmp_path / "text")], output=str(tmp_path / "clean"), context_length=16)),
              engine="local", text=options)
     assert file_digests(str(tmp_path / "out")) == file_digests(str(tmp_path / "clean"))

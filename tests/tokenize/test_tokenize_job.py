@@ -920,7 +920,7 @@ def test_resume_tokenizes_again_when_the_tokenize_options_change(tmp_path, text_
     again = [r.getMessage() for r in caplog.records if "tokenized again" in r.getMessage()]
     assert len(again) == 1, again  # one line for the four recorded tasks, not one each
     assert again[0].startswith("resume: 4 recorded text tasks (text task 0 (") and again[0].endswith(
-        "are tokenized again; for each, its record was made with other settings (eos_id None -> "
+        "are tokenized again; for each, its record was made with other settings (--eos None -> "
         f"{tok[0].token_to_id('<eos>')})")
     assert f"resume: 0 of {len(summary.manifest['shards'])} text tasks kept (verified)" in caplog.text
     clean = run_pack(make_config(dict(inputs=[text_dir], output=str(tmp_path / "clean"), context_length=32)),
