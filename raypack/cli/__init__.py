@@ -358,6 +358,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+def _refuse_unfinished(output: str, then: str) -> None:
+    """An output that is not there yet while an interrupted run's work waits: one line naming it, not
+    "no such output directory" (``then``: what to do once the run is finished)."""
+    kept = None if os.path.exists(output) else _work_kept(output)
+    if kept is not None:
+        raise InputError(f"{output}: no output here yet: an unfinished run's work is in {kept}; finish it with "
+                         f"the run's own command and --resume, then {then}")
+
+
 def _work_kept(output: str | None) -> str | None:
     """The staging directory of a local ``output`` where earlier runs' finished tasks wait for ``--resume``
     (a run interrupted before it took the output, say during Ray's start, still names them); else None."""
@@ -417,10 +426,7 @@ def _run_verify(args: argparse.Namespace) -> int:
         ("no_inputs", "token_column", "--token-column names the inputs' column, which --no-inputs does not read"),
     ))
     inputs = [] if args.no_inputs else args.inputs
-    kept = None if os.path.exists(args.output) else _work_kept(args.output)
-    if kept is not None:  # said as that, not as "no such output directory"
-        raise InputError(f"{args.output}: no output here yet: an unfinished run's work is in {kept}; finish it with "
-                         "the run's own command and --resume, then verify")
+    _refuse_unfinished(args.output, "verify")
     if args.check_tokenizer is not None:  # before the audit, which takes a while and prints its notes
         check_count(args.check_tokenizer)
         if args.max_document_bytes is not None:
@@ -465,6 +471,7 @@ def _run_stats(args: argparse.Namespace) -> int:
     from raypack.cli.stats import packing_stats, plot_stats
     from raypack.mix.dataset import MixStats
 
+    _refuse_unfinished(args.output, "run stats")
     report = packing_stats(args.output)
     if args.plot and isinstance(report, MixStats):
         raise InputError(f"--plot draws a packed output's fragments; {args.output} is a mix (its sources have plots)")

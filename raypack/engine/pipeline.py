@@ -234,6 +234,9 @@ def _check_reachable(address: str, given: str = "--address") -> None:
 def _connect_hint(address: str | None, error: BaseException) -> str:
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     first = first.split(". ")[0]  # Ray's first sentence; the fix follows in ours
+    if address == "auto":  # nothing to find here: the fix is the other way round
+        return (f"no Ray cluster found for --address auto ({first[:200]}); start one with `ray start --head`, or "
+                "leave --address out (and unset RAY_ADDRESS) to run on an embedded local Ray")
     return (f"could not connect to the Ray cluster at {address or 'a new local instance'} ({first[:200]}); "
             "check the address; if the cluster uses token authentication, set RAY_AUTH_MODE=token and "
             "RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token (`ray get-auth-token` on the head "

@@ -165,10 +165,14 @@ def token_value_type(schema: pa.Schema, column: str, path: str) -> pa.DataType:
     if column not in schema.names:
         raise (HoldsText if texts else InputError)(
             f"shard {path} has no column {column!r}; its columns are {schema.names}; "
-            "set the token column name" + (_text_hint(texts[0]) if texts else "")
+            "name the token column with --token-column" + (_text_hint(texts[0]) if texts else "")
         )
     check_named_once(schema, [column], path)
     field_type = schema.field(column).type
+    if pa.types.is_fixed_size_list(field_type) and "segment_doc_ids" in schema.names:
+        raise InputError(f"shard {path} is a chunk file of a packed raypack output (fixed-length {column!r}, "
+                         "'segment_doc_ids'), not a corpus of documents: give the corpus it was packed from (read "
+                         "a packed output with raypack.read_packed)")
     if not (pa.types.is_list(field_type) or pa.types.is_large_list(field_type)):
         raise (HoldsText if column in texts else InputError)(
             f"shard {path} column {column!r} has type {field_type}; it must be a list of "

@@ -69,7 +69,7 @@ class JsonLinesFormat(InputFormat):
                     f"tiktoken:cl100k_base) --text-column {text}") if text else ""
             raise InputError(
                 f"shard {path}: no line has a {column!r} list (keys of the first line: {keys}); "
-                f"set the token column name{hint}"
+                f"name the token column with --token-column{hint}"
             )
         return ShardInfo(path, self.name, num_docs, num_tokens, "int64", "scan")
 

@@ -485,8 +485,9 @@ def _check_text_column(schema: pa.Schema, column: str, path: str) -> None:
              f"; pass --text-column with one of its text columns: {', '.join(texts)}" if texts else "")
     if column not in schema.names:
         lists = [f.name for f in schema if pa.types.is_list(f.type) or pa.types.is_large_list(f.type)]
-        fix = (f"; if {lists[0]!r} holds token ids, the file is tokenized already: pack it without --tokenizer"
-               if lists and not texts else other or "; it has no text column to pass with --text-column")
+        fix = (f"; if {lists[0]!r} holds token ids, the file is tokenized already: pack it with `raypack pack`, "
+               "no --tokenizer" if lists and not texts else
+               other or "; it has no text column to pass with --text-column")
         raise InputError(
             f"text file {path} has no column {column!r}; its columns: {', '.join(schema.names) or '(none)'}{fix}"
         )

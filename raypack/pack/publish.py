@@ -233,7 +233,8 @@ class LocalOutput:
     def check_free(self, *, overwrite: bool, resume: bool) -> None:
         out, staging = self.output, self.work_dir
         if os.path.exists(out) and not os.path.isdir(out):
-            raise InputError(f"output {out} exists and is not a directory")
+            raise InputError(f"output {out} exists and is a file, not a directory: give --output a directory "
+                             "(a new path is made), or move the file away")
         if os.path.isdir(staging) and not (resume or overwrite) and self.holds_finished_work():
             raise InputError(f"an earlier run into {out} did not finish (its work is in {staging}); "
                              f"pass --resume to finish it or --overwrite to start over")

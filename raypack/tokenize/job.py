@@ -340,7 +340,8 @@ def _refuse_token_output(item: str) -> None:
     fs, fs_path = resolve_filesystem(item)
     if fs.get_file_info(f"{fs_path.rstrip('/')}/{MANIFEST_NAME}").type == pafs.FileType.File:
         raise InputError(f"input {item} is a raypack output (it holds {MANIFEST_NAME}): its documents are token ids "
-                         "already, not text; pack it without --tokenizer (and --text-column, --bos, --eos)")
+                         "already, not text; pack it with `raypack pack`, no --tokenizer (nor --text-column, --bos, "
+                         "--eos)")
 
 
 def _check_outside(output: str, tasks: list[TextTask], inputs) -> None:

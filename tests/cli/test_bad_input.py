@@ -257,7 +257,7 @@ def test_tokenizer_over_a_tokenized_corpus_says_drop_tokenizer(tmp_path, capsys)
     assert main(["pack", "--local", "--context-length", "4", "--input", str(tmp_path / "ids"), "--output",
                  str(tmp_path / "out"), "--tokenizer", "tiktoken:cl100k_base"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "is a raypack output" in err[0] and "without --tokenizer" in err[0], err
+    assert len(err) == 1 and "is a raypack output" in err[0] and "with `raypack pack`, no --tokenizer" in err[0], err
 
 
 def test_a_directorys_json_metadata_is_not_read_as_json_lines(tmp_path):
@@ -402,6 +402,44 @@ def test_no_cluster_at_the_address_names_where_the_address_came_from(tmp_path, g
     assert err[0].startswith(f"raypack: error: no Ray cluster at {given}=127.0.0.1:1 ("), err
     assert ("unset RAY_ADDRESS" in err[0]) == (given == "RAY_ADDRESS"), err
     assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
+@pytest.mark.slow
+def test_address_auto_without_a_cluster_says_to_leave_it_out(tmp_path):
+    """--address auto and no cluster: the line said "... or run on the head node with --address auto", the flag
+    the user had typed; the fix is to leave it out for an embedded Ray."""
+    write_parquet(tmp_path / "in" / "part-0.parquet", [[1, 2, 3]])
+    done = subprocess.run([sys.executable, "-m", "raypack.cli", "pack", "--input", str(tmp_path / "in"), "--output",
+                           str(tmp_path / "out"), "--context-length", "4", "--address", "auto"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "RAY_ADDRESS": "", "RAY_TMPDIR": "/nonexistent-raypack-test"})
+    err = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(err) == 1, done.stderr
+    assert err[0].startswith("raypack: error: no Ray cluster found for --address auto ("), err
+    assert err[0].endswith("start one with `ray start --head`, or leave --address out (and unset RAY_ADDRESS) to "
+                           "run on an embedded local Ray"), err
+    assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
+def test_a_packed_output_or_a_file_as_output_is_one_line_with_the_fix(tmp_path, capsys):
+    """A packed output given as a corpus said its 'input_ids' "must be a list of integer token ids"; an
+    --output that is a file said only "exists and is not a directory"."""
+    write_parquet(tmp_path / "in" / "part-0.parquet", [[1, 2, 3], [4, 5]])
+    assert main(["pack", "--local", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "packed"),
+                 "--context-length", "4"]) == 0
+    capsys.readouterr()
+    assert main(["pack", "--local", "--input", str(tmp_path / "packed"), "--output", str(tmp_path / "again"),
+                 "--context-length", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a chunk file of a packed raypack output (fixed-length 'input_ids', " \
+        "'segment_doc_ids'), not a corpus of documents: give the corpus it was packed from" in err[0], err
+    (tmp_path / "a-file").write_text("x")
+    assert main(["pack", "--local", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "a-file"),
+                 "--context-length", "4"]) == 2
+    assert capsys.readouterr().err == (f"raypack: error: output {tmp_path / 'a-file'} exists and is a file, not a "
+                                       "directory: give --output a directory (a new path is made), or move the file "
+                                       "away\n")
+    assert sorted(os.listdir(tmp_path)) == ["a-file", "in", "packed"]
 
 
 @pytest.mark.parametrize("case", ["cpus", "text", "a damaged shard", "pack: a later file without its text column",

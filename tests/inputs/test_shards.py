@@ -313,7 +313,8 @@ def test_the_check_before_ray_starts_reads_no_jsonl(tmp_path: Path):
 def test_jsonl_missing_key_names_the_keys_there_are(tmp_path: Path):
     path = write_jsonl(tmp_path / "s.jsonl", DOCS, column="tokens")
     with pytest.raises(InputError, match=r"s\.jsonl: no line has a 'input_ids' list \(keys of the first line: \['id', "
-                                         r"'tokens', 'text'\]\); set the token column name; to pack its text "
+                                         r"'tokens', 'text'\]\); name the token column with --token-column; to pack "
+                                         r"its text "
                                          r"'text', tokenize it in the run: --tokenizer .* --text-column text$"):
         inspect_shard(path)
 

@@ -268,7 +268,8 @@ def test_a_tokenized_file_given_as_text_says_to_drop_the_tokenizer(tmp_path):
     path = tmp_path / "a.parquet"
     pq.write_table(pa.table({"input_ids": pa.array([[1, 2]], pa.list_(pa.int32()))}), path)
     with pytest.raises(InputError, match=r"has no column 'text'; its columns: input_ids; if 'input_ids' holds token "
-                                         r"ids, the file is tokenized already: pack it without --tokenizer$"):
+                                         r"ids, the file is tokenized already: pack it with `raypack pack`, "
+                                         r"no --tokenizer$"):
         list(iter_parquet_texts(str(path), "text"))
 
 

@@ -189,6 +189,8 @@ def test_ctrl_c_before_a_resume_takes_its_output_still_names_the_kept_work(tmp_p
     assert capsys.readouterr().err == (f"raypack: error: {tmp_path / 'out'}: no output here yet: an unfinished "
                                        f"run's work is in {staging}; finish it with the run's own command and "
                                        "--resume, then verify\n")
+    assert main(["stats", str(tmp_path / "out")]) == 2  # it said "no such output directory" too
+    assert capsys.readouterr().err.endswith("--resume, then run stats\n")
 
 
 def test_a_one_pass_resume_says_a_file_changed_where_its_size_did(tmp_path, monkeypatch, caplog):
