@@ -51,8 +51,10 @@ _GLOB_MAGIC = re.compile(r"[*?\[]")
 def discover_shards(inputs: Sequence[str] | str) -> list[str]:
     """Shard paths, in a fixed order, for files, directories and globs.
 
-    Order: the order of ``inputs``, each input expanded in sorted path order; a path seen
-    before is dropped (the first occurrence keeps its place). A directory expands to every
+    Order: the order of ``inputs``, each input expanded in sorted path order; a file seen
+    before is dropped (the first occurrence keeps its place and its spelling): the same path, or a
+    local path that resolves to the same file (``..``, a symbolic link, relative and absolute), with
+    one INFO line. A directory expands to every
     shard file under it (recursive); a glob (``*``, ``?``, ``[...]``, and ``**`` for any
     number of directories) must match the whole path, one path component per pattern
     component. Expansion keeps only known shard suffixes and skips names starting with
@@ -63,11 +65,23 @@ def discover_shards(inputs: Sequence[str] | str) -> list[str]:
         inputs = [inputs]
     if not inputs:
         raise InputError("no inputs given; list shard files, directories or globs to pack")
-    seen: dict[str, None] = {}
+    seen: dict[str, str] = {}  # the file (its real path, where local) -> the path as first given
+    again: list[tuple[str, str]] = []
     for item in inputs:
         for path in _expand_input(item):
-            seen.setdefault(path, None)
-    return list(seen)
+            first = seen.setdefault(_same_file_key(path), path)
+            if first != path:
+                again.append((path, first))
+    if again:  # the same training data twice, from two spellings of one file, was packed twice without a word
+        log.info("inputs: %d file%s given again under another path %s read once (%s is %s%s)", len(again),
+                 "" if len(again) == 1 else "s", "is" if len(again) == 1 else "are", again[0][0], again[0][1],
+                 ", ..." if len(again) > 1 else "")
+    return list(seen.values())
+
+
+def _same_file_key(path: str) -> str:
+    """What two spellings of one file share: a local path's real path; a URI as it is."""
+    return path if is_uri(path) else os.path.realpath(path)
 
 
 def _expand_input(item: str) -> list[str]:

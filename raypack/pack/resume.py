@@ -22,7 +22,9 @@ when ``--resume`` checks it:
   ``<n:uint32 LE>PAR1``, however large). Cost: at most 2 MiB read (two ranged reads) plus the
   part of a Parquet footer that lies before the last MiB. Known limit: a change that keeps the
   size and touches only bytes outside those ranges (the middle of a JSONL or Arrow shard, a
-  Parquet data page) is not seen. The modification time plays no part.
+  Parquet data page) is not seen. The modification time decides nothing, but a kept task whose
+  input was modified after its record was written is named in one WARNING (a same-size edit in the
+  middle of a file is the case the sampled identity misses).
 - with ``verify_inputs`` (``--verify-inputs``): also the sha256 of all of its bytes. Cost: the
   whole file read once more by the packer and once more by ``--resume`` for each record it
   checks (4 MiB reads). A record written without it is not reused under ``--verify-inputs``.
@@ -141,13 +143,42 @@ def load_verified_result(task: ShardTask, settings: PackSettings) -> ShardResult
     whole chunk file.
     """
     fs, base = resolve_filesystem(settings.out_dir)
+    record_path = posixpath.join(base, record_name(task.task_index))
     try:
-        data = _read_record(fs, posixpath.join(base, record_name(task.task_index)))
+        data = _read_record(fs, record_path)
         result = None if data is None else _check_record(data, task, settings, fs, base)
     except _Rejected as e:
         log.info("resume: %s is packed again: its record %s %s", task.describe(), record_name(task.task_index), e)
         return None
+    if result is not None and not settings.verify_inputs:
+        _say_if_modified_since(task.path, fs, record_path)
     return None if result is None else replace(result, started_at=0.0, finished_at=0.0)  # not packed by this run
+
+
+_SAID_MODIFIED: set[tuple[str, str]] = set()
+"""(record directory, input) pairs :func:`_say_if_modified_since` has named: a file of many tasks, once."""
+
+
+def _say_if_modified_since(path: str, record_fs, record_path: str) -> None:
+    """One WARNING where the input ``path`` of a kept task was modified after the task's record was written:
+    its size and edges are the same (else the task would not be kept), but an edit in its middle that keeps
+    the size would not show there (an operator's trial: a same-size edit between a crash and ``--resume``
+    ended in the output as the old text). Cost: two stats. Says nothing where either time cannot be read."""
+    key = (posixpath.dirname(record_path), path)
+    if key in _SAID_MODIFIED:
+        return
+    try:
+        fs, fs_path = resolve_filesystem(path)
+        modified = fs.get_file_info(fs_path).mtime_ns
+        recorded = record_fs.get_file_info(record_path).mtime_ns
+    except (OSError, ValueError):
+        return
+    if modified is None or recorded is None or modified <= recorded:
+        return
+    _SAID_MODIFIED.add(key)
+    log.warning("resume: %s was modified after its finished task was recorded; its size and first and last MiB "
+                "are the same, so the task is kept. If its content changed, start over with --overwrite (or pass "
+                "--verify-inputs to the run and its --resume, which compares every byte)", path)
 
 
 def recorded_task(task_index: int, settings: PackSettings) -> tuple[ShardTask, dict[str, Any]] | str | None:

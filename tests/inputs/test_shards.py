@@ -99,6 +99,25 @@ def test_order_follows_inputs_then_sorted_expansion_and_dedupes_keeping_first(tr
     assert discover_shards(inputs) == [str(tree / name) for name in expected]
 
 
+def test_one_file_under_two_spellings_is_read_once(tree: Path, tmp_path, monkeypatch, caplog):
+    """The same directory given as a relative path, through a symbolic link and with ``..`` packed every document
+    twice without a word (an operator's trial); each file is now read once, under its first spelling, and one
+    line says so."""
+    (tmp_path / "link").symlink_to(tree)
+    monkeypatch.chdir(tree.parent)
+    inputs = [tree.name, str(tmp_path / "link"), str(tree / "sub" / ".." / "b.parquet")]
+    with caplog.at_level(logging.INFO, logger="raypack.inputs"):
+        found = discover_shards(inputs)
+    assert found == [str(tree / name) for name in ["a.jsonl", "b.parquet", "sub/a.pq", "sub/c.arrow"]]
+    said = [r.getMessage() for r in caplog.records if "given again" in r.getMessage()]
+    assert said == [f"inputs: 5 files given again under another path are read once ({tmp_path / 'link' / 'a.jsonl'} "
+                    f"is {tree / 'a.jsonl'}, ...)"], said
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="raypack.inputs"):
+        assert discover_shards([str(tree / "b.parquet"), str(tree / "b.parquet")]) == [str(tree / "b.parquet")]
+    assert not [r for r in caplog.records if "given again" in r.getMessage()]  # one spelling twice: as before
+
+
 @pytest.mark.parametrize(
     "pattern, expected",
     [

@@ -193,6 +193,26 @@ def test_ctrl_c_before_a_resume_takes_its_output_still_names_the_kept_work(tmp_p
     assert capsys.readouterr().err.endswith("--resume, then run stats\n")
 
 
+def test_a_kept_task_whose_input_was_modified_since_is_named_once(tmp_path, corpus, monkeypatch, caplog):
+    """An input modified after its task was recorded, with its size and edges the same (a same-size edit in its
+    middle, which the sampled identity cannot see; an operator's trial): the task is kept, as before, and one
+    WARNING names the file and the way to start over. Files not touched since are not named."""
+    import logging
+
+    crash_at(monkeypatch, tmp_path, [corpus], 4)
+    touched = shards(corpus)[1]
+    later = os.stat(touched).st_mtime + 3600
+    os.utime(touched, (later, later))
+    with caplog.at_level(logging.INFO, logger="raypack"):
+        summary = run_pack(config(tmp_path, [corpus]), engine="local", resume=True)
+    assert summary.kept[0] == 4
+    said = [r for r in caplog.records if "was modified after" in r.getMessage()]
+    assert [(r.levelname, r.getMessage()) for r in said] == [(
+        "WARNING", f"resume: {touched} was modified after its finished task was recorded; its size and first and "
+        "last MiB are the same, so the task is kept. If its content changed, start over with --overwrite (or pass "
+        "--verify-inputs to the run and its --resume, which compares every byte)")]
+
+
 def test_a_one_pass_resume_says_a_file_changed_where_its_size_did(tmp_path, monkeypatch, caplog):
     """Rows appended to a file whose task finished: the resume's reason names the file as changed (it said
     only "another split of the text into tasks"), and the output equals a clean run's."""
