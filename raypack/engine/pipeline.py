@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 import ray
 
-from raypack.engine.reaper import reaping, start_reaper
+from raypack.engine.reaper import reaping, session_glob, start_reaper
 from raypack.engine.workers import ShardPackerActor, TextPackerActor, TextTokenizerActor, count_tasks
 from raypack.errors import InputError
 from raypack.io.terminal import RAY_VERBOSE, terminated
@@ -101,16 +101,11 @@ def init_ray(address: str | None = None, *, verbose: bool | None = None) -> None
             if address:
                 ray.init(address=address, **quiet)
             else:
-                began = time.time()
-                try:
-                    ray.init(address="local", include_dashboard=False, **quiet)
-                except BaseException:  # a Ctrl-C while Ray starts: what it started so far ends with this process
-                    for started in _sessions_started_here(since=began):
-                        start_reaper(started)
-                    raise
+                # its processes end with this one, even after a SIGKILL, a Ctrl-C or a SIGKILL while it starts too
+                start_reaper(session_glob(_ray_temp_dir(), os.getpid()), since=time.time())
+                ray.init(address="local", include_dashboard=False, **quiet)
                 global _EMBEDDED
                 _EMBEDDED = True
-                start_reaper(session_dir())  # its processes end with this one, even after a SIGKILL
     except (ConnectionError, ray.exceptions.AuthenticationError) as e:  # the latter: token mode, no token
         raise InputError(_connect_hint(address, e)) from None
     except SystemExit as e:  # a SIGTERM while Ray starts meets Ray's own handlers, which sys.exit
@@ -243,31 +238,13 @@ def _connect_hint(address: str | None, error: BaseException) -> str:
             "prints it), or run on the head node with --address auto")
 
 
-def _sessions_started_here(since: float) -> list[str]:
-    """The session directories of an embedded Ray this process began to start at or after ``since``
-    (Ray names each ``session_<time>_<pid>`` in its temporary directory), for a start that did not
-    finish. ``since`` keeps out an older session of another process that had this pid."""
-    import glob
-
+def _ray_temp_dir() -> str:
+    """Where an embedded Ray makes ``ray/session_*`` (RAY_TMPDIR, else TMPDIR on Linux, else /tmp)."""
     try:
         from ray._common.utils import get_default_system_temp_dir
-        temp = get_default_system_temp_dir()
+        return get_default_system_temp_dir()
     except (ImportError, AttributeError):
-        temp = "/tmp"
-    import datetime
-
-    found, suffix = [], f"_{os.getpid()}"
-    for path in glob.glob(os.path.join(glob.escape(temp), "ray", f"session_*{suffix}")):
-        stamp = os.path.basename(path).removeprefix("session_").removesuffix(suffix)
-        with contextlib.suppress(ValueError):  # the time in its name is Ray's local time of the start
-            if datetime.datetime.strptime(stamp, "%Y-%m-%d_%H-%M-%S_%f").timestamp() >= since - 1:
-                found.append(path)
-    return sorted(found)
-
-
-def session_dir() -> str:
-    """This process's Ray session directory ("" when it cannot be told)."""
-    return _node_path("get_session_dir_path", "")
+        return os.environ.get("RAY_TMPDIR") or "/tmp"
 
 
 def logs_dir() -> str:

@@ -9,7 +9,9 @@ session, that holds the read end of a pipe whose write end only the driver holds
 the pipe reads EOF, which happens when the driver exits for any reason, waits until the driver is
 gone (this process's parent changes), then SIGKILLs every process of that Ray session
 (:func:`session_processes`: its command line names the session's directory, or it holds a file
-open inside it), and exits.
+open inside it), and exits. It is started before ``ray.init``, with a glob of the session directories
+this process's Ray may make (:func:`session_glob`), so that a Ctrl-C or a SIGKILL while Ray starts is
+covered too.
 
 The wait matters: the pipe can read EOF before the driver has ended (its interpreter's shutdown
 closes the pipe, then runs atexit handlers and Ray's own shutdown), and the driver holds files in
@@ -20,29 +22,58 @@ Linux (``/proc``); elsewhere it is not started. No Ray import here.
 
 from __future__ import annotations
 
+import datetime
+import glob
 import os
 import signal
 import subprocess
 import sys
 import time
 
-__all__ = ["reap", "reaping", "session_processes", "start_reaper"]
+__all__ = ["reap", "reaping", "session_glob", "session_processes", "sessions_started", "start_reaper"]
 
 _REAPERS: dict[str, subprocess.Popen] = {}
 """This process's reapers by session (each one's stdin is the pipe's write end: kept open while
 this process lives)."""
 
 
-def start_reaper(session_dir: str) -> subprocess.Popen | None:
-    """Start the reaper of the Ray session ``session_dir`` (once per session); None off Linux."""
+def start_reaper(session_dir: str, since: float | None = None) -> subprocess.Popen | None:
+    """Start the reaper of the Ray session ``session_dir`` (once per session); None off Linux.
+
+    ``since``: ``session_dir`` is a glob of session directories (:func:`sessions_started`), for a reaper
+    started before ``ray.init``, which names its session only once it is under way: a Ctrl-C or a SIGKILL
+    while Ray starts left its agents running for a minute (a new user's trial)."""
     if not sys.platform.startswith("linux") or not os.path.isdir("/proc") or not session_dir:
         return None
     reaper = _REAPERS.get(session_dir)
     if reaper is None or reaper.poll() is not None:
+        extra = [] if since is None else [repr(float(since))]
         reaper = _REAPERS[session_dir] = subprocess.Popen(
-            [sys.executable, "-m", "raypack.engine.reaper", session_dir, str(os.getpid())], stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+            [sys.executable, "-m", "raypack.engine.reaper", session_dir, str(os.getpid()), *extra],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            close_fds=True)
     return reaper
+
+
+def session_glob(temp_dir: str, pid: int) -> str:
+    """The glob of the session directories an embedded Ray started by process ``pid`` may have: Ray
+    names each ``session_<local time>_<pid>`` under ``<temp_dir>/ray``."""
+    return os.path.join(glob.escape(temp_dir), "ray", f"session_*_{pid}")
+
+
+def sessions_started(pattern: str, since: float) -> list[str]:
+    """The directories matching ``pattern`` (:func:`session_glob`) whose name's time is at or after
+    ``since`` (less a second): an older session of another process that had this pid is left alone."""
+    found = []
+    for path in glob.glob(pattern):
+        stamp = os.path.basename(path).removeprefix("session_").rsplit("_", 1)[0]
+        try:
+            started = datetime.datetime.strptime(stamp, "%Y-%m-%d_%H-%M-%S_%f").timestamp()
+        except ValueError:
+            continue
+        if started >= since - 1 and not os.path.islink(path):
+            found.append(path)
+    return sorted(found)
 
 
 def reaping() -> bool:
@@ -105,6 +136,7 @@ def reap(session_dir: str, rounds: int = 3, spare: tuple[int, ...] = ()) -> int:
 
 def _main(argv: list[str]) -> int:
     session_dir, driver = argv[0], int(argv[1])
+    since = float(argv[2]) if len(argv) > 2 else None
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     try:
         while sys.stdin.buffer.read(1 << 16):
@@ -114,7 +146,8 @@ def _main(argv: list[str]) -> int:
     while os.getppid() == driver:  # EOF can come while the driver is still ending: wait until it has
         time.sleep(0.05)
     time.sleep(0.5)  # a clean ray.shutdown that is still ending its processes finishes first
-    reap(session_dir, spare=(driver,))  # the pid is the driver's no longer, but never kill it by mistake
+    for directory in [session_dir] if since is None else sessions_started(session_dir, since):
+        reap(directory, spare=(driver,))  # the pid is the driver's no longer, but never kill it by mistake
     return 0
 
 

@@ -111,6 +111,9 @@ started = node.Node.start_ray_processes
 def then_ctrl_c(self, *args, **kwargs):  # as a Ctrl-C that comes while ray.init runs, its processes started
     started(self, *args, **kwargs)
     time.sleep(2)  # the raylet starts its agents
+    if sys.argv[1] == "SIGKILL":
+        print(sys.argv[1], flush=True)
+        os.kill(os.getpid(), 9)
     raise KeyboardInterrupt
 
 node.Node.start_ray_processes = then_ctrl_c
@@ -126,17 +129,19 @@ os._exit(5)
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the reaper reads /proc")
-def test_a_ctrl_c_while_ray_starts_leaves_no_ray_process_behind(tmp_path):
-    """A new user's Ctrl-C 3-5 s into a run (Ray starting) left ray::DashboardAgent and
-    ray::RuntimeEnvAgent running for a minute: the reaper was started only once ray.init returned."""
+@pytest.mark.parametrize("how", ["cut", "SIGKILL"])
+def test_a_ctrl_c_or_a_kill_while_ray_starts_leaves_no_ray_process_behind(tmp_path, how):
+    """A new user's Ctrl-C 3-5 s into a run (Ray starting), and an operator's kill -9 then, left
+    ray::DashboardAgent and ray::RuntimeEnvAgent running for a minute: the reaper was started only once
+    ray.init returned."""
     temp = Path(tempfile.mkdtemp(prefix="rp-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
     env = {k: v for k, v in {**os.environ, "PYTHONPATH": REPO, "RAY_TMPDIR": str(temp)}.items()
            if k != "RAY_ADDRESS"}
-    driver = subprocess.Popen([sys.executable, "-c", _CUT_SHORT, "cut"], stdout=subprocess.PIPE,
+    driver = subprocess.Popen([sys.executable, "-c", _CUT_SHORT, how], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp_path))
     try:
         out, err = driver.communicate(timeout=60)
-        assert out.strip() == "cut" and driver.returncode == 130, err[-2000:]
+        assert out.strip() == how and driver.returncode == (130 if how == "cut" else -9), err[-2000:]
         sessions = [p for p in (temp / "ray").glob("session_*") if not p.is_symlink()]
         assert len(sessions) == 1, sessions
         left = _wait_for_none(str(sessions[0]), 20)
