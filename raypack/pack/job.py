@@ -201,6 +201,9 @@ def _finish(target: LocalOutput | ObjectStoreOutput, config: PackConfig, plan: P
     files = check_coverage(files, plan.num_chunks)
     target.sweep(keep={f.path for f in files})
     manifest = build_manifest(config, plan, files, count_stats(results, plan))
+    if not plan.num_docs:  # a glob that matched only empty files made an empty output without a word
+        log.warning("the inputs hold no documents (%d file%s, every one empty): the output holds no chunks; "
+                    "check the inputs", len({s.path for s in plan.shards}), "" if len(plan.shards) == 1 else "s")
     write_manifest(target.work_dir, manifest)
     return manifest, results
 

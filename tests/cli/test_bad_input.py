@@ -624,3 +624,22 @@ def test_a_later_text_file_without_its_column_is_refused_before_any_text_is_toke
     assert code == 2 and err == [f"raypack: error: text file {tmp_path / 'in' / 'part-3.parquet'} has no column "
                                  "'text'; its columns: txt, id; its text column is 'txt': pass --text-column txt"], err
     assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
+@pytest.mark.parametrize("text", [True, False])
+def test_inputs_without_a_document_make_an_empty_output_with_a_warning(tmp_path, caplog, text):
+    """A glob that matched only empty files packed an empty output without a word (exit 0, 0 documents)."""
+    (tmp_path / "in").mkdir()
+    if text:
+        (tmp_path / "in" / "a.jsonl").write_text("")
+        pq.write_table(pa.table({"text": pa.array([], pa.string())}), tmp_path / "in" / "b.parquet")
+    else:
+        write_parquet(tmp_path / "in" / "a.parquet", [])
+    tokenizer = ["--tokenizer", "tiktoken:cl100k_base"] if text else []
+    with caplog.at_level("INFO", logger="raypack"):
+        assert main(["pack", "--local", *tokenizer, "--input", str(tmp_path / "in"), "--output",
+                     str(tmp_path / "out"), "--context-length", "4"]) == 0
+    files = "2 files" if text else "1 file"
+    assert [(r.levelname, r.getMessage()) for r in caplog.records if "no documents" in r.getMessage()] == [
+        ("WARNING", f"the inputs hold no documents ({files}, every one empty): the output holds no chunks; check the "
+                    "inputs")]
