@@ -14,6 +14,24 @@ class InputError(ValueError):
     """Bad input: a path, a shard, a token, a config value. The message names it."""
 
 
+class InputChanged(InputError):
+    """An input file changed while the run read it: not bad data, so the tasks finished from the other files
+    are kept for ``--resume`` (raypack.pack.publish.run_published), where bad input leaves nothing."""
+
+
+_CHANGED = "input-changed:"
+
+
+def error_text(error: InputError) -> str:
+    """``error`` as the text a Ray worker hands back (its kind kept: :func:`error_from_text`)."""
+    return (_CHANGED if isinstance(error, InputChanged) else "") + str(error)
+
+
+def error_from_text(text: str) -> InputError:
+    """The :class:`InputError` (or :class:`InputChanged`) that :func:`error_text` made ``text`` of."""
+    return InputChanged(text[len(_CHANGED):]) if text.startswith(_CHANGED) else InputError(text)
+
+
 class NotAnOutput(InputError):
     """Where an output was to be read, something else: an input directory, a tokenized corpus, nothing. The
     message names what it is. ``raypack verify`` says it as bad input (exit 2), not a failed audit."""

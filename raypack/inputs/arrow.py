@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.ipc as paipc
 
-from raypack.errors import InputError
+from raypack.errors import InputChanged, InputError
 from raypack.inputs.base import InputFormat, ReadLimits, ShardInfo, check_named_once, token_value_type
 from raypack.io.fs import error_text, open_input_file, resolve_filesystem
 from raypack.rules.side_columns import side_value_types
@@ -102,7 +102,7 @@ def iter_ipc_batches(
             reader = paipc.open_file(source)
         except pa.ArrowInvalid as file_error:
             if units is not None:
-                raise InputError(f"shard {path} is no longer an Arrow IPC file ({error_text(file_error)}); "
+                raise InputChanged(f"shard {path} is no longer an Arrow IPC file ({error_text(file_error)}); "
                                  "the file changed during the run (rerun on a stable copy)") from file_error
             yield from _iter_ipc_stream(fs, fs_path, path, file_error)
             return
@@ -113,7 +113,7 @@ def _ipc_file_batches(reader: paipc.RecordBatchFileReader, path: str, units: tup
     yield reader.schema, None
     start, end = units if units is not None else (0, reader.num_record_batches)
     if end > reader.num_record_batches:
-        raise InputError(f"shard {path} has {reader.num_record_batches} record batches, the plan reads "
+        raise InputChanged(f"shard {path} has {reader.num_record_batches} record batches, the plan reads "
                          f"{start}..{end - 1}; the file changed during the run (rerun on a stable copy)")
     for i in range(start, end):
         try:

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from raypack.errors import InputError
+from raypack.errors import InputChanged, InputError
 from raypack.inputs.base import (
     InputFormat,
     ReadLimits,
@@ -108,7 +108,7 @@ class ParquetFormat(InputFormat):
             metadata = parquet_file.metadata
             start, end = units if units is not None else (0, metadata.num_row_groups)
             if end > metadata.num_row_groups:
-                raise InputError(f"shard {path} has {metadata.num_row_groups} row groups, the plan reads "
+                raise InputChanged(f"shard {path} has {metadata.num_row_groups} row groups, the plan reads "
                                  f"{start}..{end - 1}; the file changed during the run (rerun on a stable copy)")
             leaf = token_leaf_index(parquet_file.schema, columns[0])
             first_row = sum(metadata.row_group(g).num_rows for g in range(start))

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import pyarrow as pa
 
-from raypack.errors import InputError
+from raypack.errors import InputChanged, InputError
 from raypack.inputs.base import DocumentBatch
 from raypack.inputs.reading import iter_document_batches
 from raypack.io.prefetch import prefetched
@@ -287,7 +287,7 @@ def _check_not_past_plan(task: ShardTask, counts: dict[str, int]) -> None:
 def _check_cut(task: ShardTask, cut: CutCounts) -> None:
     """What ``long_docs`` left out must be what the counting pass found (the offsets follow from it)."""
     if cut != task.cut:
-        raise InputError(f"{task.describe()}: the counting pass found {task.cut} but packing read {cut}; the "
+        raise InputChanged(f"{task.describe()}: the counting pass found {task.cut} but packing read {cut}; the "
                          "file changed during the run (rerun on a stable copy)")
 
 

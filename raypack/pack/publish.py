@@ -52,7 +52,7 @@ from typing import Callable, TypeVar
 
 import pyarrow.fs as pafs
 
-from raypack.errors import InputError, Interrupted
+from raypack.errors import InputChanged, InputError, Interrupted
 from raypack.io.fs import bucket_of, check_bucket, is_uri, resolve_filesystem
 from raypack.io.lock import LocalLock, ObjectStoreLock
 from raypack.io.terminal import signals_deferred
@@ -104,6 +104,8 @@ def run_published(output: str, *, overwrite: bool, resume: bool, plan: Callable[
                 raise Interrupted(None) from None
             raise Interrupted(target.work_dir, target.holds_finished_work()) from None
         except BaseException as e:
+            if isinstance(e, InputChanged):  # not bad data: the tasks finished from the other files stay
+                target.keep_for_resume(e)
             target.after_failure(e)
             raise
     finally:
@@ -254,7 +256,7 @@ class LocalOutput:
         """Bad input in a ``--resume`` whose staging directory holds the runs before's finished tasks:
         they stay, and the line says so (raises ``error`` with that said; nothing where none are kept)."""
         if self._holds_records():
-            raise InputError(f"{error}; the finished tasks of the runs before are kept in {self.work_dir}: "
+            raise InputError(f"{error}; the finished tasks are kept in {self.work_dir}: "
                              "rerun with --resume once it is fixed") from error
 
     def holds_finished_work(self) -> bool:

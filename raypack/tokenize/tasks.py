@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from raypack.errors import InputError
+from raypack.errors import InputChanged, InputError
 from raypack.inputs.registry import format_named
 from raypack.io.fs import resolve_filesystem
 from raypack.io.prefetch import prefetched
@@ -86,7 +86,7 @@ def check_planned(task: TextTask, identity: dict) -> None:
         size = int(task.planned.split(":", 1)[0])
         change = (f"{size:,} bytes when the run listed its inputs, {identity['size']:,} now" if size != identity["size"]
                   else "its first or last MiB differ from when the run listed its inputs")
-        raise InputError(f"text file {task.path} changed during the run ({change}), so its tasks would mix two "
+        raise InputChanged(f"text file {task.path} changed during the run ({change}), so its tasks would mix two "
                          "versions of it; run again on a copy that does not change while it is read")
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from raypack.errors import InputError
+from raypack.errors import InputChanged, InputError
 from raypack.io.untrusted import int_field, show
 from raypack.rules.core import Chunks
 from raypack.strategies.base import PackingStrategy, StrategyFigures, percent
@@ -162,7 +162,7 @@ class BestFitShardPacker:
 
     def check_num_chunks(self, task: ShardTask, num_chunks: int) -> None:
         if num_chunks != task.num_chunks:
-            raise InputError(f"shard {task.path}: counted {task.num_chunks} best_fit chunks but packed "
+            raise InputChanged(f"shard {task.path}: counted {task.num_chunks} best_fit chunks but packed "
                              f"{num_chunks}; the file changed during the run (rerun on a stable copy)")
 
 
