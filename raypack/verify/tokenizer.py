@@ -174,6 +174,11 @@ def _reference(identity: dict[str, Any], out: str):
         raise VerifyError(f"tokenizer {spec} changed since {out} was packed (sha256 {str(now.get('sha256'))[:16]}..., "
                           f"the manifest records {str(identity.get('sha256'))[:16]}...): put the tokenizer it was "
                           "packed with back at that path")
+    edited = sorted(k for k in set(now) | set(identity) if k != "file" and now.get(k) != identity.get(k))
+    if edited:  # the same file (its sha256), so the manifest's record of it was changed (an operator's trial)
+        k = edited[0]
+        raise VerifyError(f"{out}: its manifest records the tokenizer's {k}={identity.get(k)!r}, and the tokenizer "
+                          f"it names (the same sha256) has {k}={now.get(k)!r}: the manifest was edited; pack again")
     return tokenizer
 
 
@@ -214,7 +219,7 @@ def _encode(sources: list[TextSource], chosen: np.ndarray, tokenizer, column: st
             seen += len(texts)
         if seen != source.num_docs:
             raise VerifyError(f"{source.path}: its task holds {seen} documents now, the manifest says "
-                              f"{source.num_docs}; the text changed since the output was packed")
+                              f"{source.num_docs}; the text (or the manifest) changed since the output was packed")
     return result, longer
 
 

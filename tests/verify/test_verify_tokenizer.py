@@ -225,3 +225,21 @@ def test_max_document_bytes_mistakes_are_one_line(tmp_path, tok, capsys, monkeyp
     assert main(["verify", str(tmp_path / "out"), *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and said in err[0], err
+
+
+def test_a_manifest_whose_tokenizer_record_was_edited_fails_the_check(tmp_path, tok, capsys):
+    """An operator's trial: the manifest's tokenizer vocab_size set to 50000 passed verify --check-tokenizer
+    (the file's sha256 still matched). The record must say what the file is."""
+    import json
+
+    assert main(["pack", "--local", "--input", text_dir(tmp_path), "--output", str(tmp_path / "out"),
+                 "--context-length", "24", "--tokenizer", tok]) == 0
+    path = tmp_path / "out" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    vocab_size = manifest["tokenizer"]["identity"]["vocab_size"]
+    manifest["tokenizer"]["identity"]["vocab_size"] = 50000
+    path.write_text(json.dumps(manifest))
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "out"), "--check-tokenizer", "3"]) == 1
+    assert (f"its manifest records the tokenizer's vocab_size=50000, and the tokenizer it names (the same sha256) "
+            f"has vocab_size={vocab_size}: the manifest was edited; pack again") in capsys.readouterr().err
