@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      epilog="raypack COMMAND --help shows a command's flags and their defaults")
     parser.add_argument("--version", action="version", version=f"raypack {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    pack = commands.add_parser("pack", help="pack sharded tokenized corpora into fixed-length chunks")
+    pack = commands.add_parser("pack", help="pack sharded corpora (token ids, or text with --tokenizer) into "
+                                            "fixed-length chunks")
     pack.add_argument("--config", help="a TOML config (configs/*.toml); flags override its keys")
     pack.add_argument("--input", dest="inputs", action="append", metavar="PATH",
                       help="shard file, directory or glob (repeatable; order kept)")
@@ -78,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded local Ray)")
     pack.add_argument("--overwrite", action="store_true", default=None, help=OVERWRITE_HELP)
     pack.add_argument("--resume", action="store_true",
-                      help="finish an interrupted run: keep shards whose output verifies, pack the rest")
+                      help="finish an interrupted run: keep the tasks (shards, or parts of them) whose output "
+                           "verifies, pack the rest")
     pack.add_argument("--progress-timeout", dest="progress_timeout_s", type=float, metavar="SECONDS",
                       help="report a packer that makes no progress on its shard for this long (0: never)")
     pack.add_argument("--restart-stalled", action="store_true", default=None,

@@ -386,7 +386,8 @@ def _raise_bad_line(data: bytes, path: str, column: str, line_number, arrow_mess
     for index, line in enumerate(data.split(b"\n")):
         reason = _bad_line_reason(line, column)
         if reason:
-            raise InputError(f"text file {path} line {line_number(index)}: {reason}; fix or drop that line")
+            fix = "" if reason in _WHOLE_FILE else "; fix or drop that line"  # the file's form, not one line
+            raise InputError(f"text file {path} line {line_number(index)}: {reason}{fix}")
     last_line = line_number(data.count(b"\n"))
     raise InputError(
         f"text file {path} lines {line_number(0)}-{last_line}: cannot parse JSON Lines "
@@ -396,6 +397,15 @@ def _raise_bad_line(data: bytes, path: str, column: str, line_number, arrow_mess
 
 _JSON_TYPES = {bool: "boolean", int: "number", float: "number", list: "array", dict: "object", type(None): "null"}
 """By ``isinstance`` (an object parsed by :func:`_keys_kept` is a dict subclass)."""
+
+
+_ARRAY_FILE = ("a JSON array of objects: the file is one JSON document, not JSON Lines (one object on each line); "
+               "write one object a line, e.g. jq -c '.[]' FILE")
+
+
+_CR_LINES = ("not JSON (its lines end with a carriage return alone, \\r, not \\n: convert them to \\n, e.g. "
+             "tr '\\r' '\\n')")
+_WHOLE_FILE = (_ARRAY_FILE, _CR_LINES)
 
 
 def _bad_line_reason(line: bytes, column: str) -> str | None:
@@ -409,10 +419,16 @@ def _bad_line_reason(line: bytes, column: str) -> str | None:
     try:
         value = json.loads(text, object_pairs_hook=_keys_kept)
     except json.JSONDecodeError as e:
+        if b"\r" in line.rstrip(b"\r\n"):  # one "line" of many objects: the file ends its lines with \r alone
+            return _CR_LINES
+        if text.strip() == "[":
+            return _ARRAY_FILE
         return (f"not JSON ({e.msg}{'' if e.msg.endswith(' at') else ' at'} column {e.colno}; JSON Lines holds one "
                 "whole object on each line)")  # "...starting at"
     if isinstance(value, _KeptKeys) and value.keys_seen.count(column) > 1:
         return f"the key {column!r} appears {value.keys_seen.count(column)} times (which one is the text?)"
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        return _ARRAY_FILE
     if not isinstance(value, dict):
         return f"a JSON {_JSON_TYPES.get(type(value), 'string')} where an object was expected"
     if column not in value:

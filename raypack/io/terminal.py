@@ -92,11 +92,19 @@ def interrupted_line(argv: Sequence[str], kept: str | None, finished: bool = Tru
     what = "terminated (SIGTERM)" if _TERMINATED else "interrupted"
     if kept is None:
         return f"raypack: {what}; nothing was written"
+    program = _program()
     again = list(argv) if "--resume" in argv else [*(a for a in argv if a != "--overwrite"), "--resume"]
     if not finished:
         return (f"raypack: {what} before any task finished (its work directory is {kept}); start it again "
-                f"with: raypack {shlex.join(again)}")
-    return f"raypack: {what}; the finished work is kept in {kept}; finish with: raypack {shlex.join(again)}"
+                f"with: {program} {shlex.join(again)}")
+    return f"raypack: {what}; the finished work is kept in {kept}; finish with: {program} {shlex.join(again)}"
+
+
+def _program() -> str:
+    """The command as the user ran it, for a line to paste: ``.venv/bin/raypack`` where that was typed (a
+    new user's trial: "raypack ..." failed outside the venv), else ``raypack``."""
+    typed = sys.argv[0] if sys.argv else ""
+    return shlex.quote(typed) if os.path.basename(typed) == "raypack" else "raypack"
 
 
 def silence_stdout() -> None:

@@ -146,6 +146,14 @@ BAD_LINES = [
                                                  r"quotes at column 2; JSON Lines holds one whole object on each line"),
     (b'{"text": "ok"}\n{"text": "a", "id": {"k": 1, "k": 2}, "text": "b"}\n',
      r"line 2: the key 'text' appears 2 times \(which one is the text\?\); fix or drop that line"),
+    # the file's form, not a line (new-user and operator trials): said so, with the conversion
+    (b'[{"text": "a"}, {"text": "b"}]\n', r"a\.jsonl line 1: a JSON array of objects: the file is one JSON document, "
+                                         r"not JSON Lines \(one object on each line\); write one object a line, "
+                                         r"e\.g\. jq -c '\.\[\]' FILE$"),
+    (b'[\n{"text": "a"},\n{"text": "b"}\n]\n', r"line 1: a JSON array of objects: the file is one JSON document"),
+    (b'{"text": "a"}\r{"text": "b"}\r', r"line 1: not JSON \(its lines end with a carriage return alone, \\r, not "
+                                      r"\\n: convert them to \\n, e\.g\. tr '\\r' '\\n'\)$"),
+    (b'{"text": "a"}\r\n{"text": "b"}\r\n[1]\r\n', r"line 3: a JSON array where an object was expected"),  # CRLF: fine
 ]
 
 

@@ -282,6 +282,15 @@ def test_interrupted_line():
         "raypack pack --output o --resume")
 
 
+@pytest.mark.parametrize("typed, said", [(".venv/bin/raypack", ".venv/bin/raypack"), ("/x y/raypack", "'/x y/raypack'"),
+                                         ("/x/raypack/cli/__main__.py", "raypack")])
+def test_the_interrupted_line_names_the_command_as_it_was_typed(monkeypatch, typed, said):
+    """A new user ran .venv/bin/raypack as the README says; the line said "finish with: raypack ...", which
+    is not on the PATH outside the venv."""
+    monkeypatch.setattr(sys, "argv", [typed, "pack"])
+    assert interrupted_line(["pack", "--output", "o"], "/x/s").endswith(f"finish with: {said} pack --output o --resume")
+
+
 @pytest.mark.parametrize("command", ["verify", "stats"])
 def test_a_closed_pipe_ends_quietly(tmp_path, command):
     root = corpus(tmp_path, [[5, 6], [7]])
