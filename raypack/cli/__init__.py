@@ -129,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--check-tokenizer", type=int, nargs="?", const=64, metavar="N",
                         help="an output packed from text: re-encode N of its documents (default 64) from their "
                              "text files with the tokenizer's reference library and compare, token for token")
+    verify.add_argument("--tokenizer", metavar="PATH",
+                        help="--check-tokenizer: the tokenizer.json the output was packed with, where it is now "
+                             "(moved since; it must hash to the sha256 the manifest records)")
     verify.add_argument("--max-document-bytes", type=int, metavar="BYTES",
                         help="--check-tokenizer: a chosen document of more text is counted, not re-encoded (default: "
                              "pack's default, 16 MiB; the reference library needs ~110-190 bytes of memory a byte)")
@@ -436,10 +439,15 @@ def _run_verify(args: argparse.Namespace) -> int:
     elif args.max_document_bytes is not None:
         raise InputError("--max-document-bytes limits what --check-tokenizer re-encodes: add --check-tokenizer, "
                          "or drop it")
+    elif args.tokenizer is not None:
+        raise InputError("--tokenizer names the tokenizer --check-tokenizer re-encodes with: add --check-tokenizer, "
+                         "or drop it")
     try:
         limit = {} if args.max_document_tokens is None else {"max_document_tokens": args.max_document_tokens}
         report = verify_output(args.output, inputs, token_column=args.token_column, **limit)
         text_limit = {} if args.max_document_bytes is None else {"max_document_bytes": args.max_document_bytes}
+        if args.tokenizer is not None:
+            text_limit["tokenizer"] = args.tokenizer
         extra = [] if args.check_tokenizer is None else check_tokenizer(args.output, args.check_tokenizer, **text_limit)
     except VerifyError as e:
         print(f"raypack: verify failed: {e}", file=sys.stderr)

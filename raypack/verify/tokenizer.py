@@ -71,14 +71,18 @@ def check_max_document_bytes(max_document_bytes: object) -> None:
 
 
 def check_tokenizer(out: str, num_docs: int = DEFAULT_DOCUMENTS,
-                    max_document_bytes: int = MAX_DOCUMENT_BYTES) -> list[str]:
+                    max_document_bytes: int = MAX_DOCUMENT_BYTES, tokenizer: str | None = None) -> list[str]:
     """Re-encode ``num_docs`` documents of ``out`` with the reference tokenizer; report lines, or
     VerifyError naming the first document that differs (InputError: nothing to check against).
-    A chosen document of more than ``max_document_bytes`` of text is counted, not re-encoded."""
+    A chosen document of more than ``max_document_bytes`` of text is counted, not re-encoded.
+    ``tokenizer``: the tokenizer.json packed with, where it is now (the manifest's sha256 must match)."""
     check_count(num_docs)
     check_max_document_bytes(max_document_bytes)
     data, where = read_manifest_json(out)
     if isinstance(data, dict) and data.get("kind") == MIX_KIND:
+        if tokenizer is not None:
+            raise InputError(f"--tokenizer names one tokenizer; {out} is a mix, whose sources each record theirs: "
+                             "verify a source with it instead")
         return _check_mix(out, data, where, num_docs, max_document_bytes)
     manifest = load_manifest(out)
     record = manifest.tokenizer_record
@@ -88,7 +92,7 @@ def check_tokenizer(out: str, num_docs: int = DEFAULT_DOCUMENTS,
                          "--check-tokenizer needs an output of pack --tokenizer, or of tokenize then pack with "
                          "--input the tokenized corpus's directory (part files given one by one, or by a glob, are "
                          "packed as token files and carry no tokenizer)")
-    tokenizer = _reference(record["identity"], out)
+    tokenizer = _reference(record["identity"], out, tokenizer)
     options = record.get("options", {})
     total = sum(s.num_docs for s in sources)
     chosen = np.unique(np.linspace(0, total - 1, min(num_docs, total)).round().astype(np.int64))
@@ -161,19 +165,25 @@ def text_sources(manifest: Manifest) -> list[TextSource]:
     return sources
 
 
-def _reference(identity: dict[str, Any], out: str):
+def _reference(identity: dict[str, Any], out: str, given: str | None = None):
+    """The reference tokenizer of ``identity`` (from the path it records, or ``given``: where it is now)."""
     spec = f"tiktoken:{identity.get('name')}" if identity.get("kind") == "tiktoken" else identity.get("file")
+    if given is not None:
+        spec = given
     if not isinstance(spec, str):
         raise InputError(f"{out}: its manifest's tokenizer {identity!r} names no file or encoding")
-    if identity.get("kind") != "tiktoken" and not os.path.isfile(spec):
+    if given is None and identity.get("kind") != "tiktoken" and not os.path.isfile(spec):
         raise InputError(f"{out} was packed with tokenizer {spec}, which is no longer there; --check-tokenizer "
-                         "re-encodes with it: put it back at that path (or verify without --check-tokenizer)")
+                         "re-encodes with it: put it back at that path, or give where it is now with --tokenizer "
+                         "(or verify without --check-tokenizer)")
     tokenizer = load_tokenizer(spec)
     now = tokenizer.identity()
     if now.get("sha256") != identity.get("sha256"):
-        raise VerifyError(f"tokenizer {spec} changed since {out} was packed (sha256 {str(now.get('sha256'))[:16]}..., "
-                          f"the manifest records {str(identity.get('sha256'))[:16]}...): put the tokenizer it was "
-                          "packed with back at that path")
+        where = ("give the tokenizer it was packed with" if given is not None else
+                 "put the tokenizer it was packed with back at that path, or give where it is now with --tokenizer")
+        raise VerifyError(f"tokenizer {spec} is not the one {out} was packed with (sha256 "
+                          f"{str(now.get('sha256'))[:16]}..., the manifest records {str(identity.get('sha256'))[:16]}"
+                          f"...): {where}")
     edited = sorted(k for k in set(now) | set(identity) if k != "file" and now.get(k) != identity.get(k))
     if edited:  # the same file (its sha256), so the manifest's record of it was changed (an operator's trial)
         k = edited[0]

@@ -188,7 +188,18 @@ def test_a_tokenizer_moved_or_changed_since_packing_says_to_put_it_back(tmp_path
     assert main(["verify", str(tmp_path / "out"), "--check-tokenizer", "3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"packed with tokenizer {copy}, which is no longer there" in err[0], err
-    assert "put it back at that path" in err[0], err
+    assert "put it back at that path, or give where it is now with --tokenizer" in err[0], err
+    # where it is now (a new user's trial: there was no way to give it)
+    assert main(["verify", str(tmp_path / "out"), "--check-tokenizer", "3", "--tokenizer",
+                 str(tmp_path / "elsewhere.json")]) == 0
+    assert "3  documents re-encoded with tokenizers: equal" in capsys.readouterr().out
+    other = tmp_path / "other.json"
+    train_byte_level_bpe(TEXTS[:50], 280).save(str(other))
+    assert main(["verify", str(tmp_path / "out"), "--check-tokenizer", "3", "--tokenizer", str(other)]) == 1
+    assert f"tokenizer {other} is not the one {tmp_path / 'out'} was packed with (sha256 " in capsys.readouterr().err
+    assert main(["verify", str(tmp_path / "out"), "--tokenizer", str(other)]) == 2
+    assert capsys.readouterr().err == ("raypack: error: --tokenizer names the tokenizer --check-tokenizer re-encodes "
+                                       "with: add --check-tokenizer, or drop it\n")
 
 
 def test_a_document_over_max_document_bytes_is_counted_not_re_encoded(tmp_path, tok, capsys):
