@@ -133,10 +133,12 @@ class TokenizeSummary:
     seconds: float
     finished_publish: bool = False
     """A ``--resume`` that found the interrupted run's output complete and published it (no time to show)."""
+    kept: tuple[int, int] = (0, 0)
+    """Tasks and tokens a ``--resume`` kept from the runs before (not counted in the rate)."""
 
     def lines(self) -> list[str]:
         c, tokenizer = self.manifest.counts, self.manifest.tokenizer
-        rate = c.tokens / self.seconds if self.seconds > 0 else 0.0
+        rate = (c.tokens - self.kept[1]) / self.seconds if self.seconds > 0 else 0.0
         backend = self.manifest.backend
         done = "finished the interrupted publish of" if self.finished_publish else "tokenized"
         lines = [
@@ -149,7 +151,8 @@ class TokenizeSummary:
         ]
         if self.finished_publish:
             return lines
-        return [*lines, f"  time       {self.seconds:>14.2f}s  ({rate / 1e6:,.2f}M tokens/s, start-up included)"]
+        kept = f"; {self.kept[0]:,} tasks, {self.kept[1]:,} tokens, kept from the run before" if self.kept[0] else ""
+        return [*lines, f"  time       {self.seconds:>14.2f}s  ({rate / 1e6:,.2f}M tokens/s, start-up included{kept})"]
 
 
 def parse_token(value: str | int | None) -> str | int | None:
@@ -216,18 +219,19 @@ def run_tokenize(config: TokenizeConfig, *, engine: str = "ray", resume: bool = 
         _check_outside(config.output, tasks, config.inputs)
         return tasks
 
-    def write(target, tasks: list[TextTask]) -> TokenizedManifest:
-        manifest = tokenize_into(target.work_dir, config, tasks, engine, resume)
+    def write(target, tasks: list[TextTask]) -> tuple[TokenizedManifest, tuple[int, int]]:
+        manifest, kept = tokenize_into(target.work_dir, config, tasks, engine, resume)
         target.sweep(keep={s.path for s in manifest.shards})
         save_tokenized_manifest(target.work_dir, manifest)
-        return manifest
+        return manifest, kept
 
-    manifest = run_published(config.output, overwrite=config.overwrite, resume=resume, plan=plan, write=write,
-                             finished=lambda: None)
-    if manifest is None:  # --resume of a run interrupted while publishing: its publish finished
+    outcome = run_published(config.output, overwrite=config.overwrite, resume=resume, plan=plan, write=write,
+                            finished=lambda: None)
+    if outcome is None:  # --resume of a run interrupted while publishing: its publish finished
         return TokenizeSummary(config.output, load_tokenized_manifest(config.output), time.perf_counter() - start,
                                finished_publish=True)
-    return TokenizeSummary(config.output, manifest, time.perf_counter() - start)
+    manifest, kept = outcome
+    return TokenizeSummary(config.output, manifest, time.perf_counter() - start, kept=kept)
 
 
 def pack_text(work_dir: str, pack_config, text: TextOptions, engine: str, resume: bool,
@@ -350,16 +354,17 @@ def _check_outside(output: str, tasks: list[TextTask], inputs) -> None:
 
 
 def tokenize_into(out_dir: str, config: TokenizeConfig, tasks: list[TextTask], engine: str,
-                  resume: bool) -> TokenizedManifest:
-    """Run every task into ``out_dir``; return the corpus manifest (not yet written)."""
+                  resume: bool) -> tuple[TokenizedManifest, tuple[int, int]]:
+    """Run every task into ``out_dir``; return the corpus manifest (not yet written), and the tasks
+    and tokens kept from the runs before (a ``resume``)."""
     tokenizer = load_backed_tokenizer(config.text.tokenizer, config.text.tokenizer_backend)
     settings, options = _text_settings(out_dir, config.text, tokenizer, config.inputs)
-    results = _run_tasks(tasks, settings, config, engine, resume, tokenizer)
+    results, kept = _run_tasks(tasks, settings, config, engine, resume, tokenizer)
     shards = [{"path": r.path, "num_docs": r.num_docs, "num_tokens": r.num_tokens, "num_bytes": r.num_bytes,
                "sha256": r.sha256, "source": {"path": t.path, "format": t.format, "start": t.start, "end": t.end}}
               for t, r in zip(tasks, results)]
     return build_tokenized_manifest(shards, settings.token_dtype, tokenizer.identity(), options,
-                                    tokenizer.backend_record())
+                                    tokenizer.backend_record()), kept
 
 
 def _text_settings(out_dir: str, text: TextOptions, tokenizer, inputs) -> tuple[TokenizeSettings, dict[str, Any]]:
@@ -378,7 +383,7 @@ def _text_settings(out_dir: str, text: TextOptions, tokenizer, inputs) -> tuple[
 
 
 def _run_tasks(tasks: list[TextTask], settings: TokenizeSettings, config: TokenizeConfig, engine: str,
-               resume: bool, tokenizer) -> list[TextResult]:
+               resume: bool, tokenizer) -> tuple[list[TextResult], tuple[int, int]]:
     redone: dict[str, list[TextTask]] = {}
     kept = {t.task_index: r for t in tasks if resume and (r := load_verified_record(t, settings, redone))}
     say_redone(redone)
@@ -389,7 +394,8 @@ def _run_tasks(tasks: list[TextTask], settings: TokenizeSettings, config: Tokeni
         done = _tokenize_locally(todo, settings, tokenizer)
     else:
         done = _tokenize_with_ray(todo, settings, config)
-    return sorted([*kept.values(), *done], key=lambda r: r.task_index)
+    results = sorted([*kept.values(), *done], key=lambda r: r.task_index)
+    return results, (len(kept), sum(r.num_tokens for r in kept.values()))
 
 
 def _tokenize_locally(tasks: list[TextTask], settings: TokenizeSettings, tokenizer) -> list[TextResult]:

@@ -515,9 +515,14 @@ def test_tokenize_resume_after_a_crash_reuses_finished_tasks(tmp_path, text_dir,
     done = fail_at_task(monkeypatch, -1)
     with pytest.raises(tokenize_job.InputError, match="--resume"):
         tokenize(tmp_path, text_dir, tok, "out")
-    tokenize(tmp_path, text_dir, tok, "out", resume=True)
+    summary = run_tokenize(TokenizeConfig(inputs=(text_dir,), output=str(tmp_path / "out"), text=options(tok),
+                                          num_workers=2), engine="local", resume=True)
     assert done == list(range(3, num_tasks))
     assert digests(tmp_path / "out", "*") == digests(clean, "*")
+    # the rate is this run's tokens (it counted the kept ones), and the kept ones are said (a new user's trial)
+    kept = sum(s["num_tokens"] for s in manifest_of(clean)["shards"][:3])
+    assert summary.kept == (3, kept)
+    assert summary.lines()[-1].endswith(f"start-up included; 3 tasks, {kept:,} tokens, kept from the run before)")
 
 
 def another_backend_version(monkeypatch, version: str = "0.0.0-another") -> None:
