@@ -165,6 +165,7 @@ def run_mix(config: MixConfig) -> MixSummary:
     from raypack.pack.publish import run_published
 
     def plan() -> dict[str, Any]:
+        _refuse_a_source_twice(config)
         return build_mix_manifest(config, [_open_source(path, k) for k, (path, _) in enumerate(config.sources)])
 
     def write(target, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -187,6 +188,19 @@ def _open_source(path: str, k: int) -> PackedDataset:
     return ds
 
 
+def _refuse_a_source_twice(config: MixConfig) -> None:
+    """One output listed twice (under any spelling) is one line: each entry took its own share and passes,
+    so chunks repeated within what read as one pass (a new user's trial); its weights add up instead."""
+    seen: dict[str, int] = {}
+    for k, (path, _) in enumerate(config.sources):
+        key = path if is_uri(path) else os.path.realpath(path)
+        first = seen.setdefault(key.rstrip("/"), k)
+        if first != k:
+            weights = config.sources[first][1] + config.sources[k][1]
+            raise InputError(f"source {k} ({path}) is source {first} ({config.sources[first][0]}) again; list it once, "
+                             f"with the sum of its weights ({weights:g})")
+
+
 def _refuse_output_over_source(config: MixConfig) -> None:
     if is_uri(config.output):
         return
@@ -206,6 +220,8 @@ def build_mix_manifest(config: MixConfig, datasets: Sequence[PackedDataset]) -> 
                 raise InputError(f"source {k} ({config.sources[k][0]}) has {what}={getattr(ds, what)} but source 0 "
                                  f"({config.sources[0][0]}) has {what}={getattr(first, what)}; mix outputs packed "
                                  "with the same context length, token dtype and pad token")
+        if ds.extra_columns != first.extra_columns:
+            raise InputError(_side_columns_differ(k, config.sources[k][0], ds, config.sources[0][0], first))
     if not config.allow_mixed_tokenizers:
         _refuse_mixed_tokenizers(config, datasets)
     weights = [w for _, w in config.sources]
@@ -253,7 +269,8 @@ def _recorded_path(path: str, output: str) -> str:
         return path
     if is_uri(output):
         return os.path.abspath(path)
-    return os.path.relpath(os.path.abspath(path), os.path.abspath(output)).replace(os.sep, "/")
+    # real paths, as source_location joins to the mix directory's real path
+    return os.path.relpath(os.path.realpath(path), os.path.realpath(output)).replace(os.sep, "/")
 
 
 def _version() -> str:
@@ -361,7 +378,8 @@ def source_location(mix_path: str, recorded: str) -> str:
     if is_uri(mix_path):
         raise InputError(f"{mix_path}: source path {recorded!r} is relative, but a mix on an object store must "
                          f"name its sources by URI; {_DAMAGED}")
-    return os.path.normpath(os.path.join(mix_path, recorded))
+    # the mix directory's real path: through a symbolic link, '..' is the link target's parent (a trial)
+    return os.path.normpath(os.path.join(os.path.realpath(mix_path), recorded))
 
 
 def check_sources(mix_path: str, manifest: MixManifest, where: str) -> list[PackedDataset]:
@@ -381,8 +399,20 @@ def check_sources(mix_path: str, manifest: MixManifest, where: str) -> list[Pack
             if value != recorded[key]:
                 raise InputError(f"{where}: source {k} ({path}) changed since the mix was made: {key}={value}, the "
                                  f"mix recorded {recorded[key]}; make the mix again (raypack mix ... --overwrite)")
+        if datasets and ds.extra_columns != datasets[0].extra_columns:  # a mix made before mix refused it
+            raise InputError(f"{where}: " + _side_columns_differ(k, path, ds, "its first source", datasets[0]))
         datasets.append(ds)
     return datasets
+
+
+def _side_columns_differ(k: int, path: str, ds: PackedDataset, first_path: str, first: PackedDataset) -> str:
+    """Sources with other side columns: a batch of the mix would have a column for some rows only (it read
+    uninitialised memory for the others, and a collate dropped the column for all)."""
+    def names(d: PackedDataset) -> str:
+        return ", ".join(f"{c.name} ({c.type})" for c in d.extra_columns) or "none"
+
+    return (f"source {k} ({path}) has side columns {names(ds)} but source 0 ({first_path}) has {names(first)}; "
+            "mix outputs packed with the same --extra-columns")
 
 
 # ----------------------------------------------------------------------------- reading

@@ -404,21 +404,17 @@ def test_no_cluster_at_the_address_names_where_the_address_came_from(tmp_path, g
     assert sorted(os.listdir(tmp_path)) == ["in"]
 
 
-@pytest.mark.slow
-def test_address_auto_without_a_cluster_says_to_leave_it_out(tmp_path):
+def test_address_auto_without_a_cluster_says_to_leave_it_out():
     """--address auto and no cluster: the line said "... or run on the head node with --address auto", the flag
-    the user had typed; the fix is to leave it out for an embedded Ray."""
-    write_parquet(tmp_path / "in" / "part-0.parquet", [[1, 2, 3]])
-    done = subprocess.run([sys.executable, "-m", "raypack.cli", "pack", "--input", str(tmp_path / "in"), "--output",
-                           str(tmp_path / "out"), "--context-length", "4", "--address", "auto"],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                          env={**os.environ, "RAY_ADDRESS": "", "RAY_TMPDIR": "/nonexistent-raypack-test"})
-    err = done.stderr.strip().splitlines()
-    assert done.returncode == 2 and len(err) == 1, done.stderr
-    assert err[0].startswith("raypack: error: no Ray cluster found for --address auto ("), err
-    assert err[0].endswith("start one with `ray start --head`, or leave --address out (and unset RAY_ADDRESS) to "
-                           "run on an embedded local Ray"), err
-    assert sorted(os.listdir(tmp_path)) == ["in"]
+    the user had typed; the fix is to leave it out for an embedded Ray. (Ray's own error, as ray.init raises it;
+    a run is not started here: "auto" finds any Ray on the machine, another test's included.)"""
+    from raypack.engine.pipeline import _connect_hint
+
+    said = _connect_hint("auto", ConnectionError("Could not find any running Ray instance. Please specify the one to "
+                                                 "connect to by setting `--address`"))
+    assert said == ("no Ray cluster found for --address auto (Could not find any running Ray instance); start one "
+                    "with `ray start --head`, or leave --address out (and unset RAY_ADDRESS) to run on an embedded "
+                    "local Ray")
 
 
 def test_a_packed_output_or_a_file_as_output_is_one_line_with_the_fix(tmp_path, capsys):

@@ -431,7 +431,10 @@ def test_sources_of_different_tokenizers_are_refused_unless_allowed(tmp_path, ca
     assert not (tmp_path / "m").exists()
     assert main([*mix, "--source", str(tmp_path / "o200k_base"), "--weight", "1", "--output", str(tmp_path / "m"),
                  "--allow-mixed-tokenizers"]) == 0
-    same = [*mix, "--source", str(tmp_path / "cl100k_base"), "--weight", "1", "--output", str(tmp_path / "m2")]
+    import shutil
+
+    shutil.copytree(tmp_path / "cl100k_base", tmp_path / "cl100k_copy")  # another output, the same tokenizer
+    same = [*mix, "--source", str(tmp_path / "cl100k_copy"), "--weight", "1", "--output", str(tmp_path / "m2")]
     assert main(same) == 0
 
 
@@ -440,11 +443,59 @@ def test_a_mix_listing_one_output_many_times_opens_it_once(tmp_path, monkeypatch
     import raypack.mix.dataset as dataset
 
     pack(tmp_path, write_shards(tmp_path, [[1, 2, 3, 4, 5]] * 30, [10]))
-    sources = tuple((str(tmp_path / "out"), 1) for _ in range(2000))
-    run_mix(load_mix_config(sources=sources, output=str(tmp_path / "m"), num_chunks=4000))
+    pack(tmp_path, write_shards(tmp_path, [[1, 2, 3, 4, 5]] * 30, [10]), name="other")
+    run_mix(load_mix_config(sources=((str(tmp_path / "out"), 1), (str(tmp_path / "other"), 1)),
+                            output=str(tmp_path / "m"), num_chunks=4000))
+    manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())  # raypack mix refuses a source twice
+    one = manifest["sources"][0]
+    manifest["sources"] = [dict(one, share=2, passes=2 // one["num_chunks"]) for _ in range(2000)]
+    (tmp_path / "m" / "manifest.json").write_text(json.dumps(manifest))
     reads = []
     real = dataset.read_manifest_json
     monkeypatch.setattr(dataset, "read_manifest_json", lambda path: reads.append(path) or real(path))
     mixed = read_packed(str(tmp_path / "m"))
     assert len(mixed) == 4000 and len(reads) == 1
     assert {int(mixed[i]["source"]) for i in range(0, 4000, 97)} <= set(range(2000))
+
+
+def test_sources_with_other_side_columns_or_listed_twice_are_refused(tmp_path, outputs):
+    """A new user's trial: a source with --extra-columns loss_mask mixed with one without read uninitialised
+    memory as the other rows' loss_mask (and a collate dropped the column for all); one output listed twice
+    under two spellings repeated chunks within what read as one pass."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "side").mkdir()
+    docs = [[1, 2, 3, 4, 5], [6, 7, 8]] * 10
+    pq.write_table(pa.table({"input_ids": pa.array(docs, pa.list_(pa.int32())),
+                             "loss_mask": pa.array([[1] * len(d) for d in docs], pa.list_(pa.int8()))}),
+                   tmp_path / "side" / "p.parquet")
+    pack(tmp_path, str(tmp_path / "side"), name="with_mask", extra_columns=["loss_mask"])
+    with pytest.raises(InputError, match=r"source 1 \(.*with_mask\) has side columns loss_mask \(int8\) but source 0 "
+                                         r"\(.*\) has none; mix outputs packed with the same --extra-columns$"):
+        mix(tmp_path, [(outputs["a"], 1), (str(tmp_path / "with_mask"), 1)], 10)
+    spelled = outputs["a"].replace("/mix", "//mix", 1) + "/"
+    with pytest.raises(InputError, match=r"source 2 \(.*\) is source 0 \(.*\) again; list it once, with the sum of "
+                                         r"its weights \(3\)$"):
+        mix(tmp_path, [(outputs["a"], 1), (outputs["b"], 1), (spelled, 2)], 10)
+    assert not (tmp_path / "mix").exists()
+    # a mix made before mix refused it is refused as it is opened
+    made = mix(tmp_path, [(outputs["a"], 1), (outputs["b"], 1)], 10)
+    manifest = json.loads(open(os.path.join(made, "manifest.json")).read())
+    with_mask = read_packed(str(tmp_path / "with_mask"))
+    manifest["sources"][1].update(path=os.path.relpath(tmp_path / "with_mask", made), num_chunks=len(with_mask),
+                                  content_sha256=with_mask.manifest.content_sha256)
+    manifest["sources"][1]["passes"] = manifest["sources"][1]["share"] // len(with_mask)
+    open(os.path.join(made, "manifest.json"), "w").write(json.dumps(manifest))
+    with pytest.raises(InputError, match=r"manifest\.json: source 1 \(.*\) has side columns loss_mask \(int8\)"):
+        read_packed(made)
+
+
+def test_a_mix_reached_through_a_symbolic_link_finds_its_sources(tmp_path, outputs):
+    """'..' in a source's recorded path is the mix directory's real parent, not the link's (a trial: stats of
+    a linked mix said its source was 'no such output directory')."""
+    made = mix(tmp_path, [(outputs["a"], 1), (outputs["b"], 1)], 10, name="real/m")
+    (tmp_path / "elsewhere" / "deeper").mkdir(parents=True)  # another depth: a lexical '..' goes elsewhere
+    (tmp_path / "elsewhere" / "deeper" / "link").symlink_to(made)
+    linked = read_packed(str(tmp_path / "elsewhere" / "deeper" / "link"))
+    assert linked.content_sha256 == read_packed(made).content_sha256
