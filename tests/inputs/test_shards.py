@@ -523,3 +523,30 @@ def test_a_file_whose_name_holds_glob_characters_is_taken_as_named(tmp_path: Pat
     assert discover_shards([str(tmp_path / "[br]acket.parquet")]) == [str(tmp_path / "[br]acket.parquet")]
     assert discover_shards([str(tmp_path / "star?glob.parquet")]) == [str(tmp_path / "star*glob.parquet"),
                                                                        str(tmp_path / "starXglob.parquet")]
+
+
+@pytest.mark.parametrize("offsets", [(0, 3, 100), (0, 3, -5), (0, 4, 2)], ids=["past the values", "negative",
+                                                                               "decreasing"])
+@pytest.mark.parametrize("kind", ["file", "stream"])
+def test_an_arrow_shard_whose_list_offsets_lie_is_one_line(tmp_path, offsets, kind):
+    """A hostile trial: Arrow's IPC reader checks only buffer sizes, so offsets past the values crashed the run
+    (a traceback, exit 1, its work kept), and decreasing ones were packed as other documents, which verify then
+    passed. Every read of the shard (its plan, its packing) refuses it in one line."""
+    import struct
+
+    from raypack.inputs.reading import iter_document_batches
+
+    table = pa.table({"input_ids": pa.array([[11, 12, 13], [14, 15, 16]], pa.list_(pa.int32()))})
+    path = tmp_path / "s.arrow"
+    with (paipc.new_file if kind == "file" else paipc.new_stream)(str(path), table.schema) as writer:
+        writer.write_table(table)
+    data = bytearray(path.read_bytes())
+    at = data.find(struct.pack("<3i", 0, 3, 6))
+    data[at:at + 12] = struct.pack("<3i", *offsets)
+    path.write_bytes(bytes(data))
+    said = (rf"shard {path}: record batch 0, column 'input_ids': its list offsets are not those of a list array "
+            r"\(Offset invariant failure: .*\); the file is damaged or hostile: re-write it$")
+    with pytest.raises(InputError, match=said):
+        inspect_shard(str(path))
+    with pytest.raises(InputError, match=said):
+        list(iter_document_batches(str(path), "arrow", "input_ids", 10))
