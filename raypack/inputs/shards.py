@@ -54,7 +54,7 @@ def discover_shards(inputs: Sequence[str] | str) -> list[str]:
     Order: the order of ``inputs``, each input expanded in sorted path order; a file seen
     before is dropped (the first occurrence keeps its place and its spelling): the same path, or a
     local path that resolves to the same file (``..``, a symbolic link, relative and absolute), with
-    one INFO line. A directory expands to every
+    one INFO line (a hard link is the same file too). A directory expands to every
     shard file under it (recursive); a glob (``*``, ``?``, ``[...]``, and ``**`` for any
     number of directories) must match the whole path, one path component per pattern
     component. Expansion keeps only known shard suffixes and skips names starting with
@@ -80,8 +80,15 @@ def discover_shards(inputs: Sequence[str] | str) -> list[str]:
 
 
 def _same_file_key(path: str) -> str:
-    """What two spellings of one file share: a local path's real path; a URI as it is."""
-    return path if is_uri(path) else os.path.realpath(path)
+    """What two spellings of one file share: a local file's device and inode (a hard link too; its real
+    path where it cannot be stat'ed); a URI as it is."""
+    if is_uri(path):
+        return path
+    try:
+        info = os.stat(path)
+    except OSError:
+        return os.path.realpath(path)
+    return f"inode:{info.st_dev}:{info.st_ino}"
 
 
 def _expand_input(item: str) -> list[str]:

@@ -116,6 +116,8 @@ def test_one_file_under_two_spellings_is_read_once(tree: Path, tmp_path, monkeyp
     with caplog.at_level(logging.INFO, logger="raypack.inputs"):
         assert discover_shards([str(tree / "b.parquet"), str(tree / "b.parquet")]) == [str(tree / "b.parquet")]
     assert not [r for r in caplog.records if "given again" in r.getMessage()]  # one spelling twice: as before
+    os.link(tree / "b.parquet", tmp_path / "hard.parquet")  # a hard link: the same file (a hostile trial)
+    assert discover_shards([str(tree / "b.parquet"), str(tmp_path / "hard.parquet")]) == [str(tree / "b.parquet")]
 
 
 @pytest.mark.parametrize(
