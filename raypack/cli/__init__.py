@@ -477,6 +477,16 @@ def _run_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_plot_path(path: str) -> None:
+    """A --plot path a PNG can be written to, said before the report (a directory, another suffix or a
+    missing folder gave a traceback after it, or a file other than the one named: a new user's trial)."""
+    folder = os.path.dirname(path) or "."
+    if not path.lower().endswith(".png") or os.path.isdir(path):
+        raise InputError(f"--plot {path}: give a file name ending in .png (the plot is a PNG)")
+    if not os.path.isdir(folder):
+        raise InputError(f"--plot {path}: {folder} is not a directory; create it, or give a path in one")
+
+
 def _run_stats(args: argparse.Namespace) -> int:
     from raypack.cli.stats import packing_stats, plot_stats
     from raypack.mix.dataset import MixStats
@@ -487,6 +497,8 @@ def _run_stats(args: argparse.Namespace) -> int:
         raise InputError(f"--plot draws a packed output's fragments; {args.output} is a mix (its sources have plots)")
     if args.plot and importlib.util.find_spec("matplotlib") is None:  # before the report, not after it
         raise InputError(f"--plot needs matplotlib, which is not installed; {PLOT_EXTRA}")
+    if args.plot:
+        _check_plot_path(args.plot)
     print("\n".join(report.lines()))
     if args.plot:
         try:

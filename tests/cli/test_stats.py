@@ -106,3 +106,23 @@ def test_plot_without_matplotlib_is_one_line_before_the_report(small_output, tmp
     assert main(["stats", small_output, "--plot", str(tmp_path / "s.png")]) == 2
     out, err = capsys.readouterr()
     assert out == "" and len(err.strip().splitlines()) == 1 and install_extra("plot") in err, (out, err)
+
+
+@pytest.mark.parametrize("name, said", [
+    ("x.txt", "give a file name ending in .png (the plot is a PNG)"),
+    ("x", "give a file name ending in .png (the plot is a PNG)"),
+    ("dir.png", "give a file name ending in .png (the plot is a PNG)"),  # a directory of that name
+    ("missing/x.png", "is not a directory; create it, or give a path in one"),
+])
+def test_a_plot_path_that_cannot_be_written_is_one_line_before_the_report(small_output, tmp_path, capsys, name,
+                                                                          said):
+    """A new user's trial: a .txt name or a missing folder gave a traceback after the report, and a name without
+    .png (or a directory) wrote another file than the one the line named."""
+    pytest.importorskip("matplotlib")
+    from raypack.cli import main
+
+    (tmp_path / "dir.png").mkdir()
+    assert main(["stats", small_output, "--plot", str(tmp_path / name)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"raypack: error: --plot {tmp_path / name}: " + (
+        said if not said.startswith("is not") else f"{tmp_path / 'missing'} {said}") + "\n", err
