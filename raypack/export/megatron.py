@@ -95,6 +95,10 @@ class MegatronExporter(Exporter):
 
     def __init__(self, output: str, token_dtype: np.dtype) -> None:
         super().__init__(output, token_dtype)
+        if output.endswith("/") or (not is_uri(output) and os.path.isdir(output)):  # it wrote DIR.bin beside DIR
+            raise InputError(f"--output {output} names a directory; megatron's --output is a prefix of two files: "
+                             f"give e.g. {posixpath.join(output.rstrip('/') or '.', 'corpus')} for corpus.bin and "
+                             "corpus.idx in it")
         self._fs, self._prefix = resolve_filesystem(output)
         self._local = isinstance(self._fs, pafs.LocalFileSystem)
         self._dir, self._base = posixpath.split(self._prefix)

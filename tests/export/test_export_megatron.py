@@ -425,3 +425,17 @@ def test_a_pool_process_leaves_quietly_on_ctrl_c():
     os.kill(process.pid, signal.SIGINT)
     process.join(30)
     assert process.exitcode == 130
+
+
+@pytest.mark.parametrize("given", ["out/", "out"])
+def test_an_output_that_names_a_directory_is_one_line(tmp_path, capsys, given):
+    """A new user's trial: --output build/megatron/ wrote build/megatron.bin and .idx beside the directory, and
+    the summary said "build/megatron/.bin"."""
+    src = write_tokenized(tmp_path, DOCS, cuts=[3])
+    (tmp_path / "out").mkdir()
+    output = str(tmp_path / given)
+    assert main(["export", src, "--format", "megatron", "--output", output]) == 2
+    assert capsys.readouterr().err == (f"raypack: error: --output {output} names a directory; megatron's --output is "
+                                       f"a prefix of two files: give e.g. {tmp_path / 'out' / 'corpus'} for "
+                                       "corpus.bin and corpus.idx in it\n")
+    assert sorted(os.listdir(tmp_path)) == ["out", "tokens"] and not os.listdir(tmp_path / "out")
