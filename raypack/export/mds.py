@@ -48,10 +48,10 @@ from raypack.export.mds_format import (
     write_index,
 )
 from raypack.export.sources import ChunkPart, Source
-from raypack.io.fs import resolve_filesystem
+from raypack.io.fs import is_uri, resolve_filesystem
 from raypack.outputs import read_packed
 from raypack.packed.reader import PackedDataset
-from raypack.packed.writer import AtomicFile, Committer, publish_or_abort
+from raypack.packed.writer import MANIFEST_NAME, AtomicFile, Committer, publish_or_abort
 from raypack.rules.core import Chunks, concat_chunks
 
 log = logging.getLogger(__name__)
@@ -243,6 +243,30 @@ def _check_not_source(src_dir: str, out_dir: str) -> None:
         raise InputError(f"{out_dir} is the packed output itself; give another directory for the export")
 
 
+def _check_a_place_of_its_own(out_dir: str) -> None:
+    """A local directory that holds files no MDS export wrote (an input directory, a home directory) or that
+    lies inside a raypack output is refused: the export was written beside them, and the output's own
+    ``--overwrite`` then refused the files it had not written (a new user's trial)."""
+    if is_uri(out_dir):
+        return
+    path = os.path.abspath(out_dir)
+    here = path
+    while True:
+        if os.path.isfile(os.path.join(here, MANIFEST_NAME)):
+            raise InputError(f"{out_dir} is inside the raypack output {here} (it holds {MANIFEST_NAME}); give a "
+                             "directory of its own for the export")
+        parent = os.path.dirname(here)
+        if parent == here:
+            break
+        here = parent
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, INDEX_NAME)):
+        names = sorted(os.listdir(path))
+        if names:
+            more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+            raise InputError(f"{out_dir} holds {names[0]!r}{more}, which no MDS export wrote; give an empty or new "
+                             "directory for the export")
+
+
 def _clear_previous(out_dir: str, overwrite: bool) -> None:
     """Refuse an ``out_dir`` holding an index (unless ``overwrite``: then remove it, then its shards)."""
     fs, base = resolve_filesystem(out_dir)
@@ -269,6 +293,7 @@ def export_mds(src_dir: str, out_dir: str, *, size_limit: int | None = DEFAULT_S
     ds = read_packed(src_dir)
     dtype = np.dtype(token_dtype) if token_dtype is not None else ds.token_dtype
     _check_not_source(src_dir, out_dir)
+    _check_a_place_of_its_own(out_dir)
     _clear_previous(out_dir, overwrite)
     entries: list[dict[str, Any]] = []
     try:
@@ -376,6 +401,7 @@ class MdsExporter(Exporter):
     def prepare(self, source: Source) -> None:
         """Refuse the source directory itself; remove a previous export (the run checked --overwrite)."""
         _check_not_source(source.path, self.output)
+        _check_a_place_of_its_own(self.output)
         fs, base = resolve_filesystem(self.output)
         self._made_dir = (isinstance(fs, pafs.LocalFileSystem)
                           and fs.get_file_info(base).type == pafs.FileType.NotFound)

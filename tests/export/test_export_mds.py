@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -587,3 +588,21 @@ def test_an_existing_empty_output_directory_stays_after_a_failure(tmp_path, monk
                         lambda self, part, batches: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
     assert main(["export", src, "--format", "mds", "--output", str(tmp_path / "mds")]) == 2
     assert (tmp_path / "mds").is_dir()
+
+
+def test_an_output_holding_other_files_or_inside_a_raypack_output_is_refused(tmp_path, capsys):
+    """A new user's trial: an export went into a directory of notes, into the input directory and into another
+    packed output (whose own --overwrite then refused the files raypack had not written there)."""
+    src = packed(tmp_path)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "notes.txt").write_text("important")
+    err = cli_error(capsys, ["export", src, "--format", "mds", "--output", str(tmp_path / "notes")])
+    assert err.endswith(f"{tmp_path / 'notes'} holds 'notes.txt', which no MDS export wrote; give an empty or new "
+                        "directory for the export"), err
+    shutil.copytree(src, tmp_path / "other")
+    for inside in ("other", "other/mds"):
+        err = cli_error(capsys, ["export", src, "--format", "mds", "--output", str(tmp_path / inside)])
+        assert err.endswith(f"is inside the raypack output {tmp_path / 'other'} (it holds manifest.json); give a "
+                            "directory of its own for the export"), err
+    assert sorted(os.listdir(tmp_path / "notes")) == ["notes.txt"] and not (tmp_path / "other" / "mds").exists()
+    assert main(["export", src, "--format", "mds", "--output", str(tmp_path / "empty")]) == 0  # new: fine
