@@ -55,6 +55,8 @@ class Exporter(ABC):
     def __init__(self, output: str, token_dtype: np.dtype) -> None:
         self.output = output
         self.token_dtype = np.dtype(token_dtype)
+        self.dtype_given = True
+        """False for ``--verify-only`` without ``--token-dtype``: :meth:`verify` takes the export's own."""
 
     @abstractmethod
     def output_paths(self) -> list[str]:

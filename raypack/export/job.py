@@ -74,6 +74,7 @@ def run_export(source_path: str, format: str, output: str, *, token_dtype: str |
 def verify_export(source_path: str, format: str, output: str, *, token_dtype: str | None = None) -> list[str]:
     """Compare an existing export with its source (raises ExportMismatch at the first difference)."""
     exporter, source = _open(source_path, format, output, token_dtype)
+    exporter.dtype_given = token_dtype is not None  # else the export's own (it was refused as a mismatch)
     return exporter.verify(source)
 
 

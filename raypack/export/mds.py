@@ -435,7 +435,7 @@ class MdsExporter(Exporter):
             if isinstance(e.__cause__, FileNotFoundError):  # no index.json: not an export, not a mismatch
                 raise
             raise ExportMismatch(str(e)) from e
-        if found.token_dtype != self.token_dtype.name:
+        if self.dtype_given and found.token_dtype != self.token_dtype.name:
             raise ExportMismatch(f"{self.output}: token dtype {found.token_dtype}, expected {self.token_dtype.name}")
         return [f"verified {self.output} against {source.path}", f"  samples   {found.num_samples:>14,}",
                 f"  shards    {found.num_shards:>14,}", f"  dtype     {found.token_dtype:>14}"]

@@ -204,6 +204,8 @@ class MegatronExporter(Exporter):
         """The index's structure, the .bin's size, then every document against the source.
         Cost: one read of the source and of the .bin."""
         index = self._read_index()
+        if not self.dtype_given:  # --verify-only without --token-dtype: the dtype the export holds
+            self.token_dtype = index.dtype
         self._check_index(index, source)
         with self._fs.open_input_file(self._prefix + ".bin") as f:
             if f.size() != source.num_tokens * self.token_dtype.itemsize:

@@ -438,7 +438,9 @@ def test_cli_token_dtype(tmp_path, real, capsys):
     assert found["tokens"].dtype == np.uint16
     np.testing.assert_array_equal(found["tokens"], source_chunks(src).input_ids)
     capsys.readouterr()
-    assert main(["export", src, "--format", "mds", "--output", str(out), "--verify-only"]) == 1
+    assert main(["export", src, "--format", "mds", "--output", str(out), "--verify-only"]) == 0  # its own dtype
+    assert main(["export", src, "--format", "mds", "--output", str(out), "--verify-only", "--token-dtype",
+                 "int32"]) == 1
     assert "token dtype uint16, expected int32" in capsys.readouterr().err
     err = cli_error(capsys, ["export", src, "--format", "mds", "--output", str(tmp_path / "small"),
                              "--token-dtype", "int8"])
@@ -606,3 +608,15 @@ def test_an_output_holding_other_files_or_inside_a_raypack_output_is_refused(tmp
                             "directory of its own for the export"), err
     assert sorted(os.listdir(tmp_path / "notes")) == ["notes.txt"] and not (tmp_path / "other" / "mds").exists()
     assert main(["export", src, "--format", "mds", "--output", str(tmp_path / "empty")]) == 0  # new: fine
+
+
+def test_verify_only_without_token_dtype_takes_the_exports_own(tmp_path):
+    """docs/MDS.md's third line (--verify-only, no --token-dtype) said a correct uint16 export was damaged."""
+    from raypack.export.base import ExportMismatch
+    from raypack.export.job import run_export, verify_export
+
+    src = packed(tmp_path)
+    run_export(src, "mds", str(tmp_path / "mds"), token_dtype="uint16")
+    assert verify_export(src, "mds", str(tmp_path / "mds"))[-1].split() == ["dtype", "uint16"]
+    with pytest.raises(ExportMismatch, match="token dtype uint16, expected int32"):
+        verify_export(src, "mds", str(tmp_path / "mds"), token_dtype="int32")

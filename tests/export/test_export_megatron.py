@@ -439,3 +439,13 @@ def test_an_output_that_names_a_directory_is_one_line(tmp_path, capsys, given):
                                        f"a prefix of two files: give e.g. {tmp_path / 'out' / 'corpus'} for "
                                        "corpus.bin and corpus.idx in it\n")
     assert sorted(os.listdir(tmp_path)) == ["out", "tokens"] and not os.listdir(tmp_path / "out")
+
+
+def test_verify_only_without_token_dtype_takes_the_exports_own(tmp_path):
+    """A new user's trial (docs/MDS.md's three lines): an export made with --token-dtype uint16 was reported as
+    damaged ("token dtype uint16, expected int32") by --verify-only without the flag again."""
+    src = write_tokenized(tmp_path, DOCS, cuts=[3])
+    run_export(src, "megatron", str(tmp_path / "ds"), token_dtype="uint16")
+    assert verify_export(src, "megatron", str(tmp_path / "ds"))[-1].split() == ["dtype", "uint16"]
+    with pytest.raises(ExportMismatch, match="token dtype uint16, expected int32"):  # asked for: still checked
+        verify_export(src, "megatron", str(tmp_path / "ds"), token_dtype="int32")
