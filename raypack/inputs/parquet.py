@@ -193,10 +193,10 @@ def _check_row_counts(metadata: pq.FileMetaData, size: int, path: str) -> None:
     groups = [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
     bad = next((g for g, n in enumerate(groups) if not 0 <= n <= cap), None)
     if bad is not None or not 0 <= metadata.num_rows <= cap or metadata.num_rows != sum(groups):
-        where = f"row group {bad} claims {groups[bad]}" if bad is not None else \
-            f"the footer claims {metadata.num_rows} rows, its row groups {sum(groups)}; that is"
-        raise InputError(f"shard {path}: {where} rows in a file of {size} bytes (at most {cap}); its footer is "
-                         "damaged or hostile: re-write or remove the file")
+        where = (f"row group {bad} claims {groups[bad]} rows in a file of {size} bytes (at most {cap})"
+                 if bad is not None else f"the footer claims {metadata.num_rows} rows and its row groups "
+                 f"{sum(groups)}")
+        raise InputError(f"shard {path}: {where}; its footer is damaged or hostile: re-write or remove the file")
 
 
 def check_column_levels(parquet_file: pq.ParquetFile, column: str, path: str) -> None:

@@ -460,6 +460,7 @@ def _check_shards(manifest: dict[str, Any], counts: dict[str, int], where: str) 
         raise InputError(f"{where}: shards={show(shards)}, expected a list; {DAMAGED}")
     docs = tokens = 0
     cut = [0] * len(CUT_KEYS)
+    stopped = False  # at a shard past the counts: the sums are then lower bounds
     for k, entry in enumerate(shards):
         label = f"{where}: shards[{k}]"
         if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
@@ -474,11 +475,12 @@ def _check_shards(manifest: dict[str, Any], counts: dict[str, int], where: str) 
         docs, tokens = docs + num_docs, tokens + num_tokens
         cut = [c + (int_field(entry, key, label) if key in counts else 0) for c, key in zip(cut, CUT_KEYS)]
         if docs > counts["documents"] or tokens > counts["tokens"]:
+            stopped = k < len(shards) - 1  # shards after this one not summed
             break  # reported below
     for key, total in (("documents", docs), ("tokens", tokens), *zip(CUT_KEYS, cut)):
         if shards and counts.get(key, 0) != total:
             raise InputError(f"{where}: counts.{key}={counts[key]} but its shards list "
-                             f"{'more than ' if total > counts[key] else ''}{total} {key} in all; {DAMAGED}")
+                             f"{'at least ' if stopped else ''}{total} {key} in all; {DAMAGED}")
 
 
 def _check_strategy(manifest: dict[str, Any], where: str) -> None:

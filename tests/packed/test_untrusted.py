@@ -331,3 +331,29 @@ def test_patched_list_offsets_are_one_line_naming_the_file(out, tool, row, value
     _patch_list_offsets(out, row, value)
     name = first_name(manifest_of(out))
     fails(tool, out, rf"{name}: segment_doc_ids: list offsets out of order or past the \d+ values")
+
+
+@pytest.mark.parametrize("change, said", [(-1, "its shards list {} tokens in all"), (+1, "its shards list {} tokens")])
+def test_counts_that_differ_from_the_shards_name_the_shards_sum(out, change, said):
+    """counts.tokens one less than its shards' sum said "its shards list more than N", N being the exact sum (a
+    hostile trial); the sum is said as it is, and "at least" only where the check stopped early."""
+    manifest = manifest_of(out)
+    total = manifest["counts"]["tokens"]
+    manifest["counts"]["tokens"] = total + change
+    save(out, manifest)
+    with pytest.raises(InputError, match=rf"counts\.tokens={total + change} but {said.format(total)}"):
+        read_packed(out)
+
+
+def test_a_footer_whose_rows_do_not_add_up_is_one_plain_line():
+    """It said "... its row groups 1000; that is rows in a file of 3001 bytes (at most 1048576)"."""
+    from types import SimpleNamespace
+
+    from raypack.inputs.parquet import _check_row_counts
+
+    groups = [SimpleNamespace(num_rows=1000)]
+    metadata = SimpleNamespace(num_rows=999, num_row_groups=1, row_group=lambda g: groups[g])
+    with pytest.raises(InputError) as raised:
+        _check_row_counts(metadata, 3001, "a.parquet")
+    assert str(raised.value) == ("shard a.parquet: the footer claims 999 rows and its row groups 1000; its footer is "
+                                 "damaged or hostile: re-write or remove the file")
