@@ -140,6 +140,17 @@ class Source:
             yield from ds.pieces(part.chunk_start, part.chunk_end)
 
 
+def _staging_of(path: str) -> str | None:
+    """The staging directory of a local output whose run was interrupted (its finished tasks kept), or None."""
+    from raypack.io.fs import is_uri
+    from raypack.pack.publish import LocalOutput
+
+    if is_uri(path):
+        return None
+    target = LocalOutput(path)
+    return target.work_dir if target.holds_finished_work() else None
+
+
 def open_source(path: str, unit: str = "documents") -> Source:
     """The source at ``path`` (a tokenized corpus or a packed output directory, local or URI), for an
     exporter reading ``unit`` ("documents" or "chunks").
@@ -148,8 +159,14 @@ def open_source(path: str, unit: str = "documents") -> Source:
     read as documents, or a manifest that fails its checks."""
     fs, base = resolve_filesystem(path)
     if fs.get_file_info(f"{base.rstrip('/')}/{MANIFEST_NAME}").type != pafs.FileType.File:
-        raise InputError(f"{path} holds no {MANIFEST_NAME}: give a tokenized corpus (raypack tokenize) or a packed "
-                         "output (raypack pack), finished")
+        kind = fs.get_file_info(base.rstrip("/") or "/").type
+        what = ("does not exist" if kind == pafs.FileType.NotFound else
+                "is a file, not an output directory" if kind == pafs.FileType.File else f"holds no {MANIFEST_NAME}")
+        unfinished = _staging_of(path)
+        fix = (f"an unfinished run's work is in {unfinished}: finish it with the run's own command and --resume, "
+               "then export" if unfinished else
+               "give the directory of a finished tokenized corpus (raypack tokenize) or packed output (raypack pack)")
+        raise InputError(f"{path} {what}; {fix}")
     manifest = load_tokenized_manifest(path)
     if manifest is not None:
         return _tokenized_source(path, manifest)

@@ -620,3 +620,23 @@ def test_verify_only_without_token_dtype_takes_the_exports_own(tmp_path):
     assert verify_export(src, "mds", str(tmp_path / "mds"))[-1].split() == ["dtype", "uint16"]
     with pytest.raises(ExportMismatch, match="token dtype uint16, expected int32"):
         verify_export(src, "mds", str(tmp_path / "mds"), token_dtype="int32")
+
+
+def test_a_source_that_is_no_output_says_what_it_is(tmp_path, capsys):
+    """One line for every bad source ("holds no manifest.json: give ... , finished"): a new user's trial asked
+    for what each is, and an interrupted run's kept work named as verify and stats name it."""
+    from raypack.pack.publish import staging_dir
+
+    missing, a_file = str(tmp_path / "nothing"), str(tmp_path / "f.parquet")
+    (tmp_path / "f.parquet").write_bytes(b"x")
+    argv = ["--format", "mds", "--output", str(tmp_path / "mds")]
+    assert cli_error(capsys, ["export", missing, *argv]).endswith(f"{missing} does not exist; give the directory of a "
+                                                                  "finished tokenized corpus (raypack tokenize) or "
+                                                                  "packed output (raypack pack)")
+    assert f"{a_file} is a file, not an output directory" in cli_error(capsys, ["export", a_file, *argv])
+    os.makedirs(os.path.join(staging_dir(str(tmp_path / "unfinished")), "_results"))
+    with open(os.path.join(staging_dir(str(tmp_path / "unfinished")), "_results", "task-000000.json"), "w") as f:
+        f.write("{}")
+    assert cli_error(capsys, ["export", str(tmp_path / "unfinished"), *argv]).endswith(
+        f"does not exist; an unfinished run's work is in {staging_dir(str(tmp_path / 'unfinished'))}: finish it "
+        "with the run's own command and --resume, then export")
