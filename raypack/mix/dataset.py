@@ -35,7 +35,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from raypack.errors import InputError
+from raypack.errors import InputError, NotAnOutput
 from raypack.io.fs import is_uri
 from raypack.io.untrusted import MAX_COUNT, int_field, is_hex, show, token_dtype_field
 from raypack.mix.order import ORDER_NAME, MixOrder, apportion
@@ -389,7 +389,7 @@ def check_sources(mix_path: str, manifest: MixManifest, where: str) -> list[Pack
     datasets, opened = [], {}  # a path listed many times is opened once (65,536 of one output took 29 s)
     for k, entry in enumerate(manifest.sources):
         path = source_location(mix_path, entry.path)
-        ds = opened[path] if path in opened else opened.setdefault(path, _open_source(path, k))
+        ds = opened[path] if path in opened else opened.setdefault(path, _open_moved(path, k, entry.path, where))
         found = {"content_sha256": ds.manifest.content_sha256, "num_chunks": len(ds),
                  "context_length": ds.context_length, "token_dtype": ds.token_dtype.name, "pad_token": ds.pad_token}
         recorded = {"context_length": manifest.context_length, "token_dtype": manifest.token_dtype.name,
@@ -403,6 +403,20 @@ def check_sources(mix_path: str, manifest: MixManifest, where: str) -> list[Pack
             raise InputError(f"{where}: " + _side_columns_differ(k, path, ds, "its first source", datasets[0]))
         datasets.append(ds)
     return datasets
+
+
+def _open_moved(path: str, k: int, recorded: str, where: str) -> PackedDataset:
+    """:func:`_open_source`, where a source that is not there says how the mix names it (a mix copied away
+    from its sources said only "PATH: no such output directory": a new user's trial)."""
+    try:
+        return _open_source(path, k)
+    except NotAnOutput as e:
+        if not str(e).endswith("no such output directory; check the path"):
+            raise
+        relative = not os.path.isabs(recorded) and not is_uri(recorded)
+        how = "relative to the mix: a mix and its sources move together" if relative else "by that path"
+        raise InputError(f"{where}: source {k} is not there: {path} (the mix records it as {recorded!r}, {how}); "
+                         "put it back, or make the mix again from where the sources are now") from e
 
 
 def _side_columns_differ(k: int, path: str, ds: PackedDataset, first_path: str, first: PackedDataset) -> str:

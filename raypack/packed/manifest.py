@@ -282,6 +282,10 @@ def read_manifest_json(path: str) -> tuple[Any, str]:
         if filesystem.get_file_info(base).type != pafs.FileType.Directory:
             check_bucket(filesystem, base, f"output {path}")
             raise NotAnOutput(f"{path}: no such output directory; check the path")
+        export = _export_kind(filesystem, base)
+        if export:  # it said "1 file(s) like index.json: an input" of an MDS export (a new user's trial)
+            raise NotAnOutput(f"{path} is {export}, not a packed output: read it with its own reader, or give the "
+                              "directory raypack pack wrote (its --output)")
         inputs = _input_like_files(filesystem, base)
         if inputs:
             raise NotAnOutput(f"{path} holds no {MANIFEST_NAME} and no chunk files, but {inputs}: an input, not a "
@@ -290,6 +294,20 @@ def read_manifest_json(path: str) -> tuple[Any, str]:
                          "being replaced): rerun it, or wait for it")
     manifest = read_json_document(filesystem, manifest_path, MAX_MANIFEST_BYTES)
     return manifest, manifest_path
+
+
+def _export_kind(filesystem: pafs.FileSystem, base: str) -> str:
+    """What ``raypack export`` made in directory ``base`` ("an MDS export (index.json)", "a Megatron indexed
+    dataset (NAME.bin + .idx)"), else "" (a message's words, on its error path only: one listing)."""
+    try:
+        names = {posixpath.basename(i.path) for i in filesystem.get_file_info(pafs.FileSelector(base))
+                 if i.type == pafs.FileType.File}
+    except OSError:
+        return ""
+    if "index.json" in names:
+        return "an MDS export (index.json)"
+    pair = sorted(n[:-4] for n in names if n.endswith(".bin") and f"{n[:-4]}.idx" in names)
+    return f"a Megatron indexed dataset ({pair[0]}.bin + .idx)" if pair else ""
 
 
 _INPUT_SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".arrow", ".ipc")

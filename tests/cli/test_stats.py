@@ -126,3 +126,19 @@ def test_a_plot_path_that_cannot_be_written_is_one_line_before_the_report(small_
     out, err = capsys.readouterr()
     assert out == "" and err == f"raypack: error: --plot {tmp_path / name}: " + (
         said if not said.startswith("is not") else f"{tmp_path / 'missing'} {said}") + "\n", err
+
+
+@pytest.mark.parametrize("files, said", [
+    (["index.json", "shard.00000.mds"], "an MDS export (index.json)"),
+    (["corpus.bin", "corpus.idx"], "a Megatron indexed dataset (corpus.bin + .idx)"),
+])
+def test_an_export_given_as_an_output_is_named_as_one(tmp_path, capsys, files, said):
+    """stats of an MDS export said "1 file(s) like index.json: an input", and of a Megatron one "the job did not
+    finish" (a new user's trial)."""
+    from raypack.cli import main
+
+    for name in files:
+        (tmp_path / name).write_bytes(b"x")
+    assert main(["stats", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (f"raypack: error: {tmp_path} is {said}, not a packed output: read it with its "
+                                       "own reader, or give the directory raypack pack wrote (its --output)\n")

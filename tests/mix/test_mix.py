@@ -499,3 +499,15 @@ def test_a_mix_reached_through_a_symbolic_link_finds_its_sources(tmp_path, outpu
     (tmp_path / "elsewhere" / "deeper" / "link").symlink_to(made)
     linked = read_packed(str(tmp_path / "elsewhere" / "deeper" / "link"))
     assert linked.content_sha256 == read_packed(made).content_sha256
+
+
+def test_a_mix_moved_away_from_its_sources_says_how_it_names_them(tmp_path, outputs):
+    """A mix copied elsewhere said only "PATH: no such output directory" of the source it could not find."""
+    import shutil
+
+    made = mix(tmp_path, [(outputs["a"], 1), (outputs["b"], 1)], 10, name="here/m")
+    shutil.copytree(made, tmp_path / "deeper" / "still" / "m")
+    with pytest.raises(InputError, match=r"manifest\.json: source 0 is not there: .* \(the mix records it as "
+                                         r"'\.\./.*', relative to the mix: a mix and its sources move together\); "
+                                         r"put it back, or make the mix again from where the sources are now$"):
+        read_packed(str(tmp_path / "deeper" / "still" / "m"))
