@@ -247,7 +247,7 @@ def _parse_token_block(data: bytes, columns: tuple[str, ...], path: str, num_rea
         what = f"{columns[0]!r} is a list of integers (int64)" if len(columns) == 1 else \
             f"{', '.join(map(repr, columns))} are lists of integers (int64; write booleans as 0/1)"
         raise InputError(
-            f"shard {path}: cannot parse JSON Lines after document {num_read} ({error_text(e)}); each line must be "
+            f"shard {path}: cannot parse JSON Lines from document {num_read} on ({error_text(e)}); each line must be "
             f"one object whose {what}, and no line may exceed {max_line_bytes} bytes"
         ) from e
     if table is None:

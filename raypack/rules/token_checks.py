@@ -33,8 +33,9 @@ def validate_token_batch(tokens: pa.Array, *, path: str, first_row: int) -> None
     if tokens.null_count:
         row = int(np.flatnonzero(tokens.is_null().to_numpy(zero_copy_only=False))[0])
         raise InputError(
-            f"shard {path} row {first_row + row}: the document is null; every document must be "
-            "a list of token ids (write [] for an empty document)"
+            f"shard {path} row {first_row + row}: the document is null"
+            f"{' (null, or the line has no such key)' if '.json' in str(path) else ''}; every document must be a "
+            "list of token ids (write [] for an empty document)"
         )
     values = tokens.flatten()
     if values.null_count:

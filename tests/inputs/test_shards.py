@@ -368,7 +368,7 @@ def test_non_integer_token_columns_are_rejected(tmp_path: Path, fmt: str, column
 )
 def test_jsonl_non_integer_tokens_are_rejected(tmp_path: Path, line: str):
     (tmp_path / "s.jsonl").write_text('{"input_ids": [1]}\n' + line + "\n")
-    with pytest.raises(InputError, match=r"shard .*s\.jsonl: cannot parse JSON Lines after document 0 \(.+\); each "
+    with pytest.raises(InputError, match=r"shard .*s\.jsonl: cannot parse JSON Lines from document 0 on \(.+\); each "
                                          r"line must be one object"):
         inspect_shard(str(tmp_path / "s.jsonl"))
 
