@@ -282,49 +282,36 @@ def read_manifest_json(path: str) -> tuple[Any, str]:
         if filesystem.get_file_info(base).type != pafs.FileType.Directory:
             check_bucket(filesystem, base, f"output {path}")
             raise NotAnOutput(f"{path}: no such output directory; check the path")
-        export = _export_kind(filesystem, base)
-        if export:  # it said "1 file(s) like index.json: an input" of an MDS export (a new user's trial)
-            raise NotAnOutput(f"{path} is {export}, not a packed output: read it with its own reader, or give the "
-                              "directory raypack pack wrote (its --output)")
-        inputs = _input_like_files(filesystem, base)
-        if inputs:
-            raise NotAnOutput(f"{path} holds no {MANIFEST_NAME} and no chunk files, but {inputs}: an input, not a "
-                             "packed output; give the directory raypack pack wrote (its --output)")
+        what = _what_is_there(filesystem, base)
+        if what:  # an input, or an export ("1 file(s) like index.json: an input" of an MDS export, a trial)
+            raise NotAnOutput(f"{path} {what}; give the directory raypack pack wrote (its --output)")
         raise InputError(f"{path} is incomplete: no {MANIFEST_NAME}; the job did not finish (or the output is "
                          "being replaced): rerun it, or wait for it")
     manifest = read_json_document(filesystem, manifest_path, MAX_MANIFEST_BYTES)
     return manifest, manifest_path
 
 
-def _export_kind(filesystem: pafs.FileSystem, base: str) -> str:
-    """What ``raypack export`` made in directory ``base`` ("an MDS export (index.json)", "a Megatron indexed
-    dataset (NAME.bin + .idx)"), else "" (a message's words, on its error path only: one listing)."""
-    try:
-        names = {posixpath.basename(i.path) for i in filesystem.get_file_info(pafs.FileSelector(base))
-                 if i.type == pafs.FileType.File}
-    except OSError:
-        return ""
-    if "index.json" in names:
-        return "an MDS export (index.json)"
-    pair = sorted(n[:-4] for n in names if n.endswith(".bin") and f"{n[:-4]}.idx" in names)
-    return f"a Megatron indexed dataset ({pair[0]}.bin + .idx)" if pair else ""
-
-
 _INPUT_SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".arrow", ".ipc")
 
 
-def _input_like_files(filesystem: pafs.FileSystem, base: str) -> str:
-    """``"N files like NAME"`` when directory ``base`` holds files with input suffixes and no chunk
-    file, else "" (a message's words, on its error path only: one listing of the directory)."""
+def _what_is_there(filesystem: pafs.FileSystem, base: str) -> str:
+    """What directory ``base`` (no manifest) holds, in a message's words: an export of ``raypack export``, or
+    files with input suffixes and no chunk file; else "" (its error path only: one listing)."""
     try:
-        names = [posixpath.basename(i.path) for i in filesystem.get_file_info(pafs.FileSelector(base))
-                 if i.type == pafs.FileType.File]
+        names = sorted(posixpath.basename(i.path) for i in filesystem.get_file_info(pafs.FileSelector(base))
+                       if i.type == pafs.FileType.File)
     except OSError:
         return ""
-    if any(CHUNK_FILE_RE.match(n) for n in names):
+    pair = [n[:-4] for n in names if n.endswith(".bin") and f"{n[:-4]}.idx" in names]
+    if "index.json" in names or pair:
+        return "is " + ("an MDS export (index.json)" if "index.json" in names else
+                        f"a Megatron indexed dataset ({pair[0]}.bin + .idx)") + ", not a packed output (its reader " \
+            "reads it)"
+    found = [n for n in names if n.endswith(_INPUT_SUFFIXES)]
+    if not found or any(CHUNK_FILE_RE.match(n) for n in names):
         return ""
-    found = sorted(n for n in names if n.endswith(_INPUT_SUFFIXES))
-    return f"{len(found)} file(s) like {found[0]}" if found else ""
+    return (f"holds no {MANIFEST_NAME} and no chunk files, but {len(found)} file(s) like {found[0]}: an input, not "
+            "a packed output")
 
 
 def strategy_of(manifest: Mapping[str, Any]) -> str:

@@ -140,5 +140,5 @@ def test_an_export_given_as_an_output_is_named_as_one(tmp_path, capsys, files, s
     for name in files:
         (tmp_path / name).write_bytes(b"x")
     assert main(["stats", str(tmp_path)]) == 2
-    assert capsys.readouterr().err == (f"raypack: error: {tmp_path} is {said}, not a packed output: read it with its "
-                                       "own reader, or give the directory raypack pack wrote (its --output)\n")
+    assert capsys.readouterr().err == (f"raypack: error: {tmp_path} is {said}, not a packed output (its reader "
+                                       "reads it); give the directory raypack pack wrote (its --output)\n")
