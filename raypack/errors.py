@@ -22,13 +22,13 @@ class InputChanged(InputError):
 _CHANGED = "input-changed:"
 
 
-def error_text(error: InputError) -> str:
-    """``error`` as the text a Ray worker hands back (its kind kept: :func:`error_from_text`)."""
+def worker_error_text(error: InputError) -> str:
+    """``error`` as the text a Ray worker hands back (its kind kept: :func:`worker_error_from_text`)."""
     return (_CHANGED if isinstance(error, InputChanged) else "") + str(error)
 
 
-def error_from_text(text: str) -> InputError:
-    """The :class:`InputError` (or :class:`InputChanged`) that :func:`error_text` made ``text`` of."""
+def worker_error_from_text(text: str) -> InputError:
+    """The :class:`InputError` (or :class:`InputChanged`) that :func:`worker_error_text` made ``text`` of."""
     return InputChanged(text[len(_CHANGED):]) if text.startswith(_CHANGED) else InputError(text)
 
 

@@ -42,7 +42,7 @@ import ray
 
 from raypack.engine.reaper import reaping, session_glob, start_reaper
 from raypack.engine.workers import ShardPackerActor, TextPackerActor, TextTokenizerActor, count_tasks
-from raypack.errors import InputError, error_from_text
+from raypack.errors import InputError, worker_error_from_text
 from raypack.io.terminal import RAY_VERBOSE, terminated
 from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts, table_to_results
 from raypack.packed.chunk_files import chunks_table, iter_file_tables
@@ -263,7 +263,7 @@ def _node_path(getter: str, default: str) -> str:
 def _raise_first_error(errors: dict[int, str]) -> None:
     """After the pipeline: bad input as one InputError, the lowest task's (what ``--local`` meets first)."""
     if errors:
-        raise error_from_text(errors[min(errors)])
+        raise worker_error_from_text(errors[min(errors)])
 
 
 def _blocks(blocks: Iterator[pa.Table], errors: dict[int, str]) -> Iterator[pa.Table]:

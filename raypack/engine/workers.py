@@ -11,14 +11,14 @@ from typing import Any, Iterator
 import numpy as np
 import pyarrow as pa
 
-from raypack.errors import InputError, error_text
+from raypack.errors import InputError, worker_error_text
 from raypack.pack.packer import count_task, pack_shard, reset_peak_rss
 from raypack.pack.tasks import PackSettings, ShardTask, result_to_table
 
 
 def error_table(index: int, error: InputError) -> pa.Table:
     """The row an actor returns instead of raising bad input through Ray (tracebacks on the terminal)."""
-    return pa.table({"task_index": pa.array([index], pa.int64()), "error": [error_text(error)]})
+    return pa.table({"task_index": pa.array([index], pa.int64()), "error": [worker_error_text(error)]})
 
 
 class ShardPackerActor:
@@ -106,7 +106,7 @@ class TextPackerActor:
         try:
             held = tokenize_held(TextTask(**task), self.text_settings, self.tokenizer, self.settings)
         except InputError as e:
-            return {"error": error_text(e)}
+            return {"error": worker_error_text(e)}
         self.held[held.task.task_index] = held
         return held.report.to_dict()
 
