@@ -188,9 +188,10 @@ def _pack_seconds(results: list[ShardResult]) -> float:
 def _pack_into(target: LocalOutput | ObjectStoreOutput, config: PackConfig, plan: Plan, engine: str,
                resume: bool) -> tuple[dict, list[ShardResult]]:
     settings = settings_for(config, plan, target.work_dir)
+    base = local_run_base() if engine == "local" else None  # the first pass's peak is the run's too
     if plan.needs_counting_pass:
         plan = place_counts(plan, _count_tasks(plan, settings, config, engine))
-    return _finish(target, config, plan, settings, _pack_shards(plan, settings, config, engine, resume))
+    return _finish(target, config, plan, settings, _pack_shards(plan, settings, config, engine, resume, base))
 
 
 def _finish(target: LocalOutput | ObjectStoreOutput, config: PackConfig, plan: Plan, settings: PackSettings,
@@ -208,7 +209,8 @@ def _finish(target: LocalOutput | ObjectStoreOutput, config: PackConfig, plan: P
     return manifest, results
 
 
-def _pack_shards(plan: Plan, settings: PackSettings, config: PackConfig, engine: str, resume: bool) -> list[ShardResult]:
+def _pack_shards(plan: Plan, settings: PackSettings, config: PackConfig, engine: str, resume: bool,
+                 base: int | None = None) -> list[ShardResult]:
     if resume:  # before this run's records take the task numbers of the runs before
         say_inputs_gone(settings.out_dir, (t.path for t in plan.tasks))
     kept = {t.task_index: r for t in plan.tasks if resume and (r := load_verified_result(t, settings))}
@@ -217,7 +219,7 @@ def _pack_shards(plan: Plan, settings: PackSettings, config: PackConfig, engine:
         log.info("resume: %d of %d %s kept (verified), %d to pack", len(kept), len(plan.tasks),
                  _unit(plan), len(todo))
     if engine == "local" or not todo:
-        packed = _pack_locally(todo, settings, config.num_workers, _unit(plan))
+        packed = _pack_locally(todo, settings, config.num_workers, _unit(plan), base)
     else:
         packed = _pack_with_ray(todo, settings, config, _unit(plan))
     return sorted([*kept.values(), *packed], key=lambda r: r.task_index)
@@ -239,15 +241,17 @@ def _count_tasks(plan: Plan, settings: PackSettings, config: PackConfig, engine:
         "a chunk counter (the first pass)")
 
 
-def _pack_locally(tasks, settings: PackSettings, workers: int, unit: str = "shards") -> list[ShardResult]:
+def _pack_locally(tasks, settings: PackSettings, workers: int, unit: str = "shards",
+                  base: int | None = None) -> list[ShardResult]:
     """This process, ``workers`` tasks at a time on threads (raypack.pack.local), with a progress line
     at most once a second. Each result's ``peak_rss_bytes`` is what this process grew by, at its
     peak, from the run's start to the task's end (:func:`raypack.pack.packer.local_run_base`). The chunk files
     are published (fsync, rename, resume record) on a background thread while the packers go on
     (:func:`raypack.pack.packer.local_publisher`), all of them before this returns (BENCHMARKS.md,
-    2026-12-04: the fsyncs had left the cores idle)."""
+    2026-12-04: the fsyncs had left the cores idle). ``base``: :func:`local_run_base` taken before a first
+    pass (best_fit, ``long_docs``), whose peak is the run's too (the summary left it out: a hostile trial)."""
     progress = Progress("packed", len(tasks), unit)
-    base = local_run_base()
+    base = local_run_base() if base is None else base
     with local_publisher(workers) as committer:
         results = run_tasks(lambda task, stop: pack_shard(task, settings, stop, committer), tasks, workers,
                             on_result=lambda r: progress.add(r.num_tokens))
