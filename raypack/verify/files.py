@@ -10,6 +10,7 @@ a file whose bytes are not the ones the manifest vouches for. Cost: one read of 
 from __future__ import annotations
 
 import hashlib
+import logging
 import posixpath
 from typing import Any
 
@@ -17,9 +18,12 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from raypack.errors import InputError
+from raypack.io.lock import ObjectStoreLock
 from raypack.packed.manifest import open_chunk_file
 from raypack.packed.writer import CHUNK_FILE_RE, MANIFEST_NAME, files_sha256
 from raypack.verify.report import VerifyError
+
+log = logging.getLogger(__name__)
 
 __all__ = ["HASH_BLOCK_BYTES", "check_files", "open_file"]
 
@@ -50,6 +54,12 @@ def check_files(fs: pafs.FileSystem, base: str, manifest: dict[str, Any]) -> int
     if unlisted:
         raise VerifyError(f"{posixpath.join(base, unlisted[0])}: a chunk file the manifest does not list "
                           f"({len(unlisted)} unlisted in all); it is not part of this output")
+    others = sorted(present - listed - {MANIFEST_NAME, ObjectStoreLock.NAME})
+    if others:  # not an error (no reader opens them), but not what a run leaves: said (a hostile trial)
+        more = f" and {len(others) - 1} more" if len(others) > 1 else ""
+        log.warning("%s holds %r%s, which the manifest does not list: a published output holds only %s and its "
+                    "files (pack --overwrite refuses what it did not write); move it away", base, others[0], more,
+                    MANIFEST_NAME)
     for entry in files:
         _check_file_bytes(fs, base, entry)
     if manifest.format_version == 2:  # version 3's content digest is checked as the chunks are decoded

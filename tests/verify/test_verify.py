@@ -260,6 +260,22 @@ def test_extra_file(tmp_path):
         verify_output(out)
 
 
+def test_stray_files_in_an_output_are_said_not_failed(tmp_path, caplog):
+    """A hostile trial: notes.txt and a folder in an output passed without a word; a published output holds only
+    its manifest and files (pack --overwrite refuses the rest), so verify names them, and still passes."""
+    out, _, _ = pack(tmp_path)
+    verify_output(out)
+    assert not [r for r in caplog.records if "does not list" in r.getMessage()]
+    open(os.path.join(out, "notes.txt"), "w").write("mine")
+    os.mkdir(os.path.join(out, "sub"))
+    with caplog.at_level("WARNING", logger="raypack"):
+        verify_output(out)
+    said = [r.getMessage() for r in caplog.records if "does not list" in r.getMessage()]
+    assert said == [f"{out} holds 'notes.txt' and 1 more, which the manifest does not list: a published output holds "
+                    "only manifest.json and its files (pack --overwrite refuses what it did not write); move it "
+                    "away"], said
+
+
 def test_wrong_content_sha256(tmp_path):
     out, _, _ = pack(tmp_path)
     manifest = load_manifest(out)
