@@ -42,7 +42,7 @@ import os
 import posixpath
 import stat
 from dataclasses import asdict, replace
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import pyarrow.fs as pafs
@@ -181,7 +181,8 @@ def _say_if_modified_since(path: str, record_fs, record_path: str) -> None:
                 "--verify-inputs to the run and its --resume, which compares every byte)", path)
 
 
-def recorded_task(task_index: int, settings: PackSettings) -> tuple[ShardTask, dict[str, Any]] | str | None:
+def recorded_task(task_index: int, settings: PackSettings, also: Callable[[Any], str | None] | None = None
+                  ) -> tuple[ShardTask, dict[str, Any]] | str | None:
     """The task and input identity recorded for task ``task_index``, when its record parses, checks
     and was made with these settings: what a run that learns a task's counts only by reading it
     (``pack --tokenizer``) compares before :func:`load_verified_result` checks the rest. None when
@@ -198,7 +199,9 @@ def recorded_task(task_index: int, settings: PackSettings) -> tuple[ShardTask, d
                 return "its record holds no packing settings"
             changed = [f"{k} {recorded.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(recorded) | set(now))
                        if recorded.get(k) != now.get(k)]
-            return f"its record was made with other packing settings ({', '.join(changed)})"
+            more = also(body.get("input")) if also is not None else None  # a trial: only one change was named
+            return f"its record was made with other packing settings ({', '.join(changed)})" + (
+                f"; and {more}" if more else "")
         return ShardTask(**body["task"]), dict(body["input"])
     except (_Rejected, KeyError, TypeError, ValueError) as e:
         log.info("resume: task %d is packed again: its record %s %s", task_index, record_name(task_index), e)

@@ -271,7 +271,8 @@ class Placer:
         redone: dict[str, list[TextTask]] = {}
         if resume:
             for t in tasks:
-                found = recorded_task(t.task_index, settings)
+                found = recorded_task(t.task_index, settings, also=lambda identity: _text_changed(
+                    identity, text_settings))
                 if isinstance(found, str):
                     redone.setdefault(found, []).append(t)
                     continue
@@ -364,6 +365,13 @@ class Placer:
         cut = sum((t.cut for t in self.placed), CutCounts())
         return replace(skeleton, shards=shards, tasks=tuple(self.placed), num_docs=self.doc,
                        num_tokens=sum(t.num_tokens for t in self.placed), cut=cut)
+
+
+def _text_changed(identity: Any, text_settings: TokenizeSettings) -> str | None:
+    """What else a record whose packing settings changed was made with: other text settings, or None."""
+    recorded = identity.get(IDENTITY_KEY) if isinstance(identity, dict) else None
+    why = settings_changed(recorded.get("settings"), text_settings) if isinstance(recorded, dict) else None
+    return why.replace("its record was made with other settings", "other text settings") if why else None
 
 
 def _moved(recorded: ShardTask, placed: ShardTask) -> bool:

@@ -948,6 +948,18 @@ def test_resume_with_another_context_length_says_why_nothing_is_kept(tmp_path, t
     assert summary.manifest["content_sha256"] == clean.manifest["content_sha256"]
 
 
+def test_resume_with_another_context_length_and_eos_names_both(tmp_path, text_dir, tok, monkeypatch, caplog):
+    """A new user's trial: --eos added and --context-length changed at once said only the context length."""
+    config, _ = crashed_at_task_4_then_counted(tmp_path, text_dir, tok, monkeypatch)
+    config = dataclasses.replace(config, context_length=48)
+    with caplog.at_level("INFO", logger="raypack.tokenize"):
+        run_pack(config, engine="local", resume=True, text=options(tok, eos="<eos>"))
+    again = [r.getMessage() for r in caplog.records if "tokenized again" in r.getMessage()]
+    assert len(again) == 1 and again[0].endswith(
+        "its record was made with other packing settings (context_length 32 -> 48); and other text settings "
+        f"(--eos None -> {tok[0].token_to_id('<eos>')})"), again
+
+
 def test_one_pass_resume_keeps_no_task_another_backend_version_computed(tmp_path, text_dir, tok, monkeypatch,
                                                                        caplog):
     config, done = crashed_at_task_4_then_counted(tmp_path, text_dir, tok, monkeypatch)
