@@ -28,7 +28,7 @@ import pyarrow.fs as pafs
 from raypack.errors import InputError
 from raypack.inputs.base import ShardInfo
 from raypack.inputs.registry import accepted_suffixes, shard_format, shard_suffix
-from raypack.io.fs import check_bucket, is_uri, resolve_filesystem
+from raypack.io.fs import check_bucket, is_uri, resolve_filesystem, same_file_key
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +65,11 @@ def discover_shards(inputs: Sequence[str] | str) -> list[str]:
         inputs = [inputs]
     if not inputs:
         raise InputError("no inputs given; list shard files, directories or globs to pack")
-    seen: dict[str, str] = {}  # the file (its real path, where local) -> the path as first given
+    seen: dict[str, str] = {}  # the file (same_file_key) -> the path as first given
     again: list[tuple[str, str]] = []
     for item in inputs:
         for path in _expand_input(item):
-            first = seen.setdefault(_same_file_key(path), path)
+            first = seen.setdefault(same_file_key(path), path)
             if first != path:
                 again.append((path, first))
     if again:  # the same training data twice, from two spellings of one file, was packed twice without a word
@@ -78,17 +78,6 @@ def discover_shards(inputs: Sequence[str] | str) -> list[str]:
                  ", ..." if len(again) > 1 else "")
     return list(seen.values())
 
-
-def _same_file_key(path: str) -> str:
-    """What two spellings of one file share: a local file's device and inode (a hard link too; its real
-    path where it cannot be stat'ed); a URI as it is."""
-    if is_uri(path):
-        return path
-    try:
-        info = os.stat(path)
-    except OSError:
-        return os.path.realpath(path)
-    return f"inode:{info.st_dev}:{info.st_ino}"
 
 
 def _expand_input(item: str) -> list[str]:

@@ -16,6 +16,7 @@ an InputError. pyarrow only, no Ray.
 from __future__ import annotations
 
 import functools
+import os
 import pathlib
 import re
 import urllib.parse
@@ -41,6 +42,18 @@ _URI_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 def is_uri(path: str) -> bool:
     """True when ``path`` starts with ``scheme://`` (``s3://``, ``file://``, ``memory://``, ...)."""
     return bool(_URI_RE.match(path))
+
+
+def same_file_key(path: str) -> str:
+    """What two spellings of one file or directory share: a local one's device and inode (``..``, a symbolic
+    link, a hard link; its real path where it cannot be stat'ed); a URI as it is, less a trailing '/'."""
+    if is_uri(path):
+        return path.rstrip("/")
+    try:
+        info = os.stat(path)
+    except OSError:
+        return os.path.realpath(path)
+    return f"inode:{info.st_dev}:{info.st_ino}"
 
 
 def error_text(error: BaseException, max_chars: int | None = None) -> str:

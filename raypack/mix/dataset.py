@@ -35,8 +35,8 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from raypack.errors import InputError, NotAnOutput
-from raypack.io.fs import is_uri
+from raypack.errors import InputError
+from raypack.io.fs import is_uri, same_file_key
 from raypack.io.untrusted import MAX_COUNT, int_field, is_hex, show, token_dtype_field
 from raypack.mix.order import ORDER_NAME, MixOrder, apportion
 from raypack.packed.manifest import MIX_KIND, ChunkLayout, read_manifest_json, write_manifest
@@ -193,8 +193,7 @@ def _refuse_a_source_twice(config: MixConfig) -> None:
     so chunks repeated within what read as one pass (a new user's trial); its weights add up instead."""
     seen: dict[str, int] = {}
     for k, (path, _) in enumerate(config.sources):
-        key = path if is_uri(path) else os.path.realpath(path)
-        first = seen.setdefault(key.rstrip("/"), k)
+        first = seen.setdefault(same_file_key(path), k)
         if first != k:
             weights = config.sources[first][1] + config.sources[k][1]
             raise InputError(f"source {k} ({path}) is source {first} ({config.sources[first][0]}) again; list it once, "
@@ -408,15 +407,12 @@ def check_sources(mix_path: str, manifest: MixManifest, where: str) -> list[Pack
 def _open_moved(path: str, k: int, recorded: str, where: str) -> PackedDataset:
     """:func:`_open_source`, where a source that is not there says how the mix names it (a mix copied away
     from its sources said only "PATH: no such output directory": a new user's trial)."""
-    try:
+    if is_uri(path) or os.path.exists(path):
         return _open_source(path, k)
-    except NotAnOutput as e:
-        if not str(e).endswith("no such output directory; check the path"):
-            raise
-        relative = not os.path.isabs(recorded) and not is_uri(recorded)
-        how = "relative to the mix: a mix and its sources move together" if relative else "by that path"
-        raise InputError(f"{where}: source {k} is not there: {path} (the mix records it as {recorded!r}, {how}); "
-                         "put it back, or make the mix again from where the sources are now") from e
+    relative = not os.path.isabs(recorded)
+    how = "relative to the mix: a mix and its sources move together" if relative else "by that path"
+    raise InputError(f"{where}: source {k} is not there: {path} (the mix records it as {recorded!r}, {how}); "
+                     "put it back, or make the mix again from where the sources are now")
 
 
 def _side_columns_differ(k: int, path: str, ds: PackedDataset, first_path: str, first: PackedDataset) -> str:
