@@ -349,7 +349,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         kept, finished = getattr(e, "kept", None), getattr(e, "finished", True)
         if kept is None and args.command in ("pack", "tokenize"):  # before the run took its output (Ray's start)
-            kept = _work_kept(getattr(args, "output", None))
+            from raypack.pack.publish import work_kept
+
+            kept = work_kept(getattr(args, "output", None))
         print(interrupted_line(argv, kept, finished), file=sys.stderr)
         return interrupted_code()
     except BrokenPipeError:
@@ -366,22 +368,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _refuse_unfinished(output: str, then: str) -> None:
     """An output that is not there yet while an interrupted run's work waits: one line naming it, not
     "no such output directory" (``then``: what to do once the run is finished)."""
-    kept = None if os.path.exists(output) else _work_kept(output)
+    from raypack.pack.publish import work_kept
+
+    kept = None if os.path.exists(output) else work_kept(output)
     if kept is not None:
         raise InputError(f"{output}: no output here yet: an unfinished run's work is in {kept}; finish it with "
                          f"the run's own command and --resume, then {then}")
-
-
-def _work_kept(output: str | None) -> str | None:
-    """The staging directory of a local ``output`` where earlier runs' finished tasks wait for ``--resume``
-    (a run interrupted before it took the output, say during Ray's start, still names them); else None."""
-    from raypack.io.fs import is_uri
-    from raypack.pack.publish import LocalOutput
-
-    if not output or is_uri(output):
-        return None
-    target = LocalOutput(output)
-    return target.work_dir if target.holds_finished_work() else None
 
 
 def unknown_flags_hint(parser: argparse.ArgumentParser, command: str, extra: Sequence[str]) -> str:

@@ -140,17 +140,6 @@ class Source:
             yield from ds.pieces(part.chunk_start, part.chunk_end)
 
 
-def _staging_of(path: str) -> str | None:
-    """The staging directory of a local output whose run was interrupted (its finished tasks kept), or None."""
-    from raypack.io.fs import is_uri
-    from raypack.pack.publish import LocalOutput
-
-    if is_uri(path):
-        return None
-    target = LocalOutput(path)
-    return target.work_dir if target.holds_finished_work() else None
-
-
 def open_source(path: str, unit: str = "documents") -> Source:
     """The source at ``path`` (a tokenized corpus or a packed output directory, local or URI), for an
     exporter reading ``unit`` ("documents" or "chunks").
@@ -162,7 +151,9 @@ def open_source(path: str, unit: str = "documents") -> Source:
         kind = fs.get_file_info(base.rstrip("/") or "/").type
         what = ("does not exist" if kind == pafs.FileType.NotFound else
                 "is a file, not an output directory" if kind == pafs.FileType.File else f"holds no {MANIFEST_NAME}")
-        unfinished = _staging_of(path)
+        from raypack.pack.publish import work_kept
+
+        unfinished = work_kept(path)
         fix = (f"an unfinished run's work is in {unfinished}: finish it with the run's own command and --resume, "
                "then export" if unfinished else
                "give the directory of a finished tokenized corpus (raypack tokenize) or packed output (raypack pack)")

@@ -128,6 +128,15 @@ def check_free_before_start(output: str, *, overwrite: bool, resume: bool) -> bo
     return False
 
 
+def work_kept(output: str | None) -> str | None:
+    """The staging directory of a local ``output`` where earlier runs' finished tasks wait for ``--resume``
+    (a run interrupted before it took the output, say during Ray's start, still names them); else None."""
+    if not output or is_uri(output):
+        return None
+    target = LocalOutput(output)
+    return target.work_dir if target.holds_finished_work() else None
+
+
 def plan_before_start(output: str, *, resume: bool, plan: Callable[[], P]) -> P:
     """``plan()`` before an engine takes seconds to start (no lock: a plan reads the inputs, not the output);
     bad input in a ``resume`` says what is kept, as :func:`run_published` does."""
