@@ -31,6 +31,7 @@ from raypack.inputs.reading import check_token_column, inspect_shard, shard_side
 from raypack.inputs.shards import common_token_type, discover_shards, plan_offsets, read_region
 from raypack.io.fs import is_uri
 from raypack.pack.config import PackConfig
+from raypack.pack.resume import file_mark, sampled_identity
 from raypack.pack.tasks import PackSettings, ShardTask, TaskCounts
 from raypack.rules.core import validate_pad_token
 from raypack.rules.long_docs import DEFAULT_LONG_DOCS, CutCounts
@@ -134,10 +135,13 @@ def make_plan(config: PackConfig, *, max_threads: int = 8) -> Plan:
     token_dtype = resolve_token_dtype(config, infos)
     extra_columns = resolve_side_columns(config, [info.path for info in infos], max_threads)
     offsets = plan_offsets(infos)
+    with ThreadPoolExecutor(max_workers=max(1, min(max_threads, len(infos)))) as pool:
+        # each task checks its shard is still this one, so no output mixes two versions of a file
+        marks = list(pool.map(lambda info: file_mark(sampled_identity(info.path, info.format)), infos))
     tasks: list[ShardTask] = []
     for k, info in enumerate(infos):
         whole = ShardTask(k, info.path, info.format, int(offsets.doc_offsets[k]), int(offsets.token_offsets[k]),
-                          info.num_docs, info.num_tokens)
+                          info.num_docs, info.num_tokens, planned=marks[k])
         tasks += shard_tasks(info, whole, config.task_tokens, len(tasks), config.packing)
     tasks = tuple(tasks)
     return Plan(tuple(infos), tasks, token_dtype, int(offsets.doc_offsets[-1]),

@@ -14,8 +14,9 @@ matches and its version is this one; its task and settings equal this run's; the
 still has the recorded identity; the chunk file still hashes to the recorded sha256. Anything
 else packs the shard again, with one INFO line saying why (a missing record says nothing).
 
-What identifies an input file, and what it costs per shard, both when a packer records it and
-when ``--resume`` checks it:
+What identifies an input file, and what it costs per shard, when the run plans (the plan's
+:func:`file_mark` of each file; every task checks its file still has it when it starts and when its
+reads end: :func:`check_same_file`), when a packer records it and when ``--resume`` checks it:
 
 - always: its size and the sha256 of its first and last MiB (the whole file when it is at most
   2 MiB) and, for Parquet, of its whole footer (the ``n`` bytes before the trailing
@@ -47,6 +48,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import pyarrow.fs as pafs
 
+from raypack.errors import InputChanged
 from raypack.inputs.registry import format_named
 from raypack.io.fs import open_input_file, resolve_filesystem
 from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, asdict_file
@@ -109,6 +111,31 @@ def sampled_identity(path: str, fmt: str) -> dict[str, Any]:
     return {"size": size, "edges_sha256": digest.hexdigest()}
 
 
+def task_record(task: ShardTask) -> dict[str, Any]:
+    """``task`` as its record holds it: without ``planned``, which the input's identity in the record
+    covers (a record is then made for the same task whatever run planned it)."""
+    fields = asdict(task)
+    del fields["planned"]
+    return fields
+
+
+def file_mark(identity: dict) -> str:
+    """A file's sampled identity (:func:`sampled_identity`) as one string: size and edges."""
+    return f"{identity['size']}:{identity['edges_sha256']}"
+
+
+def check_same_file(what: str, path: str, planned: str, identity: dict) -> None:
+    """InputChanged when ``path`` (``identity``: now) is not the file the run planned its tasks on
+    (``planned``: its :func:`file_mark` then; "": not checked), so that no output mixes two versions of
+    one file. ``what``: the file's kind in the line ("shard", "text file")."""
+    if planned and planned != file_mark(identity):
+        size = int(planned.split(":", 1)[0])
+        change = (f"{size:,} bytes when the run listed its inputs, {identity['size']:,} now" if size != identity["size"]
+                  else "its first or last MiB differ from when the run listed its inputs")
+        raise InputChanged(f"{what} {path} changed during the run ({change}), so its tasks would mix two versions "
+                           "of it; run again on a copy that does not change while it is read")
+
+
 def _read_range(f, start: int, end: int) -> bytes:
     f.seek(start)
     data = f.read(end - start)
@@ -130,7 +157,7 @@ def file_sha256(path: str) -> str:
 def save_result(task: ShardTask, settings: PackSettings, result: ShardResult, identity: dict[str, Any]) -> None:
     """Record ``result`` durably (written whole or not at all). ``identity``: from
     :func:`identify_input`, taken before the shard was read for packing."""
-    body = {"version": RECORD_VERSION, "task": asdict(task), "settings": _output_settings(settings),
+    body = {"version": RECORD_VERSION, "task": task_record(task), "settings": _output_settings(settings),
             "input": identity, "result": _result_to_dict(result, settings)}
     record = {**body, "record_sha256": hashlib.sha256(_canonical(body)).hexdigest()}
     write_whole(settings.out_dir, record_name(task.task_index), _canonical(record), make_dirs=True)
@@ -248,7 +275,7 @@ def _read_record(fs, path: str) -> bytes | None:
 def _check_record(data: bytes, task: ShardTask, settings: PackSettings, fs, base: str) -> ShardResult:
     body = _parse_record(data)
     try:
-        same_run = body["task"] == asdict(task) and body["settings"] == _output_settings(settings)
+        same_run = body["task"] == task_record(task) and body["settings"] == _output_settings(settings)
         recorded_input = dict(body["input"])
         result = _result_from_dict(body["result"], settings)
     except (KeyError, TypeError, ValueError, OverflowError) as e:

@@ -57,6 +57,9 @@ class ShardTask:
     tokens_dropped: int = 0
     """What ``long_docs`` leaves out of the task's documents (raypack.rules.long_docs.CutCounts), from the
     counting pass; ``token_offset`` then counts kept tokens only. All 0 under ``split``."""
+    planned: str = ""
+    """The shard's identity when the run planned its tasks (raypack.pack.resume.file_mark); the task
+    refuses a file that is no longer that one, when it starts and when its reads end ("": not checked)."""
 
     def __post_init__(self) -> None:
         if self.task_index < 0:

@@ -32,7 +32,7 @@ from raypack.io.progress import Progress
 from raypack.pack.dry_run import DryRunReport, report_of
 from raypack.pack.plan import check_output_outside_inputs
 from raypack.pack.publish import check_free_before_start, plan_before_start, run_published
-from raypack.pack.resume import sampled_identity
+from raypack.pack.resume import file_mark, sampled_identity
 from raypack.packed.writer import MANIFEST_NAME
 from raypack.tokenize.backends import AUTO, check_backend_name, load_backed_tokenizer
 from raypack.tokenize.corpus import (
@@ -47,7 +47,6 @@ from raypack.tokenize.tasks import (
     TextResult,
     TextTask,
     TokenizeSettings,
-    file_mark,
     load_verified_record,
     say_redone,
     tokenize_in_memory,

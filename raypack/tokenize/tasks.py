@@ -38,11 +38,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from raypack.errors import InputChanged, InputError
+from raypack.errors import InputError
 from raypack.inputs.registry import format_named
 from raypack.io.fs import resolve_filesystem
 from raypack.io.prefetch import prefetched
-from raypack.pack.resume import RESULTS_DIR, sampled_identity
+from raypack.pack.resume import RESULTS_DIR, check_same_file, sampled_identity
 from raypack.packed.writer import AtomicFile, HashingSink, write_whole
 from raypack.tokenize.backends import load_backed_tokenizer
 from raypack.tokenize.corpus import TOKEN_COLUMN, part_file_name
@@ -71,23 +71,13 @@ class TextTask:
     text_bytes: int = 0
     """Planning's estimate of the task's text (footer or byte range): its cost, for scheduling."""
     planned: str = ""
-    """The file's identity when the run planned its tasks (:func:`file_mark`); a task that finds
+    """The file's identity when the run planned its tasks (raypack.pack.resume.file_mark); a task that finds
     another refuses, so that no output mixes two versions of one file ("": not checked)."""
 
 
-def file_mark(identity: dict) -> str:
-    """A file's sampled identity (raypack.pack.resume.sampled_identity) as one string: size and edges."""
-    return f"{identity['size']}:{identity['edges_sha256']}"
-
-
 def check_planned(task: TextTask, identity: dict) -> None:
-    """InputError when ``task``'s file is not the file its tasks were planned on (``identity``: now)."""
-    if task.planned and task.planned != file_mark(identity):
-        size = int(task.planned.split(":", 1)[0])
-        change = (f"{size:,} bytes when the run listed its inputs, {identity['size']:,} now" if size != identity["size"]
-                  else "its first or last MiB differ from when the run listed its inputs")
-        raise InputChanged(f"text file {task.path} changed during the run ({change}), so its tasks would mix two "
-                         "versions of it; run again on a copy that does not change while it is read")
+    """InputChanged when ``task``'s file is not the file its tasks were planned on (``identity``: now)."""
+    check_same_file("text file", task.path, task.planned, identity)
 
 
 MAX_DOCUMENT_BYTES = 16 << 20
