@@ -117,7 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     for sub in (pack, tokenize):
         sub.add_argument("-v", "--verbose", action="store_true", help="also show Ray's own logs on the terminal")
     _show_defaults(tokenize, _text_defaults())
-    verify = commands.add_parser("verify", help="audit a packed output against its manifest and its inputs")
+    verify = commands.add_parser("verify", help="audit a packed output against its manifest and its inputs",
+                                 epilog="exit status: 0 the output passed; 1 it failed the audit, a damaged manifest "
+                                        "included (the line names the file and the difference); 2 verify could not "
+                                        "run (a flag, a path that holds no output: the line says which)")
     verify.add_argument("output", metavar="OUT", help="packed output directory")
     verify.add_argument("--input", dest="inputs", action="append", metavar="PATH",
                         help="input shards to compare with (default: the manifest's shards, if present)")

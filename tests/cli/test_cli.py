@@ -111,6 +111,23 @@ def test_tokenize_help_shows_defaults(capsys):
     assert "(default: text)" in printed and "(default: 67108864)" in printed
 
 
+def test_verify_help_states_its_exit_statuses_and_they_hold(capsys, tmp_path, corpus):
+    """A CI step that runs verify must tell a failed audit from a verify that could not run (a trial: the help
+    said neither)."""
+    import shutil
+
+    printed = " ".join(help_of(capsys, "verify").split())
+    assert "exit status: 0 the output passed; 1 it failed the audit" in printed and "2 verify could not run" in printed
+    out = tmp_path / "out"
+    assert main(["pack", "--input", corpus, "--output", str(out), "--context-length", "64", "--local"]) == 0
+    assert main(["verify", str(out)]) == 0
+    damaged = tmp_path / "damaged"
+    shutil.copytree(out, damaged)
+    (damaged / "manifest.json").write_text("{")
+    assert main(["verify", str(damaged)]) == 1
+    assert main(["verify", str(tmp_path / "none")]) == 2
+
+
 # ----------------------------------------------------------------------------- refused flags: one line, exit 2
 
 
