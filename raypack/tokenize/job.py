@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -312,21 +313,34 @@ def plan_text_tasks(inputs: tuple[str, ...], text: TextOptions) -> list[TextTask
         raise InputError("no input given: pass --input PATH (a text file, a directory or a glob)")
     for item in inputs:
         _refuse_token_output(item)
-    tasks: list[TextTask] = []
-    for path in discover_shards(list(inputs)):
+    def plan_file(path: str):
         fmt = format_of(path)  # discover_shards keeps only registered suffixes
         planned = file_mark(sampled_identity(path, fmt.name))  # each task checks its file is still this one
         ranges = fmt.text_tasks(path, task_rows=text.task_rows, task_bytes=text.task_bytes)
-        for note in fmt.text_notes(path, text.text_column, text.max_document_bytes):
-            log.info("%s", note)
-        first = len(tasks)
-        tasks.extend(TextTask(first + k, path, fmt.name, start, end, size, planned)
-                     for k, (start, end, size) in enumerate(ranges))
-        if text.task_bytes < SMALL_TASK_BYTES and len(tasks) > MANY_SMALL_TASKS:
-            raise InputError(f"--task-bytes {text.task_bytes} cuts the text into more than {MANY_SMALL_TASKS:,} tasks "
-                             f"(at {path}), each with a fixed cost (a task, a file); it is a number of bytes: give "
-                             f"e.g. {64 << 20} for 64 MiB (the default)")
+        return fmt, planned, ranges, fmt.text_notes(path, text.text_column, text.max_document_bytes)
+
+    paths = discover_shards(list(inputs))
+    tasks: list[TextTask] = []
+    # files planned on threads (each a few ranged reads: an object store's latency, not CPU), in input order
+    pool = ThreadPoolExecutor(max_workers=max(1, min(PLAN_THREADS, len(paths))))
+    try:
+        for path, (fmt, planned, ranges, notes) in zip(paths, pool.map(plan_file, paths)):
+            for note in notes:
+                log.info("%s", note)
+            first = len(tasks)
+            tasks.extend(TextTask(first + k, path, fmt.name, start, end, size, planned)
+                         for k, (start, end, size) in enumerate(ranges))
+            if text.task_bytes < SMALL_TASK_BYTES and len(tasks) > MANY_SMALL_TASKS:
+                raise InputError(f"--task-bytes {text.task_bytes} cuts the text into more than {MANY_SMALL_TASKS:,} "
+                                 f"tasks (at {path}), each with a fixed cost (a task, a file); it is a number of "
+                                 f"bytes: give e.g. {64 << 20} for 64 MiB (the default)")
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)  # a refusal does not wait for the files after it
     return tasks
+
+
+PLAN_THREADS = 8
+"""Text files planned at once (their identities and footers: a few ranged reads each)."""
 
 
 SMALL_TASK_BYTES = 1 << 20
