@@ -135,6 +135,9 @@ class PackConfig:
             validate_pad_token(self.pad_token, np.dtype(self.token_dtype))
         elif isinstance(self.pad_token, bool) or not isinstance(self.pad_token, int):
             raise TypeError(f"pad_token={self.pad_token!r} must be an integer")
+        if self.pad_token < 0:  # an id a model's embedding looks up: -1 there is an IndexError in training
+            raise ValueError(f"pad_token={self.pad_token} must be a token id >= 0 (padding is marked by doc_ids -1, "
+                             "not by the pad token; e.g. --pad-token 0, or the tokenizer's pad or EOS id)")
         self.side_specs()
         strategy_class(self.strategy)
         validate_long_docs(self.long_docs)

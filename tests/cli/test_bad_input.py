@@ -109,6 +109,18 @@ def test_pad_token_out_of_range(capsys, tmp_path, shards):
     assert code == 2 and str(2**40) in err and "int32" in err and not out.exists()
 
 
+@pytest.mark.parametrize("dtype", ["auto", "int32"])
+def test_a_negative_pad_token_is_one_line(capsys, tmp_path, shards, dtype):
+    """A trial: --pad-token -1 packed, and the last chunk's -1s then failed the model's embedding lookup."""
+    out = tmp_path / "out"
+    code = main(["pack", "--local", "--input", str(shards), "--output", str(out), "--context-length", "4",
+                 "--pad-token", "-1", "--token-dtype", dtype])
+    err = capsys.readouterr().err
+    assert code == 2 and not out.exists()
+    assert err == ("raypack: error: --pad-token -1: must be a token id >= 0 (padding is marked by doc_ids -1, not by "
+                   "the pad token; e.g. --pad-token 0, or the tokenizer's pad or EOS id)\n")
+
+
 @pytest.mark.parametrize("value", ["0", "-3"])
 def test_bad_context_length(capsys, tmp_path, shards, value):
     out = tmp_path / "out"

@@ -193,7 +193,7 @@ def test_a_text_file_cut_short_while_it_is_read_is_named_as_changed(tmp_path, to
 
 @pytest.mark.parametrize("flag, said", [
     (["--pad-token", "600"], "--pad-token 600 (pad_token in a config) is outside the tokenizer's vocabulary [0, 600)"),
-    (["--pad-token", "-1"], "--pad-token -1 (pad_token in a config) is outside the tokenizer's vocabulary [0, 600)"),
+    (["--pad-token", "-1"], "--pad-token -1: must be a token id >= 0 (padding is marked by doc_ids -1"),
     (["--token-dtype", "uint8"], "--token-dtype uint8 holds ids up to 255, but the tokenizer's vocabulary has 600 ids; "
                                  "use --token-dtype uint16 or auto"),
 ])
