@@ -11,12 +11,14 @@ main process and the workers only read the indices it gives)::
 
 State (the torchdata ``StatefulDataLoader`` protocol, ``state_dict()`` / ``load_state_dict()``):
 the rules' name, seed, epoch, step (global batches of the epoch already yielded), length, G,
-shuffle and the source's ``content_sha256``: a handful of JSON values, the same on every rank.
-A state saved by W ranks loads into W' ranks (W' divides G) and the global batches go on at
+shuffle, drop_last and the source's ``content_sha256``: a handful of JSON values, the same on every
+rank. A state saved by W ranks loads into W' ranks (W' divides G) and the global batches go on at
 step s exactly as an uninterrupted run's would. ``set_epoch(e)`` starts epoch e at step 0, as
 ``DistributedSampler``'s does; setting the epoch the sampler is already in keeps its step, so a
-resumed loop that calls ``set_epoch`` at the top of each epoch does not restart the epoch. An
-iteration that starts on a finished epoch moves on to the next one by itself.
+resumed loop that calls ``set_epoch`` at the top of each epoch does not restart the epoch (and an
+epoch it names that is finished, a state saved after its last batch, yields nothing: the loop goes
+on to the next). An iteration that starts on a finished epoch without ``set_epoch`` moves on to
+the next epoch by itself (torchdata's rule for a state saved at an epoch's end).
 
 Torch-free: it yields lists of ints, which is all a DataLoader asks of a batch sampler.
 """
@@ -40,6 +42,8 @@ log = logging.getLogger(__name__)
 ORDER_RULES = "global-batches-v1"
 """The name of the order's rules (raypack.rules.global_batches), kept in a state; another is refused."""
 _STATE_KEYS = ("order", "seed", "epoch", "step", "length", "global_batch_size", "shuffle", "content_sha256")
+_OPTIONAL_KEYS = ("drop_last",)
+"""In a state since it decides the last global batch; a state saved before it was added loads as it did."""
 _MAX_WORD = (1 << 64) - 1
 
 
@@ -86,6 +90,9 @@ class GlobalBatchSampler:
         self.epoch = 0
         self.step = 0
         """Global batches of the current epoch yielded so far (the next one is ``step``)."""
+        self._epoch_named = False
+        """:meth:`set_epoch` named the current epoch since the last iteration began: a finished one then
+        yields nothing instead of moving on (a loop resumed from a state saved after an epoch's last batch)."""
 
     # ------------------------------------------------------------------------- the order
 
@@ -109,9 +116,11 @@ class GlobalBatchSampler:
         """This rank's shares of global batches ``step``, ``step + 1``, ... of the current epoch, each a
         list of chunk indices; the state moves as each one is yielded. When the current epoch is
         finished (``step == num_steps``), it first moves on to step 0 of the next epoch, so a loop
-        that never calls :meth:`set_epoch` still gets a new permutation each epoch."""
-        if self.step >= self.order.num_steps:
+        that never calls :meth:`set_epoch` still gets a new permutation each epoch; an epoch that
+        :meth:`set_epoch` named is not left this way (finished, it yields nothing)."""
+        if self.step >= self.order.num_steps and not self._epoch_named:
             self.epoch, self.step = self.epoch + 1, 0
+        self._epoch_named = False
         epoch = self.epoch
         while self.step < self.order.num_steps:
             share = self.order.share(epoch, self.step, self.rank, self.world_size)
@@ -120,10 +129,12 @@ class GlobalBatchSampler:
                 yield share.tolist()
 
     def set_epoch(self, epoch: int) -> None:
-        """Use epoch ``epoch``'s permutation from its step 0; the current epoch keeps its step."""
+        """Use epoch ``epoch``'s permutation from its step 0; the current epoch keeps its step (finished,
+        the next iteration yields nothing)."""
         epoch = _word("epoch", epoch)
         if epoch != self.epoch:
             self.epoch, self.step = epoch, 0
+        self._epoch_named = True
 
     # ------------------------------------------------------------------------- state
 
@@ -142,21 +153,29 @@ class GlobalBatchSampler:
                              "per epoch")
         return {"order": ORDER_RULES, "seed": self.order.seed, "epoch": self.epoch, "step": operator.index(step),
                 "length": self.order.length, "global_batch_size": self.order.global_batch_size,
-                "shuffle": self.order.shuffle, "content_sha256": self.content_sha256}
+                "shuffle": self.order.shuffle, "drop_last": self.order.drop_last,
+                "content_sha256": self.content_sha256}
 
     def load_state_dict(self, state: Any) -> None:
         """Go on where ``state`` (a :meth:`state_dict`, saved by any world size) stopped: its seed,
         epoch and step. InputError, one line, for a state of another output, length, global batch
-        size or shuffle, or a damaged one."""
+        size, shuffle or drop_last, or a damaged one. A WARNING where one side has no digest to compare
+        (a sampler over a length or a plain dataset), so the state's output cannot be checked."""
         fields = _checked_state(state)
         ours = self.state_dict()
         theirs, mine = fields["content_sha256"], self.content_sha256
         if theirs is not None and mine is not None and theirs != mine:
             raise InputError(f"sampler state is from another output (content_sha256 {theirs[:16]}..., this source "
                              f"{mine[:16]}...); load a state saved over this output")
+        if (theirs is None) != (mine is None):
+            log.warning("sampler state %s; it cannot be checked to be of this output: make sure it is (build both "
+                        "samplers over the packed output, or its dataset, to have it checked)",
+                        "has no content_sha256 (saved over a length or a plain dataset)" if theirs is None else
+                        f"is of output {theirs[:16]}..., this sampler's source has no digest (a length or a plain "
+                        "dataset)")
         for key, what in (("length", "chunks"), ("global_batch_size", "chunks per global batch"),
-                          ("shuffle", "shuffle")):
-            if fields[key] != ours[key]:
+                          ("shuffle", "shuffle"), ("drop_last", "the last partial global batch")):
+            if key in fields and fields[key] != ours[key]:
                 raise InputError(f"sampler state has {key}={fields[key]!r} ({what}) but this sampler has "
                                  f"{ours[key]!r}; resume over the same output with the same {key}")
         order = self.order
@@ -170,6 +189,7 @@ class GlobalBatchSampler:
             log.info("sampler state has seed %d; this sampler was made with %d and now follows the state",
                      fields["seed"], order.seed)
         self.epoch, self.step = fields["epoch"], fields["step"]
+        self._epoch_named = False
 
     def __repr__(self) -> str:
         return (f"GlobalBatchSampler(length={self.order.length}, global_batch_size={self.order.global_batch_size}, "
@@ -195,13 +215,43 @@ def _checked_state(state: Any) -> dict[str, Any]:
                          "GlobalBatchSampler.state_dict() returned")
     if state["order"] != ORDER_RULES:
         raise InputError(f"sampler state has order={show(state['order'])}; this raypack follows {ORDER_RULES}")
+    fields = dict(state)
     for key in ("seed", "epoch", "step", "length", "global_batch_size"):
-        value = state[key]
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_WORD:
-            raise InputError(f"sampler state has {key}={show(value)}, expected an integer in 0..2**64 - 1")
-    if not isinstance(state["shuffle"], bool):
-        raise InputError(f"sampler state has shuffle={show(state['shuffle'])}, expected true or false")
+        value = _integer(state[key])  # numpy's and torch's integers as Python's (a checkpoint's tooling)
+        if value is None or not 0 <= value <= _MAX_WORD:
+            raise InputError(f"sampler state has {key}={show(state[key])}, expected an integer in 0..2**64 - 1")
+        fields[key] = value
+    for key in ("shuffle", *_OPTIONAL_KEYS):
+        if key in state:
+            value = _flag(state[key])
+            if value is None:
+                raise InputError(f"sampler state has {key}={show(state[key])}, expected true or false")
+            fields[key] = value
     digest = state["content_sha256"]
     if digest is not None and not is_hex(digest, 64):
         raise InputError(f"sampler state has content_sha256={show(digest)}, expected 64 hex digits or null")
-    return dict(state)
+    return fields
+
+
+def _integer(value: Any) -> int | None:
+    """An int, or a numpy or 0-d torch integer, as an int (None for anything else, a bool among them)."""
+    if isinstance(value, bool) or _dtype_name(value) == "bool" or not hasattr(value, "__index__"):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:  # a torch tensor of more than one element, a float tensor
+        return None
+
+
+def _flag(value: Any) -> bool | None:
+    """A bool, or a numpy or 0-d torch bool, as a bool (None for anything else)."""
+    if isinstance(value, bool):
+        return value
+    if _dtype_name(value) == "bool" and getattr(value, "shape", None) in ((), []):
+        return bool(value)
+    return None
+
+
+def _dtype_name(value: Any) -> str:
+    """``value``'s dtype's name ("bool", "int64"; torch's without its "torch." prefix), or ""."""
+    return str(getattr(value, "dtype", "")).removeprefix("torch.")

@@ -101,6 +101,92 @@ def test_set_epoch_and_the_end_of_an_epoch():
     assert (sampler.epoch, sampler.step) == (7, 0)
 
 
+def epochs_of(samplers, start, end, set_epoch):
+    """Every rank's batches, global batch after global batch, of a loop over epochs [start, end)."""
+    seen = []
+    for epoch in range(start, end):
+        for sampler in samplers:
+            if set_epoch:
+                sampler.set_epoch(epoch)
+        seen += [sum(batches, []) for batches in zip(*samplers)]
+    return seen
+
+
+@pytest.mark.parametrize("loop", ["set_epoch at the checkpoint's epoch", "set_epoch at the next epoch",
+                                  "no set_epoch, the state's next epoch"])
+def test_a_state_saved_after_an_epochs_last_batch_resumes_without_an_extra_epoch(loop):
+    """A trial: a checkpoint taken right after an epoch's last batch, resumed by the documented loop (set_epoch at
+    the top of each epoch, from the loop's saved epoch), trained an extra epoch: set_epoch kept the finished
+    epoch's step and the iteration then moved on by itself, so the sampler ran one epoch ahead of the loop."""
+    length, epochs = 47, 3
+    whole = epochs_of([GlobalBatchSampler(length, global_batch_size=G, rank=r, world_size=4, seed=5) for r in range(4)],
+                      0, epochs, set_epoch=True)
+    before = [GlobalBatchSampler(length, global_batch_size=G, rank=r, world_size=4, seed=5) for r in range(4)]
+    first = epochs_of(before, 0, 1, set_epoch=True)       # epoch 0 whole, then the checkpoint
+    state = json.loads(json.dumps(before[0].state_dict()))
+    assert (state["epoch"], state["step"]) == (0, before[0].num_steps)
+    after = [GlobalBatchSampler(length, global_batch_size=G, rank=r, world_size=2, seed=5) for r in range(2)]
+    for sampler in after:
+        sampler.load_state_dict(state)
+    if loop == "set_epoch at the checkpoint's epoch":
+        rest = epochs_of(after, 0, epochs, set_epoch=True)
+    elif loop == "set_epoch at the next epoch":
+        rest = epochs_of(after, 1, epochs, set_epoch=True)
+    else:   # TRAINING.md: a loop without set_epoch starts at epoch + (step == num_steps)
+        rest = epochs_of(after, state["epoch"] + (state["step"] == after[0].num_steps), epochs, set_epoch=False)
+    assert first + rest == whole
+    assert after[0].epoch == epochs - 1
+
+
+def test_drop_last_is_in_the_state_and_another_is_refused():
+    """A trial: drop_last was not in the state, so a state loaded into a sampler with the other drop_last gave a
+    partial global batch the run never had."""
+    sampler = GlobalBatchSampler(50, global_batch_size=G, drop_last=True)
+    list(sampler)
+    state = sampler.state_dict()
+    assert state["drop_last"] is True
+    with pytest.raises(InputError, match=r"^sampler state has drop_last=True \(the last partial global batch\) "
+                                         "but this sampler has False; resume over the same output with the same "
+                                         "drop_last$"):
+        GlobalBatchSampler(50, global_batch_size=G, drop_last=False).load_state_dict(state)
+    older = {k: v for k, v in state.items() if k != "drop_last"}   # a state saved before drop_last was in it
+    GlobalBatchSampler(50, global_batch_size=G).load_state_dict(older)
+
+
+def test_a_state_whose_numbers_passed_through_numpy_or_torch_loads():
+    """A trial: a checkpoint tool's np.int64 and 0-d tensors were refused, the line showing a valid-looking value."""
+    sampler = GlobalBatchSampler(100, global_batch_size=G, seed=9)
+    next(iter(sampler))
+    state = sampler.state_dict()
+    as_numpy = {k: np.int64(v) if type(v) is int else np.bool_(v) if type(v) is bool else v for k, v in state.items()}
+    other = GlobalBatchSampler(100, global_batch_size=G, seed=9)
+    other.load_state_dict(as_numpy)
+    assert other.state_dict() == state
+    assert all(type(v) in (int, bool, str, type(None)) for v in other.state_dict().values())
+    torch = pytest.importorskip("torch")
+    as_torch = {k: torch.tensor(v) if type(v) in (int, bool) and k != "seed" else v for k, v in state.items()}
+    other.load_state_dict(as_torch)
+    assert other.state_dict() == state
+    for bad in (torch.tensor(1.5), torch.tensor([1, 2]), np.float64(2.0)):
+        with pytest.raises(InputError, match="sampler state has step="):
+            other.load_state_dict({**state, "step": bad})
+
+
+def test_a_state_that_cannot_be_checked_against_the_output_is_said(outputs, caplog):
+    """A trial: a state saved over a length (no content_sha256) loaded into a sampler over another output without
+    a word. It cannot be refused (the length may be right), so it is one WARNING, either way round."""
+    length = len(read_packed(outputs["concat"]))
+    bare = GlobalBatchSampler(length, global_batch_size=G).state_dict()
+    with caplog.at_level("WARNING", logger="raypack.training.sampler"):
+        GlobalBatchSampler(outputs["concat"], global_batch_size=G).load_state_dict(bare)
+        GlobalBatchSampler(length, global_batch_size=G).load_state_dict(
+            GlobalBatchSampler(outputs["concat"], global_batch_size=G).state_dict())
+        GlobalBatchSampler(length, global_batch_size=G).load_state_dict(bare)        # neither has one: nothing said
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and "has no content_sha256 (saved over a length or a plain dataset)" in said[0]
+    assert "this sampler's source has no digest" in said[1]
+
+
 # ----------------------------------------------------------------------------- packed outputs
 
 
