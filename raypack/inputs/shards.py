@@ -123,11 +123,28 @@ def _what_it_holds(fs: pafs.FileSystem, fs_path: str, item: str) -> str:
     if not entries:
         return f"is empty; give the directory that holds the shard files ({accepted})"
     files = sorted(e.base_name for e in entries if e.type == pafs.FileType.File)
+    if "manifest.json" in files and output_kind(fs, fs_path) == "mix":
+        return ("is a mix (raypack mix's index over packed outputs), not a corpus of documents: read it with "
+                "raypack.read_packed, or give pack the corpora its sources were packed from")
     if any(name.endswith(".json") for name in files):
         return (f"holds no shard files ({accepted}; .json files are read only when named: pass "
                 f"{item.rstrip('/')}/*.json)")
     has = f"{len(files)} files like {files[0]}" if files else f"{len(entries)} folders and no shard file in them"
     return f"holds no shard files: it has {has} ({accepted})"
+
+
+def output_kind(fs: pafs.FileSystem, fs_path: str) -> str | None:
+    """What raypack output directory ``fs_path`` is, by its manifest.json: "mix", "tokenized" (raypack
+    tokenize's corpus), "packed" or "" (a manifest of none of these); None without one. Reads the
+    manifest's first 4 KiB, where raypack's writers put "kind" (a packed output's has none, and its
+    ``context_length`` comes early); on error paths and plan checks only."""
+    try:
+        with fs.open_input_file(f"{fs_path.rstrip('/')}/manifest.json") as f:
+            head = f.read(min(f.size(), 4096))
+    except (OSError, ValueError):
+        return None
+    kind = re.search(rb'"kind"\s*:\s*"(mix|tokenized)"', head)
+    return kind.group(1).decode() if kind else "packed" if b'"context_length"' in head else ""
 
 
 def read_region(item: str) -> str | None:

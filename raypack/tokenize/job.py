@@ -27,7 +27,7 @@ import pyarrow.fs as pafs
 from raypack.errors import InputError
 from raypack.inputs.base import check_document_lengths
 from raypack.inputs.registry import format_of
-from raypack.inputs.shards import discover_shards
+from raypack.inputs.shards import discover_shards, output_kind
 from raypack.io.fs import resolve_filesystem
 from raypack.io.progress import Progress
 from raypack.pack.dry_run import DryRunReport, report_of
@@ -355,10 +355,17 @@ def _refuse_token_output(item: str) -> None:
     if not isinstance(item, str) or not item or any(ch in item for ch in "*?["):
         return
     fs, fs_path = resolve_filesystem(item)
-    if fs.get_file_info(f"{fs_path.rstrip('/')}/{MANIFEST_NAME}").type == pafs.FileType.File:
+    if fs.get_file_info(f"{fs_path.rstrip('/')}/{MANIFEST_NAME}").type != pafs.FileType.File:
+        return
+    kind = output_kind(fs, fs_path)
+    if kind not in ("mix", "packed"):
         raise InputError(f"input {item} is a raypack output (it holds {MANIFEST_NAME}): its documents are token ids "
                          "already, not text; pack it with `raypack pack`, no --tokenizer (nor --text-column, --bos, "
                          "--eos)")
+    what = ("a mix (raypack mix's index over packed outputs)", "its sources were") if kind == "mix" else (
+        "a packed raypack output (fixed-length chunks of token ids)", "it was")
+    raise InputError(f"input {item} is {what[0]}, not text: give the text {what[1]} packed from (read it with "
+                     "raypack.read_packed)")
 
 
 def _check_outside(output: str, tasks: list[TextTask], inputs) -> None:

@@ -272,6 +272,38 @@ def test_tokenizer_over_a_tokenized_corpus_says_drop_tokenizer(tmp_path, capsys)
     assert len(err) == 1 and "is a raypack output" in err[0] and "with `raypack pack`, no --tokenizer" in err[0], err
 
 
+def test_text_options_over_a_packed_output_or_a_mix_say_what_it_is(tmp_path, capsys):
+    """A trial: a packed output or a mix given as text was told to drop --tokenizer, and pack then refused it too
+    (a mix as 'holds no shard files')."""
+    from raypack.mix.dataset import load_mix_config, run_mix
+    from raypack.sample import write_sample_corpus
+
+    write_sample_corpus(str(tmp_path / "corpus"), num_shards=1, docs_per_shard=20, mean_doc_len=10, seed=1)
+    assert main(["pack", "--local", "--context-length", "8", "--input", str(tmp_path / "corpus"), "--output",
+                 str(tmp_path / "packed")]) == 0
+    run_mix(load_mix_config(sources=[(str(tmp_path / "packed"), 1)], output=str(tmp_path / "mix"), num_chunks=10))
+    capsys.readouterr()
+    said = {}
+    for name in ("packed", "mix"):
+        for extra in (["--tokenizer", "tiktoken:cl100k_base"], []):
+            assert main(["pack", "--local", "--context-length", "4", "--input", str(tmp_path / name), "--output",
+                         str(tmp_path / "out"), *extra]) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1, err
+            said[name, bool(extra)] = err[0]
+    packed, mix = str(tmp_path / "packed"), str(tmp_path / "mix")
+    assert said["packed", True] == (f"raypack: error: input {packed} is a packed raypack output (fixed-length chunks "
+                                    "of token ids), not text: give the text it was packed from (read it with "
+                                    "raypack.read_packed)")
+    assert "is a chunk file of a packed raypack output" in said["packed", False]
+    assert said["mix", True] == (f"raypack: error: input {mix} is a mix (raypack mix's index over packed outputs), "
+                                 "not text: give the text its sources were packed from (read it with "
+                                 "raypack.read_packed)")
+    assert said["mix", False] == (f"raypack: error: input directory {mix} is a mix (raypack mix's index over packed "
+                                  "outputs), not a corpus of documents: read it with raypack.read_packed, or give "
+                                  "pack the corpora its sources were packed from")
+
+
 def test_a_directorys_json_metadata_is_not_read_as_json_lines(tmp_path):
     """An HF dataset_info.json beside the shards is skipped; a .json named explicitly is still read."""
     from raypack.inputs.shards import discover_shards
