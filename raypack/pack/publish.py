@@ -170,10 +170,11 @@ class LocalOutput:
     """A local directory, published by renaming a complete staging directory into its place."""
 
     def __init__(self, output: str) -> None:
-        if os.path.islink(output):  # publish into the directory it names; the link stays
-            output = os.path.realpath(output)
-        self.output = os.path.abspath(output)
-        self.work_dir = staging_dir(output)
+        absolute = os.path.abspath(output)  # "link/" and "link/." are "link": one lock, and the link stays
+        if os.path.islink(absolute):  # publish into the directory it names
+            absolute = os.path.realpath(absolute)
+        self.output = absolute
+        self.work_dir = staging_dir(absolute)
         """Where the run writes: the staging directory."""
         self.old_dir = f"{self.work_dir[:-len('-partial')]}-old"
         parent, name = os.path.split(self.output)

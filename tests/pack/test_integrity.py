@@ -720,16 +720,22 @@ def test_an_old_output_moved_aside_is_restored_when_its_replacement_never_came(t
     assert tree_digest(tmp_path / "out") == before and not os.path.exists(old)
 
 
+@pytest.mark.parametrize("spelling", ["link", "link/", "link/."])
 @pytest.mark.parametrize("existing", [False, True])
-def test_an_output_that_is_a_symlink_to_a_directory_publishes_into_that_directory(tmp_path, corpus, existing):
-    """The link stays a link; the run and every later run (--overwrite) write the directory it names."""
+def test_an_output_that_is_a_symlink_to_a_directory_publishes_into_that_directory(tmp_path, corpus, existing,
+                                                                                 spelling):
+    """The link stays a link; the run and every later run (--overwrite) write the directory it names. An
+    operator's trial: ``link/`` was not seen as the link, so it took another lock than ``link``'s, replaced the
+    link with a directory, and every later ``--overwrite`` of ``link`` failed with a traceback."""
     real = tmp_path / "disk" / "out"
     real.mkdir(parents=True)
     (tmp_path / "link").symlink_to(real, target_is_directory=True)
     if existing:
         run_pack(config(tmp_path, [corpus], name="link"), engine="local")
-    for _ in range(2):
-        run_pack(config(tmp_path, [corpus], name="link", overwrite=True), engine="local")
+    spelled = f"{tmp_path}/{spelling}"  # not through pathlib, which drops the slash and the dot
+    assert publish.output_target(spelled).lock.path == str(tmp_path / "disk" / ".out.raypack-lock")
+    for output in (spelled, str(tmp_path / "link")):
+        run_pack(config(tmp_path, [corpus], output=output, overwrite=True), engine="local")
         assert os.path.islink(tmp_path / "link") and os.path.isfile(real / "manifest.json")
         verify_output(str(tmp_path / "link"), [])
     run_pack(config(tmp_path, [corpus], name="plain"), engine="local")
