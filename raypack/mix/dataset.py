@@ -27,15 +27,14 @@ import math
 import numbers
 import operator
 import os
-import tomllib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from raypack.errors import InputError
+from raypack.io.config_file import read_config_file
 from raypack.io.fs import is_uri, same_file_key
 from raypack.io.untrusted import MAX_COUNT, int_field, is_hex, show, token_dtype_field
 from raypack.mix.order import ORDER_NAME, MixOrder, apportion
@@ -113,12 +112,7 @@ def load_mix_config(path: str | None = None, **overrides: Any) -> MixConfig:
     where = "mix config"
     if path is not None:
         where = str(path)
-        try:
-            values = tomllib.loads(Path(path).read_text())
-        except FileNotFoundError as e:
-            raise InputError(f"config file not found: {path}") from e
-        except tomllib.TOMLDecodeError as e:
-            raise InputError(f"config file {path} is not valid TOML: {e}") from e
+        values = read_config_file(path)
         unknown = sorted(set(values) - set(CONFIG_KEYS))
         if unknown:
             raise InputError(f"{path}: unknown key(s) {', '.join(unknown)}; valid keys are {', '.join(CONFIG_KEYS)}")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -23,6 +22,7 @@ import numpy as np
 
 from raypack.errors import InputError
 from raypack.inputs.base import DEFAULT_MAX_DOCUMENT_TOKENS
+from raypack.io.config_file import read_config_file
 from raypack.rules.core import validate_context_length, validate_pad_token
 from raypack.rules.long_docs import DEFAULT_LONG_DOCS, validate_long_docs
 from raypack.rules.side_columns import parse_side_spec
@@ -283,12 +283,7 @@ def load_config(path: str | Path | None = None, *, required: tuple[str, ...] = (
     values: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
-        try:
-            values = tomllib.loads(path.read_text())
-        except FileNotFoundError as e:
-            raise InputError(f"config file not found: {path}") from e
-        except tomllib.TOMLDecodeError as e:
-            raise InputError(f"config file {path} is not valid TOML: {e}") from e
+        values = read_config_file(path)
         fields = {f.name for f in dataclasses.fields(PackConfig)}
         table = next((key for key, value in values.items() if isinstance(value, dict) and key not in fields), None)
         if table is not None:  # it said "--context-length is required" when every key was under [pack]
