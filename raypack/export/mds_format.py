@@ -203,7 +203,7 @@ def load_index(out_dir: str) -> list[dict[str, Any]]:
             index = json.loads(f.read())
     except FileNotFoundError as e:
         raise InputError(f"{out_dir} holds no {INDEX_NAME}: not a finished MDS export; export again") from e
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:  # RecursionError: arrays nested past Python's limit
         raise InputError(f"{path}: not a readable JSON index ({error_text(e, 200)}); {DAMAGED}") from e
     if not isinstance(index, dict) or index.get("version") != 2 or not isinstance(index.get("shards"), list):
         raise InputError(f"{path}: not an MDS index (version 2 with a shards list); {DAMAGED}")

@@ -23,6 +23,7 @@ each (one longer line alone), and Arrow parses each block.
 from __future__ import annotations
 
 import json
+import sys
 from typing import Iterator, NamedTuple
 
 import numpy as np
@@ -418,6 +419,9 @@ def _bad_line_reason(line: bytes, column: str) -> str | None:
         return f"invalid UTF-8 (byte 0x{line[e.start]:02x} at byte {e.start} of the line)"
     try:
         value = json.loads(text, object_pairs_hook=_keys_kept)
+    except RecursionError:
+        return (f"JSON nested too deeply to parse (arrays or objects over {sys.getrecursionlimit():,} levels deep); "
+                "each line must be one object whose text is a string")
     except json.JSONDecodeError as e:
         if b"\r" in line.rstrip(b"\r\n"):  # one "line" of many objects: the file ends its lines with \r alone
             return _CR_LINES

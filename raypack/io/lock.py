@@ -171,7 +171,7 @@ def _missing_dirs(path: str) -> list[str]:
 def _read_record(fd: int) -> dict:
     try:
         record = json.loads(os.pread(fd, 4096, 0) or b"{}")
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     return record if isinstance(record, dict) else {}
 
@@ -225,6 +225,6 @@ class ObjectStoreLock:
                 record = json.loads(f.read() or b"{}")
         except FileNotFoundError:
             return None
-        except ValueError:
+        except (ValueError, RecursionError):
             return {}
         return record if isinstance(record, dict) else {}

@@ -289,7 +289,11 @@ class LocalOutput:
     def prepare(self, *, fresh: bool, resume: bool = False) -> None:
         if fresh:
             shutil.rmtree(self.work_dir, ignore_errors=True)
-        self.resumed = resume or os.path.isdir(os.path.join(self.work_dir, RESULTS_DIR))
+        results = os.path.join(self.work_dir, RESULTS_DIR)
+        if os.path.lexists(results) and not os.path.isdir(results) or os.path.islink(results):
+            log.info("resume: %s is not a folder (damaged); every task is packed again", results)
+            os.remove(results)  # a file or a link where the records go: a traceback on every --resume
+        self.resumed = resume or os.path.isdir(results)
         os.makedirs(self.work_dir, exist_ok=True)
 
     def sweep(self, keep: set[str]) -> None:

@@ -36,11 +36,13 @@ someone who rewrites a record on purpose and recomputes its checksum.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import posixpath
+import shutil
 import stat
 from dataclasses import asdict, replace
 from typing import Any, Callable, Iterable
@@ -262,6 +264,7 @@ def _read_record(fs, path: str) -> bytes | None:
     if not _is_plain_file(fs, path):
         if not _exists(fs, path):
             return None
+        remove_damaged_record(fs, path)  # the task's new record takes its name (a directory there: IsADirectoryError)
         raise _Rejected("is not a plain file (a FIFO, a link, a directory?)")
     try:
         with fs.open_input_stream(path, compression=None) as source:
@@ -293,13 +296,26 @@ def _check_record(data: bytes, task: ShardTask, settings: PackSettings, fs, base
     return result
 
 
+def remove_damaged_record(fs, path: str) -> None:
+    """Remove what lies at a record's ``path`` in a local staging directory when it is not a plain file (a
+    directory, a FIFO, a link: damage, as raypack writes plain files there, and a new record could not take
+    its name); nothing on an object store, where a new record replaces it."""
+    if not isinstance(fs, pafs.LocalFileSystem) or not os.path.lexists(path):
+        return
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.islink(path) or not os.path.isfile(path):
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
 def _parse_record(data: bytes) -> dict[str, Any]:
     """The record's body, once its checksum and version check."""
     try:
         record = json.loads(data)
         claimed = record.pop("record_sha256")
         actual = hashlib.sha256(_canonical(record)).hexdigest()
-    except (ValueError, TypeError, KeyError, AttributeError) as e:  # UnicodeDecodeError is a ValueError
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:  # UnicodeDecodeError: a ValueError
         raise _Rejected(f"does not parse ({type(e).__name__})") from e
     if claimed != actual:
         raise _Rejected(f"fails its checksum (record_sha256 {str(claimed)[:16]}..., content {actual[:16]}...)")

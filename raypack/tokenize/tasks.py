@@ -42,7 +42,7 @@ from raypack.errors import InputError
 from raypack.inputs.registry import format_named
 from raypack.io.fs import resolve_filesystem
 from raypack.io.prefetch import prefetched
-from raypack.pack.resume import RESULTS_DIR, check_same_file, sampled_identity
+from raypack.pack.resume import RESULTS_DIR, check_same_file, remove_damaged_record, sampled_identity
 from raypack.packed.writer import AtomicFile, HashingSink, write_whole
 from raypack.tokenize.backends import load_backed_tokenizer
 from raypack.tokenize.corpus import TOKEN_COLUMN, part_file_name
@@ -362,15 +362,18 @@ def load_verified_record(task: TextTask, settings: TokenizeSettings,
     part file.
     """
     fs, base = resolve_filesystem(settings.out_dir)
+    path = posixpath.join(base, record_name(task.task_index))
     try:
-        with fs.open_input_stream(posixpath.join(base, record_name(task.task_index)), compression=None) as f:
+        with fs.open_input_stream(path, compression=None) as f:
             record = json.loads(f.read())
         claimed = record.pop("record_sha256")
         result = TextResult(**record["result"])
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
         why = f"its record does not parse ({e})"
+        if isinstance(e, OSError):
+            remove_damaged_record(fs, path)  # a local folder there: the task's new record takes its name
     else:
         why = _rejection(record, claimed, task, settings, result, fs, base)
         if not why:

@@ -154,6 +154,11 @@ BAD_LINES = [
     (b'{"text": "a"}\r{"text": "b"}\r', r"line 1: not JSON \(its lines end with a carriage return alone, \\r, not "
                                       r"\\n: convert them to \\n, e\.g\. tr '\\r' '\\n'\)$"),
     (b'{"text": "a"}\r\n{"text": "b"}\r\n[1]\r\n', r"line 3: a JSON array where an object was expected"),  # CRLF: fine
+    # nested past Python's parser (an operator's trial: RecursionError, a traceback and the run's work kept)
+    (b'{"text": "ok"}\n{"text": ' + b"[" * 5000 + b"]" * 5000 + b"}\n",
+     r"line 2: JSON nested too deeply to parse \(arrays or objects over [\d,]+ levels deep\); each line must be one "
+     r"object whose text is a string; fix or drop that line$"),
+    (b'{"text": "ok"}\n' + b'{"x":' * 5000 + b"1" + b"}" * 5000 + b"\n", r"line 2: JSON nested too deeply"),
 ]
 
 

@@ -248,11 +248,30 @@ def _forge_version(path):
     edit_record(path, lambda r: r.update(version=r["version"] + 1))  # checksum no longer matches either
 
 
-@pytest.mark.parametrize("damage", [_truncate, _garbage, _edit_checksum, _forge_version])
+def _nested(path):
+    open(path, "w").write("[" * 100_000 + "]" * 100_000)  # past Python's parser: RecursionError, not ValueError
+
+
+def _a_directory(path):
+    os.remove(path)
+    os.mkdir(path)
+
+
+@pytest.mark.parametrize("damage", [_truncate, _garbage, _edit_checksum, _forge_version, _nested, _a_directory])
 def test_damaged_record_is_repacked(tmp_path, corpus, clean_run, monkeypatch, damage):
     staging = crash_at(monkeypatch, 5, config(tmp_path, corpus))
     damage(record_of(staging, 2))
     assert resume(monkeypatch, config(tmp_path, corpus)) == [2, 5]
+    assert tree_digest(tmp_path / "out") == clean_run
+
+
+def test_a_results_folder_that_is_a_file_is_packed_again(tmp_path, corpus, clean_run, monkeypatch):
+    """An operator's trial: ``_results`` made a plain file in the staging directory failed every --resume with a
+    traceback (NotADirectoryError). Its tasks are packed again, as for records that do not load."""
+    staging = crash_at(monkeypatch, 5, config(tmp_path, corpus))
+    shutil.rmtree(os.path.join(staging, "_results"))
+    open(os.path.join(staging, "_results"), "w").write("x")
+    assert resume(monkeypatch, config(tmp_path, corpus)) == [0, 1, 2, 3, 4, 5]
     assert tree_digest(tmp_path / "out") == clean_run
 
 

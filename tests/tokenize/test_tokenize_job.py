@@ -10,6 +10,7 @@ import gzip
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -523,6 +524,41 @@ def test_tokenize_resume_after_a_crash_reuses_finished_tasks(tmp_path, text_dir,
     kept = sum(s["num_tokens"] for s in manifest_of(clean)["shards"][:3])
     assert summary.kept == (3, kept)
     assert summary.lines()[-1].endswith(f"start-up included; 3 tasks, {kept:,} tokens, kept from the run before)")
+
+
+@pytest.mark.parametrize("damage", ["a record is a folder", "the records' folder is a file"])
+def test_tokenize_and_one_pass_resume_past_a_damaged_staging_directory(tmp_path, text_dir, tok, monkeypatch, damage):
+    """An operator's trial: a record made a folder, or ``_results`` made a file, failed every --resume with a
+    traceback (IsADirectoryError, NotADirectoryError). The tasks they held are done again."""
+    clean = tokenize(tmp_path, text_dir, tok, "clean")
+    fail_at_task(monkeypatch, 3)
+    with pytest.raises(RuntimeError, match="killed at task 3"):
+        tokenize(tmp_path, text_dir, tok, "out")
+    monkeypatch.undo()
+    results = tmp_path / ".out.raypack-staging-partial" / "_results"
+    if damage == "a record is a folder":
+        record = sorted(results.iterdir())[1]
+        record.unlink()
+        record.mkdir()
+    else:
+        shutil.rmtree(results)
+        results.write_text("x")
+    run_tokenize(TokenizeConfig(inputs=(text_dir,), output=str(tmp_path / "out"), text=options(tok), num_workers=2),
+                 engine="local", resume=True)
+    assert digests(tmp_path / "out", "*") == digests(clean, "*")
+    # the one pass
+    (tmp_path / "onepass").mkdir()
+    clean, last, config = crashed_at_the_last_task(tmp_path / "onepass", text_dir, tok, monkeypatch)
+    results = tmp_path / "onepass" / STAGING / "_results"
+    if damage == "a record is a folder":
+        (results / "task-000002.json").unlink()
+        (results / "task-000002.json").mkdir()
+    else:
+        shutil.rmtree(results)
+        results.write_text("x")
+    monkeypatch.undo()
+    summary = run_pack(config, engine="local", resume=True, text=options(tok))
+    assert summary.manifest["content_sha256"] == clean.manifest["content_sha256"]
 
 
 def another_backend_version(monkeypatch, version: str = "0.0.0-another") -> None:
