@@ -24,7 +24,7 @@ import urllib.parse
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from raypack.errors import InputError
+from raypack.errors import InputChanged, InputError
 
 __all__ = [
     "bucket_of",
@@ -138,8 +138,8 @@ def open_input_file(fs: pafs.FileSystem, fs_path: str, path: str) -> pa.NativeFi
     """``fs.open_input_file``; a missing or unreadable file raises InputError naming ``path``."""
     try:
         return fs.open_input_file(fs_path)
-    except FileNotFoundError as e:
-        raise InputError(f"input path not found: {path}; it was there when the run listed its inputs: was it moved "
-                         "or deleted since? (rerun once the inputs stay put)") from e
+    except FileNotFoundError as e:  # not bad data: the tasks finished from the other files are kept
+        raise InputChanged(f"input path not found: {path}; it was there when the run listed its inputs: was it "
+                           "moved or deleted since? (rerun once the inputs stay put)") from e
     except PermissionError as e:
         raise InputError(f"shard {path} is not readable ({error_text(e)}); check its permissions") from e

@@ -85,6 +85,26 @@ def test_a_shard_replaced_between_its_tasks_is_named_and_the_other_files_tasks_a
     assert file_digests(str(tmp_path / "out")) == file_digests(str(tmp_path / "clean"))
 
 
+def test_a_shard_deleted_during_the_run_keeps_the_other_files_finished_tasks(tmp_path, corpus, monkeypatch):
+    """An operator's trial: a file removed during the run threw the finished tasks away, as for bad data; a file
+    changed during the run kept them. A file that is gone has changed too."""
+    gone = corpus / "s2.parquet"
+    real = packer.identify_input
+
+    def removing(task, settings):
+        if task.path == str(gone) and gone.exists():
+            gone.unlink()
+        return real(task, settings)
+
+    monkeypatch.setattr(packer, "identify_input", removing)
+    staging = staging_dir(str(tmp_path / "out"))
+    with pytest.raises(InputError, match=rf"^input path not found: {re.escape(str(gone))}; it was there when the run "
+                                         rf"listed its inputs.*; the finished tasks are kept in {re.escape(staging)}: "
+                                         "rerun with --resume once it is fixed$"):
+        run_pack(config(tmp_path, corpus), engine="local")
+    assert len(os.listdir(os.path.join(staging, "_results"))) >= 2
+
+
 def test_a_shard_replaced_while_its_last_task_reads_it_is_named(tmp_path, corpus, monkeypatch):
     """The swap after the task took its identity: only the check when its reads end can see it."""
     changed = corpus / "s2.parquet"
