@@ -130,6 +130,25 @@ def test_bad_context_length(capsys, tmp_path, shards, value):
     assert code == 2 and f"--context-length {value}: must be in 1.." in err and not out.exists()
 
 
+@pytest.mark.parametrize("command", ["pack", "tokenize", "mix"])
+@pytest.mark.parametrize("make, said", [
+    (lambda p: p.write_bytes(b"context_length = 128\n\xff\xfe = 1\n"),
+     "is not UTF-8 text (byte 0xff at offset 21); TOML files are UTF-8"),
+    (lambda p: p.mkdir(), "is a directory; give the .toml file in it"),
+    (lambda p: p.write_text("context_length = \n"), "is not valid TOML: "),
+])
+def test_a_config_file_that_is_no_toml_text_is_one_line(capsys, tmp_path, shards, command, make, said):
+    """An operator's trial: a config file that was not UTF-8, or a directory, gave a traceback (exit 1)."""
+    config = tmp_path / "c.toml"
+    make(config)
+    argv = {"pack": ["pack", "--local", "--input", str(shards), "--output", str(tmp_path / "o")],
+            "tokenize": ["tokenize", "--local", "--input", str(shards), "--output", str(tmp_path / "o")],
+            "mix": ["mix", "--output", str(tmp_path / "o")]}[command]
+    assert main([*argv, "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"raypack: error: config file {config} {said}") and err.count("\n") == 1, err
+
+
 def test_non_integer_context_length_in_config(capsys, tmp_path, shards):
     config = tmp_path / "c.toml"
     config.write_text("context_length = 2.5\npad_token = 0\n")
