@@ -21,6 +21,16 @@ def error_table(index: int, error: InputError) -> pa.Table:
     return pa.table({"task_index": pa.array([index], pa.int64()), "error": [worker_error_text(error)]})
 
 
+def loaded(load, settings) -> tuple[Any, InputError | None]:
+    """``(load(settings), None)``, or ``(None, the InputError)``: an actor keeps its tokenizer's refusal (a file
+    that differs on this node) and answers every call with it as an error row. Raised from ``__init__``, Ray
+    gave the driver ActorDiedError after retries, and the line only in a worker's log (an operator's trial)."""
+    try:
+        return load(settings), None
+    except InputError as e:
+        return None, e
+
+
 class ShardPackerActor:
     """Packs whole tasks, one per call, in the order its rows list them. Its tasks' ``peak_rss_bytes``
     are the process's peak since the actor started (Ray may give it a worker that ran other work)."""
@@ -66,13 +76,15 @@ class TextTokenizerActor:
 
         self.settings = TokenizeSettings(**settings)
         set_thread_env(self.settings.num_threads)  # before the tokenizer's pool first starts
-        self.tokenizer = load_worker_tokenizer(self.settings)
+        self.tokenizer, self.load_error = loaded(load_worker_tokenizer, self.settings)
 
     def __call__(self, batch: pa.Table) -> Iterator[pa.Table]:
         from raypack.tokenize.tasks import TextTask, tokenize_task
 
         for row in batch.to_pylist():
             try:
+                if self.load_error is not None:
+                    raise self.load_error
                 result = tokenize_task(TextTask(**row), self.settings, self.tokenizer)
             except InputError as e:
                 yield error_table(row["task_index"], e)
@@ -95,7 +107,7 @@ class TextPackerActor:
         self.settings = PackSettings(**settings)
         self.token_type = pa.from_numpy_dtype(np.dtype(self.settings.token_dtype))
         set_thread_env(self.text_settings.num_threads)  # before the tokenizer's pool first starts
-        self.tokenizer = load_worker_tokenizer(self.text_settings)
+        self.tokenizer, self.load_error = loaded(load_worker_tokenizer, self.text_settings)
         self.held: dict[int, Any] = {}
 
     def tokenize(self, task: dict) -> dict:
@@ -104,6 +116,8 @@ class TextPackerActor:
         from raypack.tokenize.tasks import TextTask
 
         try:
+            if self.load_error is not None:
+                raise self.load_error
             held = tokenize_held(TextTask(**task), self.text_settings, self.tokenizer, self.settings)
         except InputError as e:
             return {"error": worker_error_text(e)}
@@ -115,6 +129,8 @@ class TextPackerActor:
 
         shard_task = ShardTask(**task)
         try:
+            if self.load_error is not None:  # a new actor, after one died: its tasks' tokenize calls said it
+                raise self.load_error
             result = pack_held(self.held.pop(shard_task.task_index), shard_task, self.settings)
         except InputError as e:
             return error_table(shard_task.task_index, e)

@@ -561,6 +561,30 @@ def test_tokenize_and_one_pass_resume_past_a_damaged_staging_directory(tmp_path,
     assert summary.manifest["content_sha256"] == clean.manifest["content_sha256"]
 
 
+@pytest.mark.parametrize("command", ["pack", "tokenize"])
+def test_a_tokenizer_file_that_differs_on_the_workers_is_the_workers_line(tmp_path, text_dir, tok, monkeypatch,
+                                                                          capsys, ray_session, command):
+    """An operator's trial: the tokenizer file replaced while a run on Ray started its actors. Each actor
+    refused it in its constructor, Ray retried and then gave 'ActorDiedError' (exit 1); the reason was only in a
+    worker's log. It is now the workers' line, exit 2."""
+    path = tmp_path / "tokenizer.json"
+    shutil.copy(tok[1], path)
+    other = train_byte_level_bpe(CORPUS * 3, 400)
+    real = text_tasks.rayon_threads
+
+    def swapped_as_the_actors_start(*args):
+        other.save(str(path))
+        return real(*args)
+
+    monkeypatch.setattr(text_tasks, "rayon_threads", swapped_as_the_actors_start)
+    argv = [command, "--input", text_dir, "--output", str(tmp_path / "out"), "--tokenizer", str(path),
+            *(["--context-length", "16"] if command == "pack" else [])]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"raypack: error: tokenizer {path} on this worker has sha256 "), err
+    assert err[0].endswith("; give every node the same file"), err
+
+
 def another_backend_version(monkeypatch, version: str = "0.0.0-another") -> None:
     """Make every load of the tokenizer report ``version`` for its backend (an upgrade between a
     crash and its resume)."""
