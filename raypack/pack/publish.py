@@ -85,9 +85,17 @@ def run_published(output: str, *, overwrite: bool, resume: bool, plan: Callable[
     target = output_target(output)
     target.acquire()
     try:
-        if target.recover() and resume and finished is not None:
+        recovered = target.recover()
+        if recovered and resume and finished is not None:
             return finished()
-        target.check_free(overwrite=overwrite, resume=resume)
+        try:
+            target.check_free(overwrite=overwrite, resume=resume)
+        except InputError as e:
+            if recovered:  # said as "not empty", a rerun of the killed command read as a failure (a trial)
+                raise InputError(f"output {target.output} is complete: the run before was killed in its publish, "
+                                 "which this run finished; nothing more to do (to pack it again, pass "
+                                 "--overwrite)") from e
+            raise
         try:
             planned = plan()
         except InputError as e:

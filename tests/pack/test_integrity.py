@@ -483,8 +483,12 @@ def test_a_publish_that_died_is_finished_by_the_next_run(tmp_path, corpus, monke
         run_pack(config(tmp_path, [corpus], context_length=12, overwrite=True), engine="local")
     monkeypatch.undo()
     # The next run on the output (here one that is refused: the output is complete) first
-    # finishes the publish: the new output is in place and nothing of the old one is left.
-    with pytest.raises(InputError, match="not empty"):
+    # finishes the publish: the new output is in place and nothing of the old one is left. Its line says
+    # so (an operator's trial: it said 'not empty', and a rerun of the killed command read as a failure).
+    out = os.path.realpath(tmp_path / "out")
+    with pytest.raises(InputError, match=rf"^output {re.escape(out)} is complete: the run before was killed in its "
+                                         r"publish, which this run finished; nothing more to do \(to pack it again, "
+                                         r"pass --overwrite\)$"):
         run_pack(config(tmp_path, [corpus]), engine="local")
     assert_exactly_the_manifest(tmp_path / "out")["context_length"] == 12
     assert sorted(os.listdir(tmp_path)) == ["corpus", "out"]
@@ -510,7 +514,7 @@ def test_a_publish_killed_half_way_is_finished_whatever_the_manifests_times_say(
     not_new = staged if when == "exchange" else str(out / "manifest.json")
     later = os.stat(not_new).st_mtime + 3600
     os.utime(not_new, (later, later))
-    with pytest.raises(InputError, match="not empty"):  # the next run on the output finishes the publish first
+    with pytest.raises(InputError, match="is complete: the run before was killed in its publish"):  # finished first
         run_pack(config(tmp_path, [corpus]), engine="local")
     assert assert_exactly_the_manifest(out)["context_length"] == 12
     assert file_digests(str(out)) == file_digests(str(tmp_path / "clean"))
