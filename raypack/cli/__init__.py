@@ -14,7 +14,7 @@ from typing import Any, Mapping, NoReturn, Sequence
 
 from raypack import __version__
 from raypack.errors import InputError, install_extra
-from raypack.io.terminal import command_done
+from raypack.io.terminal import command_done, escaped_line
 from raypack.pack.config import TEXT_KEYS, TOKEN_DTYPES, PackConfig, flag_of, load_config
 from raypack.strategies import DEFAULT_STRATEGY, STRATEGIES, option_fields, strategy_names
 from raypack.tokenize.backends import BACKENDS, backend_names
@@ -332,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:
         hint = stray_paths_hint(args, argv, extra) or unknown_flags_hint(parser, args.command, extra)
-        print(f"raypack: error: {hint}", file=sys.stderr)
+        print(f"raypack: error: {escaped_line(hint)}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     RAY_VERBOSE.set(bool(vars(args).pop("verbose", False)))
@@ -344,10 +344,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # a closed pipe shows here, not in Python's flush at exit
         return code
     except InputError as e:
-        print(f"raypack: error: {e}", file=sys.stderr)
+        print(f"raypack: error: {escaped_line(str(e))}", file=sys.stderr)
         return 2
     except WorkerError as e:
-        print(f"raypack: error: {e}", file=sys.stderr)
+        print(f"raypack: error: {escaped_line(str(e))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
         kept, finished = getattr(e, "kept", None), getattr(e, "finished", True)
@@ -445,7 +445,7 @@ def _run_verify(args: argparse.Namespace) -> int:
             text_limit["tokenizer"] = args.tokenizer
         extra = [] if args.check_tokenizer is None else check_tokenizer(args.output, args.check_tokenizer, **text_limit)
     except VerifyError as e:
-        print(f"raypack: verify failed: {e}", file=sys.stderr)
+        print(f"raypack: verify failed: {escaped_line(str(e))}", file=sys.stderr)
         return 1
     print("\n".join([*report.lines(), *extra]))
     return 0
@@ -466,7 +466,7 @@ def _run_export(args: argparse.Namespace) -> int:
             lines = run_export(args.source, args.format, args.output, token_dtype=args.token_dtype,
                                workers=args.workers, overwrite=args.overwrite, verify=args.verify).lines()
     except ExportMismatch as e:
-        print(f"raypack: verify failed: {e}", file=sys.stderr)
+        print(f"raypack: verify failed: {escaped_line(str(e))}", file=sys.stderr)
         return 1
     print("\n".join(lines))
     return 0

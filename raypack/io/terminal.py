@@ -95,9 +95,28 @@ def interrupted_line(argv: Sequence[str], kept: str | None, finished: bool = Tru
     program = _program()
     again = list(argv) if "--resume" in argv else [*(a for a in argv if a != "--overwrite"), "--resume"]
     if not finished:
-        return (f"raypack: {what} before any task finished (its work directory is {kept}); start it again "
-                f"with: {program} {shlex.join(again)}")
-    return f"raypack: {what}; the finished work is kept in {kept}; finish with: {program} {shlex.join(again)}"
+        return (f"raypack: {what} before any task finished (its work directory is {escaped_line(kept)}); start it "
+                f"again with: {program} {' '.join(map(shell_word, again))}")
+    return (f"raypack: {what}; the finished work is kept in {escaped_line(kept)}; finish with: {program} "
+            f"{' '.join(map(shell_word, again))}")
+
+
+_CONTROL = {code: ascii(chr(code))[1:-1] for code in [*range(0x20), 0x7F]}
+"""Control characters as Python writes them in a string (``\\n``, ``\\x1b``)."""
+
+
+def escaped_line(text: str) -> str:
+    """``text`` with its control characters escaped, so an error stays one line (and moves no cursor)
+    whatever a path in it holds (a file named with a newline: a hostile trial)."""
+    return text.translate(_CONTROL)
+
+
+def shell_word(arg: str) -> str:
+    """``arg`` quoted for a POSIX shell on one line: shlex's quoting, or bash's ``$'...'`` where it holds
+    control characters (a newline in a path would break the line to paste)."""
+    if not any(ord(c) < 0x20 or ord(c) == 0x7F for c in arg):
+        return shlex.quote(arg)
+    return "$'" + arg.replace("\\", "\\\\").replace("'", "\\'").translate(_CONTROL) + "'"
 
 
 def _program() -> str:

@@ -282,6 +282,25 @@ def test_interrupted_line():
         "raypack pack --output o --resume")
 
 
+def test_lines_stay_one_line_whatever_a_path_holds(tmp_path, capsys):
+    """A hostile trial: a file named with a newline made the error two lines, and the interrupted line's
+    command broke where a shell would take it as two. Control characters are escaped, and the command uses
+    bash's $'...' quoting, which a shell reads back as the same path."""
+    line = interrupted_line(["pack", "--input", "a\nb.jsonl", "--output", "it's"], "/x/s\n")
+    assert "\n" not in line
+    assert line.endswith("""finish with: raypack pack --input $'a\\nb.jsonl' --output 'it'"'"'s' --resume""")
+    assert "kept in /x/s\\n;" in line
+    said = subprocess.run(["bash", "-c", "printf %s " + line.split("--input ")[1].split(" --output")[0]],
+                          capture_output=True, text=True).stdout
+    assert said == "a\nb.jsonl"
+    bad = tmp_path / "bad\nname.jsonl"
+    bad.write_text('{"text": 5}\n')
+    assert main(["pack", "--local", "--input", str(bad), "--output", str(tmp_path / "out"), "--context-length", "8",
+                 "--tokenizer", "tiktoken:cl100k_base"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bad\\nname.jsonl line 1: 'text' is a JSON number" in err, err
+
+
 @pytest.mark.parametrize("typed, said", [(".venv/bin/raypack", ".venv/bin/raypack"), ("/x y/raypack", "'/x y/raypack'"),
                                          ("/x/raypack/cli/__main__.py", "raypack")])
 def test_the_interrupted_line_names_the_command_as_it_was_typed(monkeypatch, typed, said):
