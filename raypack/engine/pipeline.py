@@ -40,6 +40,7 @@ import numpy as np
 import pyarrow as pa
 import ray
 
+from raypack.engine.connect import connect_hint, resolve_address
 from raypack.engine.reaper import reaping, session_glob, start_reaper
 from raypack.engine.workers import ShardPackerActor, TextPackerActor, TextTokenizerActor, count_tasks
 from raypack.errors import InputError, worker_error_from_text
@@ -54,8 +55,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CONNECT_TIMEOUT_S = 15.0
-"""How long connecting to a cluster may take before the run stops with one line."""
 
 
 def leave(code: int) -> None:
@@ -80,7 +79,7 @@ def init_ray(address: str | None = None, *, verbose: bool | None = None) -> None
 
     Quiet unless ``verbose``: Ray's own log lines, the workers' output and Ray Data's progress
     go to Ray's log files only (:func:`logs_dir`). A cluster that cannot be reached or refuses
-    the client's token raises :class:`InputError` naming the fix, within CONNECT_TIMEOUT_S.
+    the client's token raises :class:`InputError` naming the fix, within seconds (raypack.engine.connect).
     ``verbose`` None: the CLI's ``-v`` (:data:`raypack.io.terminal.RAY_VERBOSE`).
     """
     check_cwd_does_not_shadow()  # a Ray started by the caller starts its workers here too
@@ -91,8 +90,8 @@ def init_ray(address: str | None = None, *, verbose: bool | None = None) -> None
     quiet = {"log_to_driver": verbose, "logging_level": logging.INFO if verbose else logging.ERROR}
     given = "--address" if address else "RAY_ADDRESS"  # which one to name when nothing is there
     address = address or os.environ.get("RAY_ADDRESS")
-    if address and address not in ("auto", "local"):
-        _check_reachable(address, given)
+    if address:
+        address = resolve_address(address, given, _ray_temp_dir())  # one line for a wrong one, not a hang
     if not verbose:
         os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")  # the driver's C++ core worker (E ... lines)
     on_sigterm = signal.getsignal(signal.SIGTERM)
@@ -107,7 +106,7 @@ def init_ray(address: str | None = None, *, verbose: bool | None = None) -> None
                 global _EMBEDDED
                 _EMBEDDED = True
     except (ConnectionError, ray.exceptions.AuthenticationError) as e:  # the latter: token mode, no token
-        raise InputError(_connect_hint(address, e)) from None
+        raise InputError(connect_hint(address, e)) from None
     except SystemExit as e:  # a SIGTERM while Ray starts meets Ray's own handlers, which sys.exit
         if e.code not in (signal.SIGTERM, 1) or not callable(on_sigterm):
             raise
@@ -207,35 +206,6 @@ def _quiet_console(name: str) -> None:
     for handler in logging.getLogger(name).handlers:
         if not isinstance(handler, logging.FileHandler) and "File" not in type(handler).__name__:
             handler.setLevel(logging.CRITICAL + 1)
-
-
-def _check_reachable(address: str, given: str = "--address") -> None:
-    """Fail fast (one line) when nothing listens at ``host:port`` (``ray://`` and others: Ray decides);
-    ``given``: where the address came from (``--address``, or the environment's ``RAY_ADDRESS``)."""
-    import socket
-
-    host, _, port = address.rpartition(":")
-    if "://" in address or not host or not port.isdigit():
-        return
-    try:
-        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
-    except OSError as e:
-        unset = "; or unset RAY_ADDRESS for a local Ray" if given == "RAY_ADDRESS" else ""
-        raise InputError(f"no Ray cluster at {given}={address} ({e.strerror or e}); start one with "
-                         f"`ray start --head`, check the address, or use --address auto on the head node"
-                         f"{unset}") from None
-
-
-def _connect_hint(address: str | None, error: BaseException) -> str:
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    first = first.split(". ")[0]  # Ray's first sentence; the fix follows in ours
-    if address == "auto":  # nothing to find here: the fix is the other way round
-        return (f"no Ray cluster found for --address auto ({first[:200]}); start one with `ray start --head`, or "
-                "leave --address out (and unset RAY_ADDRESS) to run on an embedded local Ray")
-    return (f"could not connect to the Ray cluster at {address or 'a new local instance'} ({first[:200]}); "
-            "check the address; if the cluster uses token authentication, set RAY_AUTH_MODE=token and "
-            "RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token (`ray get-auth-token` on the head "
-            "prints it), or run on the head node with --address auto")
 
 
 def _ray_temp_dir() -> str:

@@ -471,9 +471,9 @@ def test_address_auto_without_a_cluster_says_to_leave_it_out():
     """--address auto and no cluster: the line said "... or run on the head node with --address auto", the flag
     the user had typed; the fix is to leave it out for an embedded Ray. (Ray's own error, as ray.init raises it;
     a run is not started here: "auto" finds any Ray on the machine, another test's included.)"""
-    from raypack.engine.pipeline import _connect_hint
+    from raypack.engine.connect import connect_hint
 
-    said = _connect_hint("auto", ConnectionError("Could not find any running Ray instance. Please specify the one to "
+    said = connect_hint("auto", ConnectionError("Could not find any running Ray instance. Please specify the one to "
                                                  "connect to by setting `--address`"))
     assert said == ("no Ray cluster found for --address auto (Could not find any running Ray instance); start one "
                     "with `ray start --head`, or leave --address out (and unset RAY_ADDRESS) to run on an embedded "

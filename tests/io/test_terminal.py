@@ -140,9 +140,9 @@ def test_token_mode_without_a_token_is_one_line_and_no_staging(tmp_path):
 
 
 def test_connect_hint_names_the_token_variables():
-    from raypack.engine.pipeline import _connect_hint
+    from raypack.engine.connect import connect_hint
 
-    hint = _connect_hint("10.0.0.1:6379", ConnectionError("InvalidAuthToken: no token\nretrying"))
+    hint = connect_hint("10.0.0.1:6379", ConnectionError("InvalidAuthToken: no token\nretrying"))
     assert "\n" not in hint and "RAY_AUTH_MODE=token" in hint and "RAY_AUTH_TOKEN_PATH" in hint
     assert "--address auto" in hint and "InvalidAuthToken" in hint and "check the address" in hint
 

@@ -1,0 +1,95 @@
+"""--address checked before ray.init (raypack.engine.connect): an operator's trial found a hang for a port that
+is not a Ray cluster's (the dashboard's), a hang for ``auto`` after its head died, a traceback for an
+``http://`` address, and ``auto`` joining another process's embedded Ray. Each is one line now; nothing
+here starts Ray."""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import threading
+import time
+
+import pytest
+
+from raypack.cli import main
+from raypack.engine.connect import resolve_address
+from raypack.errors import InputError
+
+
+@pytest.fixture
+def http1_port():
+    """An HTTP/1 server (what the dashboard's job server, or an S3 endpoint, is)."""
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("given", ["--address", "RAY_ADDRESS"])
+def test_an_http_address_is_the_job_servers_and_one_line(tmp_path, capsys, monkeypatch, given):
+    (tmp_path / "in").mkdir()
+    argv = ["pack", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--context-length", "8"]
+    if given == "RAY_ADDRESS":
+        monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:8265")
+    else:
+        argv += ["--address", "http://127.0.0.1:8265"]
+    from raypack.sample import write_sample_corpus
+
+    write_sample_corpus(str(tmp_path / "in"), num_shards=1, docs_per_shard=5, mean_doc_len=5, seed=0)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == (f"raypack: error: {given}=http://127.0.0.1:8265 is the address of the Ray dashboard's job server "
+                   "(what `ray job submit` takes); raypack joins the cluster itself: give the GCS address `ray start "
+                   "--head` printed (HOST:6379 by default), or auto on a node of the cluster\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+
+
+def test_a_port_that_answers_as_no_ray_cluster_is_one_line_at_once(http1_port):
+    start = time.monotonic()
+    with pytest.raises(InputError, match=rf"^--address=127\.0\.0\.1:{http1_port} answers, but not as a Ray cluster "
+                                         r"\(a GCS speaks gRPC; this answered b'<!DOCTYPE': a dashboard or job "
+                                         "server port"):
+        resolve_address(f"127.0.0.1:{http1_port}", "--address", "/nonexistent")
+    assert time.monotonic() - start < 5
+
+
+def test_a_port_that_says_nothing_is_left_to_ray(tmp_path):
+    """Token authentication's errors come from ray.init (its line names the variables): a listener that does
+    not answer the probe is not refused here."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        assert resolve_address(address, "--address", str(tmp_path)) == address
+
+
+def test_auto_joins_only_the_cluster_ray_start_recorded(tmp_path, http1_port):
+    with pytest.raises(InputError, match=r"^no Ray cluster found for --address=auto: none was started on this node "
+                                         r"with `ray start` \(no .*ray_current_cluster; a Ray that another process "
+                                         r"started for itself is not joined\)"):
+        resolve_address("auto", "--address", str(tmp_path))
+    (tmp_path / "ray").mkdir()
+    recorded = tmp_path / "ray" / "ray_current_cluster"
+    port = closed_port()
+    recorded.write_text(f"127.0.0.1:{port}")
+    with pytest.raises(InputError, match=rf"^no Ray cluster at --address=auto \(the cluster last started on this "
+                                         rf"node, 127\.0\.0\.1:{port}\) \(.*\); it is gone \(its head stopped without "
+                                         r"`ray stop`\?\)"):
+        resolve_address("auto", "--address", str(tmp_path))
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        live = f"127.0.0.1:{listener.getsockname()[1]}"
+        recorded.write_text(live + "\n")
+        assert resolve_address("auto", "RAY_ADDRESS", str(tmp_path)) == live
+    assert resolve_address("local", "--address", str(tmp_path)) == "local"
+    assert resolve_address("ray://10.0.0.1:10001", "--address", str(tmp_path)) == "ray://10.0.0.1:10001"
