@@ -6,6 +6,9 @@ run modules (raypack.pack.job, raypack.tokenize.job) import this one freely.
 
 from __future__ import annotations
 
+import errno
+import re
+
 from raypack.errors import InputError, WorkerError, install_extra
 
 RAY_EXTRA = f"{install_extra('ray')} (or pass --local to run in this process)"
@@ -35,9 +38,25 @@ def on_ray(run, what: str):
         return run(pipeline)
     except Exception as e:
         cause = pipeline.original_error(e)
-        if isinstance(cause, (InputError, OSError)):
+        if isinstance(cause, OSError) and cause.errno != errno.ENOSPC and not isinstance(cause, InputError):
+            raise WorkerError(path_failure(cause, what, pipeline.logs_dir())) from e
+        if isinstance(cause, (InputError, OSError)):  # a full disk: the publish says it, keeping what it may
             raise cause from e
         raise WorkerError(worker_failure(cause, what, pipeline.logs_dir())) from e
+
+
+def path_failure(cause: OSError, what: str, logs: str) -> str:
+    """One line for a file a Ray worker could not open or write: on a cluster, a path that only the driver
+    sees (an operator's trial: a traceback of 100 lines, its last one Ray's message where the file name was)."""
+    name = cause.filename if isinstance(cause.filename, str) else ""
+    if not name.startswith("/") or "\n" in name or len(name) > 1024:
+        found = re.search(r"""(?:No such file or directory|Permission denied|Read-only file system): '(/[^'\n]+)'""",
+                          str(cause))
+        name = found.group(1) if found else ""
+    where = f" ({name})" if name else ""
+    return (f"{what} on Ray failed: {cause.strerror or type(cause).__name__}{where}: a worker could not open or write "
+            "a path; on a cluster every node must see the inputs and the output at the same paths (shared storage, or "
+            f"an object store); Ray's logs are in {logs}")
 
 
 def worker_failure(cause: BaseException, what: str, logs: str) -> str:

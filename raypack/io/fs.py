@@ -140,6 +140,7 @@ def open_input_file(fs: pafs.FileSystem, fs_path: str, path: str) -> pa.NativeFi
         return fs.open_input_file(fs_path)
     except FileNotFoundError as e:  # not bad data: the tasks finished from the other files are kept
         raise InputChanged(f"input path not found: {path}; it was there when the run listed its inputs: was it "
-                           "moved or deleted since? (rerun once the inputs stay put)") from e
+                           "moved or deleted since, or is it where a worker on another node cannot see it? (rerun "
+                           "once the inputs stay put, on storage every node sees)") from e
     except PermissionError as e:
         raise InputError(f"shard {path} is not readable ({error_text(e)}); check its permissions") from e

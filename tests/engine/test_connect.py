@@ -93,3 +93,35 @@ def test_auto_joins_only_the_cluster_ray_start_recorded(tmp_path, http1_port):
         assert resolve_address("auto", "RAY_ADDRESS", str(tmp_path)) == live
     assert resolve_address("local", "--address", str(tmp_path)) == "local"
     assert resolve_address("ray://10.0.0.1:10001", "--address", str(tmp_path)) == "ray://10.0.0.1:10001"
+
+
+def test_a_path_a_ray_worker_cannot_open_is_one_line(monkeypatch):
+    """An operator's trial: an output directory only the driver saw gave a 100-line traceback (exit 1) whose
+    last line was Ray's message where the file name was. It is one line naming the path and the fix."""
+    import errno
+    import types
+
+    import raypack.engine.session as session
+    from raypack.errors import WorkerError
+
+    fake = types.SimpleNamespace(original_error=lambda e: e, logs_dir=lambda: "/tmp/ray/session_x/logs")
+    monkeypatch.setattr(session, "engine", lambda: fake)
+    garbled = FileNotFoundError(errno.ENOENT, "No such file or directory",
+                                "Failed to apply UDF transform after 1/1 attempts\nTraceback ...\nFileNotFoundError: "
+                                "[Errno 2] No such file or directory: '/priv/out/.tmp-1-chunks.arrow'")
+
+    def failing(error):
+        def run(pipeline):
+            raise error
+        return run
+
+    with pytest.raises(WorkerError) as excinfo:
+        session.on_ray(failing(garbled), "a packer")
+    assert str(excinfo.value) == (
+        "a packer on Ray failed: No such file or directory (/priv/out/.tmp-1-chunks.arrow): a worker could not open "
+        "or write a path; on a cluster every node must see the inputs and the output at the same paths (shared "
+        "storage, or an object store); Ray's logs are in /tmp/ray/session_x/logs")
+    full = OSError(errno.ENOSPC, "No space left on device", "/out/x")
+    with pytest.raises(OSError) as excinfo:   # a full disk: the publish says it and keeps what it may
+        session.on_ray(failing(full), "a packer")
+    assert excinfo.value is full
