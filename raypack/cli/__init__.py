@@ -314,6 +314,7 @@ def _run_tokenize(args: argparse.Namespace) -> int:
     text = dataclasses.replace(_pack_text_options(pack_config), token_dtype=args.token_dtype)
     config = TokenizeConfig(inputs=pack_config.inputs, output=args.output, text=text, num_workers=args.num_workers,
                             overwrite=args.overwrite, address=args.address or pack_config.address)
+    refuse_output_in_rays_copy(config.output)
     summary = run_tokenize(config, engine="local" if args.local else "ray", resume=args.resume)
     command_done()  # published: a Ctrl-C or SIGTERM as the summary shows does not undo it
     print("\n".join(summary.lines()))
@@ -549,8 +550,23 @@ def _run_pack(args: argparse.Namespace) -> int:
             report = dry_run(config, sample_docs=sample_docs)
         print("\n".join(report.lines()))
         return 0
+    refuse_output_in_rays_copy(config.output)
     summary = run_pack(config, engine="local" if args.local else "ray", resume=args.resume, text=text)
     command_done()  # published: a Ctrl-C or SIGTERM as the summary shows does not undo it
     print("\n".join(summary.lines()))
     return 0
+
+
+RAYS_COPY = f"{os.sep}runtime_resources{os.sep}working_dir_files{os.sep}"
+"""Where a job from ``ray job submit --working-dir`` runs: Ray's copy of that directory, removed as Ray sees fit."""
+
+
+def refuse_output_in_rays_copy(output: str, cwd: str | None = None) -> None:
+    """A relative ``--output`` in a submitted job would land in Ray's copy of the working directory, and the
+    job would succeed (an operator's trial): one line instead."""
+    cwd = os.getcwd() if cwd is None else cwd
+    if output and RAYS_COPY in cwd + os.sep and not os.path.isabs(output) and "://" not in output:
+        raise InputError(f"--output {output} is relative, and this job runs in Ray's copy of its working directory "
+                         f"({cwd}), which Ray removes: the output would be lost there; give an absolute path on "
+                         "storage every node sees, or a URI")
 

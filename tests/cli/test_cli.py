@@ -353,3 +353,21 @@ def test_a_flags_only_refusal_names_the_flags_not_config_keys(capsys, tmp_path, 
     err = refused(capsys, ["pack", "--local", "--input", text_input, "--tokenizer", "tiktoken:cl100k_base",
                            "--extra-columns", "loss_mask", "--context-length", "8", "--output", str(tmp_path / "o")])
     assert err.startswith("raypack: error: --extra-columns need token inputs: text has no per-token columns"), err
+
+
+def test_a_relative_output_in_a_submitted_job_is_refused(tmp_path, monkeypatch, capsys, corpus):
+    """An operator's trial: `ray job submit --working-dir . -- python jobs/pack.py ... --output build/x` printed
+    "packed build/x" and the job succeeded, but the output lay in Ray's copy of the working directory."""
+    from raypack.cli import refuse_output_in_rays_copy
+
+    copy = tmp_path / "session_1" / "runtime_resources" / "working_dir_files" / "_ray_pkg_2d3a"
+    copy.mkdir(parents=True)
+    monkeypatch.chdir(copy)
+    assert main(["pack", "--local", "--input", corpus, "--output", "build/x", "--context-length", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("raypack: error: --output build/x is relative, and this job runs in Ray's copy of its "
+                          f"working directory ({copy}), which Ray removes") and err.count("\n") == 1
+    assert not (copy / "build").exists()
+    refuse_output_in_rays_copy(str(tmp_path / "abs"))       # absolute, or a URI, or run elsewhere: fine
+    refuse_output_in_rays_copy("s3://bucket/out")
+    refuse_output_in_rays_copy("build/x", cwd=str(tmp_path))
