@@ -115,6 +115,7 @@ def init_ray(address: str | None = None, *, verbose: bool | None = None) -> None
     context = ray.data.DataContext.get_current()  # first use of ray.data configures its loggers
     if not verbose:
         _quiet_console("ray.data")
+        _quiet_error_messages()
         log.info("Ray's logs are in %s (-v shows them here)", logs_dir())
     context.enable_progress_bars = verbose
     context.print_on_execution_start = verbose
@@ -198,6 +199,26 @@ def _stderr_off(off: bool) -> Iterator[None]:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)
+
+
+def _quiet_error_messages() -> None:
+    """Ray's driver prints the cluster's error messages ("(raylet) A worker died ...", "Task failed ... retries
+    remaining") on the terminal whatever ``log_to_driver`` says (an operator's trial: after a worker was
+    killed they stood among and after the run's lines, with colour codes). Quiet, they go to this module's
+    logger at DEBUG; Ray's logs hold them, and a failure is raypack's one line naming those logs."""
+    worker = ray._private.worker
+    shown = worker.print_to_stdstream
+    if getattr(shown, "raypack_quiet", False):
+        return
+
+    def to_log(data, ignore_prefix):
+        if data.get("pid") != "raylet":
+            return shown(data, ignore_prefix)
+        for line in data.get("lines", ()):
+            log.debug("(raylet) %s", line)
+
+    to_log.raypack_quiet = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = to_log
 
 
 def _quiet_console(name: str) -> None:

@@ -125,3 +125,29 @@ def test_a_path_a_ray_worker_cannot_open_is_one_line(monkeypatch):
     with pytest.raises(OSError) as excinfo:   # a full disk: the publish says it and keeps what it may
         session.on_ray(failing(full), "a packer")
     assert excinfo.value is full
+
+
+@pytest.mark.slow   # starts an embedded Ray in a child process
+def test_rays_error_messages_stay_off_the_terminal_unless_verbose(tmp_path):
+    """An operator's trial: a worker killed during a run put '(raylet) A worker died ...' lines with colour codes
+    among the run's own lines; the README says Ray's logs stay in its logs directory unless -v."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import sys, ray\n"
+              "from raypack.engine.pipeline import init_ray\n"
+              "init_ray(None, verbose=sys.argv[1] == 'v')\n"
+              "ray._private.worker.print_to_stdstream({'lines': ['A worker died or was killed'], 'pid': 'raylet', "
+              "'is_err': False}, ignore_prefix=False)\n"
+              "sys.stdout.flush(); sys.stderr.flush()\n"
+              "ray.shutdown()\n")
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    said = {}
+    for mode in ("quiet", "v"):
+        proc = subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, timeout=120,
+                              cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": repo})
+        assert proc.returncode == 0, proc.stderr
+        said[mode] = proc.stdout + proc.stderr
+    assert "A worker died" not in said["quiet"], said["quiet"]
+    assert "A worker died" in said["v"], said["v"]
