@@ -78,7 +78,8 @@ def resolve_filesystem(path: str) -> tuple[pafs.FileSystem, str]:
     except (pa.ArrowException, OSError, ValueError, ImportError) as e:
         raise InputError(
             f"cannot open a filesystem for {path!r}: {error_text(e)}; give a local path or a URI such as "
-            "s3://bucket/key (check the bucket name, region and credentials)"
+            "s3://bucket/key (check the bucket name, region and credentials; on a cluster the workers need the "
+            "credentials and endpoint too: README, Object storage)"
         ) from e
     if root_path is None:  # fsspec
         return fs, fs.handler.fs._strip_protocol(path.split("?", 1)[0])
