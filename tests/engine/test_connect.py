@@ -12,7 +12,6 @@ import time
 
 import pytest
 
-from raypack.cli import main
 from raypack.engine.connect import resolve_address
 from raypack.errors import InputError
 
@@ -39,22 +38,32 @@ def closed_port() -> int:
 
 
 @pytest.mark.parametrize("given", ["--address", "RAY_ADDRESS"])
-def test_an_http_address_is_the_job_servers_and_one_line(tmp_path, capsys, monkeypatch, given):
-    (tmp_path / "in").mkdir()
-    argv = ["pack", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--context-length", "8"]
-    if given == "RAY_ADDRESS":
-        monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:8265")
-    else:
-        argv += ["--address", "http://127.0.0.1:8265"]
+def test_an_http_address_is_the_job_servers_and_one_line(tmp_path, given):
+    with pytest.raises(InputError) as excinfo:
+        resolve_address("http://127.0.0.1:8265", given, str(tmp_path))
+    assert str(excinfo.value) == (
+        f"{given}=http://127.0.0.1:8265 is the address of the Ray dashboard's job server (what `ray job submit` "
+        "takes); raypack joins the cluster itself: give the GCS address `ray start --head` printed (HOST:6379 by "
+        "default), or auto on a node of the cluster")
+
+
+@pytest.mark.slow   # a raypack run without --local, in a child process (nothing is started: refused first)
+def test_an_http_ray_address_is_one_line_and_nothing_written(tmp_path):
+    import os
+    import subprocess
+    import sys
+
     from raypack.sample import write_sample_corpus
 
     write_sample_corpus(str(tmp_path / "in"), num_shards=1, docs_per_shard=5, mean_doc_len=5, seed=0)
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err == (f"raypack: error: {given}=http://127.0.0.1:8265 is the address of the Ray dashboard's job server "
-                   "(what `ray job submit` takes); raypack joins the cluster itself: give the GCS address `ray start "
-                   "--head` printed (HOST:6379 by default), or auto on a node of the cluster\n")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, "-m", "raypack.cli", "pack", "--input", str(tmp_path / "in"), "--output",
+                           str(tmp_path / "out"), "--context-length", "8"], capture_output=True, text=True,
+                          timeout=120, cwd=str(tmp_path),
+                          env={**os.environ, "PYTHONPATH": repo, "RAY_ADDRESS": "http://127.0.0.1:8265"})
+    assert proc.returncode == 2 and proc.stderr.startswith("raypack: error: RAY_ADDRESS=http://127.0.0.1:8265 is the "
+                                                           "address of the Ray dashboard's job server"), proc.stderr
+    assert proc.stderr.count("\n") == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["in"]
 
 
 def test_a_port_that_answers_as_no_ray_cluster_is_one_line_at_once(http1_port):
