@@ -5,13 +5,14 @@ is one line within seconds instead of a hang or a traceback. No Ray import: the 
 - ``http://`` / ``https://``: the dashboard's job server (``ray job submit`` takes it), not the cluster:
   refused with the fix.
 - ``auto``: the cluster last started on this node with ``ray start`` (``TEMP/ray/ray_current_cluster``), and
-  only that one. Ray's own ``auto`` falls back to any GCS process on the host, which found another
+  only that one, checked as below and then left to Ray as ``auto`` (which reads the same file). Where there
+  is no such file Ray's own ``auto`` falls back to any GCS process on the host, which found another
   process's embedded Ray (another raypack run's), joined it and died with it (an operator's trial).
 - ``HOST:PORT``: something must listen there (TCP, within ``CONNECT_TIMEOUT_S``), and where it answers
   the HTTP/2 preface it must answer as HTTP/2 (a GCS is a gRPC server): an HTTP/1 port (the dashboard's
   8265, an S3 endpoint) hung ``ray.init`` for good. A port that says nothing is left to ``ray.init``
   (its own errors name the fix: raypack.engine.pipeline). Skipped under ``RAY_USE_TLS``.
-- ``ray://`` and other schemes: left to Ray.
+- ``ray://`` (Ray Client): refused; Ray Data runs on the cluster. Other schemes: left to Ray.
 """
 
 from __future__ import annotations
@@ -31,40 +32,47 @@ _HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x0
 def resolve_address(address: str, given: str, ray_temp_dir: str) -> str:
     """The cluster address to give ``ray.init`` for ``address`` (not None), or InputError, one line.
     ``given``: where it came from ("--address", or "RAY_ADDRESS"); ``ray_temp_dir``: Ray's temp dir
-    (its ``ray_current_cluster`` file records the cluster ``ray start`` last started on this node)."""
+    (its ``ray_current_cluster`` file records the cluster ``ray start`` last started on this node). ``auto``
+    stays ``auto`` once its cluster is checked: Ray then reads the same file, and joins with the head's
+    own token where a HOST:PORT would need RAY_AUTH_MODE=token (a trial)."""
     if address == "local":
         return address
-    if address.startswith(("http://", "https://")):
+    scheme = address.split("://", 1)[0].lower() if "://" in address else ""
+    if scheme in ("http", "https"):
         raise InputError(f"{given}={address} is the address of the Ray dashboard's job server (what `ray job submit` "
                          "takes); raypack joins the cluster itself: give the GCS address `ray start --head` printed "
                          "(HOST:6379 by default), or auto on a node of the cluster")
+    if scheme == "ray":
+        raise InputError(f"{given}={address} is a Ray Client address, which raypack does not use (Ray Data runs on the "
+                         "cluster); run raypack on a node of the cluster with --address auto, or submit it with "
+                         "`ray job submit` (README, On a cluster)")
     if address == "auto":
-        recorded = _recorded_cluster(ray_temp_dir)
-        if recorded is None:
-            raise InputError(f"no Ray cluster found for {given}=auto: none was started on this node with `ray start` "
-                             f"(no {_address_file(ray_temp_dir)}; a Ray that another process started for itself is not "
-                             "joined); start one with `ray start --head`, give its address (HOST:PORT), or leave "
-                             "--address out (and unset RAY_ADDRESS) to run on an embedded local Ray")
+        recorded = _recorded_cluster(ray_temp_dir, given)
         check_reachable(recorded, f"{given}=auto (the cluster last started on this node, {recorded})", stale=True)
-        return recorded
+        return address
     check_reachable(address, f"{given}={address}")
     return address
 
 
 def check_reachable(address: str, named: str, *, stale: bool = False) -> None:
-    """Fail fast (one line) when nothing listens at ``host:port``, or what listens there is no gRPC server
-    (``ray://`` and other schemes: Ray decides). ``named``: the address as the line names it; ``stale``:
-    it was read from ray_current_cluster (a head killed without ``ray stop`` leaves it behind)."""
+    """Fail fast (one line) when ``host:port`` is no port, nothing listens there, or what listens there is
+    no gRPC server (other schemes: Ray decides). ``named``: the address as the line names it; ``stale``: it
+    was read from ray_current_cluster (a head killed without ``ray stop`` leaves it behind)."""
     host, _, port = address.rpartition(":")
-    if "://" in address or not host or not port.isdigit():
+    if "://" in address or not host:
         return
+    if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+        raise InputError(f"{named}: {port!r} is not a port (1-65535); give HOST:PORT, e.g. 10.0.0.1:6379")
     host = host.strip("[]")
     try:
         connection = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S)
     except OSError as e:
-        gone = "; it is gone (its head stopped without `ray stop`?)" if stale else ""
+        if stale:
+            raise InputError(f"no Ray cluster at {named} ({e.strerror or e}); it is gone (its head stopped without "
+                             "`ray stop`?): start one with `ray start --head`, or give a live cluster's address "
+                             "(HOST:PORT)") from None
         unset = "; or unset RAY_ADDRESS for a local Ray" if named.startswith("RAY_ADDRESS") else ""
-        raise InputError(f"no Ray cluster at {named} ({e.strerror or e}){gone}; start one with `ray start --head`, "
+        raise InputError(f"no Ray cluster at {named} ({e.strerror or e}); start one with `ray start --head`, "
                          f"check the address, or use --address auto on the head node{unset}") from None
     with connection:
         if os.environ.get("RAY_USE_TLS", "0").lower() not in ("0", "", "false"):
@@ -100,13 +108,25 @@ def _address_file(ray_temp_dir: str) -> str:
     return os.path.join(ray_temp_dir, "ray", "ray_current_cluster")
 
 
-def _recorded_cluster(ray_temp_dir: str) -> str | None:
-    """The address ``ray start`` recorded on this node, or None."""
+def _recorded_cluster(ray_temp_dir: str, given: str) -> str:
+    """The address ``ray start`` recorded on this node; InputError, one line, where there is none or it is
+    no HOST:PORT."""
+    path = _address_file(ray_temp_dir)
+    fix = ("start one with `ray start --head`, give its address (HOST:PORT), or leave --address out (and unset "
+           "RAY_ADDRESS) to run on an embedded local Ray")
+    if not os.path.lexists(path):
+        raise InputError(f"no Ray cluster found for {given}=auto: none was started on this node with `ray start` "
+                         f"(no {path}; a Ray that another process started for itself is not joined); {fix}")
     try:
-        with open(_address_file(ray_temp_dir), encoding="utf-8") as f:
-            return f.read().strip() or None
-    except (OSError, UnicodeDecodeError):
-        return None
+        with open(path, "rb") as f:
+            text = f.read(4096).decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"no Ray cluster found for {given}=auto: {path} cannot be read ({e}); {fix}") from None
+    host, _, port = text.rpartition(":")
+    if not host or "://" in text or any(c.isspace() for c in text) or not (port.isascii() and port.isdigit()):
+        raise InputError(f"no Ray cluster found for {given}=auto: {path} holds {text[:60]!r}, not a cluster's "
+                         f"HOST:PORT; {fix}")
+    return text
 
 
 def connect_hint(address: str | None, error: BaseException) -> str:
