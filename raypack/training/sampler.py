@@ -90,9 +90,10 @@ class GlobalBatchSampler:
         self.epoch = 0
         self.step = 0
         """Global batches of the current epoch yielded so far (the next one is ``step``)."""
-        self._epoch_named = False
-        """:meth:`set_epoch` named the current epoch since the last iteration began: a finished one then
-        yields nothing instead of moving on (a loop resumed from a state saved after an epoch's last batch)."""
+        self._named_epoch: int | None = None
+        """The epoch :meth:`set_epoch` named since the last iteration began: when the sampler is in it and
+        it is finished, the iteration yields nothing instead of moving on (a loop resumed from a state saved
+        after an epoch's last batch). Kept by :meth:`load_state_dict`: a loop may call ``set_epoch`` first."""
 
     # ------------------------------------------------------------------------- the order
 
@@ -118,9 +119,9 @@ class GlobalBatchSampler:
         finished (``step == num_steps``), it first moves on to step 0 of the next epoch, so a loop
         that never calls :meth:`set_epoch` still gets a new permutation each epoch; an epoch that
         :meth:`set_epoch` named is not left this way (finished, it yields nothing)."""
-        if self.step >= self.order.num_steps and not self._epoch_named:
+        if self.step >= self.order.num_steps and self._named_epoch != self.epoch:
             self.epoch, self.step = self.epoch + 1, 0
-        self._epoch_named = False
+        self._named_epoch = None
         epoch = self.epoch
         while self.step < self.order.num_steps:
             share = self.order.share(epoch, self.step, self.rank, self.world_size)
@@ -134,7 +135,7 @@ class GlobalBatchSampler:
         epoch = _word("epoch", epoch)
         if epoch != self.epoch:
             self.epoch, self.step = epoch, 0
-        self._epoch_named = True
+        self._named_epoch = epoch
 
     # ------------------------------------------------------------------------- state
 
@@ -184,12 +185,12 @@ class GlobalBatchSampler:
         if fields["step"] > self.order.num_steps:
             self.order = order
             raise InputError(f"sampler state has step={fields['step']}, past the epoch's {order.num_steps} global "
-                             "batches; it was saved with another drop_last, or damaged")
+                             "batches; it is damaged" + ("" if "drop_last" in fields else
+                                                         ", or was saved with another drop_last"))
         if fields["seed"] != order.seed:
             log.info("sampler state has seed %d; this sampler was made with %d and now follows the state",
                      fields["seed"], order.seed)
         self.epoch, self.step = fields["epoch"], fields["step"]
-        self._epoch_named = False
 
     def __repr__(self) -> str:
         return (f"GlobalBatchSampler(length={self.order.length}, global_batch_size={self.order.global_batch_size}, "

@@ -138,6 +138,28 @@ def test_a_state_saved_after_an_epochs_last_batch_resumes_without_an_extra_epoch
     assert after[0].epoch == epochs - 1
 
 
+@pytest.mark.parametrize("saved_after", [1, 3])   # epochs; 3 is the last: nothing is left to train
+@pytest.mark.parametrize("start", ["the checkpoint's epoch", "the next epoch"])
+def test_set_epoch_before_the_state_is_loaded_resumes_the_same(saved_after, start):
+    """A trial: a loop (or a loader that applies a state as its iteration starts) that calls set_epoch and then
+    loads the state had the epoch it named forgotten, and trained one epoch more (12 global batches, not 9)."""
+    length, epochs = 47, 3
+    whole = epochs_of([GlobalBatchSampler(length, global_batch_size=G, rank=r, world_size=2, seed=5) for r in range(2)],
+                      0, epochs, set_epoch=True)
+    before = [GlobalBatchSampler(length, global_batch_size=G, rank=r, world_size=2, seed=5) for r in range(2)]
+    first = epochs_of(before, 0, saved_after, set_epoch=True)
+    state = before[0].state_dict()
+    after = [GlobalBatchSampler(length, global_batch_size=G, rank=r, world_size=4, seed=5) for r in range(4)]
+    rest = []
+    for epoch in range(saved_after - 1 if start == "the checkpoint's epoch" else saved_after, epochs):
+        for sampler in after:
+            sampler.set_epoch(epoch)
+            if epoch == saved_after - 1 or (start == "the next epoch" and epoch == saved_after):
+                sampler.load_state_dict(state)
+        rest += [sum(batches, []) for batches in zip(*after)]
+    assert first + rest == whole
+
+
 def test_drop_last_is_in_the_state_and_another_is_refused():
     """A trial: drop_last was not in the state, so a state loaded into a sampler with the other drop_last gave a
     partial global batch the run never had."""
