@@ -252,6 +252,9 @@ class LocalOutput:
 
     def check_free(self, *, overwrite: bool, resume: bool) -> None:
         out, staging = self.output, self.work_dir
+        if os.path.lexists(staging) and not os.path.isdir(staging):  # every run failed on it (a trial)
+            raise InputError(f"{staging} is not a directory; raypack keeps an unfinished run's work there: move or "
+                             "remove it, then run again")
         if os.path.exists(out) and not os.path.isdir(out):
             raise InputError(f"output {out} exists and is a file, not a directory: give --output a directory "
                              "(a new path is made), or move the file away")

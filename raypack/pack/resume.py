@@ -292,12 +292,14 @@ def _check_record(data: bytes, task: ShardTask, settings: PackSettings, fs, base
         raise _Rejected(f"holds range digests that do not fit chunks {result.file.first_chunk}.."
                         f"{result.file.first_chunk + result.file.num_chunks - 1}")
     if result.file is not None and not _file_intact(fs, posixpath.join(base, result.file.path), result.file.sha256):
+        remove_damaged_record(fs, posixpath.join(base, result.file.path))  # a folder there: the new file's name
         raise _Rejected(f"names chunk file {result.file.path}, which is missing or no longer hashes to its sha256")
     return result
 
 
 def remove_damaged_record(fs, path: str) -> None:
-    """Remove what lies at a record's ``path`` in a local staging directory when it is not a plain file (a
+    """Remove what lies at a record's (or a chunk file's) ``path`` in a local staging directory when it is
+    not a plain file (a
     directory, a FIFO, a link: damage, as raypack writes plain files there, and a new record could not take
     its name); nothing on an object store, where a new record replaces it."""
     if not isinstance(fs, pafs.LocalFileSystem) or not os.path.lexists(path):

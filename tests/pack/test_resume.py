@@ -9,6 +9,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 
 import numpy as np
@@ -263,6 +264,29 @@ def test_damaged_record_is_repacked(tmp_path, corpus, clean_run, monkeypatch, da
     damage(record_of(staging, 2))
     assert resume(monkeypatch, config(tmp_path, corpus)) == [2, 5]
     assert tree_digest(tmp_path / "out") == clean_run
+
+
+def test_a_chunk_file_that_is_a_folder_is_packed_again(tmp_path, corpus, clean_run, monkeypatch):
+    """A trial: a task's chunk file replaced by a folder of its name failed every --resume (IsADirectoryError
+    as the task's new file took the name)."""
+    staging = crash_at(monkeypatch, 5, config(tmp_path, corpus))
+    with open(record_of(staging, 2)) as f:
+        name = json.load(f)["result"]["file"]["path"]
+    os.remove(os.path.join(staging, name))
+    os.mkdir(os.path.join(staging, name))
+    assert resume(monkeypatch, config(tmp_path, corpus)) == [2, 5]
+    assert tree_digest(tmp_path / "out") == clean_run
+
+
+@pytest.mark.parametrize("flags", [{}, {"resume": True}, {"overwrite": True}])
+def test_a_staging_path_that_is_a_file_is_one_line(tmp_path, corpus, flags):
+    """A trial: a file where the staging directory goes failed every run, --overwrite too, with a traceback."""
+    staging = staging_dir(str(tmp_path / "out"))
+    open(staging, "w").write("x")
+    resume_flag = flags.pop("resume", False)
+    with pytest.raises(InputError, match=rf"^{re.escape(staging)} is not a directory; raypack keeps an unfinished "
+                                         "run's work there: move or remove it, then run again$"):
+        run_pack(config(tmp_path, corpus, **flags), engine="local", resume=resume_flag)
 
 
 def test_a_results_folder_that_is_a_file_is_packed_again(tmp_path, corpus, clean_run, monkeypatch):
