@@ -136,6 +136,10 @@ def test_bad_context_length(capsys, tmp_path, shards, value):
      "is not UTF-8 text (byte 0xff at offset 21); TOML files are UTF-8"),
     (lambda p: p.mkdir(), "is a directory; give the .toml file in it"),
     (lambda p: p.write_text("context_length = \n"), "is not valid TOML: "),
+    (lambda p: p.write_text("a = " + "[" * 5000 + "]" * 5000 + "\n"), "nests arrays or tables too deeply to parse"),
+    (lambda p: os.mkfifo(p), "is not a regular file; give a .toml file"),
+    (lambda p: p.symlink_to("/dev/zero"), "is not a regular file; give a .toml file"),
+    (lambda p: p.write_bytes(b"x = 1\n" + b"#" * (2 << 20)), "is larger than 1 MiB"),
 ])
 def test_a_config_file_that_is_no_toml_text_is_one_line(capsys, tmp_path, shards, command, make, said):
     """An operator's trial: a config file that was not UTF-8, or a directory, gave a traceback (exit 1)."""
@@ -147,6 +151,13 @@ def test_a_config_file_that_is_no_toml_text_is_one_line(capsys, tmp_path, shards
     assert main([*argv, "--config", str(config)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"raypack: error: config file {config} {said}") and err.count("\n") == 1, err
+
+
+def test_a_config_file_with_a_byte_order_mark_is_read(capsys, tmp_path, shards):
+    config = tmp_path / "c.toml"
+    config.write_bytes(b"\xef\xbb\xbfcontext_length = 8\n")
+    assert main(["pack", "--local", "--config", str(config), "--input", str(shards), "--output",
+                 str(tmp_path / "o")]) == 0
 
 
 def test_non_integer_context_length_in_config(capsys, tmp_path, shards):
