@@ -173,7 +173,7 @@ def _run_mix(args: argparse.Namespace) -> int:
     config = load_mix_config(args.config, sources=pairs, output=args.output, num_chunks=args.num_chunks,
                              seed=args.seed, overwrite=args.overwrite,
                              allow_mixed_tokenizers=args.allow_mixed_tokenizers)
-    print("\n".join(run_mix(config).lines()))
+    print("\n".join(map(escaped_line, run_mix(config).lines())))
     return 0
 
 
@@ -317,7 +317,7 @@ def _run_tokenize(args: argparse.Namespace) -> int:
     refuse_output_in_rays_copy(config.output)
     summary = run_tokenize(config, engine="local" if args.local else "ray", resume=args.resume)
     command_done()  # published: a Ctrl-C or SIGTERM as the summary shows does not undo it
-    print("\n".join(summary.lines()))
+    print("\n".join(map(escaped_line, summary.lines())))
     return 0
 
 
@@ -448,7 +448,7 @@ def _run_verify(args: argparse.Namespace) -> int:
     except VerifyError as e:
         print(f"raypack: verify failed: {escaped_line(str(e))}", file=sys.stderr)
         return 1
-    print("\n".join([*report.lines(), *extra]))
+    print("\n".join(map(escaped_line, [*report.lines(), *extra])))
     return 0
 
 
@@ -469,7 +469,7 @@ def _run_export(args: argparse.Namespace) -> int:
     except ExportMismatch as e:
         print(f"raypack: verify failed: {escaped_line(str(e))}", file=sys.stderr)
         return 1
-    print("\n".join(lines))
+    print("\n".join(map(escaped_line, lines)))
     return 0
 
 
@@ -495,7 +495,7 @@ def _run_stats(args: argparse.Namespace) -> int:
         raise InputError(f"--plot needs matplotlib, which is not installed; {PLOT_EXTRA}")
     if args.plot:
         _check_plot_path(args.plot)
-    print("\n".join(report.lines()))
+    print("\n".join(map(escaped_line, report.lines())))
     if args.plot:
         try:
             print(f"plot written to {plot_stats(report, args.plot)}")
@@ -548,12 +548,12 @@ def _run_pack(args: argparse.Namespace) -> int:
             report = dry_run_text(config, text, sample_docs)
         else:
             report = dry_run(config, sample_docs=sample_docs)
-        print("\n".join(report.lines()))
+        print("\n".join(map(escaped_line, report.lines())))
         return 0
     refuse_output_in_rays_copy(config.output)
     summary = run_pack(config, engine="local" if args.local else "ray", resume=args.resume, text=text)
     command_done()  # published: a Ctrl-C or SIGTERM as the summary shows does not undo it
-    print("\n".join(summary.lines()))
+    print("\n".join(map(escaped_line, summary.lines())))
     return 0
 
 

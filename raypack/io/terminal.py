@@ -101,8 +101,11 @@ def interrupted_line(argv: Sequence[str], kept: str | None, finished: bool = Tru
             f"{' '.join(map(shell_word, again))}")
 
 
-_CONTROL = {code: ascii(chr(code))[1:-1] for code in [*range(0x20), 0x7F]}
-"""Control characters as Python writes them in a string (``\\n``, ``\\x1b``)."""
+_CONTROL = {code: ascii(chr(code))[1:-1] for code in [*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]}
+"""Control characters (C0, DEL, C1: U+009B opens a terminal escape) and the Unicode line and paragraph
+separators, as Python writes them in a string (``\\n``, ``\\x1b``, ``\\u2028``)."""
+_SHELL_CONTROL = {code: "".join(f"\\x{b:02x}" for b in chr(code).encode()) for code in _CONTROL}
+"""The same as bash's ``$'...'`` writes them: their UTF-8 bytes, so the shell reads back the same path."""
 
 
 def escaped_line(text: str) -> str:
@@ -114,9 +117,9 @@ def escaped_line(text: str) -> str:
 def shell_word(arg: str) -> str:
     """``arg`` quoted for a POSIX shell on one line: shlex's quoting, or bash's ``$'...'`` where it holds
     control characters (a newline in a path would break the line to paste)."""
-    if not any(ord(c) < 0x20 or ord(c) == 0x7F for c in arg):
+    if not any(ord(c) in _CONTROL for c in arg):
         return shlex.quote(arg)
-    return "$'" + arg.replace("\\", "\\\\").replace("'", "\\'").translate(_CONTROL) + "'"
+    return "$'" + arg.replace("\\", "\\\\").replace("'", "\\'").translate(_SHELL_CONTROL) + "'"
 
 
 def _program() -> str:

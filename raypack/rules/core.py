@@ -130,7 +130,7 @@ def validate_pad_token(pad_token: Any, dtype: npt.DTypeLike) -> int | np.void:
     if not info.min <= pad_token <= info.max:
         raise ValueError(
             f"pad_token={pad_token} does not fit the token dtype {np.dtype(dtype).name} "
-            f"(range {info.min}..{info.max}); choose a pad token in that range"
+            f"(ids {max(int(info.min), 0)}..{info.max}); choose a pad token in that range"
         )
     return int(pad_token)
 

@@ -288,7 +288,7 @@ def test_lines_stay_one_line_whatever_a_path_holds(tmp_path, capsys):
     bash's $'...' quoting, which a shell reads back as the same path."""
     line = interrupted_line(["pack", "--input", "a\nb.jsonl", "--output", "it's"], "/x/s\n")
     assert "\n" not in line
-    assert line.endswith("""finish with: raypack pack --input $'a\\nb.jsonl' --output 'it'"'"'s' --resume""")
+    assert line.endswith("""finish with: raypack pack --input $'a\\x0ab.jsonl' --output 'it'"'"'s' --resume""")
     assert "kept in /x/s\\n;" in line
     said = subprocess.run(["bash", "-c", "printf %s " + line.split("--input ")[1].split(" --output")[0]],
                           capture_output=True, text=True).stdout
