@@ -6,7 +6,6 @@ import argparse
 import dataclasses
 import importlib.util
 import inspect
-import logging
 import os
 import shlex
 import sys
@@ -326,7 +325,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     line with the ``--resume`` command, exit 130 (SIGTERM under the console script: the same, 143). A
     closed stdout (``| head``): quiet, exit 141. A thread the system refused: one line, exit 1."""
     from raypack.errors import WorkerError
-    from raypack.io.terminal import RAY_VERBOSE, interrupted_code, interrupted_line, silence_stdout
+    from raypack.io.terminal import (
+        RAY_VERBOSE,
+        configure_logging,
+        interrupted_code,
+        interrupted_line,
+        silence_stdout,
+    )
 
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
@@ -335,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         hint = stray_paths_hint(args, argv, extra) or unknown_flags_hint(parser, args.command, extra)
         print(f"raypack: error: {escaped_line(hint)}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    configure_logging()
     RAY_VERBOSE.set(bool(vars(args).pop("verbose", False)))
     try:
         runners = {"pack": _run_pack, "verify": _run_verify, "stats": _run_stats, "tokenize": _run_tokenize,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import os
 import shlex
 import sys
@@ -112,6 +113,23 @@ def escaped_line(text: str) -> str:
     """``text`` with its control characters escaped, so an error stays one line (and moves no cursor)
     whatever a path in it holds (a file named with a newline: a hostile trial)."""
     return text.translate(_CONTROL)
+
+
+class OneLineFormatter(logging.Formatter):
+    """raypack's INFO and WARNING lines with their control characters escaped, as the error lines are: a
+    path that holds a newline keeps each one line. Other libraries' records (``-v``) are left as they are."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        return escaped_line(text) if record.name.split(".")[0] == "raypack" else text
+
+
+def configure_logging() -> None:
+    """The command's log lines: INFO and up, the message alone, one line each (unless the root logger
+    has its handlers already: a host program's, or pytest's)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(OneLineFormatter("%(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
 
 
 def shell_word(arg: str) -> str:

@@ -301,6 +301,18 @@ def test_lines_stay_one_line_whatever_a_path_holds(tmp_path, capsys):
     assert err.count("\n") == 1 and "bad\\nname.jsonl line 1: 'text' is a JSON number" in err, err
 
 
+def test_info_and_warning_lines_stay_one_line_whatever_a_path_holds(tmp_path):
+    """Left open at stop 55: the error lines were escaped, the WARNING and INFO lines were not, so an output
+    named with a newline broke verify's warning in two (a terminal shows the second half as its own line)."""
+    out = tmp_path / "out\nput"
+    assert main(["pack", "--local", "--input", corpus(tmp_path, [[5, 6]]), "--output", str(out),
+                 "--context-length", "4"]) == 0
+    (out / "notes.txt").write_text("mine")
+    said = run_cli("verify", str(out)).stderr
+    warning = [line for line in said.splitlines() if "does not list" in line]
+    assert len(warning) == 1 and warning[0].startswith(f"{tmp_path}/out\\nput holds 'notes.txt'"), said
+
+
 @pytest.mark.parametrize("typed, said", [(".venv/bin/raypack", ".venv/bin/raypack"), ("/x y/raypack", "'/x y/raypack'"),
                                          ("/x/raypack/cli/__main__.py", "raypack")])
 def test_the_interrupted_line_names_the_command_as_it_was_typed(monkeypatch, typed, said):
