@@ -294,10 +294,12 @@ def load_config(path: str | Path | None = None, *, required: tuple[str, ...] = (
         where = "--tokenizer" if overrides.get("tokenizer") is not None else f"{path}: tokenizer"
         raise InputError(f"{where} is empty; give a tokenizer.json, its directory or tiktoken:NAME, or leave it out "
                          "to pack token ids")
+    source = str(path) if path else "config"
     for key in required:
         if key not in values:
+            if set(values) - set(config_keys()):  # a misspelt key (context_lenght) said as a missing flag: a trial
+                make_config(values, source=source)
             raise InputError(f"{flag_of(key)} is required (or {key} in --config)")
-    source = str(path) if path else "config"
     try:
         return make_config(values, source=source)
     except InputError as e:

@@ -175,6 +175,10 @@ def test_unknown_config_key_lists_valid_ones(capsys, tmp_path, shards):
     err = capsys.readouterr().err.strip()
     assert code == 2 and "context_lenght" in err and "valid keys are" in err and "pad_token" in err
     assert "(context_lenght: did you mean context_length?)" in err
+    config.write_text("context_lenght = 9\n")  # a new user's trial: this one typo said "--context-length is required"
+    code = main(["pack", "--local", "--config", str(config), "--input", str(shards), "--output", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "(context_lenght: did you mean context_length?)" in err, err
 
 
 def test_mixed_token_dtypes_are_widened_safely(capsys, tmp_path):
