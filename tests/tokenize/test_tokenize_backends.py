@@ -822,6 +822,28 @@ def _tiny_sp(vocab: list[str], merges: list[list[str]], **model) -> dict:
                   "vocab": {t: k for k, t in enumerate(tokens)}, "merges": merges, **model}}
 
 
+@pytest.mark.parametrize("backend", FAST_INSTALLED)
+def test_text_that_spells_a_byte_token_gets_the_references_ids(tmp_path, backend):
+    """A hostile trial: a Llama 2-shaped file (its <0xNN> byte tokens in the vocabulary, not added tokens) and the
+    text "a<0x41>b": tokenizers encodes the characters, fastokens took "<0x41>" for the byte token, and auto chose
+    fastokens for that shape (1,060 of 20,000 such documents wrong, the guard's sample saw none). A backend that
+    takes the file gives the reference's ids; fastokens refuses it."""
+    path = tmp_path / "llama2.json"
+    path.write_text(json.dumps(_tiny_sp(["a", "b", "\u2581", "\u2581a"], [["\u2581", "a"]])))
+    reference = load_tokenizer(str(path))
+    texts = pa.array(["a<0x41>b", "<0x41>", "x <0xFF> <0x4"])
+    want = reference.encode_flat(texts)
+    if backend == "fastokens":
+        import fastokens
+
+        assert fastokens.Tokenizer.from_file(str(path)).encode("a<0x41>b").ids != want.values[:9].tolist()  # can fail
+        with pytest.raises(Unsupported, match=r"byte_fallback with its byte tokens in the vocabulary only \(<0x00> "):
+            BACKENDS[backend].encoder(reference)
+        return
+    got = BackedTokenizer(reference, backend, BACKENDS[backend].encoder(reference)).encode_flat(texts)
+    assert_same_ids(got, want, texts.to_pylist())
+
+
 @needs_gigatoken
 @pytest.mark.parametrize("case, text", [
     ("ignore_merges", "ab"),  # tokenizers takes a word in the vocabulary whole ("\u2581ab"); gigatoken merges it

@@ -114,11 +114,25 @@ def inexact(config: dict[str, Any]) -> str | None:
     if not model.get("byte_fallback") and "ByteLevel" not in part_types(pre, "pretokenizers"):
         return ("a BPE neither byte-level (ByteLevel) nor with byte_fallback: tokenizers merges across a character "
                 "outside the vocabulary, which it drops, and fastokens does not ('>' U+0338 '<')")
+    if model.get("byte_fallback") and (loose := _vocabulary_byte_tokens(config)):
+        return (f"byte_fallback with its byte tokens in the vocabulary only ({loose} is no added token, as in Llama "
+                "2's file): fastokens reads the text '<0x41>' as that byte token, tokenizers as the characters")
     for pattern in _regexes(normalizer) + _regexes(pre):
         if pattern not in PROVEN_REGEXES:
             return (f"the regex {pattern[:48]!r}{'...' if len(pattern) > 48 else ''}, not one fastokens is proven "
                     "to read as tokenizers' Oniguruma does (Llama 3's, Qwen 2's, o200k's, GPT-2's, DeepSeek V3's)")
     return None
+
+
+def _vocabulary_byte_tokens(config: dict[str, Any]) -> str | None:
+    """The first byte token (``<0x41>``) of the model's vocabulary that is not an added token, else None. A
+    hostile trial: fastokens matched the text "a<0x41>b" as the byte token, where tokenizers encodes the
+    characters ('<' '0' 'x' ...; a byte fallback each where they are not in the vocabulary)."""
+    vocab = (config.get("model") or {}).get("vocab")
+    added = {t.get("content") for t in config.get("added_tokens") or () if isinstance(t, dict)}
+    if not isinstance(vocab, dict):
+        return None
+    return next((f"<0x{b:02X}>" for b in range(256) if f"<0x{b:02X}>" in vocab and f"<0x{b:02X}>" not in added), None)
 
 
 def _regexes(part: Any) -> list[str]:
