@@ -106,10 +106,40 @@ def _expand_path(item: str, fs: pafs.FileSystem, fs_path: str) -> list[str]:
                 f"input file {item} has an unknown shard suffix; accepted: {accepted_suffixes()}"
             )
         return [_to_user_path(item, fs_path, fs_path)]
-    paths = sorted(_list_shard_files(fs, fs_path, recursive=True, walk=True))
+    skipped: list[str] = []
+    paths = sorted(_list_shard_files(fs, fs_path, recursive=True, walk=True, skipped=skipped))
     if not paths:
         raise InputError(f"input directory {item} {_what_it_holds(fs, fs_path, item)}")
+    _say_skipped(f"input directory {item}", skipped)
     return [_to_user_path(item, fs_path, p) for p in paths]
+
+
+KNOWN_METADATA = ("manifest.json", "dataset_info.json", "state.json", "dataset_dict.json", ".gitattributes")
+"""Files a corpus directory holds beside its shards that are not data (raypack's and Hugging Face's): a
+directory's expansion leaves them out without a word, as it does README and LICENSE files."""
+
+
+def _is_metadata(name: str) -> bool:
+    return name in KNOWN_METADATA or name.upper().startswith(("README", "LICENSE", "LICENCE"))
+
+
+def _say_skipped(what: str, skipped: list[str]) -> None:
+    """One WARNING line (once a process) where a directory or glob leaves out files that are not hidden: a
+    directory's ``b.json`` beside ``a.jsonl``, or a ``c.jsonl.bz2``, was left out without a word and half a
+    corpus with it (a new user's trial). Hidden and ``_`` names (``_SUCCESS``, ``.crc``) and KNOWN_METADATA are
+    not counted."""
+    names = sorted(p for p in skipped if not _is_metadata(p.rsplit("/", 1)[-1]))
+    if not names or what in _SAID:
+        return
+    _SAID.add(what)
+    json_named = [n for n in names if shard_suffix(n) in NAMED_ONLY_SUFFIXES]
+    first = (json_named or names)[0]
+    why = (f"a directory's .json files are read only when named (they are often metadata): pass "
+           f"{first.rsplit('/', 1)[0]}/*.json too" if json_named else
+           f"no shard suffix ({accepted_suffixes()}): rename or convert {'it' if len(names) == 1 else 'them'}")
+    log.warning("%s: %d file%s not read, e.g. %s; %s to read %s, or move %s away", what, len(names),
+                "" if len(names) == 1 else "s", first.rsplit("/", 1)[-1], why,
+                *(["it"] * 2 if len(names) == 1 else ["them"] * 2))
 
 
 def _what_it_holds(fs: pafs.FileSystem, fs_path: str, item: str) -> str:
@@ -182,7 +212,8 @@ def _expand_glob(item: str) -> list[str]:
         check_bucket(fs, base_fs_path, f"input {item}")
         raise InputError(f"glob {item} matched nothing: its base directory {base} does not exist")
     recursive = _glob_is_recursive(pattern_parts)
-    candidates = _list_shard_files(fs, base_fs_path, recursive=recursive)
+    skipped: list[str] = []
+    candidates = list(_list_shard_files(fs, base_fs_path, recursive=recursive, skipped=skipped))
     matches = sorted(
         p for p in candidates if _match_parts(pattern_parts, _relative_parts(base_fs_path, p))
     )
@@ -191,6 +222,7 @@ def _expand_glob(item: str) -> list[str]:
             f"glob {item} matched no shard files (accepted suffixes: {accepted_suffixes()}; "
             "names starting with '_' or '.' are skipped); check the pattern"
         )
+    _say_skipped(f"glob {item}", [p for p in skipped if _match_parts(pattern_parts, _relative_parts(base_fs_path, p))])
     return [_to_user_path(base, base_fs_path, p) for p in matches]
 
 
@@ -199,20 +231,22 @@ NAMED_ONLY_SUFFIXES = (".json",)
 ``.json`` files are usually metadata (an HF ``dataset_info.json``, a raypack ``manifest.json``)."""
 
 
-def _list_shard_files(fs: pafs.FileSystem, root: str, *, recursive: bool, walk: bool = False) -> Iterator[str]:
+def _list_shard_files(fs: pafs.FileSystem, root: str, *, recursive: bool, walk: bool = False,
+                      skipped: list[str] | None = None) -> Iterator[str]:
     """Files under ``root`` with a shard suffix and no hidden component below ``root`` (``walk``: a
-    directory's expansion, which skips NAMED_ONLY_SUFFIXES)."""
+    directory's expansion, which skips NAMED_ONLY_SUFFIXES); ``skipped`` gets the files left out for
+    their suffix alone."""
     if isinstance(fs, pafs.LocalFileSystem):
         files = _local_files(root, recursive)
     else:
         selector = pafs.FileSelector(root, recursive=recursive, allow_not_found=True)
         files = (info.path for info in fs.get_file_info(selector) if info.type == pafs.FileType.File)
     for path in files:
-        if shard_format(path) is None:
-            continue
-        if walk and shard_suffix(path) in NAMED_ONLY_SUFFIXES:
-            continue
         if any(part.startswith(("_", ".")) for part in _relative_parts(root, path)):
+            continue
+        if shard_format(path) is None or (walk and shard_suffix(path) in NAMED_ONLY_SUFFIXES):
+            if skipped is not None:
+                skipped.append(path)
             continue
         yield path
 

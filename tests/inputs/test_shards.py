@@ -120,6 +120,38 @@ def test_one_file_under_two_spellings_is_read_once(tree: Path, tmp_path, monkeyp
     assert discover_shards([str(tree / "b.parquet"), str(tmp_path / "hard.parquet")]) == [str(tree / "b.parquet")]
 
 
+def test_files_a_directory_or_glob_leaves_out_are_said_in_one_line(tree: Path, caplog):
+    """A new user's trial: a directory holding a.jsonl and b.json, or a c.jsonl.bz2, packed a.jsonl alone without
+    a word (half the corpus gone). What expansion leaves out for its name alone is now one WARNING line; hidden and
+    ``_`` names and known metadata (manifest.json, README, LICENSE) are not counted."""
+    for name in ("manifest.json", "README.md", "LICENSE"):
+        touch(tree / name)
+    with caplog.at_level(logging.INFO, logger="raypack.inputs"):
+        discover_shards([str(tree)])
+        discover_shards([str(tree)])  # a run lists its inputs twice on Ray: said once
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert said == [f"input directory {tree}: 1 file not read, e.g. notes.txt; no shard suffix (.parquet, .pq, "
+                    ".jsonl, .json, .jsonl.gz, .jsonl.zst, .arrow, .ipc, .feather): rename or convert it to read it, "
+                    "or move it away"], said
+    write_jsonl(tree / "sub" / "b.json", DOCS)
+    touch(tree / "c.jsonl.bz2")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="raypack.inputs"):
+        discover_shards([str(tree) + "/"])
+        discover_shards([str(tree / "*")])
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert said == [f"input directory {tree}/: 3 files not read, e.g. b.json; a directory's .json files are read "
+                    f"only when named (they are often metadata): pass {tree / 'sub'}/*.json too to read them, or "
+                    "move them away",
+                    f"glob {tree / '*'}: 2 files not read, e.g. c.jsonl.bz2; no shard suffix (.parquet, .pq, .jsonl, "
+                    ".json, .jsonl.gz, .jsonl.zst, .arrow, .ipc, .feather): rename or convert them to read them, or "
+                    "move them away"], said
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="raypack.inputs"):
+        discover_shards([str(tree / "*.parquet")])  # a glob that names what it reads: nothing to say
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+
+
 @pytest.mark.parametrize(
     "pattern, expected",
     [
