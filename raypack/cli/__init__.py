@@ -22,7 +22,13 @@ DESCRIPTION = "Pack tokenized corpora into fixed-length context windows with Ray
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse's errors as one line (not the usage block), with where to see the flags."""
+    """argparse's errors as one line (not the usage block), with where to see the flags. A flag is taken only
+    as spelt in full: argparse's prefixes (``--context 512``) would change meaning in scripts the day a longer
+    flag of that prefix is added (a new user's trial); a prefix gets the "did you mean" line."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         them = "its flags" if " " in self.prog else "them"
@@ -395,8 +401,10 @@ def unknown_flags_hint(parser: argparse.ArgumentParser, command: str, extra: Seq
     guesses = []
     for word in extra:
         if word.startswith("-"):
-            close = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1, cutoff=0.75)
-            guesses += [f"{word.split('=', 1)[0]}: did you mean {close[0]}?"] if close else []
+            typed = word.split("=", 1)[0]
+            close = ([f for f in flags if f.startswith(typed)] if len(typed) > 2 else [])[:2] or \
+                difflib.get_close_matches(typed, flags, n=1, cutoff=0.75)  # a prefix is not taken (_Parser)
+            guesses += [f"{typed}: did you mean {' or '.join(close)}?"] if close else []
     said = f"unrecognized arguments: {' '.join(extra)}"
     return f"{said} ({'; '.join(guesses)})" if guesses else f"{said}; raypack {command} --help lists its flags"
 

@@ -159,13 +159,20 @@ def check_named_once(schema: pa.Schema, names: Iterable[str], path: str) -> None
                              "rename or drop all but one")
 
 
+def _is_integer_list(field_type: pa.DataType) -> bool:
+    return ((pa.types.is_list(field_type) or pa.types.is_large_list(field_type))
+            and pa.types.is_integer(field_type.value_type))
+
+
 def token_value_type(schema: pa.Schema, column: str, path: str) -> pa.DataType:
     """The integer value type of ``column``, a list/large_list of integers, in ``schema``."""
     texts = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
     if column not in schema.names:
+        lists = [f.name for f in schema if _is_integer_list(f.type)]
+        name = f" {lists[0]}" if len(lists) == 1 and not texts else ""  # the concrete flag, as for a text column
         raise (HoldsText if texts else InputError)(
             f"shard {path} has no column {column!r}; its columns are {schema.names}; "
-            "name the token column with --token-column" + (_text_hint(texts[0]) if texts else "")
+            f"name the token column with --token-column{name}" + (_text_hint(texts[0]) if texts else "")
         )
     check_named_once(schema, [column], path)
     field_type = schema.field(column).type

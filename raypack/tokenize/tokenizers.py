@@ -429,10 +429,11 @@ class HFTokenizer:
             return _check_id(token, self.vocab_size)
         token_id = self._tokenizer.token_to_id(token)
         if token_id is None:
-            raise InputError(
-                f"token {token!r} is not in the vocabulary of {self.path}; give a token it holds "
-                f"(e.g. one of its special tokens) or an integer id below {self.vocab_size}"
-            )
+            specials = sorted(t.content for t in self._tokenizer.get_added_tokens_decoder().values() if t.special)
+            some = f"its special tokens: {', '.join(specials[:8])}{', ...' if len(specials) > 8 else ''}" \
+                if specials else "it has no special tokens"
+            raise InputError(f"token {token!r} is not in the vocabulary of {self.path}; give a token it holds "
+                             f"({some}) or an integer id below {self.vocab_size}")
         return token_id
 
     def encode_flat(self, texts: pa.StringArray | pa.LargeStringArray) -> FlatIds:

@@ -181,6 +181,16 @@ def test_unknown_config_key_lists_valid_ones(capsys, tmp_path, shards):
     assert code == 2 and "(context_lenght: did you mean context_length?)" in err, err
 
 
+def test_a_token_column_misnamed_gets_the_flag_with_the_files_own_column(capsys, tmp_path, shards):
+    """A new user's trial: --token-column ids on shards with one list column said "name the token column with
+    --token-column" and not which; a text column's line names its column (--text-column body)."""
+    code = main(["pack", "--local", "--input", str(shards), "--output", str(tmp_path / "o"), "--context-length", "4",
+                 "--token-column", "ids"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().endswith("its columns are ['input_ids']; name the token column with "
+                                              "--token-column input_ids"), err
+
+
 def test_mixed_token_dtypes_are_widened_safely(capsys, tmp_path):
     d = tmp_path / "in"
     write_parquet(d / "a.parquet", [[1, 2]], pa.list_(pa.int32()))
@@ -423,6 +433,11 @@ def test_other_unknown_arguments_keep_argparses_error(capsys):
     (["pack", "--tokeniser", "tok.json"], "unrecognized arguments: --tokeniser tok.json (--tokeniser: did you mean "
                                           "--tokenizer?)"),
     (["pack", "--context-lenght=64"], "(--context-lenght: did you mean --context-length?)"),
+    # a new user's trial: argparse took --context for --context-length; a script that relies on a prefix breaks
+    # the day a longer flag of that prefix comes
+    (["pack", "--context", "64", "--input", "x", "--output", "y"], "unrecognized arguments: --context 64 "
+                                                                   "(--context: did you mean --context-length?)"),
+    (["pack", "--token", "ids"], "(--token: did you mean --token-column or --token-dtype?)"),
     (["tokenize", "--input", "x"], "the following arguments are required: --output; raypack tokenize --help"),
     (["pack", "--workers", "x"], "argument --workers: invalid int value: 'x'; raypack pack --help lists its flags"),
     (["pak"], "invalid choice: 'pak'"),

@@ -137,8 +137,9 @@ def test_hf_bos_eos_by_string_and_by_id(hf):
 def test_hf_token_id_errors(hf):
     _, path = hf
     loaded = load_tokenizer(str(path))
-    with pytest.raises(InputError, match=r"token '<s>' is not in the vocabulary of .*tokenizer.json; give"):
-        loaded.token_id("<s>")
+    with pytest.raises(InputError, match=r"token '<s>' is not in the vocabulary of .*tokenizer.json; give a token it "
+                                         r"holds \(its special tokens: <bos>, <eos>\) or an integer id below"):
+        loaded.token_id("<s>")  # a new user's trial: it said "e.g. one of its special tokens", and not which
     with pytest.raises(InputError, match=rf"token id {loaded.vocab_size} \(--bos/--eos, bos/eos in a config\) is "
                                          r"outside the vocabulary"):
         loaded.token_id(loaded.vocab_size)
