@@ -35,7 +35,7 @@ from raypack.tokenize.backends import (
     select_encoder,
 )
 from raypack.tokenize.backends.fastokens import FastokensBackend
-from raypack.tokenize.backends.gigatoken import GigatokenBackend, GigatokenEncoder, pool_threads
+from raypack.tokenize.backends.gigatoken import MAX_ID, GigatokenBackend, GigatokenEncoder, pool_threads
 from raypack.tokenize.guard import BYTES_SHARE, FREE_BYTES, ReferenceGuard, candidates
 from raypack.tokenize.job import TextOptions, TokenizeConfig, run_tokenize
 from raypack.tokenize.tokenizers import TIKTOKEN_ENCODINGS, FlatIds, load_tokenizer
@@ -321,6 +321,28 @@ def test_auto_falls_back_to_the_reference_with_one_info_line(tmp_path, caplog, k
     assert len(lines) == 1 and "\n" not in lines[0] and lacks in lines[0] and "tokenizers" in lines[0]
     assert "gigatoken cannot" in lines[0] and "fastokens cannot" in lines[0]
     assert "pip install" not in lines[0]  # both are installed: the install hint misled (a new user's trial)
+
+
+@needs_gigatoken
+def test_a_token_id_far_past_the_vocabulary_is_not_given_to_gigatoken(tmp_path, caplog, capsys):
+    """A hostile trial: a vocabulary entry with id 4294967294 (a u32, which tokenizers loads and encodes with)
+    made gigatoken ask for 64 GiB and abort the process, no line, exit 134. Such a file goes to the next
+    backend under auto, and an explicit gigatoken is refused in one line."""
+    config = json.loads(train_byte_level_bpe(CORPUS[10:200], 400).to_str())
+    vocab = config["model"]["vocab"]
+    vocab[max(vocab, key=vocab.get)] = MAX_ID  # past the bound, yet small enough for the code before to load
+    path = tmp_path / "sparse.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(Unsupported, match=rf"its largest token id {MAX_ID:,}: gigatoken allocates a table entry"):
+        GigatokenBackend().encoder(load_tokenizer(str(path)))
+    with caplog.at_level(logging.INFO, logger="raypack.tokenize.backends"):
+        assert load_backed_tokenizer(str(path)).backend != "gigatoken"
+    jsonl = tmp_path / "a.jsonl"
+    jsonl.write_text('{"text": "some text"}\n')
+    assert main(["pack", "--local", "--input", str(jsonl), "--output", str(tmp_path / "o"), "--context-length", "8",
+                 "--tokenizer", str(path), "--tokenizer-backend", "gigatoken"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"its largest token id {MAX_ID:,}" in err, err
 
 
 @needs_gigatoken

@@ -146,6 +146,20 @@ def _import() -> Any:
     return gigatoken
 
 
+MAX_ID = 1 << 22
+"""gigatoken is not given a tokenizer with a token id of this or more: it sizes a table by the largest id (16
+bytes an id: a file with id 4294967294 made it ask for 64 GiB and abort the process). Real vocabularies hold
+at most a few hundred thousand ids."""
+
+
+def _largest_id(config: dict[str, Any]) -> int:
+    """The largest token id of the model's vocabulary and the added tokens (0 where none is an int)."""
+    vocab = (config.get("model") or {}).get("vocab")
+    ids = list(vocab.values()) if isinstance(vocab, dict) else []
+    ids += [t.get("id") for t in config.get("added_tokens") or () if isinstance(t, dict)]
+    return max((i for i in ids if isinstance(i, int) and not isinstance(i, bool)), default=0)
+
+
 def inexact(config: dict[str, Any]) -> str | None:
     """Why gigatoken may give other ids than ``tokenizers`` for this tokenizer.json; None when its
     shape is one the tests prove token for token:
@@ -170,6 +184,10 @@ def inexact(config: dict[str, Any]) -> str | None:
     Other normalizers are gigatoken's to refuse (it takes Prepend/Replace for SentencePiece style,
     and encodes those exactly)."""
     model = config.get("model") or {}
+    largest = _largest_id(config)
+    if largest >= MAX_ID:  # a hostile trial: id 4294967294 aborted the process (a 64 GiB allocation failed)
+        return (f"its largest token id {largest:,}: gigatoken allocates a table entry for every id up to the "
+                f"largest, and is taken below {MAX_ID:,}")
     if model.get("type") != "BPE":
         return None  # gigatoken refuses other models itself, naming them
     for field in ("continuing_subword_prefix", "end_of_word_suffix"):
