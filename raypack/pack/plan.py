@@ -36,6 +36,7 @@ from raypack.pack.tasks import PackSettings, ShardTask, TaskCounts
 from raypack.rules.core import validate_pad_token
 from raypack.rules.long_docs import DEFAULT_LONG_DOCS, CutCounts
 from raypack.rules.side_columns import SideColumn, check_fill, common_side_type
+from raypack.rules.token_checks import check_pad_in_vocabulary
 from raypack.strategies import PackingStrategy, default_strategy
 from raypack.tokenize.corpus import tokenized_inputs, tokenizer_record
 
@@ -144,9 +145,13 @@ def make_plan(config: PackConfig, *, max_threads: int = 8) -> Plan:
                           info.num_docs, info.num_tokens, planned=marks[k])
         tasks += shard_tasks(info, whole, config.task_tokens, len(tasks), config.packing)
     tasks = tuple(tasks)
+    record = tokenizer_record(config.inputs)
+    vocab_size = record["identity"].get("vocab_size") if record and isinstance(record.get("identity"), dict) else None
+    if isinstance(vocab_size, int) and not isinstance(vocab_size, bool) and vocab_size > 0:
+        check_pad_in_vocabulary(config.pad_token, vocab_size)  # as pack --tokenizer does (an exactness trial)
     return Plan(tuple(infos), tasks, token_dtype, int(offsets.doc_offsets[-1]),
                 int(offsets.token_offsets[-1]), config.context_length, config.packing,
-                tokenizer_record(config.inputs), long_docs=config.long_docs, extra_columns=extra_columns)
+                record, long_docs=config.long_docs, extra_columns=extra_columns)
 
 
 def resolve_side_columns(config: PackConfig, paths: list[str], max_threads: int = 8) -> tuple[SideColumn, ...]:

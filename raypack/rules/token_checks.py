@@ -15,6 +15,15 @@ import pyarrow.compute as pc
 from raypack.errors import InputError
 
 
+def check_pad_in_vocabulary(pad_token: int, vocab_size: int) -> None:
+    """The pad id must be a row of the model's embedding: ``pack --tokenizer`` and a tokenized corpus's pack
+    (its manifest records the vocabulary) refuse it alike."""
+    if not 0 <= pad_token < vocab_size:
+        raise InputError(f"--pad-token {pad_token} (pad_token in a config) is outside the tokenizer's vocabulary "
+                         f"[0, {vocab_size}), so a model's embedding has no row for it; give an id below {vocab_size} "
+                         "(the EOS id is usual: padding is masked out)")
+
+
 def validate_token_batch(tokens: pa.Array, *, path: str, first_row: int) -> None:
     """Raise InputError unless ``tokens`` is a list array of non-null, non-negative integers.
 

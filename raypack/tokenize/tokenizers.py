@@ -45,6 +45,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from raypack.errors import BackendError, InputError, install_extra
+from raypack.rules.token_checks import check_pad_in_vocabulary
 
 __all__ = [
     "TEXT_EXTRA",
@@ -294,10 +295,7 @@ def check_packed_ids(pad_token: int, token_dtype: str, vocab_size: int) -> None:
     """What ``pack --tokenizer`` writes must hold the tokenizer's ids: InputError for a pad id outside
     its vocabulary (a model's embedding has no row for it) or a ``token_dtype`` too narrow for it
     (found before anything is tokenized, not at the first id over it)."""
-    if not 0 <= pad_token < vocab_size:
-        raise InputError(f"--pad-token {pad_token} (pad_token in a config) is outside the tokenizer's vocabulary "
-                         f"[0, {vocab_size}), so a model's embedding has no row for it; give an id below {vocab_size} "
-                         "(the EOS id is usual: padding is masked out)")
+    check_pad_in_vocabulary(pad_token, vocab_size)
     if token_dtype != "auto" and np.iinfo(token_dtype).max < vocab_size - 1:
         raise InputError(f"--token-dtype {token_dtype} holds ids up to {np.iinfo(token_dtype).max:,}, but the "
                          f"tokenizer's vocabulary has {vocab_size:,} ids; use --token-dtype "

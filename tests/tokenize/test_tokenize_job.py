@@ -211,6 +211,21 @@ def test_what_pack_writes_must_hold_the_tokenizers_ids(tmp_path, text_dir, tok, 
     assert not (tmp_path / "out").exists()
 
 
+def test_a_tokenized_corpus_is_packed_with_the_pad_ids_check_of_the_one_pass(tmp_path, text_dir, tok, capsys):
+    """An exactness trial: --pad-token 600 outside a 600-id vocabulary was refused by pack --tokenizer and packed by
+    tokenize + pack of the same text (exit 0, the last chunk padded with 600). The tokenized corpus's manifest
+    records the vocabulary, so that route refuses it alike."""
+    out = tokenize(tmp_path, text_dir, tok)
+    code = main(["pack", "--local", "--input", out, "--output", str(tmp_path / "packed"), "--context-length", "16",
+                 "--pad-token", "600"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--pad-token 600 (pad_token in a config) is outside the tokenizer's " \
+        "vocabulary [0, 600)" in err[0], err
+    assert not (tmp_path / "packed").exists()
+    assert main(["pack", "--local", "--input", out, "--output", str(tmp_path / "packed"), "--context-length", "16",
+                 "--pad-token", "599"]) == 0
+
+
 def test_a_tokenizer_json_that_makes_the_library_panic_is_one_line(tmp_path):
     """tokenizers panics (pyo3's PanicException, a BaseException) on a BPE whose continuing_subword_prefix
     its merges lack: it was a traceback, and the run's staging directory was left."""
