@@ -276,8 +276,11 @@ class Placer:
                 if isinstance(found, str):
                     redone.setdefault(found, []).append(t)
                     continue
-                if not found or (found[0].task_index, found[0].path, found[0].format) != (t.task_index, t.path,
-                                                                                          t.format):
+                if not found:
+                    continue
+                if (found[0].task_index, found[0].path, found[0].format) != (t.task_index, t.path, t.format):
+                    # a task number now of another file: counted (it said "2 recorded tasks" of 37: a new user's trial)
+                    redone.setdefault("its record was made for another split of the text into tasks", []).append(t)
                     continue
                 recorded = found[1].get(IDENTITY_KEY)
                 if recorded == text_identity(t, text_settings):

@@ -333,13 +333,19 @@ def settings_changed(recorded: Any, settings: TokenizeSettings) -> str | None:
     if {k: v for k, v in recorded.items() if k not in _BACKEND_SETTINGS} == output_settings(settings):
         was, this = (" ".join(str(d.get(k, "?")) for k in _BACKEND_SETTINGS) for d in (recorded, now))
         return f"its ids were computed by backend {was}, this run's is {this}"
-    changed = [f"{_SETTING_FLAGS.get(k, k)} {recorded.get(k)!r} -> {now.get(k)!r}"
+    changed = [f"{_SETTING_FLAGS[k]} {_token(recorded.get(k))} -> {_token(now.get(k))}" if k in _SETTING_FLAGS else
+               f"{k} {recorded.get(k)!r} -> {now.get(k)!r}"
                for k in sorted(set(recorded) | set(now)) if recorded.get(k) != now.get(k)]
     return f"its record was made with other settings ({', '.join(changed)})"
 
 
 _SETTING_FLAGS = {"bos_id": "--bos", "eos_id": "--eos"}
 """Settings a resume's reason names by the flag that sets them (the others by their config key)."""
+
+
+def _token(token_id: Any) -> str:
+    """A recorded --bos/--eos as said to the user: "id 0" or "none" (it said "0 -> None": a new user's trial)."""
+    return "none" if token_id is None else f"id {token_id}"
 
 
 def _canonical(value: dict[str, Any]) -> bytes:

@@ -1000,7 +1000,7 @@ def test_resume_tokenizes_again_when_the_tokenize_options_change(tmp_path, text_
     again = [r.getMessage() for r in caplog.records if "tokenized again" in r.getMessage()]
     assert len(again) == 1, again  # one line for the four recorded tasks, not one each
     assert again[0].startswith("resume: 4 recorded text tasks (text task 0 (") and again[0].endswith(
-        "are tokenized again; for each, its record was made with other settings (--eos None -> "
+        "are tokenized again; for each, its record was made with other settings (--eos none -> id "
         f"{tok[0].token_to_id('<eos>')})")
     assert f"resume: 0 of {len(summary.manifest['shards'])} text tasks kept (verified)" in caplog.text
     clean = run_pack(make_config(dict(inputs=[text_dir], output=str(tmp_path / "clean"), context_length=32)),
@@ -1023,6 +1023,17 @@ def test_resume_with_another_context_length_says_why_nothing_is_kept(tmp_path, t
     assert summary.manifest["content_sha256"] == clean.manifest["content_sha256"]
 
 
+def test_resume_over_another_split_counts_every_task_it_tokenizes_again(tmp_path, text_dir, tok, monkeypatch, caplog):
+    """A new user's trial: after --task-bytes changed, the line counted 2 recorded tasks of 37: a record whose task
+    number is now another file's was dropped without being counted."""
+    config, _ = crashed_at_task_4_then_counted(tmp_path, text_dir, tok, monkeypatch)
+    with caplog.at_level("INFO", logger="raypack.tokenize"):  # now a.parquet is task 0 and b.jsonl task 1
+        run_pack(config, engine="local", resume=True, text=options(tok, task_rows=10**6, task_bytes=10**9))
+    again = [r.getMessage() for r in caplog.records if "tokenized again" in r.getMessage()]
+    assert again == [f"resume: 2 recorded text tasks (text task 0 ({text_dir}/a.parquet), ...) are tokenized again; "
+                     "for each, its record was made for another split of the text into tasks"], again
+
+
 def test_resume_with_another_context_length_and_eos_names_both(tmp_path, text_dir, tok, monkeypatch, caplog):
     """A new user's trial: --eos added and --context-length changed at once said only the context length."""
     config, _ = crashed_at_task_4_then_counted(tmp_path, text_dir, tok, monkeypatch)
@@ -1032,7 +1043,7 @@ def test_resume_with_another_context_length_and_eos_names_both(tmp_path, text_di
     again = [r.getMessage() for r in caplog.records if "tokenized again" in r.getMessage()]
     assert len(again) == 1 and again[0].endswith(
         "its record was made with other packing settings (context_length 32 -> 48); and other text settings "
-        f"(--eos None -> {tok[0].token_to_id('<eos>')})"), again
+        f"(--eos none -> id {tok[0].token_to_id('<eos>')})"), again
 
 
 def test_one_pass_resume_keeps_no_task_another_backend_version_computed(tmp_path, text_dir, tok, monkeypatch,
