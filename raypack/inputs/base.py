@@ -198,6 +198,18 @@ class HoldsText(InputError):
     """A shard read for token ids holds text (no token column, and a string column)."""
 
 
+class HoldsTokens(InputError):
+    """A file read for text holds token ids (no text column, and a list column)."""
+
+
+def mixed_inputs(tokens_path: str, text_path: str) -> InputError:
+    """The line for inputs that hold token shards and text alike: each kind's error sent the user to the other
+    (a new user's trial)."""
+    return InputError(f"the inputs mix token shards ({tokens_path}) and text ({text_path}); pack each kind in a run "
+                      "of its own (raypack pack for the token shards, raypack pack --tokenizer for the text; raypack "
+                      "mix trains on both outputs), or give one kind")
+
+
 def _text_hint(column: str) -> str:
     """The fix when a shard holds text: tokenize it in the run."""
     return (f"; to pack its text column {column!r}, tokenize it in the run: --tokenizer tokenizer.json "

@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 
 from raypack.errors import InputChanged, InputError
 from raypack.inputs.base import (
+    HoldsTokens,
     InputFormat,
     ReadLimits,
     ShardInfo,
@@ -488,7 +489,7 @@ def _check_text_column(schema: pa.Schema, column: str, path: str) -> None:
         fix = (f"; if {lists[0]!r} holds token ids, the file is tokenized already: pack it with `raypack pack`, "
                "no --tokenizer" if lists and not texts else
                other or "; it has no text column to pass with --text-column")
-        raise InputError(
+        raise (HoldsTokens if lists and not texts else InputError)(
             f"text file {path} has no column {column!r}; its columns: {', '.join(schema.names) or '(none)'}{fix}"
         )
     check_named_once(schema, [column], path)

@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from raypack.errors import InputError
-from raypack.inputs.base import ShardInfo
+from raypack.inputs.base import HoldsText, ShardInfo, mixed_inputs
 from raypack.inputs.reading import check_token_column, inspect_shard, shard_side_types
 from raypack.inputs.shards import common_token_type, discover_shards, plan_offsets, read_region
 from raypack.io.fs import is_uri
@@ -131,8 +131,16 @@ def make_plan(config: PackConfig, *, max_threads: int = 8) -> Plan:
     if infos is None:
         paths = discover_shards(list(config.inputs))
         with ThreadPoolExecutor(max_workers=max(1, min(max_threads, len(paths)))) as pool:
-            infos = list(pool.map(lambda p: inspect_shard(p, config.token_column,
-                                                          max_document_tokens=config.max_document_tokens), paths))
+            inspected = pool.map(lambda p: inspect_shard(p, config.token_column,
+                                                         max_document_tokens=config.max_document_tokens), paths)
+            infos = []
+            for path in paths:
+                try:
+                    infos.append(next(inspected))
+                except HoldsText as e:
+                    if infos:  # the shards before it hold tokens
+                        raise mixed_inputs(infos[0].path, path) from e
+                    raise
     token_dtype = resolve_token_dtype(config, infos)
     extra_columns = resolve_side_columns(config, [info.path for info in infos], max_threads)
     offsets = plan_offsets(infos)

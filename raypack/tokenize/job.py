@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from raypack.errors import InputError
-from raypack.inputs.base import check_document_lengths
+from raypack.inputs.base import HoldsTokens, check_document_lengths, mixed_inputs
 from raypack.inputs.registry import format_of
 from raypack.inputs.shards import discover_shards, output_kind
 from raypack.io.fs import resolve_filesystem
@@ -324,7 +324,14 @@ def plan_text_tasks(inputs: tuple[str, ...], text: TextOptions) -> list[TextTask
     # files planned on threads (each a few ranged reads: an object store's latency, not CPU), in input order
     pool = ThreadPoolExecutor(max_workers=max(1, min(PLAN_THREADS, len(paths))))
     try:
-        for path, (fmt, planned, ranges, notes) in zip(paths, pool.map(plan_file, paths)):
+        planned_files = pool.map(plan_file, paths)
+        for path in paths:
+            try:
+                fmt, planned, ranges, notes = next(planned_files)
+            except HoldsTokens as e:
+                if tasks:  # the files before it were text
+                    raise mixed_inputs(path, tasks[0].path) from e
+                raise
             for note in notes:
                 log.info("%s", note)
             first = len(tasks)

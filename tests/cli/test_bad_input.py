@@ -191,6 +191,26 @@ def test_a_token_column_misnamed_gets_the_flag_with_the_files_own_column(capsys,
                                               "--token-column input_ids"), err
 
 
+@pytest.mark.parametrize("tokenizer", [[], ["--tokenizer", "tiktoken:cl100k_base"]])
+def test_inputs_that_mix_token_shards_and_text_are_said_to(capsys, tmp_path, tokenizer):
+    """A new user's trial: token shards and text in one directory; without --tokenizer the line said to add it, with
+    it the line said to drop it."""
+    write_parquet(tmp_path / "in" / "a.parquet", [[1, 2, 3]])
+    pq.write_table(pa.table({"text": ["hello world"]}), tmp_path / "in" / "b.parquet")
+    pq.write_table(pa.table({"text": ["more"]}), tmp_path / "in" / "c.parquet")
+    if tokenizer:  # text first, then the token shard
+        os.rename(tmp_path / "in" / "a.parquet", tmp_path / "in" / "d.parquet")
+    code = main(["pack", "--local", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "o"),
+                 "--context-length", "4", *tokenizer])
+    err = capsys.readouterr().err.strip().splitlines()
+    tokens, text = (("d", "b") if tokenizer else ("a", "b"))
+    assert code == 2 and err == [f"raypack: error: the inputs mix token shards ({tmp_path / 'in' / tokens}.parquet) "
+                                 f"and text ({tmp_path / 'in' / text}.parquet); pack each kind in a run of its own "
+                                 "(raypack pack for the token shards, raypack pack --tokenizer for the text; raypack "
+                                 "mix trains on both outputs), or give one kind"], err
+    assert not (tmp_path / "o").exists()
+
+
 def test_mixed_token_dtypes_are_widened_safely(capsys, tmp_path):
     d = tmp_path / "in"
     write_parquet(d / "a.parquet", [[1, 2]], pa.list_(pa.int32()))
