@@ -309,6 +309,11 @@ def load_config(path: str | Path | None = None, *, required: tuple[str, ...] = (
             key = flagged[0]
             prefixes = (f"{key}={overrides[key]!r} ", f"{key}={overrides[key]} ")
             rest = next((said[len(p):] for p in prefixes if said.startswith(p)), "")
+            if rest.startswith("is an option of strategy") and path is None:  # its flags, not its keys (a trial)
+                rest = re.sub(r"strategy=(\w+)", r"--strategy \1", rest).replace("choose strategy", "pass --strategy")
+                aliases = option_fields()[key][1].metadata.get("aliases") or ()
+                named = f"{flag_of(key)}{''.join(f' ({a})' for a in aliases)}"  # the user may have typed the alias
+                raise InputError(f"{named} {overrides[key]} {rest.replace(key, flag_of(key))}") from e
             raise InputError(f"{flag_of(key)} {overrides[key]}: {rest if rest.startswith('must ') else said}") from e
         if path is None:  # flags only: name the flags typed, not the keys ("config: extra_columns need ...")
             for key in sorted((k for k, v in overrides.items() if v is not None and "_" in k), key=len, reverse=True):
