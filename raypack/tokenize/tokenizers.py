@@ -405,10 +405,9 @@ class HFTokenizer:
                     f"tokenizer {spec}: {path.parent} holds {', '.join(slow)} but no tokenizer.json, the one file "
                     "raypack reads; write one with transformers (for a fast tokenizer, "
                     "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR) saves it), or give tiktoken:NAME")
-            raise InputError(
-                f"tokenizer {spec} not found (looked for {where}); give a tokenizer.json file, a "
-                f"directory holding one, or tiktoken:NAME"
-            )
+            what = "is not a regular file (a FIFO, a device, a broken link?)" if os.path.lexists(path) else "not found"
+            raise InputError(f"tokenizer {spec} {what} (looked for {where}); give a tokenizer.json file, a directory "
+                             "holding one, or tiktoken:NAME")  # a trial: a FIFO or /dev/null was "not found"
         try:  # unreadable: it said "not a Hugging Face tokenizer.json (Permission denied ...)", a wrong fix
             open(path, "rb").close()
         except OSError as e:

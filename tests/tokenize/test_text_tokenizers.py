@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import socket
 import sys
@@ -180,6 +181,11 @@ def test_missing_path(tmp_path):
         load_tokenizer(str(tmp_path / "nope.json"))
     with pytest.raises(InputError, match=r"looked for .*tokenizer\.json"):
         load_tokenizer(str(tmp_path))  # a directory without tokenizer.json
+    os.mkfifo(tmp_path / "fifo.json")  # a hostile trial: a FIFO and /dev/null were "not found"
+    (tmp_path / "loop.json").symlink_to(tmp_path / "loop.json")
+    for spec in (str(tmp_path / "fifo.json"), "/dev/null", str(tmp_path / "loop.json")):
+        with pytest.raises(InputError, match=r" is not a regular file \(a FIFO, a device, a broken link\?\)"):
+            load_tokenizer(spec)
 
 
 @pytest.mark.parametrize("content", ['{"vocab": {"a": 0}}', '{"hello": 1}', "[1, 2]", "not json at all", "",
