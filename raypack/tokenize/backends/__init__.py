@@ -68,7 +68,8 @@ def backend_names() -> list[str]:
 
 def check_backend_name(name: str) -> str:
     if name not in backend_names():
-        raise InputError(f"--tokenizer-backend {name!r} is not one of {', '.join(backend_names())}")
+        raise InputError(f"--tokenizer-backend (tokenizer_backend in a config) {name!r} is not one of "
+                         f"{', '.join(backend_names())}")
     return name
 
 
@@ -164,14 +165,15 @@ def _say_once(tokenizer: TextTokenizer, line: str) -> None:
 
 def _explicit(backend: TokenizerBackend, tokenizer: TextTokenizer) -> Encoder:
     if backend.version() is None:
-        raise InputError(f"--tokenizer-backend {backend.name}: the {backend.name!r} package is not installed; "
-                         f"{TEXT_EXTRA}, or use --tokenizer-backend auto")
+        raise InputError(f"--tokenizer-backend {backend.name} (tokenizer_backend in a config): the {backend.name!r} "
+                         f"package is not installed; {TEXT_EXTRA}, or use --tokenizer-backend auto")
     try:
         return backend.encoder(tokenizer)
     except Unsupported as e:
         name = getattr(tokenizer, "path", None) or f"tiktoken:{getattr(tokenizer, 'name', '?')}"
-        raise InputError(f"--tokenizer-backend {backend.name} cannot encode this tokenizer exactly ({e}; the "
-                         f"tokenizer {name}); use --tokenizer-backend auto or reference") from e
+        raise InputError(f"--tokenizer-backend {backend.name} (tokenizer_backend in a config) cannot encode this "
+                         f"tokenizer exactly ({e}; the tokenizer {name}); use --tokenizer-backend auto or "
+                         "reference") from e
 
 
 def set_thread_env(num_threads: int) -> None:
