@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH_FROM)"$(TORCH_PIN)"   # the CPU build first; the [torch] range keeps it
-	$(PY) -m pip install --quiet -e ".[test]"
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e ".[test]"  # setuptools' box, noise
 	$(PY) -m pip install --quiet --no-deps --upgrade --target $(MDS_READER) $(MDS_READER_PKGS)
 	touch $(STAMP)
 
