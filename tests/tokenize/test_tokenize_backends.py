@@ -848,22 +848,23 @@ def _tiny_sp(vocab: list[str], merges: list[list[str]], **model) -> dict:
 def test_text_that_spells_a_byte_token_gets_the_references_ids(tmp_path, backend):
     """A hostile trial: a Llama 2-shaped file (its <0xNN> byte tokens in the vocabulary, not added tokens) and the
     text "a<0x41>b": tokenizers encodes the characters, fastokens took "<0x41>" for the byte token, and auto chose
-    fastokens for that shape (1,060 of 20,000 such documents wrong, the guard's sample saw none). A backend that
-    takes the file gives the reference's ids; fastokens refuses it."""
+    fastokens for that shape (1,060 of 20,000 such documents wrong, the guard's sample saw none). Every backend
+    that takes the file gives the reference's ids; fastokens by sending the documents that hold "<0x" to the
+    reference (it is twice gigatoken's speed on this shape: it keeps it)."""
     path = tmp_path / "llama2.json"
     path.write_text(json.dumps(_tiny_sp(["a", "b", "\u2581", "\u2581a"], [["\u2581", "a"]])))
     reference = load_tokenizer(str(path))
-    texts = pa.array(["a<0x41>b", "<0x41>", "x <0xFF> <0x4"])
+    texts = pa.array(["a<0x41>b", "ab a", "<0x41>", "x <0xFF> <0x4", "", "a <0X41> <0x41"])
     want = reference.encode_flat(texts)
     if backend == "fastokens":
         import fastokens
 
         assert fastokens.Tokenizer.from_file(str(path)).encode("a<0x41>b").ids != want.values[:9].tolist()  # can fail
-        with pytest.raises(Unsupported, match=r"byte_fallback with its byte tokens in the vocabulary only \(<0x00> "):
-            BACKENDS[backend].encoder(reference)
-        return
-    got = BackedTokenizer(reference, backend, BACKENDS[backend].encoder(reference)).encode_flat(texts)
+    encoder = BACKENDS[backend].encoder(reference)
+    got = BackedTokenizer(reference, backend, encoder).encode_flat(texts)
     assert_same_ids(got, want, texts.to_pylist())
+    if backend == "fastokens":
+        assert load_backed_tokenizer(str(path)).backend == "fastokens"  # auto's choice for this shape stays
 
 
 @needs_gigatoken
@@ -894,8 +895,6 @@ def test_a_normalized_added_token_the_normalizer_empties_is_refused(tmp_path, ba
     process (a hostile trial); tokenizers encodes the text. Not run through the library here."""
     config = _tiny_sp(["\u2581", "a", "b", "c"], [])
     config["normalizer"] = {"type": "Replace", "pattern": {"String": ">"}, "content": ""}
-    config["added_tokens"] += [{**config["added_tokens"][0], "id": 3 + b, "content": f"<0x{b:02X}>"}
-                               for b in range(256)]  # not the shape fastokens refuses first (vocabulary byte tokens)
     config["added_tokens"].append({"id": len(config["model"]["vocab"]), "content": ">", "single_word": False,
                                    "lstrip": False, "rstrip": False, "normalized": True, "special": False})
     path = tmp_path / "tok.json"

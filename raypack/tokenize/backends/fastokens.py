@@ -19,10 +19,12 @@ flat at ~320 MiB over 350 MB of distinct random words, BENCHMARKS.md).
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from raypack.errors import InputError
 from raypack.tokenize.backends.base import (
@@ -34,6 +36,7 @@ from raypack.tokenize.backends.base import (
     tiktoken_ranks,
     tokenizer_json,
 )
+from raypack.tokenize.backends.new_characters import replace_documents
 from raypack.tokenize.tokenizers import TEXT_EXTRA, TIKTOKEN_ENCODINGS, FlatIds, TextTokenizer, check_texts
 
 NORMALIZERS = {"NFC", "Lowercase", "Prepend", "Replace", "Sequence"}
@@ -90,7 +93,10 @@ class FastokensBackend:
                 raise Unsupported(" ".join(str(e).split())[:200]) from e
             loaded.no_truncation()
             loaded.no_padding()
-            return FastokensEncoder(loaded, split_special_tokens=False)
+            config = json.loads(data)
+            byte_text = bool((config.get("model") or {}).get("byte_fallback") and _vocabulary_byte_tokens(config))
+            return FastokensEncoder(loaded, split_special_tokens=False,
+                                    reference=tokenizer.encode_flat if byte_text else None)
         if tokenizer.kind == "tiktoken" and tokenizer.name in TIKTOKEN_ENCODINGS:
             return FastokensEncoder(_load_tiktoken(fastokens, tokenizer.name, tokenizer.rank_file),
                                     split_special_tokens=True)
@@ -114,14 +120,15 @@ def inexact(config: dict[str, Any]) -> str | None:
     if not model.get("byte_fallback") and "ByteLevel" not in part_types(pre, "pretokenizers"):
         return ("a BPE neither byte-level (ByteLevel) nor with byte_fallback: tokenizers merges across a character "
                 "outside the vocabulary, which it drops, and fastokens does not ('>' U+0338 '<')")
-    if model.get("byte_fallback") and (loose := _vocabulary_byte_tokens(config)):
-        return (f"byte_fallback with its byte tokens in the vocabulary only ({loose} is no added token, as in Llama "
-                "2's file): fastokens reads the text '<0x41>' as that byte token, tokenizers as the characters")
     for pattern in _regexes(normalizer) + _regexes(pre):
         if pattern not in PROVEN_REGEXES:
             return (f"the regex {pattern[:48]!r}{'...' if len(pattern) > 48 else ''}, not one fastokens is proven "
                     "to read as tokenizers' Oniguruma does (Llama 3's, Qwen 2's, o200k's, GPT-2's, DeepSeek V3's)")
     return None
+
+
+BYTE_TOKEN_TEXT = "<0x"
+"""What every byte token's text begins with: a document that holds it goes to the reference (FastokensEncoder)."""
 
 
 def _vocabulary_byte_tokens(config: dict[str, Any]) -> str | None:
@@ -163,11 +170,16 @@ def _load_tiktoken(fastokens: Any, name: str, rank_file) -> Any:
 
 
 class FastokensEncoder:
-    """``encode_flat`` through ``fastokens.Tokenizer.encode_batch_flat``."""
+    """``encode_flat`` through ``fastokens.Tokenizer.encode_batch_flat``. ``reference``: given where the
+    tokenizer's byte tokens are in its vocabulary only (Llama 2's and Mistral's files), the encoder of the
+    documents that hold BYTE_TOKEN_TEXT: fastokens reads the text "<0x41>" as the byte token <0x41>,
+    ``tokenizers`` as the characters '<' '0' 'x' ... (a hostile trial). Only such documents go to it."""
 
-    def __init__(self, tokenizer: Any, *, split_special_tokens: bool) -> None:
+    def __init__(self, tokenizer: Any, *, split_special_tokens: bool,
+                 reference: Callable[[pa.Array], FlatIds] | None = None) -> None:
         self.tokenizer = tokenizer
         self.split_special_tokens = split_special_tokens
+        self.reference = reference
 
     def encode_flat(self, texts: pa.StringArray | pa.LargeStringArray) -> FlatIds:
         check_texts(texts)
@@ -175,4 +187,8 @@ class FastokensEncoder:
             return FlatIds(np.zeros(0, dtype=np.uint32), np.zeros(1, dtype=np.int64))
         ids, offsets = self.tokenizer.encode_batch_flat(texts.to_pylist(),
                                                        split_special_tokens=self.split_special_tokens)
-        return FlatIds(np.frombuffer(ids, dtype="<u4"), np.frombuffer(offsets, dtype="<u8").view(np.int64))
+        flat = FlatIds(np.frombuffer(ids, dtype="<u4"), np.frombuffer(offsets, dtype="<u8").view(np.int64))
+        if self.reference is None:
+            return flat
+        rows = np.flatnonzero(pc.match_substring(texts, BYTE_TOKEN_TEXT).to_numpy(zero_copy_only=False))
+        return flat if rows.size == 0 else replace_documents(flat, rows, self.reference(texts.take(pa.array(rows))))

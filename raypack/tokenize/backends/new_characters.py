@@ -58,7 +58,7 @@ from raypack.tokenize.backends.unassigned import UNASSIGNED
 from raypack.tokenize.tokenizers import TIKTOKEN_ENCODINGS, FlatIds, TextTokenizer, text_offsets
 
 __all__ = ["CUTTABLE_PATTERNS", "CutRule", "cut_rule_of", "documents_with_new_characters", "encode_new_characters",
-           "indent_cut_rule", "indent_cuts", "new_character_table"]
+           "indent_cut_rule", "indent_cuts", "new_character_table", "replace_documents"]
 
 GPT2 = "ByteLevel"
 """The GPT-2 regex of the ``ByteLevel`` pre-tokenizer with ``use_regex`` (it has no pattern field)."""
@@ -274,6 +274,12 @@ def encode_new_characters(texts: pa.StringArray | pa.LargeStringArray, flat: Fla
         redone = reference(routed)
     else:
         redone = _encode_in_stretches(routed, reference, backend, rule, misread)
+    return replace_documents(flat, rows, redone)
+
+
+def replace_documents(flat: FlatIds, rows: np.ndarray, redone: FlatIds) -> FlatIds:
+    """``flat`` with documents ``rows`` (ascending) replaced by ``redone``'s, in order. O(ids) copies, a
+    Python step per replaced document."""
     lengths = np.diff(flat.offsets)
     lengths[rows] = np.diff(redone.offsets)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
