@@ -84,6 +84,29 @@ def resolve_inputs(manifest: dict[str, Any], inputs: Sequence[str] | None, where
     return [Shard(p, shard_format(p), recorded[k] if same else None) for k, p in enumerate(paths)]
 
 
+def check_shard_sources(manifest: Any, where: str) -> None:
+    """VerifyError for a shard whose format, or whose text source (``text`` in a one pass's entry, ``source``
+    in a tokenized corpus's), is not one raypack writes: an edited "texx" passed verify, or made
+    --check-tokenizer a traceback or a line saying the output was not packed from text (a hostile trial)."""
+    for k, entry in enumerate(manifest.shards):
+        fmt = entry.get("format")
+        if fmt is not None and fmt != "text" and fmt not in FORMATS:
+            raise VerifyError(f"{where}: shards[{k}]: format={fmt!r} is not one raypack writes (text, "
+                              f"{', '.join(FORMATS)}); the manifest was edited or damaged")
+        for key in ("text", "source"):
+            source = entry.get(key)
+            if key not in entry:
+                continue
+            bounds = [source.get(b) for b in ("start", "end")] if isinstance(source, dict) else []
+            if (not isinstance(source, dict) or source.get("format") not in FORMATS or key == "text" and fmt != "text"
+                    or key == "source" and not isinstance(source.get("path"), str)
+                    or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in bounds)
+                    or bounds[0] > bounds[1]):
+                raise VerifyError(f"{where}: shards[{k}]: {key}={source!r} is not a text source raypack writes (a "
+                                  f"format of {', '.join(FORMATS)}, 0 <= start <= end); the manifest was edited or "
+                                  "damaged")
+
+
 def _check_default_input(entry: dict[str, Any], k: int, where: str) -> None:
     """Refuse to read a manifest's shard path unless it is an absolute local path or a URI with a
     known shard suffix and no ``..`` component, in a known format (the manifest is untrusted)."""

@@ -12,7 +12,7 @@ from raypack.packed.writer import MANIFEST_NAME
 from raypack.rules.long_docs import DEFAULT_LONG_DOCS
 from raypack.strategies import strategy_of_manifest
 from raypack.verify.files import check_files
-from raypack.verify.inputs import compare_with_inputs, resolve_inputs
+from raypack.verify.inputs import check_shard_sources, compare_with_inputs, resolve_inputs
 from raypack.verify.long_docs import check_document_lengths
 from raypack.verify.report import VerifyError, VerifyReport
 from raypack.verify.structure import Structure, output_pieces
@@ -34,6 +34,7 @@ def verify_packed(out: str, inputs: Sequence[str] | None = None, *, token_column
     manifest = _load_manifest(out, parsed)
     fs, base = resolve_output(out)
     manifest_path = posixpath.join(base, MANIFEST_NAME)
+    check_shard_sources(manifest, manifest_path)
     num_bytes = check_files(fs, base, manifest)
     shards = resolve_inputs(manifest, inputs, manifest_path)
     strategy = strategy_of(manifest)

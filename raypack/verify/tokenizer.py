@@ -37,6 +37,7 @@ from raypack.packed.manifest import MIX_KIND, Manifest, load_manifest, read_mani
 from raypack.rules.long_docs import DEFAULT_LONG_DOCS
 from raypack.tokenize.tasks import MAX_DOCUMENT_BYTES
 from raypack.tokenize.tokenizers import encode_naming, load_tokenizer
+from raypack.verify.inputs import check_shard_sources
 from raypack.verify.report import VerifyError
 
 DEFAULT_DOCUMENTS = 64
@@ -85,6 +86,7 @@ def check_tokenizer(out: str, num_docs: int = DEFAULT_DOCUMENTS,
                              "verify a source with it instead")
         return _check_mix(out, data, where, num_docs, max_document_bytes)
     manifest = load_manifest(out)
+    check_shard_sources(manifest, where)
     record = manifest.tokenizer_record
     sources = text_sources(manifest)
     if record is None or not sources:

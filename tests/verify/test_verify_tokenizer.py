@@ -254,3 +254,36 @@ def test_a_manifest_whose_tokenizer_record_was_edited_fails_the_check(tmp_path, 
     assert main(["verify", str(tmp_path / "out"), "--check-tokenizer", "3"]) == 1
     assert (f"its manifest records the tokenizer's vocab_size=50000, and the tokenizer it names (the same sha256) "
             f"has vocab_size={vocab_size}: the manifest was edited; pack again") in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("route", ["one pass", "tokenize then pack"])
+@pytest.mark.parametrize("edit", ["format", "text format", "text end"])
+def test_a_shards_edited_format_or_text_source_fails_verify_in_one_line(tmp_path, tok, capsys, route, edit):
+    """A hostile trial: shards[0].format "text" edited to "texx" passed verify (exit 0) and made --check-tokenizer
+    say the output was not packed from text (exit 2); an unknown source format was a ValueError traceback."""
+    import json
+
+    if route == "one pass":
+        assert main(["pack", "--local", "--input", text_dir(tmp_path), "--output", str(tmp_path / "out"),
+                     "--context-length", "24", "--tokenizer", tok, "--task-rows", "30"]) == 0
+    else:
+        assert main(["tokenize", "--local", "--input", text_dir(tmp_path), "--output", str(tmp_path / "t"),
+                     "--tokenizer", tok]) == 0
+        assert main(["pack", "--local", "--input", str(tmp_path / "t"), "--output", str(tmp_path / "out"),
+                     "--context-length", "24"]) == 0
+    path = tmp_path / "out" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    entry = manifest["shards"][0]
+    source = entry["text"] if route == "one pass" else entry["source"]
+    if edit == "format":
+        entry["format"] = "texx"
+    elif edit == "text format":
+        source["format"] = "parquex"
+    else:
+        source["end"] = source["start"] - 1
+    path.write_text(json.dumps(manifest))
+    capsys.readouterr()
+    for extra in ([], ["--check-tokenizer", "3"]):
+        assert main(["verify", str(tmp_path / "out"), *extra]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "shards[0]: " in err[0] and "the manifest was edited or damaged" in err[0], err
