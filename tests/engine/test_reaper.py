@@ -138,7 +138,7 @@ def test_a_ctrl_c_or_a_kill_while_ray_starts_leaves_no_ray_process_behind(tmp_pa
     env = {k: v for k, v in {**os.environ, "PYTHONPATH": REPO, "RAY_TMPDIR": str(temp)}.items()
            if k != "RAY_ADDRESS"}
     driver = subprocess.Popen([sys.executable, "-c", _CUT_SHORT, how], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp_path))
+                              stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp_path), start_new_session=True)
     try:
         out, err = driver.communicate(timeout=60)
         assert out.strip() == how and driver.returncode == (130 if how == "cut" else -9), err[-2000:]
