@@ -116,6 +116,19 @@ def _holds_a_file_in(pid: str, root: str) -> bool:
     return False
 
 
+def ancestors(pid: int) -> tuple[int, ...]:
+    """The processes above ``pid``: its parent, the parent's, ... up to pid 1 (Linux ``/proc``)."""
+    found: list[int] = []
+    while pid > 1 and len(found) < 64:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                pid = int(f.read().rsplit(b")", 1)[1].split()[1])  # the field after the state: the parent
+        except (OSError, ValueError, IndexError):
+            break
+        found.append(pid)
+    return tuple(found)
+
+
 def reap(session_dir: str, rounds: int = 3, spare: tuple[int, ...] = ()) -> int:
     """SIGKILL every process of the session but this one and ``spare`` (a few rounds: one may start
     another); how many."""
@@ -138,6 +151,7 @@ def _main(argv: list[str]) -> int:
     session_dir, driver = argv[0], int(argv[1])
     since = float(argv[2]) if len(argv) > 2 else None
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    above = ancestors(driver)  # taken while the driver lives: its parent, and theirs
     try:
         while sys.stdin.buffer.read(1 << 16):
             pass
@@ -147,7 +161,8 @@ def _main(argv: list[str]) -> int:
         time.sleep(0.05)
     time.sleep(0.5)  # a clean ray.shutdown that is still ending its processes finishes first
     for directory in [session_dir] if since is None else sessions_started(session_dir, since):
-        reap(directory, spare=(driver,))  # the pid is the driver's no longer, but never kill it by mistake
+        reap(directory, spare=(driver, *above))  # never the driver (its pid may be another's by now) or what
+        # started it (a shell, a scheduler's step, a test runner), whatever it holds open
     return 0
 
 

@@ -150,3 +150,13 @@ def test_a_ctrl_c_or_a_kill_while_ray_starts_leaves_no_ray_process_behind(tmp_pa
         if driver.poll() is None:
             driver.kill()
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_the_reaper_never_reaps_what_started_the_driver():
+    """CI twice lost a pytest worker (the driver's parent) while a reaper test's driver ended mid ray.init.
+    Whatever they hold open, the processes above the driver are spared."""
+    from raypack.engine.reaper import ancestors
+
+    above = ancestors(os.getpid())
+    assert above[0] == os.getppid() and 1 not in above[:-1], above
+    assert ancestors(999_999_999) == ()
