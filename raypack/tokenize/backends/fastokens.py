@@ -19,7 +19,6 @@ flat at ~320 MiB over 350 MB of distinct random words, BENCHMARKS.md).
 
 from __future__ import annotations
 
-import json
 from typing import Any, Callable
 
 import numpy as np
@@ -86,14 +85,13 @@ class FastokensBackend:
     def encoder(self, tokenizer: TextTokenizer) -> FastokensEncoder:
         fastokens = _import()
         if tokenizer.kind == "hf":
-            data, _ = tokenizer_json(tokenizer, inexact, self.name)
+            data, config = tokenizer_json(tokenizer, inexact, self.name)
             try:
                 loaded = fastokens.Tokenizer.from_json_str(data.decode("utf-8"))
             except (ValueError, RuntimeError) as e:
                 raise Unsupported(" ".join(str(e).split())[:200]) from e
             loaded.no_truncation()
             loaded.no_padding()
-            config = json.loads(data)
             byte_text = bool((config.get("model") or {}).get("byte_fallback") and _vocabulary_byte_tokens(config))
             return FastokensEncoder(loaded, split_special_tokens=False,
                                     reference=tokenizer.encode_flat if byte_text else None)
