@@ -90,7 +90,11 @@ def _expand_input(item: str) -> list[str]:
 
 
 def _expand_path(item: str, fs: pafs.FileSystem, fs_path: str) -> list[str]:
-    info = fs.get_file_info(fs_path)
+    try:
+        info = fs.get_file_info(fs_path)
+    except PermissionError as e:  # a directory above it that may not be searched (a hostile trial: a traceback)
+        raise InputError(f"cannot look up input {item} (permission denied on a directory above it); check the "
+                         "permissions of its directories") from e
     if info.type == pafs.FileType.NotFound:
         check_bucket(fs, fs_path, f"input {item}")
         if not is_uri(item) and os.path.islink(item):

@@ -367,6 +367,8 @@ class LocalOutput:
             if isinstance(error, OSError):
                 raise InputError(f"writing the output failed: {error.strerror} ({_where(error, staging)}); "
                                  f"nothing was published; free space and run again") from error
+        elif os.path.isdir(staging) and not self.resumed and not self.holds_finished_work():
+            shutil.rmtree(staging, ignore_errors=True)  # no task finished: nothing to resume (it said there was)
         elif os.path.isdir(staging):
             log.error("the run failed; its finished shards are kept in %s: rerun with --resume to finish it", staging)
 

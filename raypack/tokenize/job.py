@@ -362,7 +362,10 @@ def _refuse_token_output(item: str) -> None:
     if not isinstance(item, str) or not item or any(ch in item for ch in "*?["):
         return
     fs, fs_path = resolve_filesystem(item)
-    if fs.get_file_info(f"{fs_path.rstrip('/')}/{MANIFEST_NAME}").type != pafs.FileType.File:
+    try:
+        if fs.get_file_info(f"{fs_path.rstrip('/')}/{MANIFEST_NAME}").type != pafs.FileType.File:
+            return
+    except OSError:  # a directory it may not search: listing the input says so, in its own line
         return
     kind = output_kind(fs, fs_path)
     if kind not in ("mix", "packed"):

@@ -752,3 +752,43 @@ def test_inputs_without_a_document_make_an_empty_output_with_a_warning(tmp_path,
     assert [(r.levelname, r.getMessage()) for r in caplog.records if "no documents" in r.getMessage()] == [
         ("WARNING", f"the inputs hold no documents ({files}, every one empty): the output holds no chunks; check the "
                     "inputs")]
+
+
+def _without_file_permission_overrides() -> list[str]:
+    """A command prefix under which mode 000 blocks this user: root's overrides dropped (setpriv), or none."""
+    import shutil
+
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("root without setpriv: a directory's permissions do not bind")
+    return ["setpriv", "--inh-caps=-dac_override,-dac_read_search",
+            "--bounding-set=-dac_override,-dac_read_search"]
+
+
+@pytest.mark.parametrize("command", ["pack", "tokenize"])
+def test_an_input_under_a_directory_that_may_not_be_searched_is_one_line(tmp_path, command):
+    """A file under a directory of mode 000 (a hostile trial): a PermissionError traceback, exit 1, and a
+    staging directory left behind with "rerun with --resume" although nothing was packed."""
+    prefix = _without_file_permission_overrides()
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    pq.write_table(pa.table({"text": ["some text"]}), locked / "a.parquet")
+    tok = tmp_path / "tokenizer.json"
+    from tests.helpers import train_byte_level_bpe
+
+    train_byte_level_bpe(["some text and more text"] * 4, 300).save(str(tok))
+    out = tmp_path / "out"
+    extra = ["--context-length", "8"] if command == "pack" else []
+    os.chmod(locked, 0)
+    try:
+        done = subprocess.run([*prefix, sys.executable, "-m", "raypack.cli", command, "--local", "--input",
+                               str(locked / "a.parquet"), "--output", str(out), "--tokenizer", str(tok), *extra],
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        os.chmod(locked, 0o755)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert lines == [f"raypack: error: cannot look up input {locked / 'a.parquet'} (permission denied on a directory "
+                     "above it); check the permissions of its directories"], done.stderr
+    assert sorted(os.listdir(tmp_path)) == ["locked", "tokenizer.json"]

@@ -602,3 +602,24 @@ def test_a_resume_says_which_input_files_of_the_run_before_are_gone(tmp_path, co
                      f"({inputs / names[0]}); the output holds today's inputs only"], lines
     run_pack(config(tmp_path, str(inputs), "fresh"), engine="local", **options)
     assert tree_digest(tmp_path / "out") == tree_digest(tmp_path / "fresh")
+
+
+def test_a_failure_before_any_task_finished_leaves_no_staging_directory(tmp_path, caplog):
+    """A crash before any task finished kept an empty staging directory and said "its finished shards are
+    kept ... rerun with --resume" (a hostile trial); there was nothing to resume. With a finished task's
+    record the directory stays, and the line says so."""
+    from raypack.pack.publish import LocalOutput
+
+    target = LocalOutput(str(tmp_path / "out"))
+    os.makedirs(target.work_dir)
+    with caplog.at_level(logging.ERROR, logger="raypack"):
+        target.after_failure(RuntimeError("worker lost"))
+    assert not os.path.exists(target.work_dir)
+    assert "rerun with --resume" not in caplog.text
+    os.makedirs(os.path.join(target.work_dir, RESULTS_DIR))
+    with open(os.path.join(target.work_dir, RESULTS_DIR, "task-000000.json"), "w") as f:
+        f.write("{}")
+    with caplog.at_level(logging.ERROR, logger="raypack"):
+        target.after_failure(RuntimeError("worker lost"))
+    assert os.path.isdir(target.work_dir)
+    assert "rerun with --resume" in caplog.text
