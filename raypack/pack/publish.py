@@ -83,6 +83,7 @@ def run_published(output: str, *, overwrite: bool, resume: bool, plan: Callable[
     Returns what ``write`` returned.
     """
     target = output_target(output)
+    target.check_publishable()
     target.acquire()
     try:
         recovered = target.recover()
@@ -128,6 +129,7 @@ def check_free_before_start(output: str, *, overwrite: bool, resume: bool) -> bo
     would be premature): returns True there (a ``resume`` then needs no engine: run_published
     finishes that publish, and the run with it)."""
     target = output_target(output)
+    target.check_publishable()
     if isinstance(target, LocalOutput):
         target.lock.check_free()  # another run writing it: one line now, not after Ray's start
         if target.publish_pending():
@@ -195,6 +197,15 @@ class LocalOutput:
 
     def acquire(self) -> None:
         self.lock.acquire()
+
+    def check_publishable(self) -> None:
+        """A mount point cannot be renamed into: the run was written beside it, on the parent's file system,
+        and its publish was an EBUSY traceback, again on every later run (an operator's trial: a container's
+        volume is mounted at the output path)."""
+        if os.path.ismount(self.output):
+            raise InputError(f"output {self.output} is a mount point: raypack writes a run beside its output and "
+                             "renames it into place, which a mount point cannot take; give a directory inside it "
+                             f"(e.g. --output {os.path.join(self.output, 'packed')})")
 
     def recover(self) -> bool:
         """Finish a publish that a dead run left half done (call holding the lock). True when the
@@ -451,6 +462,9 @@ class ObjectStoreOutput:
         except OSError as e:
             raise InputError(f"cannot reach the output {out} ({e}); check the credentials and the endpoint") from e
         self.lock.acquire()
+
+    def check_publishable(self) -> None:
+        """Any prefix takes objects."""
 
     def recover(self) -> bool:
         """Nothing to recover: the manifest, written last, is the only commit."""

@@ -623,3 +623,21 @@ def test_a_failure_before_any_task_finished_leaves_no_staging_directory(tmp_path
         target.after_failure(RuntimeError("worker lost"))
     assert os.path.isdir(target.work_dir)
     assert "rerun with --resume" in caplog.text
+
+
+def test_an_output_that_is_a_mount_point_is_one_line_before_packing(tmp_path, corpus, monkeypatch, capsys):
+    """A volume mounted at the output path (a container's usual layout): the run was written on the parent's
+    file system and its publish, a rename onto the mount point, was an EBUSY traceback, again on every later
+    run (an operator's trial). Refused before anything is written."""
+    from raypack.cli import main
+
+    out = tmp_path / "volume"
+    out.mkdir()
+    real = os.path.ismount
+    monkeypatch.setattr(os.path, "ismount", lambda p: os.path.abspath(p) == str(out) or real(p))
+    code = main(["pack", "--local", "--input", str(corpus), "--output", str(out), "--context-length", "16"])
+    assert code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"raypack: error: output {out} is a mount point: raypack writes a run beside its output and renames it into "
+        f"place, which a mount point cannot take; give a directory inside it (e.g. --output {out / 'packed'})"]
+    assert not [n for n in os.listdir(tmp_path) if "raypack" in n] and not os.listdir(out)
