@@ -319,7 +319,10 @@ def record_settings(settings: TokenizeSettings) -> dict[str, Any]:
     ran, but only as far as that backend and raypack's rules for it were right: a task is not kept
     from another backend's run (an upgrade, a fallback), so that every id of an output comes from
     the one backend its manifest names."""
-    return {**output_settings(settings), **{k: getattr(settings, k) for k in _BACKEND_SETTINGS}}
+    # max_document_bytes: a task kept from a run with a higher limit held a text this run refuses (an
+    # operator's trial: --resume with a lower limit passed where a clean run is one line naming the row)
+    return {**output_settings(settings), "max_document_bytes": settings.max_document_bytes,
+            **{k: getattr(settings, k) for k in _BACKEND_SETTINGS}}
 
 
 def settings_changed(recorded: Any, settings: TokenizeSettings) -> str | None:

@@ -641,3 +641,42 @@ def test_an_output_that_is_a_mount_point_is_one_line_before_packing(tmp_path, co
         f"raypack: error: output {out} is a mount point: raypack writes a run beside its output and renames it into "
         f"place, which a mount point cannot take; give a directory inside it (e.g. --output {out / 'packed'})"]
     assert not [n for n in os.listdir(tmp_path) if "raypack" in n] and not os.listdir(out)
+
+
+@pytest.mark.parametrize("command", ["pack", "tokenize"])
+def test_a_resume_with_a_lower_max_document_bytes_refuses_what_a_clean_run_refuses(tmp_path, monkeypatch, command):
+    """A task finished under the default limit kept its 500-byte text when --resume lowered
+    --max-document-bytes to 400, exit 0, where a clean run with the same flags is one line naming the row
+    (an operator's trial). The limit is in the resume record's settings now."""
+    import raypack.tokenize.onepass as onepass
+    import raypack.tokenize.job as text_job
+    from raypack.tokenize.job import TextOptions, TokenizeConfig, run_tokenize
+
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for k in range(4):
+        long_text = ["x" * 500] if k == 0 else []
+        pq.write_table(pa.table({"text": long_text + [f"shard {k} doc {i}" for i in range(20)]}),
+                       inputs / f"s{k}.parquet")
+
+    def text(limit=None):
+        return TextOptions(tokenizer="tiktoken:cl100k_base", tokenizer_backend="reference",
+                           **({} if limit is None else {"max_document_bytes": limit}))
+
+    def run(limit=None, resume=False):
+        if command == "pack":
+            return run_pack(config(tmp_path, str(inputs)), engine="local", resume=resume, text=text(limit))
+        return run_tokenize(TokenizeConfig(inputs=(str(inputs),), output=str(tmp_path / "out"), text=text(limit)),
+                            engine="local",
+                            resume=resume)
+
+    if command == "pack":
+        fail_at_call(monkeypatch, onepass, "tokenize_held", 3, RuntimeError("worker lost"))
+    else:
+        fail_at_call(monkeypatch, text_job, "tokenize_task", 3, RuntimeError("worker lost"))
+    with pytest.raises(RuntimeError, match="worker lost"):
+        run()
+    monkeypatch.undo()
+    with pytest.raises(InputError, match=r"s0\.parquet row 0: .*500 bytes.*max_document_bytes=400|"
+                                         r"s0\.parquet row 0.*400"):
+        run(400, resume=True)
