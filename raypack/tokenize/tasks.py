@@ -333,7 +333,8 @@ def settings_changed(recorded: Any, settings: TokenizeSettings) -> str | None:
         return None
     if not isinstance(recorded, dict):
         return "its record holds no settings"
-    if {k: v for k, v in recorded.items() if k not in _BACKEND_SETTINGS} == output_settings(settings):
+    if {k: v for k, v in recorded.items() if k not in _BACKEND_SETTINGS} == \
+            {k: v for k, v in now.items() if k not in _BACKEND_SETTINGS}:
         was, this = (" ".join(str(d.get(k, "?")) for k in _BACKEND_SETTINGS) for d in (recorded, now))
         return f"its ids were computed by backend {was}, this run's is {this}"
     changed = [f"{_SETTING_FLAGS[k]} {_token(recorded.get(k))} -> {_token(now.get(k))}" if k in _SETTING_FLAGS else

@@ -648,8 +648,8 @@ def test_a_resume_with_a_lower_max_document_bytes_refuses_what_a_clean_run_refus
     """A task finished under the default limit kept its 500-byte text when --resume lowered
     --max-document-bytes to 400, exit 0, where a clean run with the same flags is one line naming the row
     (an operator's trial). The limit is in the resume record's settings now."""
-    import raypack.tokenize.onepass as onepass
     import raypack.tokenize.job as text_job
+    import raypack.tokenize.onepass as onepass
     from raypack.tokenize.job import TextOptions, TokenizeConfig, run_tokenize
 
     inputs = tmp_path / "in"
