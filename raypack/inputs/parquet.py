@@ -44,6 +44,7 @@ from raypack.inputs.base import (
     token_value_type,
     too_long,
 )
+from raypack.inputs.parquet_pages import check_text_pages
 from raypack.io.fs import error_text, open_input_file, resolve_filesystem
 from raypack.rules.side_columns import side_value_types
 
@@ -372,6 +373,9 @@ def iter_parquet_texts(
                              "on the file as it is now")
         if max_text_bytes is not None:
             check_row_group_text_bytes(parquet_file.metadata, column, path, range(start, end), max_text_bytes)
+        leaf = _flat_leaf(parquet_file.metadata.schema, column)
+        for group in range(start, end) if leaf is not None else ():  # what the footer said, by the pages
+            check_text_pages(source, parquet_file.metadata, leaf, group, path, column, max_text_bytes)
         file_row = sum(parquet_file.metadata.row_group(g).num_rows for g in range(start))
         first_row = 0
         # One iter_batches per row group: over a range, pyarrow reads ahead and its memory grows
@@ -386,6 +390,10 @@ def iter_parquet_texts(
             _check_parquet_texts(texts, path, column, file_row + first_row)
             yield first_row, texts
             first_row += len(texts)
+
+
+def _flat_leaf(schema: pq.ParquetSchema, column: str) -> int | None:
+    return next((i for i in range(len(schema)) if schema.column(i).path == column), None)
 
 
 def check_row_group_text_bytes(metadata: pq.FileMetaData, column: str, path: str, groups: range,
