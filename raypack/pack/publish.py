@@ -86,7 +86,7 @@ def run_published(output: str, *, overwrite: bool, resume: bool, plan: Callable[
     target.check_publishable()
     target.acquire()
     try:
-        recovered = target.recover()
+        recovered = target.recover(resume)
         if recovered and resume and finished is not None:
             return finished()
         try:
@@ -132,7 +132,7 @@ def check_free_before_start(output: str, *, overwrite: bool, resume: bool) -> bo
     target.check_publishable()
     if isinstance(target, LocalOutput):
         target.lock.check_free()  # another run writing it: one line now, not after Ray's start
-        if target.publish_pending():
+        if target.publish_pending() and not (resume and os.path.isdir(target.records_aside)):
             return True
     target.check_free(overwrite=overwrite, resume=resume)
     return False
@@ -190,6 +190,9 @@ class LocalOutput:
         parent, name = os.path.split(self.output)
         self.marker = os.path.join(parent, f".{name}.raypack-publishing")
         """Written as a publish begins, removed once it is done: the sha256 of the manifest being published."""
+        self.records_aside = os.path.join(parent, f".{name}.raypack-records")
+        """Where a publish moves the resume records (one rename) before the swap; removed once it is done. A
+        ``--resume`` after a publish killed before its swap moves them back (:meth:`recover`)."""
         self.resumed = False
         """A --resume, or an earlier run's finished tasks in the staging directory (:meth:`prepare`): a
         full disk keeps the finished tasks (:meth:`after_failure`)."""
@@ -207,16 +210,21 @@ class LocalOutput:
                              "renames it into place, which a mount point cannot take; give a directory inside it "
                              f"(e.g. --output {os.path.join(self.output, 'packed')})")
 
-    def recover(self) -> bool:
+    def recover(self, resume: bool = False) -> bool:
         """Finish a publish that a dead run left half done (call holding the lock). True when the
         dead run's output is now the published one: its publish finished here, or had swapped it in
         (the staging directory then held the old output). A run stopped after writing its manifest but
         before its publish began (its resume records still there) is not published here: its manifest
         goes, and it is an unfinished run like any other, whose tasks ``--resume`` checks against the
-        inputs and settings of the day (they may have changed since) and the chunk files' sha256."""
+        inputs and settings of the day (they may have changed since) and the chunk files' sha256. So is
+        one killed in its publish before the swap, under ``--resume`` (its records were set aside): it
+        returned the dead run's output, exit 0, though the inputs or settings had changed since (an
+        operator's trial)."""
         staging, output, old = self.work_dir, self.output, self.old_dir
         staged = os.path.join(staging, MANIFEST_NAME)
         finished = False
+        if resume and self.publish_pending() and os.path.isdir(self.records_aside) and not self._swapped_out():
+            os.replace(self.records_aside, os.path.join(staging, RESULTS_DIR))
         if os.path.isfile(staged) and self._holds_records():
             # Stopped after its manifest, before its publish: its tasks are checked again like any
             # unfinished run's (--resume verifies each against today's inputs and settings)
@@ -239,6 +247,7 @@ class LocalOutput:
                 shutil.rmtree(old, ignore_errors=True)
         if os.path.exists(self.marker):
             os.remove(self.marker)
+        shutil.rmtree(self.records_aside, ignore_errors=True)
         return finished
 
     def _swapped_out(self) -> bool:
@@ -338,12 +347,17 @@ class LocalOutput:
         aside first, is removed by the next run if its removal here is cut short."""
         staging, output, old = self.work_dir, self.output, self.old_dir
         shutil.rmtree(old, ignore_errors=True)  # a leftover (recover removes it): the name is needed below
+        shutil.rmtree(self.records_aside, ignore_errors=True)  # the same
         manifest = os.path.join(staging, MANIFEST_NAME)
         with signals_deferred() as came:
             if os.path.isfile(manifest):  # which directory is the new one, should the publish be killed
                 with open(self.marker, "w", encoding="ascii") as f:
                     f.write(_sha256_of(manifest) + "\n")
-            shutil.rmtree(os.path.join(staging, RESULTS_DIR), ignore_errors=True)  # the manifest is written
+            results = os.path.join(staging, RESULTS_DIR)
+            if os.path.isdir(results) and not os.path.islink(results):  # the manifest is written
+                os.replace(results, self.records_aside)  # one rename; removed once the output is published
+            else:
+                shutil.rmtree(results, ignore_errors=True)
             if not os.path.exists(output):
                 os.rename(staging, output)
             elif exchange_paths(staging, output):
@@ -358,6 +372,7 @@ class LocalOutput:
                      "SIGTERM", output)
         try:
             shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(self.records_aside, ignore_errors=True)
         except KeyboardInterrupt:
             log.info("the old output's removal was cut short; the next run on %s removes %s", output, old)
 
@@ -466,7 +481,7 @@ class ObjectStoreOutput:
     def check_publishable(self) -> None:
         """Any prefix takes objects."""
 
-    def recover(self) -> bool:
+    def recover(self, resume: bool = False) -> bool:
         """Nothing to recover: the manifest, written last, is the only commit."""
         return False
 

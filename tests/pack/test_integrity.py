@@ -529,7 +529,9 @@ def test_a_run_stopped_inside_its_publish_is_finished_by_the_resume_its_line_nam
     """A run stopped inside its publish (the signals are held off there, so: killed, or an error), its
     records removed: the interrupted line's own ``--resume`` command finishes the publish, exit 0, with the
     output's counts (it was 'already complete', exit 2, for a run that had in fact finished). On Ray that
-    resume starts no Ray: there is nothing to run."""
+    resume starts no Ray: there is nothing to run. (A publish sets its records aside now, and a --resume
+    checks its tasks again instead, :func:`test_a_resume_after_a_publish_killed_before_its_swap_packs_today`;
+    this is the publish of a raypack before that, and the one killed after its swap.)"""
     import raypack.engine.session as session
     from raypack.cli import main
 
@@ -552,6 +554,7 @@ def test_a_run_stopped_inside_its_publish_is_finished_by_the_resume_its_line_nam
     again = shlex.split(line.split("finish with: raypack ", 1)[1])
     assert again == [*(a for a in args if a != "--overwrite"), "--resume"]  # the two are refused together
     monkeypatch.undo()
+    shutil.rmtree(publish.LocalOutput(str(tmp_path / "out")).records_aside)
     if engine == "ray":
         again.remove("--local")
 
@@ -573,6 +576,52 @@ def test_a_run_stopped_inside_its_publish_is_finished_by_the_resume_its_line_nam
     # and a resume of that complete output is still refused, as before
     assert main(again) == 2
     assert "already complete; nothing to resume" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("when", ["before the exchange", "exchange", "first rename"])
+@pytest.mark.parametrize("command", ["pack", "pack --tokenizer", "tokenize"])
+def test_a_resume_after_a_publish_killed_before_its_swap_packs_today(tmp_path, corpus, monkeypatch, command, when):
+    """Killed in its publish (SIGKILL: the signals are held off there), then ``--resume`` with another
+    context length and an input edited: it finished the dead run's publish, exit 0, and the output was the
+    dead run's, though a resume packs today's inputs and settings (an operator's trial). The publish now sets
+    the records aside (one rename) before the swap, and a --resume puts them back: its tasks are checked
+    again, as for a run killed just before its publish. Killed after the swap (a rename later), the output is
+    the dead run's, as before."""
+    from raypack.cli import main
+
+    if when != "first rename" and publish._renameat2() is None:
+        pytest.skip("renameat2(RENAME_EXCHANGE) is not available here")
+    inputs = tmp_path / "in"
+    if command == "pack":
+        shutil.copytree(corpus, inputs)
+        edit = sorted(inputs.glob("*.parquet"))[0]
+        base = ["pack", "--local", "--pad-token", "0"]
+    else:
+        inputs.mkdir()
+        for k in range(3):
+            pq.write_table(pa.table({"text": [f"shard {k} text {i} " * (i % 5) for i in range(40)]}),
+                           inputs / f"t{k}.parquet")
+        edit = inputs / "t0.parquet"
+        base = [command.split()[0], "--local", "--tokenizer", "tiktoken:cl100k_base",
+                "--tokenizer-backend", "reference"]
+    sized = (lambda c: ["--context-length", str(c)]) if command != "tokenize" else (lambda c: [])
+
+    def args(name, c, *more):
+        return [*base, "--input", str(inputs), "--output", str(tmp_path / name), *sized(c), *more]
+
+    assert main(args("out", 8)) == 0
+    die_in_publish(monkeypatch, when)
+    with pytest.raises(BaseException):  # noqa: B017 (die_in_publish's own exception: killed)
+        main(args("out", 10, "--overwrite") if command != "tokenize" else args("out", 0, "--overwrite",
+                                                                                "--eos", "<|endoftext|>"))
+    monkeypatch.undo()
+    table = pq.read_table(edit)
+    pq.write_table(table.slice(0, table.num_rows - 1), edit)  # an input edited after the kill
+    assert main(args("out", 12, "--resume")) == 0
+    assert main(args("clean", 12)) == 0
+    swapped = when == "exchange"  # the dead run's output was in place: it stays (the old way)
+    assert (tree_digest(tmp_path / "out") == tree_digest(tmp_path / "clean")) != swapped
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]
 
 
 @pytest.mark.parametrize("first", [0, 3])
