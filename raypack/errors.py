@@ -49,6 +49,12 @@ class BackendError(RuntimeError):
     backend, not in the input. The message names the backend and says to use the reference."""
 
 
+class PublishFailed(RuntimeError):
+    """The complete output could not be renamed into place (a permission, an immutable or busy directory).
+    Not bad input: the staging directory keeps the complete output, and the next run finishes the publish.
+    The CLI prints it as one line, exit code 2."""
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during a run; ``kept`` is where the finished work waits for ``--resume`` (None: nothing kept);
     ``finished``: whether any task had finished there (False: ``--resume`` starts it over)."""

@@ -330,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Bad input: one line, exit 2. A Ray worker that failed otherwise: one line, exit 1. Ctrl-C: one
     line with the ``--resume`` command, exit 130 (SIGTERM under the console script: the same, 143). A
     closed stdout (``| head``): quiet, exit 141. A thread the system refused: one line, exit 1."""
-    from raypack.errors import WorkerError
+    from raypack.errors import PublishFailed, WorkerError
     from raypack.io.terminal import (
         RAY_VERBOSE,
         configure_logging,
@@ -361,6 +361,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except WorkerError as e:
         print(f"raypack: error: {escaped_line(str(e))}", file=sys.stderr)
         return 1
+    except PublishFailed as e:
+        print(f"raypack: error: {escaped_line(str(e))}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt as e:
         kept, finished = getattr(e, "kept", None), getattr(e, "finished", True)
         if kept is None and args.command in ("pack", "tokenize"):  # before the run took its output (Ray's start)

@@ -52,7 +52,7 @@ from typing import Callable, TypeVar
 
 import pyarrow.fs as pafs
 
-from raypack.errors import InputChanged, InputError, Interrupted
+from raypack.errors import InputChanged, InputError, Interrupted, PublishFailed
 from raypack.io.fs import bucket_of, check_bucket, is_uri, resolve_filesystem
 from raypack.io.lock import LocalLock, ObjectStoreLock
 from raypack.io.terminal import signals_deferred
@@ -358,13 +358,19 @@ class LocalOutput:
                 os.replace(results, self.records_aside)  # one rename; removed once the output is published
             else:
                 shutil.rmtree(results, ignore_errors=True)
-            if not os.path.exists(output):
-                os.rename(staging, output)
-            elif exchange_paths(staging, output):
-                os.replace(staging, old)  # the old output, swapped into the staging directory's name
-            else:  # no exchange here: two renames (see recover)
-                os.replace(output, old)
-                os.replace(staging, output)
+            try:
+                if not os.path.exists(output):
+                    os.rename(staging, output)
+                elif exchange_paths(staging, output):
+                    os.replace(staging, old)  # the old output, swapped into the staging directory's name
+                else:  # no exchange here: two renames (see recover)
+                    os.replace(output, old)
+                    os.replace(staging, output)
+            except OSError as e:  # a traceback, again on every later run (an operator's trial: chattr +i)
+                raise PublishFailed(f"cannot rename the finished output into place at {output} ({e.strerror}); it "
+                                    f"is complete in {staging}: fix that (the directory's permissions, an immutable "
+                                    "or busy directory) and run the same command again, which finishes the "
+                                    "publish") from e
             if os.path.exists(self.marker):
                 os.remove(self.marker)
         if came:
@@ -395,7 +401,7 @@ class LocalOutput:
                                  f"nothing was published; free space and run again") from error
         elif os.path.isdir(staging) and not self.resumed and not self.holds_finished_work():
             shutil.rmtree(staging, ignore_errors=True)  # no task finished: nothing to resume (it said there was)
-        elif os.path.isdir(staging):
+        elif os.path.isdir(staging) and not isinstance(error, PublishFailed):  # that one's line says what is kept
             log.error("the run failed; its finished shards are kept in %s: rerun with --resume to finish it", staging)
 
 

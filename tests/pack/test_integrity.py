@@ -822,3 +822,34 @@ def test_an_output_under_a_file_is_one_line(tmp_path, corpus, capsys, command, d
     assert err == [f"raypack: error: output {output}: cannot write in {parent} ({why}); give an --output in a "
                    "directory this user can write"], err
     assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_a_publish_the_file_system_refuses_is_one_line_and_the_next_run_finishes_it(tmp_path, corpus, monkeypatch,
+                                                                                    capsys):
+    """The rename into place refused (EPERM: an immutable output; EBUSY): a traceback, and the same traceback
+    on every later run (an operator's trial). One line now, exit 2, the complete output kept; once the cause
+    is gone, the next run finishes the publish."""
+    from raypack.cli import main
+
+    args = ["pack", "--local", "--input", str(corpus), "--context-length", "8", "--output", str(tmp_path / "out")]
+    real = os.rename
+
+    def refused(a, b):
+        raise PermissionError(errno.EPERM, "Operation not permitted", a, None, b)
+
+    monkeypatch.setattr(publish.os, "rename", refused)
+    capsys.readouterr()
+    assert main(args) == 2
+    staging = publish.staging_dir(str(tmp_path / "out"))
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"raypack: error: cannot rename the finished output into place at {tmp_path / 'out'} (Operation not "
+        f"permitted); it is complete in {staging}: fix that (the directory's permissions, an immutable or busy "
+        "directory) and run the same command again, which finishes the publish"]
+    assert os.path.isfile(os.path.join(staging, "manifest.json")) and not (tmp_path / "out").exists()
+    assert main(args) == 2  # still refused: the same line
+    assert "cannot rename the finished output into place" in capsys.readouterr().err
+    monkeypatch.setattr(publish.os, "rename", real)
+    assert main(args) == 2  # finished now; said as the run before's publish, finished
+    assert "is complete: the run before was killed in its publish, which this run finished" in capsys.readouterr().err
+    assert_exactly_the_manifest(tmp_path / "out")
+    assert sorted(os.listdir(tmp_path)) == ["corpus", "out"]
