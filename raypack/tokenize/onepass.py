@@ -168,6 +168,16 @@ class HeldTask:
             self.spill.discard()
 
 
+def _same_file(a: str, b: str) -> bool:
+    """Whether two different local paths name one file (a link to a directory); False for URIs."""
+    if a == b or is_uri(a) or is_uri(b):
+        return False
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
+
+
 def _size_or_none(path: str) -> int | None:
     """The file's size now, for a resume's reason line (None where it cannot be told)."""
     try:
@@ -280,7 +290,11 @@ class Placer:
                     continue
                 if (found[0].task_index, found[0].path, found[0].format) != (t.task_index, t.path, t.format):
                     # a task number now of another file: counted (it said "2 recorded tasks" of 37: a new user's trial)
-                    redone.setdefault("its record was made for another split of the text into tasks", []).append(t)
+                    why = "its record was made for another split of the text into tasks"
+                    if _same_file(found[0].path, t.path):  # said as a split (an operator's trial: a linked dir)
+                        why = ("its record names its file by another path (the inputs were given as another path to "
+                               "the same files; give them as the run before did to keep its tasks)")
+                    redone.setdefault(why, []).append(t)
                     continue
                 recorded = found[1].get(IDENTITY_KEY)
                 if recorded == text_identity(t, text_settings):

@@ -680,3 +680,27 @@ def test_a_resume_with_a_lower_max_document_bytes_refuses_what_a_clean_run_refus
     with pytest.raises(InputError, match=r"s0\.parquet row 0: .*500 bytes.*max_document_bytes=400|"
                                          r"s0\.parquet row 0.*400"):
         run(400, resume=True)
+
+
+def test_a_resume_over_another_path_to_the_same_text_says_so(tmp_path, monkeypatch, caplog):
+    """Resumed with ``--input link`` (a link to the directory the run before read): every task was tokenized
+    again, "its record was made for another split of the text into tasks", which nothing had changed (an
+    operator's trial). The reason names the other path now."""
+    import raypack.tokenize.onepass as onepass
+    from raypack.tokenize.job import TextOptions
+
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for k in range(4):
+        pq.write_table(pa.table({"text": [f"shard {k} doc {i}" for i in range(20)]}), inputs / f"s{k}.parquet")
+    os.symlink(inputs, tmp_path / "link")
+    text = TextOptions(tokenizer="tiktoken:cl100k_base", tokenizer_backend="reference")
+    fail_at_call(monkeypatch, onepass, "tokenize_held", 3, RuntimeError("worker lost"))
+    with pytest.raises(RuntimeError, match="worker lost"):
+        run_pack(config(tmp_path, str(inputs)), engine="local", text=text)
+    monkeypatch.undo()
+    with caplog.at_level(logging.INFO, logger="raypack"):
+        run_pack(config(tmp_path, str(tmp_path / "link")), engine="local", resume=True, text=text)
+    said = [r.getMessage() for r in caplog.records if "tokenized again" in r.getMessage()]
+    assert len(said) == 1 and "its record names its file by another path" in said[0], said
+    assert "another split" not in said[0]
