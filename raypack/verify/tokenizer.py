@@ -169,6 +169,9 @@ def text_sources(manifest: Manifest) -> list[TextSource]:
 
 def _reference(identity: dict[str, Any], out: str, given: str | None = None):
     """The reference tokenizer of ``identity`` (from the path it records, or ``given``: where it is now)."""
+    if identity.get("kind") == "tiktoken" and not isinstance(identity.get("name"), str):  # an edit (a trial: exit 2)
+        raise VerifyError(f"{out}: its manifest records a tiktoken tokenizer with no encoding name "
+                          f"(name={identity.get('name')!r}): the manifest was edited; pack again")
     spec = f"tiktoken:{identity.get('name')}" if identity.get("kind") == "tiktoken" else identity.get("file")
     if given is not None:
         spec = given

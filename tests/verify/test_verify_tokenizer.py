@@ -287,3 +287,21 @@ def test_a_shards_edited_format_or_text_source_fails_verify_in_one_line(tmp_path
         assert main(["verify", str(tmp_path / "out"), *extra]) == 1
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "shards[0]: " in err[0] and "the manifest was edited or damaged" in err[0], err
+
+
+def test_a_tokenizer_record_edited_to_tiktoken_without_a_name_fails_the_check(tmp_path, tok, capsys):
+    """identity.kind edited to "tiktoken" on an output packed with a tokenizer.json: "unknown tokenizer
+    tiktoken:None", exit 2 (bad input), where the manifest was edited (an operator's trial): exit 1."""
+    import json
+
+    assert main(["pack", "--local", "--input", text_dir(tmp_path), "--output", str(tmp_path / "out"),
+                 "--context-length", "24", "--tokenizer", tok]) == 0
+    path = tmp_path / "out" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["tokenizer"]["identity"]["kind"] = "tiktoken"
+    path.write_text(json.dumps(manifest))
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "out"), "--check-tokenizer", "3"]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "its manifest records a tiktoken tokenizer with no encoding name (name=None): the manifest was edited; "
+        "pack again")
