@@ -44,7 +44,7 @@ from raypack.inputs.base import (
     token_value_type,
     too_long,
 )
-from raypack.inputs.parquet_pages import check_text_pages
+from raypack.inputs.parquet_pages import check_dictionary_pages, check_text_pages
 from raypack.io.fs import error_text, open_input_file, resolve_filesystem
 from raypack.rules.side_columns import side_value_types
 
@@ -148,8 +148,11 @@ class ParquetFormat(InputFormat):
             _check_text_column(parquet_file.schema_arrow, column, path)
             check_column_levels(parquet_file, column, path)
             metadata = parquet_file.metadata
-        if max_text_bytes is not None:  # at planning, so before any page is read (and before Ray starts)
-            check_row_group_text_bytes(metadata, column, path, range(metadata.num_row_groups), max_text_bytes)
+            if max_text_bytes is not None:  # at planning, so before any page is read (and before Ray starts)
+                check_row_group_text_bytes(metadata, column, path, range(metadata.num_row_groups), max_text_bytes)
+                leaf = _flat_leaf(metadata.schema, column)
+                if leaf is not None:
+                    check_dictionary_pages(source, metadata, leaf, path, column, max_text_bytes)
         return dictionary_page_notes(path, column, metadata)
 
     def iter_texts(self, path: str, column: str, start: int, end: int, batch_rows: int, *,
@@ -410,7 +413,10 @@ def check_row_group_text_bytes(metadata: pq.FileMetaData, column: str, path: str
         return
     for group in groups:
         row_group = metadata.row_group(group)
-        size, rows = row_group.column(leaf).total_uncompressed_size, row_group.num_rows
+        chunk = row_group.column(leaf)
+        if chunk.has_dictionary_page:  # its dictionary may hold texts no row of this group uses (a categorical
+            continue  # column's every category, in every row group: a trial); its pages are checked before reading
+        size, rows = chunk.total_uncompressed_size, row_group.num_rows
         if size > rows * (max_text_bytes + 64) + (1 << 20):
             raise InputError(
                 f"text file {path} row group {group}: its {column!r} column holds {size:,} bytes (its footer says) "

@@ -12,9 +12,10 @@ the checks made from the footer (raypack.inputs.parquet):
 :func:`check_text_pages` walks the headers of a row group's text column chunk (one ranged read of a few
 KiB per page; no page data is read) and refuses, in one line, a page whose header says it holds more
 text than its values can at ``max_document_bytes`` each, and data pages whose values do not add up to
-the rows the footer claims. Only what the Parquet format fixes is parsed: Thrift's compact protocol, the
-PageHeader fields 1-3 and the ``num_values`` of the data, dictionary and v2 headers; other fields are
-skipped by their types.
+the rows the footer claims; :func:`check_dictionary_pages`, at planning, the dictionary pages alone (the
+footer cannot bound a row group whose dictionary holds texts its rows do not use). Only what the
+Parquet format fixes is parsed: Thrift's compact protocol, the PageHeader fields 1-3 and the
+``num_values`` of the data, dictionary and v2 headers; other fields are skipped by their types.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import pyarrow.parquet as pq
 
 from raypack.errors import InputError
 
-__all__ = ["PageHeader", "check_text_pages", "read_page_header"]
+__all__ = ["PageHeader", "check_dictionary_pages", "check_text_pages", "read_page_header"]
 
 DATA_PAGE, INDEX_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2 = 0, 1, 2, 3
 """Parquet's PageType."""
@@ -191,16 +192,12 @@ def check_text_pages(source: pa.NativeFile, metadata: pq.FileMetaData, leaf: int
     row_group = metadata.row_group(group)
     chunk = row_group.column(leaf)
     where = f"text file {path} row group {group}"
-    # the first page: offset 0 is the file's magic, never a page (pyarrow writes a data_page_offset of 0 for
-    # a row group of no rows, its dictionary page at 4)
-    offsets = [o for o in (chunk.data_page_offset, chunk.dictionary_page_offset if chunk.has_dictionary_page
-                           else None) if o is not None and o > 0]
-    if not offsets:
+    start = _first_page(chunk)
+    if start is None:
         if row_group.num_rows == 0:
             return
         raise InputError(f"{where}: its footer gives its {column!r} column no page; the file is damaged or hostile: "
                          "re-write or remove it")
-    start = min(offsets)
     end = start + chunk.total_compressed_size
     offset, values = start, 0
     while offset < end:
@@ -211,14 +208,7 @@ def check_text_pages(source: pa.NativeFile, metadata: pq.FileMetaData, leaf: int
                              f"({e}); the file is damaged or hostile: re-write or remove it") from None
         if page.page_type in (DATA_PAGE, DATA_PAGE_V2):
             values += page.num_values
-        if max_text_bytes is not None and page.num_values is not None and \
-                page.uncompressed_size > page.num_values * (max_text_bytes + 64) + (1 << 20):
-            raise InputError(
-                f"{where}: a page of its {column!r} column holds {page.uncompressed_size:,} bytes (its page header "
-                f"says) for {_values(page.num_values)}, more than {_values(page.num_values, 'texts')} of "
-                f"max_document_bytes={max_text_bytes:,} take, so a document there is longer (refused before the "
-                "page, which a Parquet reader decodes whole, is read); raise --max-document-bytes if the workers "
-                "have the memory (about 2.5x the page), or split the document upstream")
+        _check_page_bytes(page, where, column, max_text_bytes)
         offset += page.header_size + page.compressed_size
     if values != row_group.num_rows:
         raise InputError(f"{where}: its footer claims {row_group.num_rows:,} rows, and the pages of its {column!r} "
@@ -228,3 +218,42 @@ def check_text_pages(source: pa.NativeFile, metadata: pq.FileMetaData, leaf: int
 
 def _values(n: int, noun: str = "values") -> str:
     return f"{n:,} {noun if n != 1 else noun[:-1]}"
+
+
+def check_dictionary_pages(source: pa.NativeFile, metadata: pq.FileMetaData, leaf: int, path: str, column: str,
+                           max_text_bytes: int) -> None:
+    """At planning, where the footer cannot bound a row group's text (a dictionary page may hold texts no row
+    of that group uses: a categorical column's every category): each dictionary page's header, as
+    :func:`check_text_pages` checks it. One small ranged read per row group with a dictionary page."""
+    for group in range(metadata.num_row_groups):
+        chunk = metadata.row_group(group).column(leaf)
+        start = _first_page(chunk)
+        if not chunk.has_dictionary_page or start is None:
+            continue
+        where = f"text file {path} row group {group}"
+        try:
+            page = read_page_header(source, start, start + chunk.total_compressed_size)
+        except (ValueError, OSError, pa.ArrowException) as e:
+            raise InputError(f"{where}: no readable page header at byte {start:,} of its {column!r} column "
+                             f"({e}); the file is damaged or hostile: re-write or remove it") from None
+        if page.page_type == DICTIONARY_PAGE:
+            _check_page_bytes(page, where, column, max_text_bytes)
+
+
+def _first_page(chunk: pq.ColumnChunkMetaData) -> int | None:
+    """The column chunk's first page: offset 0 is the file's magic, never a page (pyarrow writes a
+    data_page_offset of 0 for a row group of no rows, its dictionary page at 4)."""
+    offsets = [o for o in (chunk.data_page_offset, chunk.dictionary_page_offset if chunk.has_dictionary_page
+                           else None) if o is not None and o > 0]
+    return min(offsets) if offsets else None
+
+
+def _check_page_bytes(page: PageHeader, where: str, column: str, max_text_bytes: int | None) -> None:
+    if max_text_bytes is not None and page.num_values is not None and \
+            page.uncompressed_size > page.num_values * (max_text_bytes + 64) + (1 << 20):
+        raise InputError(
+            f"{where}: a page of its {column!r} column holds {page.uncompressed_size:,} bytes (its page header "
+            f"says) for {_values(page.num_values)}, more than {_values(page.num_values, 'texts')} of "
+            f"max_document_bytes={max_text_bytes:,} take, so a document there is longer (refused before the "
+            "page, which a Parquet reader decodes whole, is read); raise --max-document-bytes if the workers "
+            "have the memory (about 2.5x the page), or split the document upstream")

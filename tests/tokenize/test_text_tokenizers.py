@@ -433,28 +433,56 @@ def test_a_text_over_max_document_bytes_is_one_line_naming_it(tmp_path, capsys, 
     assert main([*args, "--output", str(tmp_path / "o2")]) == 0  # the default (16 MiB) takes it
 
 
+@pytest.mark.parametrize("dictionary", [False, True])
 @pytest.mark.parametrize("command", ["tokenize", "pack"])
 def test_a_parquet_text_the_footer_shows_too_long_is_refused_before_its_page_is_read(tmp_path, capsys, monkeypatch,
-                                                                                   command):
+                                                                                   command, dictionary):
     """A Parquet page is decoded whole: one 200 MB text (18 KB of zstd on disk) took 806 MB to refuse (a
     hostile trial). Where the footer gives a row group's text column more bytes than its rows can hold at
-    max_document_bytes, it is refused at planning, one line naming the row group; no page is read."""
+    max_document_bytes, it is refused at planning, one line naming the row group; no page is read. With a
+    dictionary page (which may hold texts no row of the group uses), its page header says it instead."""
     from raypack.cli import main
 
     (tmp_path / "text").mkdir()
     path = tmp_path / "text" / "p.parquet"
     pq.write_table(pa.table({"text": ["a", "b"]}), tmp_path / "text" / "a.parquet")
     pq.write_table(pa.table({"text": ["small", "word " * 600_000, "after", "x", "y"]}), path, row_group_size=3,
-                   compression="zstd")
+                   compression="zstd", use_dictionary=dictionary)
     monkeypatch.setattr(pq.ParquetFile, "iter_batches", lambda *a, **k: pytest.fail("a page was read"))
     base = ["pack", "--context-length", "8"] if command == "pack" else ["tokenize"]
     args = [*base, "--local", "--input", str(tmp_path / "text"), "--tokenizer", "tiktoken:cl100k_base"]
     assert main([*args, "--output", str(tmp_path / "o"), "--max-document-bytes", "100000"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"raypack: error: text file {path} row group 0: its 'text' column holds "
-                                               "3,000,0"), err
-    assert "for 3 rows, more than 3 texts of max_document_bytes=100,000 take" in err[0], err
+    said = "a page of its 'text' column holds 3,000,0" if dictionary else "its 'text' column holds 3,000,0"
+    assert len(err) == 1 and err[0].startswith(f"raypack: error: text file {path} row group 0: {said}"), err
+    assert ("for 3 values, more than 3 texts" if dictionary else "for 3 rows, more than 3 texts") in err[0], err
+    assert "of max_document_bytes=100,000 take" in err[0], err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["text"]
+
+
+@pytest.mark.parametrize("command", ["tokenize", "pack"])
+def test_a_categorical_text_column_within_the_limit_is_read(tmp_path, capsys, command):
+    """A categorical column (pandas Categorical, polars Enum, an Arrow dictionary array) keeps every category
+    in each row group's dictionary page: 150 categories of 10 KB with row groups of 10 rows were refused at
+    max_document_bytes=10,000, the longest document, "so a document there is longer" (a trial with other
+    writers). The footer cannot bound such a row group; its dictionary page's header can."""
+    from raypack.cli import main
+
+    categories = [f"{k:03d} " + "text of a category " * 525 for k in range(150)]  # 9,979 bytes each
+    rows = [(k * 7) % 150 for k in range(20)]
+    column = pa.DictionaryArray.from_arrays(pa.array(rows, pa.int32()), pa.array(categories))
+    (tmp_path / "text").mkdir()
+    pq.write_table(pa.table({"text": column}), tmp_path / "text" / "c.parquet", row_group_size=10,
+                   compression="zstd")
+    base = ["pack", "--context-length", "64"] if command == "pack" else ["tokenize"]
+    args = [*base, "--local", "--input", str(tmp_path / "text"), "--tokenizer", "tiktoken:cl100k_base"]
+    assert main([*args, "--output", str(tmp_path / "o"), "--max-document-bytes", "10000"]) == 0
+    capsys.readouterr()
+    assert main([*args, "--output", str(tmp_path / "o2"), "--max-document-bytes", "9000"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"raypack: error: {tmp_path / 'text' / 'c.parquet'} row 0 holds 9,979 bytes of text, more than "
+        "max_document_bytes=9,000 (a tokenizer's memory grows with the document); raise --max-document-bytes if "
+        "the workers have the memory (BENCHMARKS.md: bytes per byte), or split the document upstream"]
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
