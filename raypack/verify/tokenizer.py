@@ -89,6 +89,8 @@ def check_tokenizer(out: str, num_docs: int = DEFAULT_DOCUMENTS,
     check_shard_sources(manifest, where)
     record = manifest.tokenizer_record
     sources = text_sources(manifest)
+    if record is not None and not sources and manifest.counts.documents == 0:  # empty text files: it said
+        return ["  tokenizer                     no documents to re-encode (the output holds none)"]  # "no tokenizer"
     if record is None or not sources:
         raise InputError(f"{out} was not packed from text (its manifest records no tokenizer and no text source); "
                          "--check-tokenizer needs an output of pack --tokenizer, or of tokenize then pack with "

@@ -305,3 +305,19 @@ def test_a_tokenizer_record_edited_to_tiktoken_without_a_name_fails_the_check(tm
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
         "its manifest records a tiktoken tokenizer with no encoding name (name=None): the manifest was edited; "
         "pack again")
+
+
+def test_an_output_of_empty_text_files_has_nothing_to_re_encode(tmp_path, tok, capsys):
+    """Polars, DuckDB and fastparquet write an empty table as a file of no row group: its output records a
+    tokenizer and no shard, and --check-tokenizer said it "records no tokenizer and no text source", exit 2
+    (a trial). Nothing to re-encode: exit 0, said so."""
+    (tmp_path / "text").mkdir()
+    path = tmp_path / "text" / "empty.parquet"
+    with pq.ParquetWriter(path, pa.schema([("text", pa.string())])):
+        pass  # no row group at all, as the other writers do (pyarrow's write_table writes one of 0 rows)
+    assert pq.ParquetFile(path).metadata.num_row_groups == 0
+    assert main(["pack", "--local", "--input", str(tmp_path / "text"), "--output", str(tmp_path / "out"),
+                 "--context-length", "24", "--tokenizer", tok]) == 0
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "out"), "--check-tokenizer", "5"]) == 0
+    assert "no documents to re-encode (the output holds none)" in capsys.readouterr().out
