@@ -70,7 +70,9 @@ EDGE_BYTES = 1 << 20
 """Bytes hashed at each end of an input file for its identity."""
 READ_BYTES = 1 << 22
 """Bytes per read when hashing a whole file."""
-_NOT_OUTPUT_SETTINGS = ("out_dir", "verify_inputs", "progress_timeout_s", "restart_stalled", "max_document_tokens")
+_NOT_OUTPUT_SETTINGS = ("out_dir", "verify_inputs", "progress_timeout_s", "restart_stalled")
+"""Settings a record does not hold. ``max_document_tokens`` decides no byte but is held: a task kept from a
+run with a higher limit held a document this run refuses (an operator's trial, for text's max_document_bytes)."""
 
 
 class _Rejected(Exception):

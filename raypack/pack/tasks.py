@@ -120,7 +120,8 @@ class PackSettings:
     restart_stalled: bool = False
     """End a stalled packer's process (Ray restarts it); no effect on output."""
     max_document_tokens: int = DEFAULT_MAX_DOCUMENT_TOKENS
-    """A longer document is refused (PackConfig.max_document_tokens); no effect on output."""
+    """A longer document is refused (PackConfig.max_document_tokens); no effect on output, but a resume record
+    made with another limit is not kept (raypack.pack.resume)."""
     extra_columns: tuple[SideColumn, ...] = ()
     """Side columns packed with the tokens (raypack.rules.side_columns), their types resolved by the plan."""
 

@@ -704,3 +704,22 @@ def test_a_resume_over_another_path_to_the_same_text_says_so(tmp_path, monkeypat
     said = [r.getMessage() for r in caplog.records if "tokenized again" in r.getMessage()]
     assert len(said) == 1 and "its record names its file by another path" in said[0], said
     assert "another split" not in said[0]
+
+
+def test_a_resume_with_a_lower_max_document_tokens_refuses_what_a_clean_run_refuses(tmp_path, monkeypatch):
+    """Token shards: a task finished under the default limit kept its 60-token document when --resume lowered
+    --max-document-tokens to 40, where a clean run with that limit is one line naming the row (the same as
+    max_document_bytes for text: an operator's trial). The limit is in the resume record's settings now."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for k in range(4):
+        docs = ([list(range(1, 61))] if k == 0 else []) + [[k + 1] * 5 for _ in range(10)]
+        pq.write_table(pa.table({"input_ids": pa.array(docs, pa.list_(pa.int32()))}), inputs / f"s{k}.parquet")
+    fail_at_shard(monkeypatch, 2, RuntimeError("worker lost"))
+    with pytest.raises(RuntimeError, match="worker lost"):
+        run_pack(config(tmp_path, str(inputs)), engine="local")
+    monkeypatch.undo()
+    with pytest.raises(InputError, match=r"s0\.parquet row 0.*max_document_tokens=40"):
+        run_pack(config(tmp_path, str(inputs), max_document_tokens=40), engine="local", resume=True)
+    with pytest.raises(InputError, match=r"s0\.parquet row 0.*max_document_tokens=40"):
+        run_pack(config(tmp_path, str(inputs), "clean", max_document_tokens=40), engine="local")
