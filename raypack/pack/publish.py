@@ -132,7 +132,8 @@ def check_free_before_start(output: str, *, overwrite: bool, resume: bool) -> bo
     target.check_publishable()
     if isinstance(target, LocalOutput):
         target.lock.check_free()  # another run writing it: one line now, not after Ray's start
-        if target.publish_pending() and not (resume and os.path.isdir(target.records_aside)):
+        if target.publish_pending() and not (resume and os.path.isdir(target.records_aside)
+                                             and not target._swapped_out()):
             return True
     target.check_free(overwrite=overwrite, resume=resume)
     return False
@@ -217,13 +218,13 @@ class LocalOutput:
         before its publish began (its resume records still there) is not published here: its manifest
         goes, and it is an unfinished run like any other, whose tasks ``--resume`` checks against the
         inputs and settings of the day (they may have changed since) and the chunk files' sha256. So is
-        one killed in its publish before the swap, under ``--resume`` (its records were set aside): it
-        returned the dead run's output, exit 0, though the inputs or settings had changed since (an
-        operator's trial)."""
+        one killed in its publish before the swap, under ``--resume`` (its records set aside): it returned
+        the dead run's output, exit 0, with the inputs or settings changed since (an operator's trial)."""
         staging, output, old = self.work_dir, self.output, self.old_dir
         staged = os.path.join(staging, MANIFEST_NAME)
         finished = False
-        if resume and self.publish_pending() and os.path.isdir(self.records_aside) and not self._swapped_out():
+        aside = resume and os.path.isdir(self.records_aside)
+        if aside and self.publish_pending() and not self._swapped_out():
             os.replace(self.records_aside, os.path.join(staging, RESULTS_DIR))
         if os.path.isfile(staged) and self._holds_records():
             # Stopped after its manifest, before its publish: its tasks are checked again like any
@@ -232,7 +233,7 @@ class LocalOutput:
                      "checked again", output)
             os.remove(staged)
         elif self.publish_pending():  # killed in the publish itself (signals are held off there)
-            finished = True
+            finished = not aside  # swapped in already: a --resume finds it complete, as one rename later
             if self._swapped_out():
                 log.info("removing %s: an output replaced by an interrupted publish", staging)
                 shutil.rmtree(staging)
@@ -347,7 +348,6 @@ class LocalOutput:
         aside first, is removed by the next run if its removal here is cut short."""
         staging, output, old = self.work_dir, self.output, self.old_dir
         shutil.rmtree(old, ignore_errors=True)  # a leftover (recover removes it): the name is needed below
-        shutil.rmtree(self.records_aside, ignore_errors=True)  # the same
         manifest = os.path.join(staging, MANIFEST_NAME)
         with signals_deferred() as came:
             if os.path.isfile(manifest):  # which directory is the new one, should the publish be killed
@@ -355,6 +355,7 @@ class LocalOutput:
                     f.write(_sha256_of(manifest) + "\n")
             results = os.path.join(staging, RESULTS_DIR)
             if os.path.isdir(results) and not os.path.islink(results):  # the manifest is written
+                shutil.rmtree(self.records_aside, ignore_errors=True)  # a stale one: these are this run's
                 os.replace(results, self.records_aside)  # one rename; removed once the output is published
             else:
                 shutil.rmtree(results, ignore_errors=True)
