@@ -381,6 +381,8 @@ def _object_lines(data: bytes) -> int:
     beside an object over two lines (their counts balance: a later trial). An object over lines has a line
     that does not end with ``}`` (a value, a ``,`` or ``:`` ends it); with none, each line holds at least
     one object, and the count makes it exactly one. A Python pass only where a block has a blank line."""
+    if data.startswith(b"\xef\xbb\xbf"):  # a BOM, which Arrow's parser skips where a block starts
+        data = data[3:]
     if data[:1].isspace() or (data[-1:].isspace() and not data.endswith(b"\n")) or \
             any(blank in data for blank in (b"\n\n", b"\n ", b" \n", b"\r", b"\t")):
         lines = [line.strip() for line in data.split(b"\n")]

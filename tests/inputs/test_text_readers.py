@@ -108,6 +108,17 @@ def test_jsonl_compressed_is_one_task(tmp_path, compress, suffix):
         next(iter_jsonl_texts(str(path), start=5))
 
 
+@pytest.mark.parametrize("target_bytes", [1, 20, 1000])
+@pytest.mark.parametrize("block_bytes", [16, 1 << 20])
+def test_jsonl_with_a_bom_at_its_start_is_read(tmp_path, target_bytes, block_bytes):
+    """A UTF-8 BOM before the first line (Windows editors write one): read, whatever the split. The check that
+    each line is one object refused it as "not JSON" (this stop's trial of the check, before it landed)."""
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"text": "a"}\n{"text": "b"}\n{"text": "c"}\n')
+    tasks = jsonl_byte_range_tasks(str(path), target_bytes)
+    assert read_jsonl_tasks(path, tasks, block_bytes=block_bytes)[0] == ["a", "b", "c"]
+
+
 def test_jsonl_other_column_and_empty_file(tmp_path):
     path = tmp_path / "a.jsonl"
     path.write_bytes(b'{"body": "x", "text": 1}\n\n{"body": "y"}\n')
