@@ -210,7 +210,7 @@ def check_column_levels(parquet_file: pq.ParquetFile, column: str, path: str) ->
     documents. A flat column (text) holds one value per row; a list column (tokens) at least one level
     per row (an empty or null list is one). O(row groups); a nested column is not checked."""
     schema, metadata = parquet_file.schema, parquet_file.metadata
-    flat = next((i for i in range(len(schema)) if schema.column(i).path == column), None)
+    flat = _flat_leaf(schema, column)
     leaf = flat if flat is not None else token_leaf_index(schema, column)
     if leaf is None:
         return
@@ -396,6 +396,7 @@ def iter_parquet_texts(
 
 
 def _flat_leaf(schema: pq.ParquetSchema, column: str) -> int | None:
+    """The leaf index of flat column ``column`` (a text column), or None."""
     return next((i for i in range(len(schema)) if schema.column(i).path == column), None)
 
 
@@ -408,7 +409,7 @@ def check_row_group_text_bytes(metadata: pq.FileMetaData, column: str, path: str
     one 200 MB text, 18 KB of zstd on disk, took 806 MB to refuse). O(row groups), the footer only; a
     footer that understates its sizes is read as before and refused by the reader's own check."""
     schema = metadata.schema
-    leaf = next((i for i in range(len(schema)) if schema.column(i).path == column), None)
+    leaf = _flat_leaf(schema, column)
     if leaf is None:
         return
     for group in groups:
@@ -444,7 +445,7 @@ def dictionary_page_notes(path: str, column: str, metadata: pq.FileMetaData | No
             with open_input_file(fs, fs_path, path) as source:
                 metadata = open_parquet(source, path).metadata
         schema = metadata.schema
-        leaf = next((i for i in range(len(schema)) if schema.column(i).path == column), None)
+        leaf = _flat_leaf(schema, column)
         if leaf is None:
             return []
         largest, where = 0, 0
@@ -474,7 +475,7 @@ def text_batch_rows(metadata: pq.FileMetaData, group: int, column: str, batch_ro
     row_group = metadata.row_group(group)
     try:  # the column found by the schema: no other column's chunk metadata is built (a damaged one can abort pyarrow)
         schema = metadata.schema
-        leaf = next((i for i in range(len(schema)) if schema.column(i).path == column), None)
+        leaf = _flat_leaf(schema, column)
         size = row_group.total_byte_size if leaf is None else row_group.column(leaf).total_uncompressed_size
     except UnicodeDecodeError:  # a damaged footer's column path: the read names the damage, if any
         size = row_group.total_byte_size

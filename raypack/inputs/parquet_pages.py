@@ -201,11 +201,7 @@ def check_text_pages(source: pa.NativeFile, metadata: pq.FileMetaData, leaf: int
     end = start + chunk.total_compressed_size
     offset, values = start, 0
     while offset < end:
-        try:
-            page = read_page_header(source, offset, end)
-        except (ValueError, OSError, pa.ArrowException) as e:
-            raise InputError(f"{where}: no readable page header at byte {offset:,} of its {column!r} column "
-                             f"({e}); the file is damaged or hostile: re-write or remove it") from None
+        page = _header_at(source, offset, end, where, column)
         if page.page_type in (DATA_PAGE, DATA_PAGE_V2):
             values += page.num_values
         _check_page_bytes(page, where, column, max_text_bytes)
@@ -231,13 +227,17 @@ def check_dictionary_pages(source: pa.NativeFile, metadata: pq.FileMetaData, lea
         if not chunk.has_dictionary_page or start is None:
             continue
         where = f"text file {path} row group {group}"
-        try:
-            page = read_page_header(source, start, start + chunk.total_compressed_size)
-        except (ValueError, OSError, pa.ArrowException) as e:
-            raise InputError(f"{where}: no readable page header at byte {start:,} of its {column!r} column "
-                             f"({e}); the file is damaged or hostile: re-write or remove it") from None
+        page = _header_at(source, start, start + chunk.total_compressed_size, where, column)
         if page.page_type == DICTIONARY_PAGE:
             _check_page_bytes(page, where, column, max_text_bytes)
+
+
+def _header_at(source: pa.NativeFile, offset: int, end: int, where: str, column: str) -> PageHeader:
+    try:
+        return read_page_header(source, offset, end)
+    except (ValueError, OSError, pa.ArrowException) as e:
+        raise InputError(f"{where}: no readable page header at byte {offset:,} of its {column!r} column ({e}); "
+                         "the file is damaged or hostile: re-write or remove it") from None
 
 
 def _first_page(chunk: pq.ColumnChunkMetaData) -> int | None:
