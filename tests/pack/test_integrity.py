@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import raypack.pack.job as job
+import raypack.pack.outputs.directory as directory
 import raypack.pack.publish as publish
 from raypack.errors import InputError
 from raypack.io.lock import LocalLock
@@ -409,13 +410,13 @@ def test_an_output_where_this_user_cannot_write_is_one_line(tmp_path, corpus, mo
 
 def test_overwrite_publishes_with_one_exchange(tmp_path, corpus, monkeypatch):
     run_pack(config(tmp_path, [corpus]), engine="local")
-    calls, real = [], publish.exchange_paths
+    calls, real = [], directory.exchange_paths
 
     def exchange(a, b):
         calls.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(publish, "exchange_paths", exchange)
+    monkeypatch.setattr(directory, "exchange_paths", exchange)
     run_pack(config(tmp_path, [corpus], context_length=12, overwrite=True), engine="local")
     assert calls == [(staging_dir(str(tmp_path / "out")), str(tmp_path / "out"))]
     assert_exactly_the_manifest(tmp_path / "out")["context_length"] == 12
@@ -426,14 +427,14 @@ def test_exchange_swaps_two_directories(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     (tmp_path / "a" / "x").write_text("a")
-    if not publish.exchange_paths(str(tmp_path / "a"), str(tmp_path / "b")):
+    if not directory.exchange_paths(str(tmp_path / "a"), str(tmp_path / "b")):
         pytest.skip("renameat2(RENAME_EXCHANGE) is not available here")
     assert os.listdir(tmp_path / "b") == ["x"] and os.listdir(tmp_path / "a") == []
 
 
 def test_overwrite_without_exchange_falls_back_to_two_renames(tmp_path, corpus, monkeypatch):
     run_pack(config(tmp_path, [corpus]), engine="local")
-    monkeypatch.setattr(publish, "exchange_paths", lambda a, b: False)
+    monkeypatch.setattr(directory, "exchange_paths", lambda a, b: False)
     run_pack(config(tmp_path, [corpus], context_length=12, overwrite=True), engine="local")
     assert_exactly_the_manifest(tmp_path / "out")["context_length"] == 12
     assert sorted(os.listdir(tmp_path)) == ["corpus", "out"]
@@ -451,17 +452,17 @@ def die_in_publish(monkeypatch, after: str, error: BaseException | None = None) 
         def publish_then_die(self):
             raise raised
 
-        monkeypatch.setattr(publish.LocalOutput, "publish", publish_then_die)
+        monkeypatch.setattr(directory.LocalOutput, "publish", publish_then_die)
     elif after in ("exchange", "before the exchange"):
-        real = publish.exchange_paths
+        real = directory.exchange_paths
 
         def exchange_then_die(a, b):
             assert after == "before the exchange" or real(a, b)
             raise raised
 
-        monkeypatch.setattr(publish, "exchange_paths", exchange_then_die)
+        monkeypatch.setattr(directory, "exchange_paths", exchange_then_die)
     else:
-        monkeypatch.setattr(publish, "exchange_paths", lambda a, b: False)
+        monkeypatch.setattr(directory, "exchange_paths", lambda a, b: False)
         real_replace = os.replace
 
         def replace_then_die(a, b):
@@ -469,13 +470,13 @@ def die_in_publish(monkeypatch, after: str, error: BaseException | None = None) 
             if b.endswith("-old"):
                 raise raised
 
-        monkeypatch.setattr(publish.os, "replace", replace_then_die)
+        monkeypatch.setattr(directory.os, "replace", replace_then_die)
     return type(raised)
 
 
 @pytest.mark.parametrize("after", ["exchange", "first rename"])
 def test_a_publish_that_died_is_finished_by_the_next_run(tmp_path, corpus, monkeypatch, after):
-    if after == "exchange" and publish._renameat2() is None:
+    if after == "exchange" and directory._renameat2() is None:
         pytest.skip("renameat2(RENAME_EXCHANGE) is not available here")
     run_pack(config(tmp_path, [corpus]), engine="local")
     died = die_in_publish(monkeypatch, after)
@@ -501,7 +502,7 @@ def test_a_publish_killed_half_way_is_finished_whatever_the_manifests_times_say(
     ``touch -d '+1 hour'``): the next run still publishes the new output and removes the old one. The
     directory to publish was chosen by modification time, which kept the old output here (after the
     exchange), or deleted the new one (before it)."""
-    if publish._renameat2() is None:
+    if directory._renameat2() is None:
         pytest.skip("renameat2(RENAME_EXCHANGE) is not available here")
     out = tmp_path / "out"
     run_pack(config(tmp_path, [corpus]), engine="local")
@@ -535,7 +536,7 @@ def test_a_run_stopped_inside_its_publish_is_finished_by_the_resume_its_line_nam
     import raypack.engine.session as session
     from raypack.cli import main
 
-    if when == "exchange" and publish._renameat2() is None:
+    if when == "exchange" and directory._renameat2() is None:
         pytest.skip("renameat2(RENAME_EXCHANGE) is not available here")
     if command == "tokenize":
         pq.write_table(pa.table({"text": [f"text number {i} " * (i % 7) for i in range(60)]}), tmp_path / "t.parquet")
@@ -554,7 +555,7 @@ def test_a_run_stopped_inside_its_publish_is_finished_by_the_resume_its_line_nam
     again = shlex.split(line.split("finish with: raypack ", 1)[1])
     assert again == [*(a for a in args if a != "--overwrite"), "--resume"]  # the two are refused together
     monkeypatch.undo()
-    shutil.rmtree(publish.LocalOutput(str(tmp_path / "out")).records_aside)
+    shutil.rmtree(directory.LocalOutput(str(tmp_path / "out")).records_aside)
     if engine == "ray":
         again.remove("--local")
 
@@ -589,7 +590,7 @@ def test_a_resume_after_a_publish_killed_before_its_swap_packs_today(tmp_path, c
     the dead run's, as before."""
     from raypack.cli import main
 
-    if when != "first rename" and publish._renameat2() is None:
+    if when != "first rename" and directory._renameat2() is None:
         pytest.skip("renameat2(RENAME_EXCHANGE) is not available here")
     inputs = tmp_path / "in"
     if command == "pack":
@@ -733,17 +734,17 @@ def test_ctrl_c_inside_the_publish_is_held_off_until_the_output_is_in_place(tmp_
     its summary), and no staging or old directory is left; a Ctrl-C just after is dropped the same way."""
     from raypack.cli import main
 
-    if publish._renameat2() is None:
+    if directory._renameat2() is None:
         pytest.skip("renameat2(RENAME_EXCHANGE) is not available here")
     args = ["pack", "--local", "--input", str(corpus), "--pad-token", "0", "--output", str(tmp_path / "out")]
     assert main([*args, "--context-length", "8"]) == 0
-    real = publish.exchange_paths
+    real = directory.exchange_paths
 
     def exchange_under_ctrl_c(a, b):
         os.kill(os.getpid(), signal.SIGINT)  # delivered at the next bytecode: inside the publish
         return real(a, b)
 
-    monkeypatch.setattr(publish, "exchange_paths", exchange_under_ctrl_c)
+    monkeypatch.setattr(directory, "exchange_paths", exchange_under_ctrl_c)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as a shell gives it
     try:
         assert main([*args, "--context-length", "12", "--overwrite"]) == 0
@@ -766,7 +767,7 @@ def test_a_complete_staging_directory_is_published_by_the_next_run(tmp_path, cor
 def test_an_old_output_moved_aside_is_restored_when_its_replacement_never_came(tmp_path, corpus):
     run_pack(config(tmp_path, [corpus]), engine="local")
     before = tree_digest(tmp_path / "out")
-    old = publish.LocalOutput(str(tmp_path / "out")).old_dir
+    old = directory.LocalOutput(str(tmp_path / "out")).old_dir
     os.replace(tmp_path / "out", old)
     with pytest.raises(InputError, match="not empty"):
         run_pack(config(tmp_path, [corpus]), engine="local")
@@ -838,7 +839,7 @@ def test_a_publish_the_file_system_refuses_is_one_line_and_the_next_run_finishes
     def refused(a, b):
         raise PermissionError(errno.EPERM, "Operation not permitted", a, None, b)
 
-    monkeypatch.setattr(publish.os, "rename", refused)
+    monkeypatch.setattr(directory.os, "rename", refused)
     capsys.readouterr()
     assert main(args) == 2
     staging = publish.staging_dir(str(tmp_path / "out"))
@@ -849,7 +850,7 @@ def test_a_publish_the_file_system_refuses_is_one_line_and_the_next_run_finishes
     assert os.path.isfile(os.path.join(staging, "manifest.json")) and not (tmp_path / "out").exists()
     assert main(args) == 2  # still refused: the same line
     assert "cannot rename the finished output into place" in capsys.readouterr().err
-    monkeypatch.setattr(publish.os, "rename", real)
+    monkeypatch.setattr(directory.os, "rename", real)
     if resume_after:  # another context length: the records, set aside, survived the retry (a trial: deleted)
         assert main([*args[:4], "--context-length", "12", "--output", str(tmp_path / "out"), "--resume"]) == 0
         assert assert_exactly_the_manifest(tmp_path / "out")["context_length"] == 12
