@@ -491,7 +491,9 @@ SHAPE_TEXTS = [*CORPUS[:-1], "abc123def 4567 x9", "<x> a<x>b <x>  <y>z", " <y> "
                "a hello hello", "x\u036f\u089ay \u07fd\u036f\u08d2", "<x>\u0338 call <x>\u0338<|im_start|>",
                "caf\u00e9 cafe\u0301 e\u0301\u0323", "a b a  b xa b <x> a b<x>", "<a> <A> x<A>",
                "\u13e3\u13b3\u13a9 \uab70 \u13a0 caf\u00e9 th\u13a0e wor\u13a0ld he\u13a0llo", "x<a>y <a> x<a>yx<a>y",
-               "<a>\n<b> <a> \n<b><a>\n<b>"]
+               "<a>\n<b> <a> \n<b><a>\n<b>",
+               # a hostile trial: runs of 4+ digits, and whitespace ending a document, under two Split regexes
+               *["order 12345 shipped 1234567 x 1234", "line \n ", "x\r  ", " \n  ", "x \n \t", "end \n\n "] * 3]
 
 
 def _dense(vocab: dict) -> dict:
@@ -511,6 +513,14 @@ def _seq(*parts):
     return {"type": "Sequence", "pretokenizers": list(parts)}
 
 
+QWEN_MARKS = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+              r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+O200K_PLAIN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?"
+               r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+GPT2_SPLIT = r"'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+CL100K_PLUS = (r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$"
+               r"|\s*[\r\n]|\s+(?!\S)|\s+")
 _DIGITS = {"type": "Digits", "individual_digits": True}
 _METASPACE = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": True}
 _LLAMA3 = _seq(_split(), _bl(regex=False))
@@ -601,13 +611,23 @@ SHAPES = {
     "gpt2 NFC, a normalized added token with a mark": ("bl", {"normalizer": {"type": "NFC"}},
                                                        [("e\u0301", {"normalized": True})]),
     "sp Digits": ("sp", {"pre_tokenizer": _DIGITS}, []),
+    # gigatoken's other known regexes (a hostile trial found its list in the library): taken, proven here
+    "qwen marks": ("bl", {"pre_tokenizer": _seq(_split(QWEN_MARKS), _bl(regex=False))}, []),
+    "o200k without contractions": ("bl", {"pre_tokenizer": _seq(_split(O200K_PLAIN), _bl(regex=False))}, []),
+    "gpt2 as a Split": ("bl", {"pre_tokenizer": _seq(_split(GPT2_SPLIT), _bl(regex=False))}, []),
+    # ... and two it knows but reads otherwise than tokenizers (Oniguruma): any run of 4+ digits under
+    # cl100k's \p{N}{1,3}+; whitespace ending a document under Llama 3's regex with one newline
+    "cl100k Split ending in \\s+": ("bl", {"pre_tokenizer": _seq(_split(CL100K_PLUS), _bl(regex=False))}, []),
+    "llama3 with one newline": ("bl", {"pre_tokenizer": _seq(_split(LLAMA3.replace(r"\s*[\r\n]+", r"\s*[\r\n]")),
+                                                             _bl(regex=False))}, []),
 }
 GIGATOKEN_TAKES = {"gpt2", "gpt2 prefix space", "gpt2 ignore_merges",
                    "gpt2 unk_token fuse_unk", "gpt2 truncation and padding in the file", "gpt2 added tokens",
                    "gpt2 added normalized", "llama3", "o200k-style", "sp Prepend+Replace", "sp Replace only",
                    "sp no normalizer", "sp Metaspace", "sp Metaspace always, no split",
                    "gpt2 NFC", "gpt2 Sequence[NFC]", "qwen2 NFC",
-                   "sp Prepend+Replace, normalized added tokens", "sp Metaspace, normalized added tokens"}
+                   "sp Prepend+Replace, normalized added tokens", "sp Metaspace, normalized added tokens",
+                   "qwen marks", "o200k without contractions", "gpt2 as a Split"}
 GIGATOKEN_ROUTES = ["gpt2 NFC", "gpt2 Sequence[NFC]", "qwen2 NFC"]
 """Taken, though the library itself encodes some texts otherwise: those holding a code point of its
 encoder's ``misread`` go to the reference (gigatoken's NFC_MISREAD)."""
@@ -620,7 +640,8 @@ GIGATOKEN_MISENCODES = ["ByteLevel without its regex", "no pre-tokenizer, byte-l
                         "added token with a leading space, rstrip", "gpt2 NFC, a normalized added token",
                         "gpt2 NFC, a normalized added token with a mark",
                         "gpt2, overlapping added tokens, one normalized",
-                        "gpt2, rstrip beside a token that begins with a newline", "gpt2, merges listed twice"]
+                        "gpt2, rstrip beside a token that begins with a newline", "gpt2, merges listed twice",
+                        "cl100k Split ending in \\s+", "llama3 with one newline"]
 
 
 @pytest.fixture(scope="module")
@@ -656,7 +677,8 @@ FASTOKENS_REFUSES = {"sp Metaspace", "sp Metaspace, normalized added tokens", "s
                      "no pre-tokenizer, byte-level", "Split alone", "Split, Punctuation, ByteLevel", "sp NFKC",
                      "an added token's id past a gap", "cl100k-style Split", "(?m) Split",
                      "sp without byte tokens 0x80-0xFF, no unk", "gpt2 without the byte character of a space",
-                     "gpt2, overlapping added tokens, one normalized"}
+                     "gpt2, overlapping added tokens, one normalized", "o200k without contractions", "gpt2 as a Split",
+                     "cl100k Split ending in \\s+", "llama3 with one newline"}
 TAKES = {"gigatoken": GIGATOKEN_TAKES, "fastokens": set(SHAPES) - FASTOKENS_REFUSES}
 MISENCODES = {"gigatoken": GIGATOKEN_MISENCODES,
               "fastokens": ["no pre-tokenizer, byte-level", "Split alone", "an added token's id past a gap",
