@@ -295,23 +295,43 @@ _INPUT_SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".a
 
 
 def _what_is_there(filesystem: pafs.FileSystem, base: str) -> str:
-    """What directory ``base`` (no manifest) holds, in a message's words: an export of ``raypack export``, or
-    files with input suffixes and no chunk file; else "" (its error path only: one listing)."""
+    """What directory ``base`` (no manifest) holds, in a message's words: an export of ``raypack export``, input
+    files (in it or in its first subfolders), nothing, or other files; "" where it holds a run's files (chunk files,
+    resume records under ``_results/``): an unfinished run. Its error path only: a listing or a few."""
     try:
-        names = sorted(posixpath.basename(i.path) for i in filesystem.get_file_info(pafs.FileSelector(base))
-                       if i.type == pafs.FileType.File)
+        entries = filesystem.get_file_info(pafs.FileSelector(base))
     except OSError:
         return ""
+    names = sorted(posixpath.basename(i.path) for i in entries if i.type == pafs.FileType.File)
+    folders = sorted(posixpath.basename(i.path) for i in entries if i.type == pafs.FileType.Directory)
     pair = [n[:-4] for n in names if n.endswith(".bin") and f"{n[:-4]}.idx" in names]
     if "index.json" in names or pair:
         return "is " + ("an MDS export (index.json)" if "index.json" in names else
                         f"a Megatron indexed dataset ({pair[0]}.bin + .idx)") + ", not a packed output (its reader " \
             "reads it)"
+    if any(CHUNK_FILE_RE.match(n) for n in names) or "_results" in folders:
+        return ""  # a run's files without its manifest: unfinished (an object store), or damaged
     found = [n for n in names if n.endswith(_INPUT_SUFFIXES)]
-    if not found or any(CHUNK_FILE_RE.match(n) for n in names):
-        return ""
-    return (f"holds no {MANIFEST_NAME} and no chunk files, but {len(found)} file(s) like {found[0]}: an input, not "
-            "a packed output")
+    for folder in folders[:_FOLDERS_LOOKED_INTO]:  # a corpus in subfolders (a new user's trial: jsonl/, pq/)
+        if found:
+            break
+        try:
+            found = sorted(posixpath.join(folder, posixpath.basename(i.path)) for i in
+                           filesystem.get_file_info(pafs.FileSelector(posixpath.join(base, folder)))
+                           if i.type == pafs.FileType.File and i.path.endswith(_INPUT_SUFFIXES))
+        except OSError:
+            continue
+    if found:
+        return (f"holds no {MANIFEST_NAME} and no chunk files, but {len(found)} file(s) like {found[0]}: an input, "
+                "not a packed output")
+    if not names and not folders:
+        return "is an empty directory, not a packed output"
+    return (f"holds no {MANIFEST_NAME} and no chunk files (it holds {(names or folders)[0]}, ...): not a packed "
+            "output")
+
+
+_FOLDERS_LOOKED_INTO = 8
+"""How many of a directory's subfolders :func:`_what_is_there` lists, looking for input files."""
 
 
 def strategy_of(manifest: Mapping[str, Any]) -> str:

@@ -298,6 +298,33 @@ def test_an_input_directory_given_as_an_output_is_named_for_what_it_is(tmp_path)
         read_packed(str(tmp_path / "in"))
 
 
+def test_a_corpus_in_subfolders_an_empty_or_an_unrelated_directory_is_not_an_output(tmp_path):
+    """Not "incomplete ... the job did not finish; rerun it" (a new user's trial: a corpus in jsonl/ and pq/,
+    an empty folder): only a directory holding a run's files without its manifest is an unfinished run."""
+    from raypack.errors import NotAnOutput
+
+    corpus = tmp_path / "corpus"
+    for folder, name in (("jsonl", "a.jsonl"), ("pq", "b.parquet")):
+        (corpus / folder).mkdir(parents=True)
+        (corpus / folder / name).write_bytes(b"x")
+    with pytest.raises(NotAnOutput, match=r"corpus holds no manifest.json and no chunk files, but 1 file\(s\) like "
+                                          r"jsonl/a\.jsonl: an input, not a packed output"):
+        read_packed(str(corpus))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(NotAnOutput, match=r"empty is an empty directory, not a packed output; give the directory"):
+        read_packed(str(tmp_path / "empty"))
+    (tmp_path / "other" / "sub").mkdir(parents=True)
+    (tmp_path / "other" / "notes.txt").write_text("x")
+    with pytest.raises(NotAnOutput, match=r"other holds no manifest.json and no chunk files \(it holds notes.txt, "
+                                          r"\.\.\.\): not a packed output"):
+        read_packed(str(tmp_path / "other"))
+    (tmp_path / "unfinished" / "_results").mkdir(parents=True)
+    (tmp_path / "unfinished" / "_results" / "task-000000.json").write_text("{}")
+    (tmp_path / "unfinished" / "notes.parquet").write_text("x")
+    with pytest.raises(InputError, match="unfinished is incomplete: no manifest.json; the job did not finish"):
+        read_packed(str(tmp_path / "unfinished"))
+
+
 def test_missing_directory(tmp_path):
     with pytest.raises(InputError, match="no such output directory"):
         read_packed(str(tmp_path / "nowhere"))
