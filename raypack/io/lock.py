@@ -22,12 +22,14 @@ import fcntl
 import json
 import logging
 import os
+import signal
 import socket
 import time
 
 import pyarrow.fs as pafs
 
 from raypack.errors import InputError
+from raypack.io.terminal import signals_deferred
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +72,17 @@ class LocalLock:
         removes those left empty: a run that failed leaves no empty folders)."""
 
     def acquire(self) -> None:
-        """Take the lock or raise InputError naming the run that holds it."""
+        """Take the lock or raise InputError naming the run that holds it. Ctrl-C and SIGTERM are held off
+        while it is taken, then delivered once it is given back: one that came while the lock file was made
+        left it behind, after a line that said nothing was written (a new user's trial)."""
+        with signals_deferred() as came:
+            self._acquire()
+        if came:
+            self.release()
+            for signum in dict.fromkeys(came):
+                signal.raise_signal(signum)
+
+    def _acquire(self) -> None:
         parent = os.path.dirname(self.path) or "."
         try:
             self._made = _missing_dirs(parent)

@@ -369,6 +369,39 @@ def test_the_lock_is_not_taken_on_a_file_its_owner_just_removed(tmp_path):
     b.release()
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_lock_is_taken_leaves_no_lock_file(tmp_path, monkeypatch, signum):
+    """Ctrl-C (or SIGTERM) just as the lock file is made: the file was left behind, after a line saying
+    nothing was written (a new user's trial, 2 of 5 tries). Now the signal comes once the lock is given back."""
+    import raypack.io.lock as lock
+
+    class Stop(BaseException):
+        pass
+
+    def stop(number, frame):
+        raise Stop
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    real = lock.LocalLock._flock
+
+    def flock_then_signal(self, fd):
+        signal.raise_signal(signum)  # delivered at once, unless held off
+        return real(self, fd)
+
+    monkeypatch.setattr(lock.LocalLock, "_flock", flock_then_signal)
+    path = tmp_path / ".out.raypack-lock"
+    try:
+        with pytest.raises(KeyboardInterrupt if signum == signal.SIGINT else Stop):
+            LocalLock(str(path), what="output").acquire()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert not path.exists()
+    monkeypatch.setattr(lock.LocalLock, "_flock", real)
+    again = LocalLock(str(path), what="output")
+    again.acquire()  # not held by anyone
+    again.release()
+
+
 @pytest.mark.parametrize("error", ["EROFS", "EACCES", "ENOSPC", "ENOENT"])
 @pytest.mark.parametrize("command", ["pack", "tokenize", "export"])
 def test_an_output_where_this_user_cannot_write_is_one_line(tmp_path, corpus, monkeypatch, capsys, error, command):
