@@ -33,8 +33,9 @@ def worker_error_from_text(text: str) -> InputError:
 
 
 class NotAnOutput(InputError):
-    """Where an output was to be read, something else: an input directory, a tokenized corpus, nothing. The
-    message names what it is. ``raypack verify`` says it as bad input (exit 2), not a failed audit."""
+    """Where an output was to be read, something else: an input directory, a tokenized corpus, nothing; or
+    nothing that can be reached (a missing bucket, an endpoint that does not answer, credentials refused).
+    The message names what it is. ``raypack verify`` says it as bad input (exit 2), not a failed audit."""
 
 
 class WorkerError(RuntimeError):

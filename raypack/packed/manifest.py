@@ -49,7 +49,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from raypack.errors import InputError, NotAnOutput
-from raypack.io.fs import check_bucket, resolve_filesystem
+from raypack.io.fs import check_bucket, error_text, is_uri, resolve_filesystem
 from raypack.io.json_doc import CheckedDocument, read_json_document
 from raypack.io.untrusted import (
     DAMAGED,
@@ -277,11 +277,19 @@ def read_manifest_json(path: str) -> tuple[Any, str]:
     Same InputErrors as :func:`load_manifest` up to the parse."""
     filesystem, base = resolve_output(path)
     manifest_path = posixpath.join(base, MANIFEST_NAME)
-    info = filesystem.get_file_info(manifest_path)
-    if info.type != pafs.FileType.File:
-        if filesystem.get_file_info(base).type != pafs.FileType.Directory:
+    try:
+        info = filesystem.get_file_info(manifest_path)
+        if info.type != pafs.FileType.File and filesystem.get_file_info(base).type != pafs.FileType.Directory:
             check_bucket(filesystem, base, f"output {path}")
             raise NotAnOutput(f"{path}: no such output directory; check the path")
+    except NotAnOutput:
+        raise
+    except InputError as e:  # a missing bucket: not an output that fails an audit (verify's exit 1)
+        raise NotAnOutput(str(e)) from e
+    except OSError as e:  # an endpoint that does not answer, credentials refused: a traceback (an operator's trial)
+        fix = "check the endpoint (AWS_ENDPOINT_URL) and the credentials" if is_uri(path) else "check its permissions"
+        raise NotAnOutput(f"cannot reach the output {path} ({error_text(e, 300)}); {fix}") from e
+    if info.type != pafs.FileType.File:
         what = _what_is_there(filesystem, base)
         if what:  # an input, or an export ("1 file(s) like index.json: an input" of an MDS export, a trial)
             raise NotAnOutput(f"{path} {what}; give the directory raypack pack wrote (its --output)")

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from raypack.errors import InputError
+from raypack.errors import InputError, NotAnOutput
 from raypack.inputs.shards import discover_shards
 from raypack.io.fs import clear_filesystem_cache, resolve_filesystem
 from raypack.outputs import read_packed
@@ -213,6 +213,8 @@ def test_missing_bucket_is_named(s3, tmp_path):
         run_pack(s3_config(s3, "x", output="s3://no-such-bucket/out"), engine="local")
     with pytest.raises(InputError, match="bucket 'no-such-bucket' does not exist"):
         read_packed("s3://no-such-bucket/out")
+    with pytest.raises(NotAnOutput, match="bucket 'no-such-bucket' does not exist"):  # exit 2, not a failed audit
+        verify_output("s3://no-such-bucket/out")
 
 
 def test_missing_object_and_empty_glob_are_named(s3):
