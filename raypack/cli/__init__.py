@@ -7,11 +7,11 @@ import dataclasses
 import importlib.util
 import inspect
 import os
-import shlex
 import sys
 from typing import Any, Mapping, NoReturn, Sequence
 
 from raypack import __version__
+from raypack.cli.messages import NO_THREAD, NO_THREAD_WORKERS, storage_failed, stray_paths_hint, unknown_flags_hint
 from raypack.errors import InputError, install_extra
 from raypack.io.terminal import command_done, escaped_line
 from raypack.pack.config import TEXT_KEYS, TOKEN_DTYPES, PackConfig, flag_of, load_config
@@ -327,9 +327,10 @@ def _run_tokenize(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Bad input: one line, exit 2. A Ray worker that failed otherwise: one line, exit 1. Ctrl-C: one
-    line with the ``--resume`` command, exit 130 (SIGTERM under the console script: the same, 143). A
-    closed stdout (``| head``): quiet, exit 141. A thread the system refused: one line, exit 1."""
+    """Bad input: one line, exit 2. A Ray worker that failed otherwise, or the storage (an OSError that is not
+    bad input): one line, exit 1. Ctrl-C: one line with the ``--resume`` command, exit 130 (SIGTERM under
+    the console script: the same, 143). A closed stdout (``| head``): quiet, exit 141. A thread the system
+    refused: one line, exit 1."""
     from raypack.errors import PublishFailed, WorkerError
     from raypack.io.terminal import (
         RAY_VERBOSE,
@@ -375,6 +376,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         silence_stdout()
         return 141
+    except OSError as e:  # the storage failed under the command: a store that stopped answering, an I/O error
+        print(f"raypack: error: {escaped_line(storage_failed(e, args.command))}", file=sys.stderr)
+        return 1
     except RuntimeError as e:  # threading's words when the OS refuses a thread (ulimit -u, ulimit -v)
         if "can't start new thread" not in str(e):
             raise
@@ -392,46 +396,6 @@ def _refuse_unfinished(output: str, then: str) -> None:
     if kept is not None:
         raise InputError(f"{output}: no output here yet: an unfinished run's work is in {kept}; finish it with "
                          f"the run's own command and --resume, then {then}")
-
-
-def unknown_flags_hint(parser: argparse.ArgumentParser, command: str, extra: Sequence[str]) -> str:
-    """One line for arguments the command does not take, with the nearest flag it has (``--tokeniser``:
-    did you mean --tokenizer?)."""
-    import difflib
-
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
-    flags = [f for action in sub._actions for f in action.option_strings if f.startswith("--")]
-    guesses = []
-    for word in extra:
-        if word.startswith("-"):
-            typed = word.split("=", 1)[0]
-            close = ([f for f in flags if f.startswith(typed)] if len(typed) > 2 else [])[:2] or \
-                difflib.get_close_matches(typed, flags, n=1, cutoff=0.75)  # a prefix is not taken (_Parser)
-            guesses += [f"{typed}: did you mean {' or '.join(close)}?"] if close else []
-    said = f"unrecognized arguments: {' '.join(extra)}"
-    return f"{said} ({'; '.join(guesses)})" if guesses else f"{said}; raypack {command} --help lists its flags"
-
-
-def stray_paths_hint(args: argparse.Namespace, argv: Sequence[str], extra: Sequence[str]) -> str | None:
-    """The line for paths given bare to a command that takes them as ``--input`` (``raypack verify OUT
-    IN``, ``raypack pack IN OUT``): the command as it should be; None for anything else."""
-    if "inputs" not in vars(args) or any(a.startswith("-") for a in extra):
-        return None
-    inputs, output = list(extra), []
-    if args.command == "pack" and args.output is None and len(extra) > 1:
-        inputs, output = inputs[:-1], ["--output", inputs[-1]]
-    kept = list(argv)
-    for a in extra:
-        kept.remove(a)
-    suggested = [*kept, *[w for path in inputs for w in ("--input", path)], *output]
-    return (f"unexpected argument{'s' if len(extra) > 1 else ''} {' '.join(map(repr, extra))}: raypack "
-            f"{args.command} takes each input as --input PATH; run: raypack {shlex.join(suggested)}")
-
-
-NO_THREAD = ("the system refused to start a thread (this process reached its limit on threads or on address "
-             "space: ulimit -u, ulimit -v); raise the limit")
-NO_THREAD_WORKERS = ", or pass --workers 1"
-"""Added to NO_THREAD for the commands that take ``--workers``."""
 
 
 def _run_verify(args: argparse.Namespace) -> int:

@@ -371,3 +371,34 @@ def test_a_relative_output_in_a_submitted_job_is_refused(tmp_path, monkeypatch, 
     refuse_output_in_rays_copy(str(tmp_path / "abs"))       # absolute, or a URI, or run elsewhere: fine
     refuse_output_in_rays_copy("s3://bucket/out")
     refuse_output_in_rays_copy("build/x", cwd=str(tmp_path))
+
+
+def test_a_storage_failure_under_a_command_is_one_line_and_pack_keeps_its_work(tmp_path, corpus, capsys, monkeypatch):
+    """An OSError that is not bad input (an S3 server killed mid-run, a disk's I/O error): it was a traceback,
+    exit 1 (an operator's trial). Now one line, exit 1; a pack keeps its finished tasks for --resume."""
+    import errno
+
+    from packing_faults import fail_at_shard
+
+    from raypack.pack.publish import staging_dir
+
+    fail_at_shard(monkeypatch, 1, OSError(errno.EIO, "When completing multiple part upload: AWS Error "
+                                                     "NETWORK_CONNECTION\nDetails: Failed to connect"))
+    out = str(tmp_path / "out")
+    code = main(["pack", "--input", corpus, "--output", out, "--context-length", "16", "--local", "--workers", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1, err
+    assert err[-1] == ("raypack: error: the storage failed: [Errno 5] When completing multiple part upload: AWS Error "
+                       "NETWORK_CONNECTION Details: Failed to connect; the finished tasks are kept: run the same "
+                       "command with --resume once it answers"), err
+    assert not any(line.startswith("Traceback") for line in err)
+    assert os.path.isdir(staging_dir(out)) and not os.path.exists(out)
+    monkeypatch.undo()
+    assert main(["pack", "--input", corpus, "--output", out, "--context-length", "16", "--local", "--resume"]) == 0
+
+    def unreachable(args):
+        raise OSError("When reading information for key 'out/manifest.json': AWS Error NETWORK_CONNECTION")
+
+    monkeypatch.setattr(raypack.cli, "_run_verify", unreachable)
+    assert main(["verify", out]) == 1
+    assert capsys.readouterr().err.strip().endswith("AWS Error NETWORK_CONNECTION; run it again once it answers")
