@@ -16,6 +16,7 @@ import pyarrow.fs as pafs
 
 from raypack.errors import InputError
 from raypack.io.fs import error_text
+from raypack.io.untrusted import DAMAGED
 from raypack.packed.manifest import open_chunk_file
 from raypack.packed.writer import side_arrow_type, slice_chunks
 from raypack.rules.core import Chunks, concat_chunks
@@ -160,7 +161,7 @@ class ChunkFile:
         try:
             rows = [reader.get_batch(k).num_rows for k in range(reader.num_record_batches)]
         except (pa.ArrowException, OSError) as e:
-            raise InputError(f"{self.path}: a record batch is unreadable ({error_text(e, 300)}); {_DAMAGED}") from e
+            raise self._unreadable("a record batch", e) from e
         starts = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])
         if starts[-1] != self.num_chunks:
             raise InputError(f"{self.path}: holds {starts[-1]} chunks but the manifest says num_chunks="
@@ -198,7 +199,21 @@ class ChunkFile:
             return _decode(self._open().get_batch(k), self.path, self.context_length,
                            tuple(c.name for c in self.extra_columns))
         except (pa.ArrowException, OSError) as e:
-            raise InputError(f"{self.path}: record batch {k} is unreadable ({error_text(e, 300)}); {_DAMAGED}") from e
+            raise self._unreadable(f"record batch {k}", e) from e
+
+    def _unreadable(self, what: str, error: BaseException) -> InputError:
+        """The line for a read that failed: the file gone since it was opened (an object store reads it range by
+        range, and an ``--overwrite`` deleted it: "the output is damaged" said otherwise, an operator's trial) or
+        its bytes unreadable."""
+        try:
+            gone = isinstance(error, FileNotFoundError) or (
+                self.filesystem.get_file_info(self.path).type == pafs.FileType.NotFound)
+        except OSError:
+            gone = False
+        if gone:
+            return InputError(f"{self.path}: listed in the manifest but missing since it was opened; {DAMAGED} (open "
+                              "the output again)")
+        return InputError(f"{self.path}: {what} is unreadable ({error_text(error, 300)}); {_DAMAGED}")
 
     def record_batches(self) -> Iterator[Chunks]:
         """Every record batch of the file in order, decoded and checked, without keeping them."""

@@ -301,6 +301,19 @@ def test_overwrite_replaces_the_old_output(s3, local_run, monkeypatch):
     assert_equals_local(s3, "over", local_run)  # old objects the new manifest does not list are gone
 
 
+def test_a_reader_open_during_an_overwrite_is_told_the_output_was_replaced(s3, local_run):
+    """An object store reads a chunk file range by range: one the --overwrite deleted after the reader opened it
+    said "the output is damaged; rerun the job" (an operator's trial). The reader never reads the new bytes."""
+    run_pack(s3_config(s3, "reading", context_length=32), engine="local")
+    reader = read_packed(f"s3://{BUCKET}/reading")
+    first = reader.get_batch(0, 1)["input_ids"]  # opens the first chunk file, decodes its first record batch
+    run_pack(s3_config(s3, "reading", overwrite=True), engine="local")  # context 16: other files, other bytes
+    with pytest.raises(InputError, match=r"chunks-000000000000-[0-9a-f]{16}\.arrow: listed in the manifest but "
+                                         r"missing since it was opened; the output was replaced or damaged"):
+        reader.get_batch(4, 5)  # the same file's next record batch (4 chunks a batch)
+    assert first.shape == (1, 32)
+
+
 def test_a_failed_chunk_upload_leaves_no_object(s3):
     """pyarrow completes an upload when its stream is closed or dropped: abort must delete it."""
     chunks = Chunks(np.arange(32, dtype=np.int32).reshape(8, 4), np.arange(9, dtype=np.int64),
