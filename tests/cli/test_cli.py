@@ -378,9 +378,9 @@ def test_a_storage_failure_under_a_command_is_one_line_and_pack_keeps_its_work(t
     exit 1 (an operator's trial). Now one line, exit 1; a pack keeps its finished tasks for --resume."""
     import errno
 
-    from packing_faults import fail_at_shard
-
     from raypack.pack.publish import staging_dir
+
+    from packing_faults import fail_at_shard
 
     fail_at_shard(monkeypatch, 1, OSError(errno.EIO, "When completing multiple part upload: AWS Error "
                                                      "NETWORK_CONNECTION\nDetails: Failed to connect"))
