@@ -37,7 +37,9 @@ def console_main(argv: list[str] | None = None) -> int:
     (:func:`raypack.io.terminal.stop_on_sigterm`). On Ray, it shuts Ray down itself and leaves
     without the interpreter's teardown (:func:`raypack.engine.pipeline.leave`): a Ctrl-C a few
     seconds into a run left Ray's threads to crash there (exit 139, "Segmentation fault") in about a
-    third of the tries, and a SIGTERM during the shutdown at exit killed a finished run."""
+    third of the tries, and a SIGTERM during the shutdown at exit killed a finished run. Stopped with
+    a background job still running (a read or upload that hangs, which :mod:`raypack.io.threads` did not
+    wait out), it leaves the same way, so that the interpreter does not wait for it at exit."""
     import signal
     import sys
 
@@ -68,6 +70,15 @@ def console_main(argv: list[str] | None = None) -> int:
         except Exception:  # noqa: BLE001 - Ray only half there: leave the usual way
             return code
         leave(code)
+    if code in (130, 143):
+        from raypack.io.threads import threads_left
+
+        if threads_left():  # a job a bounded wait left running (a store that stopped answering): not joined at exit
+            import os
+
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
     return code
 
 

@@ -30,6 +30,7 @@ import pyarrow.fs as pafs
 
 from raypack.errors import InputError
 from raypack.io.terminal import signals_deferred
+from raypack.io.threads import call_within
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +198,10 @@ def _same_file(fd: int, path: str) -> bool:
     return (held.st_dev, held.st_ino) == (st.st_dev, st.st_ino)
 
 
+RELEASE_TIMEOUT_S = 10.0
+"""How long a run waits for its object-store lock's deletion."""
+
+
 class ObjectStoreLock:
     """An advisory lock object under an object-store prefix (no conditional put in pyarrow)."""
 
@@ -221,13 +226,24 @@ class ObjectStoreLock:
         self._record = record
 
     def release(self) -> None:
+        """Delete the lock object, waiting at most RELEASE_TIMEOUT_S: a store that stopped answering held a
+        stopped run for minutes here (an operator's trial). A lock left behind names this process, which
+        the next run on this host takes over once it has ended."""
         if self._record is None:
             return
         self._record = None
+
+        def delete() -> None:
+            try:
+                self._fs.delete_file(self.path)
+            except FileNotFoundError:
+                pass
+
         try:
-            self._fs.delete_file(self.path)
-        except FileNotFoundError:
-            pass
+            if not call_within(delete, RELEASE_TIMEOUT_S, "raypack-lock-release"):
+                log.warning("could not delete the lock %s within %.0f s (the store does not answer); the next run "
+                            "on this host takes it over, or delete it once this run has ended", self.path,
+                            RELEASE_TIMEOUT_S)
         except OSError as e:
             log.warning("could not delete the lock %s: %s", self.path, e)
 

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from raypack.io.fs import resolve_filesystem
+from raypack.io.threads import stop_pool
 from raypack.rules.content_digest import ContentHasher, RangeDigester
 from raypack.rules.core import Chunks, concat_chunks
 from raypack.rules.side_columns import SideColumn, split_fields
@@ -245,7 +246,9 @@ class Committer:
     stops the writers within ``max_pending`` files, not at the end. :meth:`wait` blocks until every
     job submitted has ended and raises the first error; :meth:`drain` does the same without raising.
     Several threads may submit. As a context manager: the thread ends on exit, after every job
-    (published, or failed and aborted); on a clean exit the first error is raised.
+    (published, or failed and aborted); on a clean exit the first error is raised. On Ctrl-C or SIGTERM
+    (KeyboardInterrupt) the jobs queued are dropped and the running one waited for a bounded time
+    (:func:`raypack.io.threads.stop_pool`): an upload to a store that stopped answering is not waited out.
     """
 
     def __init__(self, max_pending: int = 2) -> None:
@@ -299,6 +302,9 @@ class Committer:
         return self
 
     def __exit__(self, exc_type: type | None, *exc_info: object) -> None:
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):  # a command being stopped
+            stop_pool(self._pool, self._futures)  # an upload that hangs is not waited out (raypack.io.threads)
+            return
         self._pool.shutdown(wait=True)  # every job has ended: published, or failed and aborted
         if exc_type is None:
             self.wait()

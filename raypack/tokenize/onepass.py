@@ -48,7 +48,7 @@ import time
 import uuid
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import nullcontext, suppress
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Iterator, NamedTuple
 
@@ -57,6 +57,7 @@ import pyarrow as pa
 
 from raypack.inputs.base import DocumentBatch, ShardInfo, check_document_lengths
 from raypack.io.fs import is_uri, resolve_filesystem
+from raypack.io.threads import stop_pool
 from raypack.pack.config import PackConfig
 from raypack.pack.packer import (
     count_lengths,
@@ -437,14 +438,17 @@ def _run_locally(placer: Placer, text_settings: TokenizeSettings, settings: Pack
     queue, results, held = list(placer.to_tokenize()), [], {}
     ahead: list[tuple[TextTask, Future]] = []
     threaded = workers > 1
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raypack-tokenize") if threaded else nullcontext()
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raypack-tokenize") if threaded else None
 
-    with local_publisher(1) as committer, executor as pool:
+    submitted: list[Future] = []  # the tokenize job last given to the pool
+    with local_publisher(1) as committer, _ending(pool, submitted):
         def start_next() -> None:
             if not ahead and queue:
                 text = queue.pop(0)
                 args = (text, text_settings, tokenizer, settings)
-                ahead.append((text, pool.submit(tokenize_held, *args) if threaded else _done(tokenize_held(*args))))
+                if threaded:
+                    submitted[:] = [pool.submit(tokenize_held, *args)]  # not the earlier ones: their ids are freed
+                ahead.append((text, submitted[-1] if threaded else _done(tokenize_held(*args))))
 
         steps = placer.advance()
         try:
@@ -474,6 +478,23 @@ def _run_locally(placer: Placer, text_settings: TokenizeSettings, settings: Pack
             for _, future in ahead:
                 future.cancel()
 
+
+
+@contextmanager
+def _ending(pool: ThreadPoolExecutor | None, submitted: list[Future]) -> Iterator[None]:
+    """``pool`` shut down as the block ends: after its job, or, on Ctrl-C or SIGTERM, after at most a bounded
+    wait for it (a read that hangs on a store that stopped answering: raypack.io.threads)."""
+    interrupted = False
+    try:
+        yield
+    except KeyboardInterrupt:
+        interrupted = True
+        if pool is not None:
+            stop_pool(pool, submitted)
+        raise
+    finally:
+        if pool is not None and not interrupted:
+            pool.shutdown(wait=True)
 
 
 def _done(value) -> Future:

@@ -4,6 +4,7 @@ raypack's own progress line."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -187,6 +188,75 @@ def test_sigterm_is_one_line_with_the_resume_command_locally(tmp_path):
     assert code == 143 and len(lines) == 1, lines
     assert lines[0].startswith("raypack: terminated (SIGTERM); the finished work is kept in "), lines
     assert main([*args, "--resume"]) == 0
+
+
+_HANGING = """
+import sys, threading, time
+import raypack.tokenize.onepass as onepass
+import raypack.packed.writer as writer
+
+hang, marker = sys.argv[1], sys.argv[2]
+real_tokenize, real_commit = onepass.tokenize_held, writer.AtomicFile.commit
+
+def tokenize_held(text, *args):  # a read that hangs on a store that stopped answering, from the second task on
+    if hang == "read" and text.task_index >= 1:
+        open(marker, "w").close()
+        time.sleep(600)
+    return real_tokenize(text, *args)
+
+uploads = []
+
+def commit(self, *args):  # an upload on the publishing thread that hangs, from the second on
+    if hang == "upload" and threading.current_thread().name.startswith("raypack-publish"):
+        uploads.append(self)
+        if len(uploads) >= 2:
+            open(marker, "w").close()
+            time.sleep(600)
+    return real_commit(self, *args)
+
+onepass.tokenize_held, writer.AtomicFile.commit = tokenize_held, commit
+import raypack
+sys.exit(raypack.console_main(sys.argv[3:]))
+"""
+
+
+@pytest.mark.parametrize("hang", ["read", "upload"])
+def test_sigterm_ends_a_run_whose_read_or_upload_hangs_within_seconds(tmp_path, hang):
+    """A store that stopped answering (an S3 server frozen mid-run): each read or upload in flight waits out
+    its timeouts and retries, and a SIGTERM took 590 s to end the run (an operator's trial). Now the command
+    waits at most JOIN_TIMEOUT_S for each background job, prints its line and leaves: exit 143."""
+    from helpers import CORPUS, train_byte_level_bpe
+
+    train_byte_level_bpe(CORPUS * 20, 600).save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "in").mkdir()
+    for k in range(4):
+        (tmp_path / "in" / f"part-{k}.jsonl").write_text("".join(
+            json.dumps({"text": f"{k} {i} " + CORPUS[i % len(CORPUS)]}) + "\n" for i in range(300)))
+    script = tmp_path / "hanging.py"
+    script.write_text(_HANGING)
+    args = ["pack", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--context-length", "64",
+            "--tokenizer", str(tmp_path / "tokenizer.json"), "--local"]
+    marker = tmp_path / "hanging"
+    env = {**os.environ, "PYTHONPATH": REPO, "RAYPACK_NO_PROGRESS": "1"}
+    proc = subprocess.Popen([sys.executable, str(script), hang, str(marker), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    assert marker.exists(), proc.communicate()
+    time.sleep(0.3)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    took = time.monotonic() - sent
+    assert proc.returncode == 143, err
+    assert took < 2 * 10 + 15, took  # two bounded waits (the tokenize job, the upload), not the hang's 600 s
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("raypack: terminated (SIGTERM)") and lines[-1].endswith("--resume"), err
+    assert "Traceback" not in err
 
 
 @pytest.fixture

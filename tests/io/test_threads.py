@@ -1,0 +1,55 @@
+"""Bounded waits for background jobs when a command is stopped (raypack.io.threads): a store that stopped
+answering must not hold a stopped run for minutes."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from raypack.io import lock as lock_module
+from raypack.io.threads import call_within, stop_pool, threads_left
+
+
+def test_stop_pool_waits_a_bounded_time_and_drops_the_queued_jobs():
+    release = threading.Event()
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raypack-test")
+    running = pool.submit(release.wait, 60)
+    queued = pool.submit(lambda: "ran")
+    started = time.monotonic()
+    stop_pool(pool, [running, queued], timeout=0.3)
+    assert time.monotonic() - started < 5
+    assert queued.cancelled() and not running.done()
+    assert any(name.startswith("raypack-test") for name in threads_left())  # what console_main leaves without
+    release.set()
+    running.result(timeout=5)
+
+
+def test_call_within_returns_the_result_raises_the_error_and_gives_up_on_a_hang():
+    assert call_within(lambda: None, 5, "raypack-t") is True
+    with pytest.raises(ValueError, match="no"):
+        call_within(lambda: (_ for _ in ()).throw(ValueError("no")), 5, "raypack-t")
+    release = threading.Event()
+    started = time.monotonic()
+    assert call_within(lambda: release.wait(60), 0.3, "raypack-t") is False
+    assert time.monotonic() - started < 5
+    release.set()
+
+
+def test_an_object_store_lock_whose_deletion_hangs_is_given_up_with_a_warning(monkeypatch, caplog):
+    release = threading.Event()
+
+    class FrozenStore:  # deletes as a frozen S3 server answers: never
+        def delete_file(self, path):
+            release.wait(60)
+
+    monkeypatch.setattr(lock_module, "RELEASE_TIMEOUT_S", 0.3)
+    held = lock_module.ObjectStoreLock(FrozenStore(), "bucket/out/.raypack-lock.json", what="output s3://bucket/out")
+    held._record = lock_module.owner_record()
+    started = time.monotonic()
+    held.release()
+    assert time.monotonic() - started < 5
+    assert "could not delete the lock bucket/out/.raypack-lock.json" in caplog.text
+    release.set()
