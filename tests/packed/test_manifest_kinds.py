@@ -312,7 +312,7 @@ def test_the_padded_document_would_cost_json_loads_far_more():
 def test_an_oversize_manifest_is_refused_reading_at_most_the_cap(kinds, kind, monkeypatch):
     out, read = kinds[kind]
     cap = 4096
-    monkeypatch.setattr("raypack.packed.manifest.MAX_MANIFEST_BYTES", cap)
+    monkeypatch.setattr("raypack.packed.locate.MAX_MANIFEST_BYTES", cap)
     monkeypatch.setattr("raypack.tokenize.corpus.MAX_MANIFEST_BYTES", cap)
     reads = []
     real = json_doc.read_json_document
@@ -321,7 +321,7 @@ def test_an_oversize_manifest_is_refused_reading_at_most_the_cap(kinds, kind, mo
         reads.append(max_bytes)
         return real(filesystem, path, max_bytes, *args)
 
-    monkeypatch.setattr("raypack.packed.manifest.read_json_document", counting)
+    monkeypatch.setattr("raypack.packed.locate.read_json_document", counting)
     monkeypatch.setattr("raypack.tokenize.corpus.read_json_document", counting)
     save(out, json.dumps(manifest_of(out), indent=2) + " " * (cap + 1))
     with pytest.raises(InputError, match=rf"manifest\.json: larger than {cap} bytes"):
