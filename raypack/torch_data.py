@@ -34,6 +34,8 @@ A batch (``B`` chunks of ``L`` positions) is a dict of CPU tensors:
                                     (``raypack.rules.masks.position_ids``). A document continuing
                                     from the previous chunk restarts at 0 in the new chunk,
                                     which matches what its mask lets it see.
+  ``source``        (B,) int64      a mix's chunks only (raypack.mix.dataset): the index of the
+                                    output each chunk was drawn from, e.g. for a loss per source.
 
 plus the attention information, in the form asked for (``attention=``):
 
@@ -173,7 +175,10 @@ def collate_packed(samples: Iterable[Mapping[str, Any]], attention: str = "addit
     input_ids = np.stack([np.asarray(s["input_ids"] if "input_ids" in s else _mds_tokens(s)) for s in samples])
     doc_ids = np.stack([_dense_doc_ids(s) for s in samples])
     sides = {name: np.stack([np.asarray(s[name]) for s in samples]) for name in _LOSS_COLUMNS if name in samples[0]}
-    return build_batch(input_ids, doc_ids, attention, **sides, **options)
+    batch = build_batch(input_ids, doc_ids, attention, **sides, **options)
+    if "source" in samples[0]:  # a mix's items
+        batch["source"] = _sources([s["source"] for s in samples])
+    return batch
 
 
 def make_collate_fn(attention: str = "additive", **options: Any) -> Callable[[list], dict[str, Any]]:
@@ -240,6 +245,11 @@ def build_batch(
     else:
         batch["block_mask"] = build_block_mask(docs, block_size=block_size)
     return batch
+
+
+def _sources(sources: npt.ArrayLike) -> torch.Tensor:
+    """(B,) int64 tensor of a mix's source indices, one per chunk."""
+    return torch.from_numpy(np.array(sources, dtype=np.int64).reshape(-1))
 
 
 _LOSS_COLUMNS = ("labels", "loss_mask")
@@ -423,7 +433,10 @@ def iter_ray_batches(
     for table in dataset.iter_batches(batch_size=batch_size, batch_format="pyarrow",
                                       drop_last=drop_last, prefetch_batches=prefetch_batches):
         sides = {name: _matrix(table, name) for name in _LOSS_COLUMNS if name in table.column_names}
-        yield build_batch(_matrix(table, "input_ids"), _matrix(table, "doc_ids"), attention, **sides, **options)
+        batch = build_batch(_matrix(table, "input_ids"), _matrix(table, "doc_ids"), attention, **sides, **options)
+        if "source" in table.column_names:  # a mix's rows
+            batch["source"] = _sources(table.column("source").to_numpy())
+        yield batch
 
 
 def _ray_source(source: Any) -> Any:

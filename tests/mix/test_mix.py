@@ -223,6 +223,10 @@ def test_torch_dataset_and_collate_over_a_mix(tmp_path, outputs):
     assert torch.equal(batch["input_ids"], torch.as_tensor(expected["input_ids"].astype(np.int64)))
     assert torch.equal(batch["doc_ids"], torch.as_tensor(expected["doc_ids"]))
     assert PackedTorchDataset(read_packed(out))[3]["source"] == read_packed(out)[3]["source"]
+    # the batch keeps each chunk's source (a loss per source): the collate dropped it (a training team's trial)
+    assert batch["source"].dtype == torch.int64 and batch["source"].tolist() == expected["source"].tolist()
+    assert set(expected["source"].tolist()) == {0, 1}
+    assert "source" not in make_collate_fn("varlen")([PackedTorchDataset(outputs["a"])[0]])  # a plain output
 
 
 def test_to_ray_dataset_over_a_mix(ray_session, tmp_path, outputs):
@@ -241,6 +245,7 @@ def test_to_ray_dataset_over_a_mix(ray_session, tmp_path, outputs):
 
     first = next(iter_ray_batches(ds, 16, "varlen"))
     np.testing.assert_array_equal(first["input_ids"].numpy(), expected["input_ids"][:16])
+    assert first["source"].tolist() == expected["source"][:16].tolist()
 
 
 def test_one_source_and_fewer_items_than_sources(tmp_path, outputs):
