@@ -17,6 +17,7 @@ says which object) when its run is known to be gone.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -221,7 +222,14 @@ class ObjectStoreLock:
         record = owner_record()
         with self._fs.open_output_stream(self.path) as f:
             f.write(json.dumps(record).encode())
-        if self._read() != record:
+        back = self._read()
+        if back == {}:  # not a record: the store kept other bytes than the upload's (a trial: moto, no credentials)
+            with contextlib.suppress(OSError):
+                self._fs.delete_file(self.path)
+            raise InputError(f"{self.what}: the lock {self.path} read back holds other bytes than were written; the "
+                             "store did not keep the upload as sent: check the credentials and the endpoint "
+                             "(AWS_ENDPOINT_URL)")
+        if back != record:
             raise InputError(f"{self.what} was taken by another raypack run just now; wait for it to finish")
         self._record = record
 
