@@ -55,6 +55,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from raypack.errors import InputError
 from raypack.inputs.base import DocumentBatch, ShardInfo, check_document_lengths
 from raypack.io.fs import is_uri, resolve_filesystem
 from raypack.io.threads import stop_pool
@@ -67,7 +68,7 @@ from raypack.pack.packer import (
     pack_documents,
 )
 from raypack.pack.plan import Plan, resolve_token_dtype, settings_for
-from raypack.pack.resume import identify_input, load_verified_result, recorded_task, say_inputs_gone
+from raypack.pack.resume import identify_input, load_verified_result, recorded_task, sampled_identity, say_inputs_gone
 from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts
 from raypack.packed.writer import TMP_PREFIX, Committer
 from raypack.rules.long_docs import CutCounts
@@ -179,6 +180,22 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
+def _split_changed(task: TextTask, record: dict[str, Any], edges: dict[str, str | None]) -> str:
+    """Why a task's record is for other tasks than today's: its file changed (in size, or, at one size, in its
+    first or last MiB: a same-size edit said "another split", an operator's trial), or the split did."""
+    path = task.path
+    if record.get("size") != _size_or_none(path):
+        return f"{path} changed (its size differs), and its text splits into other tasks"
+    if path not in edges:  # read once a file, on this reason's path only
+        try:
+            edges[path] = sampled_identity(path, task.format)["edges_sha256"]
+        except (OSError, ValueError, InputError):
+            edges[path] = None
+    if edges[path] is not None and record.get("edges_sha256") not in (None, edges[path]):
+        return f"{path} changed (its first or last MiB differs), and its text splits into other tasks"
+    return "its record was made for another split of the text into tasks"
+
+
 def _size_or_none(path: str) -> int | None:
     """The file's size now, for a resume's reason line (None where it cannot be told)."""
     try:
@@ -280,6 +297,7 @@ class Placer:
         self.moved = 0
         """Tasks whose records hold, but whose documents now start elsewhere (a task before them changed)."""
         redone: dict[str, list[TextTask]] = {}
+        edges: dict[str, str | None] = {}  # a file's first and last MiB now, for the reason lines
         if resume:
             for t in tasks:
                 found = recorded_task(t.task_index, settings, also=lambda identity: _text_changed(
@@ -302,9 +320,7 @@ class Placer:
                     self.candidates[t.task_index] = found[0]
                     continue
                 if not isinstance(recorded, dict) or recorded.get("task") != asdict(t):
-                    why = "its record was made for another split of the text into tasks"
-                    if found[1].get("size") != _size_or_none(t.path):
-                        why = f"{t.path} changed (its size differs), and its text splits into other tasks"
+                    why = _split_changed(t, found[1], edges)
                 else:
                     why = settings_changed(recorded.get("settings"), text_settings) or "its record differs"
                 redone.setdefault(why, []).append(t)

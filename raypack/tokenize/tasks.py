@@ -411,6 +411,9 @@ def _rejection(record: dict[str, Any], claimed: str, task: TextTask, settings: T
     if hashlib.sha256(_canonical(record)).hexdigest() != claimed:
         return "its record fails its checksum"
     if record.get("version") != RECORD_VERSION or record.get("task") != asdict(task):
+        if (isinstance(record.get("task"), dict) and record["task"].get("path") == task.path
+                and record.get("input") != sampled_identity(task.path, task.format)):  # not "another split": a trial
+            return f"{task.path} changed (size or first/last MiB differ), and its text splits into other tasks"
         return "its record was made by another version of raypack, or for another split of the text into tasks"
     if why := settings_changed(record.get("settings"), settings):
         return why

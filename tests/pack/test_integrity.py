@@ -259,6 +259,38 @@ def test_a_kept_task_whose_input_was_modified_since_is_named_once(tmp_path, corp
         "--verify-inputs to the run and its --resume, which compares every byte)")]
 
 
+def test_a_one_pass_resume_says_a_file_changed_where_an_edit_kept_its_size(tmp_path, monkeypatch, caplog):
+    """A JSON Lines file edited at its start with its size kept (its lines reordered): its tasks split at other
+    bytes, and the resume's reason named "another split of the text into tasks" (an operator's trial); it
+    names the file as changed. The output equals a clean run's."""
+    import logging
+
+    import raypack.tokenize.onepass as onepass
+    from raypack.tokenize.job import TextOptions
+
+    (tmp_path / "text").mkdir()
+    lines = [json.dumps({"text": f"line {i} " + "x" * (i * 7 % 23)}) + "\n" for i in range(60)]
+    path = tmp_path / "text" / "t0.jsonl"
+    path.write_text("".join(lines))
+    settings = make_config(dict(inputs=[str(tmp_path / "text")], output=str(tmp_path / "out"), context_length=16))
+    options = TextOptions(tokenizer="tiktoken:cl100k_base", task_bytes=400)
+    fail_at_call(monkeypatch, onepass, "pack_held", 3, RuntimeError("crash"))
+    with pytest.raises(RuntimeError, match="crash"):
+        run_pack(settings, engine="local", text=options)
+    monkeypatch.undo()
+    size = path.stat().st_size
+    path.write_text("".join(reversed(lines)))
+    assert path.stat().st_size == size
+    with caplog.at_level(logging.INFO, logger="raypack"):
+        run_pack(settings, engine="local", text=options, resume=True)
+    said = [r.getMessage() for r in caplog.records if "tokenized again" in r.getMessage()]
+    assert said and f"{path} changed (its first or last MiB differs)" in said[0], said
+    assert not [m for m in said if "another split" in m], said
+    run_pack(make_config(dict(inputs=[str(tmp_path / "text")], output=str(tmp_path / "clean"), context_length=16)),
+             engine="local", text=options)
+    assert file_digests(tmp_path / "out") == file_digests(tmp_path / "clean") != {}
+
+
 def test_a_one_pass_resume_says_a_file_changed_where_its_size_did(tmp_path, monkeypatch, caplog):
     """Rows appended to a file whose task finished: the resume's reason names the file as changed (it said
     only "another split of the text into tasks"), and the output equals a clean run's."""

@@ -541,6 +541,29 @@ def test_tokenize_resume_after_a_crash_reuses_finished_tasks(tmp_path, text_dir,
     assert summary.lines()[-1].endswith(f"start-up included; 3 tasks, {kept:,} tokens, kept from the run before)")
 
 
+def test_tokenize_resume_says_a_file_changed_where_an_edit_kept_its_size(tmp_path, text_dir, tok, monkeypatch,
+                                                                          caplog):
+    """b.jsonl's lines reordered after a crash, its size kept: its tasks split at other bytes, and the reason
+    said "another version of raypack, or another split" (an operator's trial); it names the file as changed."""
+    import logging
+    import shutil
+
+    corpus = tmp_path / "corpus"
+    shutil.copytree(text_dir, corpus)
+    clean = tokenize(tmp_path, str(corpus), tok, "clean")
+    fail_at_task(monkeypatch, manifest_of(clean)["counts"]["shards"] - 1)
+    with pytest.raises(RuntimeError, match="killed at task"):
+        tokenize(tmp_path, str(corpus), tok, "out")
+    monkeypatch.undo()
+    lines = (corpus / "b.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    (corpus / "b.jsonl").write_text("".join(reversed(lines)), encoding="utf-8")
+    with caplog.at_level(logging.INFO, logger="raypack"):
+        tokenize(tmp_path, str(corpus), tok, "out", resume=True)
+    said = [r.getMessage() for r in caplog.records if "tokenized again" in r.getMessage()]
+    assert said and all(f"{corpus / 'b.jsonl'} changed (size or first/last MiB differ)" in m for m in said), said
+    assert digests(tmp_path / "out", "*") == digests(tokenize(tmp_path, str(corpus), tok, "again"), "*")
+
+
 @pytest.mark.parametrize("damage", ["a record is a folder", "the records' folder is a file"])
 def test_tokenize_and_one_pass_resume_past_a_damaged_staging_directory(tmp_path, text_dir, tok, monkeypatch, damage):
     """An operator's trial: a record made a folder, or ``_results`` made a file, failed every --resume with a
