@@ -9,7 +9,8 @@ modules) is not the pace of the rest (a demo once printed "ETA 46s", then finish
 Before that, and on the last line, the rate since the start (as the run's summary gives it, start-up
 included) and no ETA: items that finish together (many workers) would otherwise give a rate of a
 few tokens over microseconds, and an ETA from the start counts start-up as pace (a 10 s run once
-said "ETA 73s"). Items kept from a resume record count as done, not in the pace.
+said "ETA 73s"). Items kept from a resume record count as done, not in the pace; while only kept items
+have finished, the line gives no rate.
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ class Progress:
         if paced:
             since, items, tokens = self.first[0], processed - self.first[1], self.tokens - self.first[2]
         elapsed = max(now - since, 1e-9)
-        text = f"{self.verb} {self.done}/{self.total} {self.unit}, {_si(tokens / elapsed)} tokens/s"
+        text = f"{self.verb} {self.done}/{self.total} {self.unit}"
+        if processed:  # none yet, only kept ones: no rate (it said "0 tokens/s (1 kept ...)", an operator's trial)
+            text += f", {_si(tokens / elapsed)} tokens/s"
         if self.kept:
             text += f" ({self.kept} kept from the run before)"
         if paced:  # not from the start: start-up is not the pace of the rest

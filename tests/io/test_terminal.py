@@ -461,6 +461,25 @@ def test_progress_counts_kept_items_as_done_but_not_in_the_pace(caplog):
     assert lines[0] == "packed 5/6 tasks, 1.0M tokens/s (4 kept from the run before)"  # no pace yet: no ETA
 
 
+def test_progress_gives_no_rate_while_only_kept_items_have_finished(caplog):
+    """Kept items met after Ray's start-up: the line said "0 tokens/s (1 kept from the run before)"."""
+    now = [0.0]
+    progress = Progress("packed", 3, "shards", clock=lambda: now[0])
+    with caplog.at_level("INFO", logger="raypack.io.progress"):
+        now[0] = 5.0
+        progress.add(10_000_000, kept=True)
+        now[0] = 6.5
+        progress.add(2_000_000)
+        now[0] = 8.0
+        progress.add(10_000_000, kept=True)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["packed 1/3 shards (1 kept from the run before)",
+                     "packed 2/3 shards, 307.7k tokens/s (1 kept from the run before)",
+                     "packed 3/3 shards, 250.0k tokens/s (2 kept from the run before)"]
+    every = Progress("packed", 1, "shards", clock=lambda: now[0])
+    assert every.add(5, kept=True) is None and every.line(now[0]) == "packed 1/1 shards (1 kept from the run before)"
+
+
 @pytest.mark.slow
 def test_a_fresh_ray_run_shows_only_raypacks_lines(tmp_path):
     """A new process with its own Ray: no Ray INFO/WARNING/C++ lines, no tracebacks; the one error line."""
