@@ -26,7 +26,8 @@ def stop_pool(pool: ThreadPoolExecutor, running: Iterable[Future], timeout: floa
     """Shut ``pool`` down for a command being stopped: its queued jobs cancelled, its ``running`` ones waited
     for at most ``timeout`` seconds in all."""
     pool.shutdown(wait=False, cancel_futures=True)
-    concurrent.futures.wait(list(running), timeout=timeout)
+    # not the cancelled ones: futures.wait counts a job cancelled by shutdown as pending until its timeout
+    concurrent.futures.wait([f for f in running if not f.cancelled()], timeout=timeout)
 
 
 def call_within(fn: Callable[[], None], timeout: float, name: str) -> bool:

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from raypack.io.fs import resolve_filesystem
-from raypack.io.threads import stop_pool
+from raypack.io.threads import JOIN_TIMEOUT_S, call_within, stop_pool
 from raypack.rules.content_digest import ContentHasher, RangeDigester
 from raypack.rules.core import Chunks, concat_chunks
 from raypack.rules.side_columns import SideColumn, split_fields
@@ -247,8 +247,9 @@ class Committer:
     job submitted has ended and raises the first error; :meth:`drain` does the same without raising.
     Several threads may submit. As a context manager: the thread ends on exit, after every job
     (published, or failed and aborted); on a clean exit the first error is raised. On Ctrl-C or SIGTERM
-    (KeyboardInterrupt) the jobs queued are dropped and the running one waited for a bounded time
-    (:func:`raypack.io.threads.stop_pool`): an upload to a store that stopped answering is not waited out.
+    (KeyboardInterrupt) the jobs queued are dropped (aborted: their files removed) and the running one waited for a
+    bounded time (:func:`raypack.io.threads.stop_pool`): an upload to a store that stopped answering is not waited
+    out.
     """
 
     def __init__(self, max_pending: int = 2) -> None:
@@ -257,6 +258,8 @@ class Committer:
         self.max_pending = max_pending
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raypack-publish")
         self._futures: collections.deque[Future] = collections.deque()
+        self._aborts: dict[Future, Callable[[], None]] = {}
+        """Each job not yet forgotten: its abort (run for a job a Ctrl-C cancels before it starts)."""
         self._lock = threading.Lock()
 
     def submit(self, publish: Callable[[], None], abort: Callable[[], None]) -> None:
@@ -266,7 +269,9 @@ class Committer:
                 while len(self._futures) >= self.max_pending:
                     self._futures[0].exception()  # waits for the oldest
                     self._raise_failed()
-                self._futures.append(self._pool.submit(publish_or_abort, publish, abort))
+                future = self._pool.submit(publish_or_abort, publish, abort)
+                self._futures.append(future)
+                self._aborts[future] = abort
             except BaseException:  # an earlier job's error, Ctrl-C while waiting, or a closed committer
                 abort()
                 raise
@@ -278,14 +283,16 @@ class Committer:
     def _raise_failed(self) -> None:
         """Forget the jobs that ended well; raise the error of one that failed."""
         while self._futures and self._futures[0].done():
-            error = self._futures.popleft().exception()
+            future = self._futures.popleft()
+            self._aborts.pop(future, None)
+            error = future.exception()
             if error is not None:
                 raise error
 
     def wait(self) -> None:
         """Wait for every job submitted; raise the first error (after all have ended)."""
         with self._lock:
-            futures, self._futures = list(self._futures), collections.deque()
+            futures, self._futures, self._aborts = list(self._futures), collections.deque(), {}
         errors = [f.exception() for f in futures]
         first = next((e for e in errors if e is not None), None)
         if first is not None:
@@ -294,7 +301,7 @@ class Committer:
     def drain(self) -> None:
         """Wait for every job submitted, ignoring their errors (before cleaning up after one)."""
         with self._lock:
-            futures, self._futures = list(self._futures), collections.deque()
+            futures, self._futures, self._aborts = list(self._futures), collections.deque(), {}
         for future in futures:
             future.exception()
 
@@ -303,11 +310,24 @@ class Committer:
 
     def __exit__(self, exc_type: type | None, *exc_info: object) -> None:
         if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):  # a command being stopped
-            stop_pool(self._pool, self._futures)  # an upload that hangs is not waited out (raypack.io.threads)
+            jobs = list(self._futures)
+            stop_pool(self._pool, jobs)  # an upload that hangs is not waited out (raypack.io.threads)
+            dropped = [self._aborts[f] for f in jobs if f.cancelled() and f in self._aborts]
+            # what the dropped jobs wrote goes, as their aborts leave it (a partial file was left: CI)
+            call_within(lambda: _abort_all(dropped), JOIN_TIMEOUT_S, "raypack-abort")
             return
         self._pool.shutdown(wait=True)  # every job has ended: published, or failed and aborted
         if exc_type is None:
             self.wait()
+
+
+def _abort_all(aborts: list[Callable[[], None]]) -> None:
+    """Run each abort; an error in one (the command is being stopped anyway) does not stop the next."""
+    for abort in aborts:
+        try:
+            abort()
+        except Exception:  # noqa: BLE001 - the Ctrl-C is what the caller reports
+            log.debug("an abort failed while stopping", exc_info=True)
 
 
 def publish_or_abort(publish: Callable[[], None], abort: Callable[[], None]) -> None:
