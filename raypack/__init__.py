@@ -43,8 +43,13 @@ def console_main(argv: list[str] | None = None) -> int:
     import signal
     import sys
 
+    from raypack.io.threads import stop_requested, stopped_at
+
+    stopped_at(None)  # a new command: no stop's deadline (a caller's process may run several)
+
     def first_interrupt(signum, frame):
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        stop_requested()  # the waits for background jobs share one deadline from here (raypack.io.threads)
         raise KeyboardInterrupt
 
     first_interrupt.raypack_stops = True  # type: ignore[attr-defined]  (raypack.io.terminal.command_done)
@@ -79,6 +84,7 @@ def console_main(argv: list[str] | None = None) -> int:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
+    stopped_at(None)
     return code
 
 

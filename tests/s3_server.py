@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -58,6 +59,14 @@ def _wait_listening(port: int, proc: subprocess.Popen, log_path: str) -> None:
 @contextlib.contextmanager
 def moto_server() -> Iterator[str]:
     """A moto S3 server on a free loopback port; yields its endpoint URL ``http://127.0.0.1:PORT``."""
+    with moto_server_process() as (endpoint, _):
+        yield endpoint
+
+
+@contextlib.contextmanager
+def moto_server_process() -> Iterator[tuple[str, subprocess.Popen]]:
+    """:func:`moto_server`, yielding its process too (a test freezes it with SIGSTOP: a store that stops
+    answering); a stopped server is continued before it is terminated."""
     with tempfile.NamedTemporaryFile(prefix="moto-", suffix=".log", delete=False) as log:
         log_path = log.name
     port = _free_port()
@@ -66,8 +75,10 @@ def moto_server() -> Iterator[str]:
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     try:
         _wait_listening(port, proc, log_path)
-        yield f"http://{HOST}:{port}"
+        yield f"http://{HOST}:{port}", proc
     finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
         proc.terminate()
         try:
             proc.wait(timeout=10)

@@ -31,7 +31,7 @@ import pyarrow.fs as pafs
 
 from raypack.errors import InputError
 from raypack.io.terminal import signals_deferred
-from raypack.io.threads import call_within
+from raypack.io.threads import call_within, left_behind_level
 
 log = logging.getLogger(__name__)
 
@@ -249,9 +249,8 @@ class ObjectStoreLock:
 
         try:
             if not call_within(delete, RELEASE_TIMEOUT_S, "raypack-lock-release"):
-                log.warning("could not delete the lock %s within %.0f s (the store does not answer); the next run "
-                            "on this host takes it over, or delete it once this run has ended", self.path,
-                            RELEASE_TIMEOUT_S)
+                log.log(left_behind_level(), "could not delete the lock %s (the store did not answer in time); the "
+                        "next run on this host takes it over, or delete it once this run has ended", self.path)
         except OSError as e:
             log.warning("could not delete the lock %s: %s", self.path, e)
 

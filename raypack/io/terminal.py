@@ -10,6 +10,8 @@ import shlex
 import sys
 from typing import Iterator, Sequence
 
+from raypack.io.threads import stop_requested
+
 RAY_VERBOSE: contextvars.ContextVar[bool] = contextvars.ContextVar("raypack_ray_verbose", default=False)
 """``-v``: Ray's own log lines, the workers' output and Ray Data's progress reach the terminal too."""
 
@@ -30,6 +32,7 @@ def stop_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         _TERMINATED.append(signum)
+        stop_requested()
         raise KeyboardInterrupt
 
     on_sigterm.raypack_stops = True  # type: ignore[attr-defined]  (command_done knows it by this)

@@ -3,23 +3,61 @@
 A thread pool ends with its jobs: a context manager's exit waits for every running one. On a store that
 stopped answering, each read or upload in flight waits out its timeouts and retries, and a SIGTERM took
 590 s to end a run (an operator's trial: an S3 server frozen mid-run). So when the command is being
-stopped, :func:`stop_pool` cancels the queued jobs and waits at most ``JOIN_TIMEOUT_S`` for the running
-ones; a job still running after that is left to end on its own, and the command ends without it
-(``raypack.console_main`` leaves without the interpreter's join of such threads). What it leaves is what
-a killed run leaves: its finished tasks, which ``--resume`` keeps.
+stopped, :func:`stop_pool` cancels the queued jobs and waits a bounded time for the running ones, and
+:func:`call_within` bounds the store requests a stop makes itself (an upload's abort, the lock's
+deletion). From the Ctrl-C or SIGTERM on (:func:`stop_requested`, called by raypack's handlers) all these
+waits share one deadline, ``JOIN_TIMEOUT_S`` after the signal. A job still running after that is left to end
+on its own, and the command ends without it (``raypack.console_main`` leaves without the interpreter's join
+of such threads). What it leaves is what a killed run leaves: its finished tasks, which ``--resume`` keeps,
+and temporary uploads and a stale lock, which the next run clears.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterable
 
-__all__ = ["JOIN_TIMEOUT_S", "call_within", "stop_pool", "threads_left"]
+__all__ = ["JOIN_TIMEOUT_S", "call_within", "left_behind_level", "stop_pool", "stop_requested", "stopped_at",
+           "threads_left"]
 
 JOIN_TIMEOUT_S = 10.0
-"""How long a stopped command waits for a background job in flight."""
+"""How long a stopped command waits for a background job in flight: once a Ctrl-C or SIGTERM came, for all of them
+together (a stop meets several: the upload in flight, the queued ones' aborts, the lock's deletion)."""
+
+_stop_deadline: list[float] = []
+"""When the waits of a command being stopped end (:func:`stop_requested`); empty while none is."""
+
+
+def stop_requested() -> None:
+    """A Ctrl-C or SIGTERM came (raypack's signal handlers, in the console script): from now on every bounded wait
+    ends by one deadline, ``JOIN_TIMEOUT_S`` from now."""
+    if not _stop_deadline:
+        _stop_deadline.append(time.monotonic() + JOIN_TIMEOUT_S)
+
+
+def stopped_at(deadline: float | None) -> None:
+    """Set (a deadline, ``time.monotonic()`` scale) or clear (None) the stop's deadline: a new command starts."""
+    _stop_deadline.clear()
+    if deadline is not None:
+        _stop_deadline.append(deadline)
+
+
+def left_behind_level() -> int:
+    """The log level of a line saying what a bounded wait left behind (an upload, a lock): DEBUG while a command
+    is being stopped (its one line says the run stopped; what is left is what a killed run leaves, which the next
+    run clears), WARNING otherwise."""
+    return logging.DEBUG if _stop_deadline else logging.WARNING
+
+
+def _bounded(timeout: float) -> float:
+    """``timeout``, or less: what is left of a stop's deadline."""
+    if not _stop_deadline:
+        return timeout
+    return max(0.0, min(timeout, _stop_deadline[0] - time.monotonic()))
 
 
 def stop_pool(pool: ThreadPoolExecutor, running: Iterable[Future], timeout: float = JOIN_TIMEOUT_S) -> None:
@@ -27,7 +65,7 @@ def stop_pool(pool: ThreadPoolExecutor, running: Iterable[Future], timeout: floa
     for at most ``timeout`` seconds in all."""
     pool.shutdown(wait=False, cancel_futures=True)
     # not the cancelled ones: futures.wait counts a job cancelled by shutdown as pending until its timeout
-    concurrent.futures.wait([f for f in running if not f.cancelled()], timeout=timeout)
+    concurrent.futures.wait([f for f in running if not f.cancelled()], timeout=_bounded(timeout))
 
 
 def call_within(fn: Callable[[], None], timeout: float, name: str) -> bool:
@@ -43,7 +81,7 @@ def call_within(fn: Callable[[], None], timeout: float, name: str) -> bool:
 
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
-    thread.join(timeout)
+    thread.join(_bounded(timeout))
     if thread.is_alive():
         return False
     if error:

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from raypack.io.fs import resolve_filesystem
-from raypack.io.threads import JOIN_TIMEOUT_S, call_within, stop_pool
+from raypack.io.threads import JOIN_TIMEOUT_S, call_within, left_behind_level, stop_pool
 from raypack.rules.content_digest import ContentHasher, RangeDigester
 from raypack.rules.core import Chunks, concat_chunks
 from raypack.rules.side_columns import SideColumn, split_fields
@@ -213,17 +213,27 @@ class AtomicFile:
             self._delete(self._upload_path)
 
     def abort(self) -> None:
-        """Leave nothing behind (on error)."""
+        """Leave nothing behind (on error). On an object store, waited for at most ``JOIN_TIMEOUT_S``: closing
+        the upload and deleting it are requests to a store that may have stopped answering (a Ctrl-C then held
+        the run for minutes: an operator's trial); what is left is what a killed run leaves."""
         if self._stream is None:
             return
+        if self.is_local:
+            try:
+                self._stream.close()
+            finally:
+                if os.path.exists(self._upload_path):
+                    os.remove(self._upload_path)
+            return
+        if not call_within(self._drop_upload, JOIN_TIMEOUT_S, "raypack-abort"):
+            log.log(left_behind_level(), "could not drop the upload %s (the store did not answer in time); a later "
+                    "--overwrite or --resume of this output removes it", self._upload_path)
+
+    def _drop_upload(self) -> None:
         try:
             self._stream.close()
         finally:
-            if self.is_local:
-                if os.path.exists(self._upload_path):
-                    os.remove(self._upload_path)
-            else:
-                self._delete(self._upload_path)
+            self._delete(self._upload_path)
 
     def _delete(self, path: str) -> None:
         try:

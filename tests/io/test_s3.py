@@ -37,7 +37,7 @@ from raypack.sample import write_sample_corpus
 from raypack.verify import verify_output
 
 from packing_faults import fail_at_shard
-from s3_server import moto_server, s3_environment
+from s3_server import ENV, moto_server, moto_server_process, s3_environment
 
 pytestmark = pytest.mark.slow  # a real S3 server in a subprocess, and Ray
 
@@ -411,3 +411,62 @@ def test_export_mds_s3_to_s3_equals_the_local_export(s3, local_run, tmp_path):
     objects = s3.objects("mds")
     local = {name: (tmp_path / "mds" / name).read_bytes() for name in os.listdir(tmp_path / "mds")}
     assert len(load_index(f"s3://{BUCKET}/mds")) > 1 and objects == local
+
+
+def test_sigterm_while_the_store_is_frozen_ends_the_run_within_seconds_and_resume_finishes_it(tmp_path):
+    """An S3 server that stops answering mid-run (SIGSTOP: sockets open, no reply): a SIGTERM took 590 s to end
+    the run (an operator's trial), its uploads and the lock's deletion each waiting out the SDK's timeouts and
+    retries. Now every wait of a stopped command shares one 10 s deadline: exit 143 with its one line. Once the
+    server answers again, the printed --resume finishes the output as a clean run writes it."""
+    import signal
+    import time
+
+    import pyarrow.fs as pafs
+
+    from helpers import CORPUS, train_byte_level_bpe
+
+    train_byte_level_bpe(CORPUS * 5, 400).save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "in").mkdir()
+    for k in range(8):
+        (tmp_path / "in" / f"p{k}.jsonl").write_text("".join(
+            json.dumps({"text": f"{k} {i} " + CORPUS[i % len(CORPUS)] * 3}) + "\n" for i in range(3000)))
+    args = ["pack", "--input", str(tmp_path / "in"), "--context-length", "64", "--tokenizer",
+            str(tmp_path / "tokenizer.json"), "--task-bytes", "200000", "--local"]
+    with moto_server_process() as (endpoint, server):
+        env = {**os.environ, **ENV, "AWS_ENDPOINT_URL": endpoint, "RAYPACK_NO_PROGRESS": "1"}
+        with s3_environment(endpoint):
+            clear_filesystem_cache()
+            fs = pafs.S3FileSystem(endpoint_override=endpoint, scheme="http", allow_bucket_creation=True)
+            fs.create_dir("frozen")
+            run = subprocess.Popen([sys.executable, "-m", "raypack.cli", *args, "--output", "s3://frozen/out"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            try:
+                deadline = time.monotonic() + 120
+                records = pafs.FileSelector(f"frozen/out/{RESULTS_DIR}", allow_not_found=True)
+                while not fs.get_file_info(records) and run.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                server.send_signal(signal.SIGSTOP)  # a task has finished: the store stops answering mid-run
+                time.sleep(1)
+                assert run.poll() is None, "vacuous: the run ended before the store froze"
+                sent = time.monotonic()
+                run.send_signal(signal.SIGTERM)
+                _, err = run.communicate(timeout=60)
+                took = time.monotonic() - sent
+            finally:
+                server.send_signal(signal.SIGCONT)
+                run.kill()
+            assert run.returncode == 143, err
+            assert took < 20, took  # one shared 10 s deadline, not each wait's own (nor the SDK's minutes)
+            assert err.strip().splitlines() == [
+                f"raypack: terminated (SIGTERM); the finished work is kept in s3://frozen/out; finish with: raypack "
+                f"pack --input {tmp_path / 'in'} --context-length 64 --tokenizer {tmp_path / 'tokenizer.json'} "
+                f"--task-bytes 200000 --local --output s3://frozen/out --resume"], err
+            resumed = subprocess.run([sys.executable, "-m", "raypack.cli", *args, "--output", "s3://frozen/out",
+                                      "--resume"], capture_output=True, text=True, env=env)
+            assert resumed.returncode == 0, resumed.stderr
+            clean = subprocess.run([sys.executable, "-m", "raypack.cli", *args, "--output", str(tmp_path / "clean")],
+                                   capture_output=True, text=True, env=env)
+            assert clean.returncode == 0, clean.stderr
+            assert (read_packed("s3://frozen/out").manifest.content_sha256
+                    == read_packed(str(tmp_path / "clean")).manifest.content_sha256)
+            clear_filesystem_cache()

@@ -224,7 +224,7 @@ sys.exit(raypack.console_main(sys.argv[3:]))
 def test_sigterm_ends_a_run_whose_read_or_upload_hangs_within_seconds(tmp_path, hang):
     """A store that stopped answering (an S3 server frozen mid-run): each read or upload in flight waits out
     its timeouts and retries, and a SIGTERM took 590 s to end the run (an operator's trial). Now the command
-    waits at most JOIN_TIMEOUT_S for each background job, prints its line and leaves: exit 143."""
+    waits at most JOIN_TIMEOUT_S for its background jobs, all together, prints its line and leaves: exit 143."""
     from helpers import CORPUS, train_byte_level_bpe
 
     train_byte_level_bpe(CORPUS * 20, 600).save(str(tmp_path / "tokenizer.json"))
@@ -253,7 +253,7 @@ def test_sigterm_ends_a_run_whose_read_or_upload_hangs_within_seconds(tmp_path, 
         proc.kill()
     took = time.monotonic() - sent
     assert proc.returncode == 143, err
-    assert took < 2 * 10 + 15, took  # two bounded waits (the tokenize job, the upload), not the hang's 600 s
+    assert took < 20, took  # the stop's one shared 10 s deadline (raypack.io.threads), not the hang's 600 s
     lines = err.strip().splitlines()
     assert lines[-1].startswith("raypack: terminated (SIGTERM)") and lines[-1].endswith("--resume"), err
     assert "Traceback" not in err

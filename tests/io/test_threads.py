@@ -3,6 +3,7 @@ answering must not hold a stopped run for minutes."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -71,3 +72,25 @@ def test_a_committer_stopped_by_ctrl_c_aborts_the_jobs_it_drops():
     assert done == ["published 1", "aborted 2"]
     assert time.monotonic() - started < 5  # the running job's end, not the bounded wait's 10 s (a dropped job is
     # no job to wait for: concurrent.futures.wait counted it as pending)
+
+
+def test_once_a_stop_came_every_bounded_wait_shares_one_deadline():
+    """A stop meets several waits (the upload in flight, the dropped ones' aborts, the lock's deletion): each
+    waited its own 10 s, so a frozen store held a SIGTERM for 30-50 s. From the signal on they share one."""
+    from raypack.io.threads import left_behind_level, stop_requested, stopped_at
+
+    release = threading.Event()
+    try:
+        stopped_at(time.monotonic() + 0.5)
+        started = time.monotonic()
+        for _ in range(4):
+            assert call_within(lambda: release.wait(60), 10, "raypack-t") is False
+        assert time.monotonic() - started < 2
+        assert left_behind_level() == logging.DEBUG  # the stop's one line says it; what is left, the next run clears
+        stopped_at(None)
+        assert left_behind_level() == logging.WARNING
+        stop_requested()
+        stop_requested()  # the first signal sets the deadline; a second does not push it back
+    finally:
+        stopped_at(None)
+        release.set()
