@@ -20,6 +20,11 @@ from raypack.tokenize.tokenizers import TIKTOKEN_ENCODINGS, Encoder, TextTokeniz
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 """Llama 3's Split regex in its tokenizer.json (Qwen 2's has ``\\p{N}`` for ``\\p{N}{1,3}``)."""
+QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+"""Qwen 2's Split regex: Llama 3's with digits one by one."""
+QWEN_MARKS_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+                    r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+"""Qwen's Split regex that keeps combining marks with letters."""
 
 
 class Unsupported(Exception):

@@ -28,6 +28,8 @@ import pyarrow.compute as pc
 from raypack.errors import InputError
 from raypack.tokenize.backends.base import (
     LLAMA3_SPLIT,
+    QWEN2_SPLIT,
+    QWEN_MARKS_SPLIT,
     Unsupported,
     package_version,
     part_types,
@@ -42,9 +44,8 @@ NORMALIZERS = {"NFC", "Lowercase", "Prepend", "Replace", "Sequence"}
 PRE_TOKENIZERS = {"ByteLevel", "Split", "Digits", "Sequence"}
 PROVEN_REGEXES = frozenset({
     LLAMA3_SPLIT,
-    LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}"),  # Qwen 2
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+",  # Qwen's, marks with letters
+    QWEN2_SPLIT,
+    QWEN_MARKS_SPLIT,
     TIKTOKEN_ENCODINGS["o200k_base"]["pat_str"],  # o200k's, as a tokenizer.json writes it
     r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",  # GPT-2's, as a Split
     r"\p{N}{1,3}",  # digits in threes (DeepSeek's first Split)

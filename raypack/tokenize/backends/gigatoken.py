@@ -48,6 +48,8 @@ import pyarrow as pa
 from raypack.errors import InputError
 from raypack.tokenize.backends.base import (
     LLAMA3_SPLIT,
+    QWEN2_SPLIT,
+    QWEN_MARKS_SPLIT,
     Unsupported,
     added_tokens_with_content,
     package_version,
@@ -72,9 +74,8 @@ PRETOKENIZERS = {"cl100k_base": "gpt4", "o200k_base": "o200k"}
 
 PROVEN_SPLITS = frozenset({
     LLAMA3_SPLIT,
-    LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}"),  # Qwen 2
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+",  # Qwen's, marks with letters
+    QWEN2_SPLIT,
+    QWEN_MARKS_SPLIT,
     TIKTOKEN_ENCODINGS["o200k_base"]["pat_str"],  # o200k's, as a tokenizer.json writes it
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?"
     r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+"
