@@ -42,10 +42,12 @@ def console_main(argv: list[str] | None = None) -> int:
     wait out), it leaves the same way, so that the interpreter does not wait for it at exit."""
     import signal
     import sys
+    import threading
 
     from raypack.io.threads import stop_requested, stopped_at
 
     stopped_at(None)  # a new command: no stop's deadline (a caller's process may run several)
+    before = set(threading.enumerate())  # a caller's threads are not this command's to leave behind
 
     def first_interrupt(signum, frame):
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -78,9 +80,11 @@ def console_main(argv: list[str] | None = None) -> int:
     if code in (130, 143):
         from raypack.io.threads import threads_left
 
-        if threads_left():  # a job a bounded wait left running (a store that stopped answering): not joined at exit
+        if threads_left(before):  # a job a bounded wait left running (a store that stopped answering): not joined
+            import logging
             import os
 
+            logging.shutdown()
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)

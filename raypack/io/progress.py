@@ -19,6 +19,8 @@ import logging
 import time
 from typing import Callable
 
+from raypack.io.threads import stop_pending
+
 log = logging.getLogger(__name__)
 
 
@@ -36,7 +38,11 @@ class Progress:
 
     def add(self, num_tokens: int, *, kept: bool = False) -> None:
         """One item finished with ``num_tokens`` tokens (``kept``: from its resume record, no work
-        done); logs when a second has passed or it was the last."""
+        done); logs when a second has passed or it was the last. Raises KeyboardInterrupt where a Ctrl-C or
+        SIGTERM came and the run goes on: its handler's raise was lost (raised in a weakref callback, which
+        Python prints and drops: an operator's trial, 1 Ctrl-C in 50), and the run would have finished."""
+        if stop_pending():
+            raise KeyboardInterrupt
         self.done += 1
         now = self.clock()
         if kept:

@@ -19,10 +19,12 @@ import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Iterable
+from typing import Callable, Collection, Iterable, TypeVar
 
-__all__ = ["JOIN_TIMEOUT_S", "call_within", "left_behind_level", "stop_pool", "stop_requested", "stopped_at",
-           "threads_left"]
+__all__ = ["JOIN_TIMEOUT_S", "call_within", "interruptible", "left_behind_level", "stop_pending", "stop_pool",
+           "stop_requested", "stopped_at", "threads_left"]
+
+T = TypeVar("T")
 
 JOIN_TIMEOUT_S = 10.0
 """How long a stopped command waits for a background job in flight: once a Ctrl-C or SIGTERM came, for all of them
@@ -44,6 +46,11 @@ def stopped_at(deadline: float | None) -> None:
     _stop_deadline.clear()
     if deadline is not None:
         _stop_deadline.append(deadline)
+
+
+def stop_pending() -> bool:
+    """Whether a Ctrl-C or SIGTERM came during this command (:func:`stop_requested`)."""
+    return bool(_stop_deadline)
 
 
 def left_behind_level() -> int:
@@ -89,7 +96,36 @@ def call_within(fn: Callable[[], None], timeout: float, name: str) -> bool:
     return True
 
 
-def threads_left() -> list[str]:
-    """The names of raypack's threads (named ``raypack-...``) still running that the interpreter would wait for at
-    exit (not daemon threads): a pool's job left running by :func:`stop_pool`."""
-    return [t.name for t in threading.enumerate() if t.name.startswith("raypack-") and not t.daemon and t.is_alive()]
+def interruptible(fn: Callable[[], T], name: str) -> T:
+    """``fn()``, on the main thread made interruptible: run on a daemon thread and joined, so that a Ctrl-C or
+    SIGTERM reaches the main thread while ``fn`` waits on a store (a signal's handler runs only between the main
+    thread's bytecodes: the final publish's upload to a frozen store held a SIGTERM for minutes, an operator's
+    trial). Its exception is raised here. Elsewhere than on the main thread, called directly."""
+    if threading.current_thread() is not threading.main_thread():
+        return fn()
+    error: list[BaseException] = []
+    result: list[T] = []
+
+    def run() -> None:
+        try:
+            result.append(fn())
+        except BaseException as e:  # noqa: BLE001 - raised by the caller
+            error.append(e)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    thread.join()  # a lock's wait: a signal's handler runs, and its KeyboardInterrupt is raised here
+    if error:
+        raise error[0]
+    return result[0]
+
+
+def threads_left(started_before: Collection[threading.Thread] = ()) -> list[str]:
+    """The names of raypack's threads (named ``raypack-...``) still running: a pool's job left running by
+    :func:`stop_pool`, a request :func:`call_within` or :func:`interruptible` gave up on, a chunk file's writer
+    thread. After a stop, ``raypack.console_main`` leaves without the interpreter's teardown while any is: the
+    teardown waited for them, and pyarrow's S3 finalizer for their requests (a stop that printed its line, then
+    did not exit for minutes: an operator's trial). Not those in ``started_before`` (a caller's process running
+    several commands). Listed by ``threading.enumerate`` alone: after a join that a signal interrupted, Python 3.11
+    marks a thread still running as stopped (``is_alive()`` False: bpo-45274's fix releases the lock it holds)."""
+    return [t.name for t in threading.enumerate() if t.name.startswith("raypack-") and t not in started_before]

@@ -78,9 +78,11 @@ def pack_documents(task: ShardTask, settings: PackSettings, batches: Iterable[Do
     packer = settings.packing.make_shard_packer(task, settings)
     schema = chunk_schema(settings.context_length, pa.from_numpy_dtype(dtype), settings.pad_token,
                           settings.extra_columns)
-    writer = ChunkFileWriter(settings.out_dir, packer.first_chunk, schema, settings.chunks_per_record_batch)
     watchdog = ProgressWatchdog(task.describe(), settings.progress_timeout_s,
                                 restart=settings.restart_stalled)
+    # from the file's opening to its job's hand-over, anything that raises (a Ctrl-C too) aborts it: a stop
+    # between them left .tmp chunk files in the staging directory (an operator's trial, 1 stop in 10)
+    writer = ChunkFileWriter(settings.out_dir, packer.first_chunk, schema, settings.chunks_per_record_batch)
     try:
         with watchdog:
             counts = _stream_shard(task, settings, packer, writer, batches, watchdog.beat)
@@ -92,12 +94,12 @@ def pack_documents(task: ShardTask, settings: PackSettings, batches: Iterable[Do
         written = writer.finish() if writer.num_chunks else None
         if written is None:
             writer.abort()
+        result = ShardResult(task.shard_index, written, packer.head, packer.tail, counts["docs"],
+                             counts["nonempty"], counts["tokens"], counts["split"], peak_rss_bytes(),
+                             started_at, time.time(), task.task_index)
     except BaseException:
         writer.abort()
         raise
-    result = ShardResult(task.shard_index, written, packer.head, packer.tail, counts["docs"],
-                         counts["nonempty"], counts["tokens"], counts["split"], peak_rss_bytes(),
-                         started_at, time.time(), task.task_index)
 
     def publish() -> None:
         if written is not None:

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from raypack.io.fs import resolve_filesystem
-from raypack.io.threads import JOIN_TIMEOUT_S, call_within, left_behind_level, stop_pool
+from raypack.io.threads import JOIN_TIMEOUT_S, call_within, interruptible, left_behind_level, stop_pool
 from raypack.rules.content_digest import ContentHasher, RangeDigester
 from raypack.rules.core import Chunks, concat_chunks
 from raypack.rules.side_columns import SideColumn, split_fields
@@ -165,14 +165,19 @@ class AtomicFile:
             self._upload_path = posixpath.join(posixpath.dirname(self.path), tmp_name)
 
     def write(self, data) -> int:
-        if self._stream is None:
-            self._stream = self._fs.open_output_stream(self._upload_path)
+        if not self.is_local:  # on the main thread (a manifest, a boundary file), a Ctrl-C reaches it meanwhile
+            return interruptible(lambda: self._write_remote(data), "raypack-upload")
         n = self._stream.write(data)
         if self.is_local and _CAN_START_WRITEBACK:
             self._unflushed += n
             if self._unflushed >= WRITEBACK_BYTES:
                 self._start_writeback()
         return n
+
+    def _write_remote(self, data) -> int:
+        if self._stream is None:
+            self._stream = self._fs.open_output_stream(self._upload_path)
+        return self._stream.write(data)
 
     def _start_writeback(self) -> None:
         """Have the kernel start writing what was written so far, without waiting for it, so
@@ -207,6 +212,9 @@ class AtomicFile:
             self._stream.close()
             os.replace(self._upload_path, self.path)
             return
+        interruptible(self._upload, "raypack-upload")  # a Ctrl-C reaches a main thread that waits on the store
+
+    def _upload(self) -> None:
         self._stream.close()
         if self._upload_path != self.path:
             self._fs.copy_file(self._upload_path, self.path)
@@ -273,8 +281,8 @@ class Committer:
         self._lock = threading.Lock()
 
     def submit(self, publish: Callable[[], None], abort: Callable[[], None]) -> None:
-        with self._lock:
-            try:
+        try:
+            with self._lock:
                 self._raise_failed()
                 while len(self._futures) >= self.max_pending:
                     self._futures[0].exception()  # waits for the oldest
@@ -282,9 +290,9 @@ class Committer:
                 future = self._pool.submit(publish_or_abort, publish, abort)
                 self._futures.append(future)
                 self._aborts[future] = abort
-            except BaseException:  # an earlier job's error, Ctrl-C while waiting, or a closed committer
-                abort()
-                raise
+        except BaseException:  # an earlier job's error, Ctrl-C while waiting (or taking the lock), a closed committer
+            abort()
+            raise
 
     def submit_file(self, file: AtomicFile) -> None:
         """Queue ``file``'s commit (fsync and rename; one upload on an object store)."""
@@ -454,8 +462,12 @@ class ChunkFileWriter:
         self.schema = schema
         self.batch_rows = chunks_per_record_batch
         self._file = AtomicFile(out_dir, chunk_file_stem(first_chunk), named_at_commit=True)
-        self._sink = HashingSink(self._file)
-        self._writer = pa.ipc.new_file(pa.PythonFile(self._sink, mode="w"), schema)
+        try:
+            self._sink = HashingSink(self._file)
+            self._writer = pa.ipc.new_file(pa.PythonFile(self._sink, mode="w"), schema)
+        except BaseException:  # a Ctrl-C too: the file just opened goes (a trial found .tmp files left)
+            self._file.abort()
+            raise
         self._pending: list[Chunks] = []
         self._pending_rows = 0
         self._digester = RangeDigester(first_chunk)

@@ -94,3 +94,57 @@ def test_once_a_stop_came_every_bounded_wait_shares_one_deadline():
     finally:
         stopped_at(None)
         release.set()
+
+
+def test_interruptible_lets_a_signal_reach_the_main_thread_while_a_request_waits():
+    """The final publish's upload on the main thread, to a frozen store: a signal's handler runs only between the
+    main thread's bytecodes, so a SIGTERM waited out the SDK (an operator's trial). The request now runs on a
+    thread while the main thread waits on a lock, which a signal interrupts."""
+    import signal
+
+    from raypack.io.threads import interruptible
+
+    assert interruptible(lambda: 7, "raypack-t") == 7
+    with pytest.raises(ValueError, match="no"):
+        interruptible(lambda: (_ for _ in ()).throw(ValueError("no")), "raypack-t")
+    release = threading.Event()
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGALRM, stop)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            interruptible(lambda: release.wait(60), "raypack-upload")
+        assert time.monotonic() - started < 5
+        assert "raypack-upload" in threads_left()  # what console_main then leaves without waiting for
+        assert "raypack-upload" not in threads_left(set(threading.enumerate()))  # a caller's, not this command's
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+        release.set()
+    on_a_thread = []
+    worker = threading.Thread(target=lambda: on_a_thread.extend(
+        [interruptible(lambda: threading.current_thread().name, "raypack-t"), threading.current_thread().name]))
+    worker.start()
+    worker.join()
+    assert on_a_thread[0] == on_a_thread[1]  # off the main thread, called in place
+
+
+def test_a_stop_whose_raise_was_lost_is_raised_again_when_the_next_task_ends():
+    """A Ctrl-C's KeyboardInterrupt raised inside a weakref callback is printed and dropped by Python ("Exception
+    ignored in: <function WeakSet...>"), and the run went on with Ctrl-C ignored (an operator's trial)."""
+    from raypack.io.progress import Progress
+    from raypack.io.threads import stopped_at
+
+    progress = Progress("packed", 3, "tasks")
+    progress.add(10)
+    try:
+        stopped_at(time.monotonic() + 10)  # a signal came, and its raise was lost
+        with pytest.raises(KeyboardInterrupt):
+            progress.add(10)
+    finally:
+        stopped_at(None)
+    progress.add(10)
