@@ -12,6 +12,7 @@ chunks it holds, never on how they were read or computed.
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import json
 import logging
@@ -160,7 +161,12 @@ class AtomicFile:
             if make_dirs:
                 os.makedirs(os.path.dirname(self.path), exist_ok=True)
             self._upload_path = os.path.join(os.path.dirname(self.path), tmp_name)
-            self._stream = open(self._upload_path, "wb")
+            try:
+                self._stream = open(self._upload_path, "wb")
+            except BaseException:  # a Ctrl-C handled as open() returns: the file is there, unnamed by anyone
+                with contextlib.suppress(OSError):
+                    os.remove(self._upload_path)
+                raise
         elif named_at_commit:
             self._upload_path = posixpath.join(posixpath.dirname(self.path), tmp_name)
 

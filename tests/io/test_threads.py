@@ -4,6 +4,7 @@ answering must not hold a stopped run for minutes."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -148,3 +149,22 @@ def test_a_stop_whose_raise_was_lost_is_raised_again_when_the_next_task_ends():
     finally:
         stopped_at(None)
     progress.add(10)
+
+
+def test_a_ctrl_c_as_a_chunk_file_is_opened_leaves_no_empty_file(tmp_path, monkeypatch):
+    """A signal's handler runs as soon as a call into C returns: a Ctrl-C that came while ``open`` made a chunk
+    file's temporary file raised before the file was anyone's to abort (a 0-byte .tmp file left: a trial)."""
+    import builtins
+
+    from raypack.packed import writer
+
+    real_open = builtins.open
+
+    def open_then_stop(path, mode="r", *args, **kwargs):
+        real_open(path, mode, *args, **kwargs).close()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(writer, "open", open_then_stop, raising=False)
+    with pytest.raises(KeyboardInterrupt):
+        writer.AtomicFile(str(tmp_path), "chunks-000000000000")
+    assert os.listdir(tmp_path) == []
