@@ -78,21 +78,11 @@ def stop_pool(pool: ThreadPoolExecutor, running: Iterable[Future], timeout: floa
 def call_within(fn: Callable[[], None], timeout: float, name: str) -> bool:
     """``fn()`` on a daemon thread, waited for at most ``timeout`` seconds: True when it ended in time (its
     exception, if any, is raised here), False when it is still running (left to end on its own)."""
-    error: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            fn()
-        except BaseException as e:  # noqa: BLE001 - raised by the caller
-            error.append(e)
-
-    thread = threading.Thread(target=run, name=name, daemon=True)
-    thread.start()
+    thread, outcome = _started(fn, name)
     thread.join(_bounded(timeout))
     if thread.is_alive():
         return False
-    if error:
-        raise error[0]
+    outcome.result()
     return True
 
 
@@ -103,21 +93,24 @@ def interruptible(fn: Callable[[], T], name: str) -> T:
     trial). Its exception is raised here. Elsewhere than on the main thread, called directly."""
     if threading.current_thread() is not threading.main_thread():
         return fn()
-    error: list[BaseException] = []
-    result: list[T] = []
+    thread, outcome = _started(fn, name)
+    thread.join()  # a lock's wait: a signal's handler runs, and its KeyboardInterrupt is raised here
+    return outcome.result()
+
+
+def _started(fn: Callable[[], T], name: str) -> tuple[threading.Thread, Future]:
+    """A daemon thread named ``name`` running ``fn``, and the Future of its result or exception."""
+    outcome: Future = Future()
 
     def run() -> None:
         try:
-            result.append(fn())
+            outcome.set_result(fn())
         except BaseException as e:  # noqa: BLE001 - raised by the caller
-            error.append(e)
+            outcome.set_exception(e)
 
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
-    thread.join()  # a lock's wait: a signal's handler runs, and its KeyboardInterrupt is raised here
-    if error:
-        raise error[0]
-    return result[0]
+    return thread, outcome
 
 
 def threads_left(started_before: Collection[threading.Thread] = ()) -> list[str]:
