@@ -237,7 +237,7 @@ def test_sigterm_ends_a_run_whose_read_or_upload_hangs_within_seconds(tmp_path, 
     args = ["pack", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--context-length", "64",
             "--tokenizer", str(tmp_path / "tokenizer.json"), "--local"]
     marker = tmp_path / "hanging"
-    env = {**os.environ, "PYTHONPATH": REPO, "RAYPACK_NO_PROGRESS": "1"}
+    env = {**os.environ, "PYTHONPATH": REPO}
     proc = subprocess.Popen([sys.executable, str(script), hang, str(marker), *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 120
