@@ -25,6 +25,7 @@ import pyarrow.fs as pafs
 
 from raypack.errors import InputChanged, InputError, Interrupted
 from raypack.io.fs import is_uri, resolve_filesystem
+from raypack.io.threads import stop_pending
 from raypack.pack.outputs.directory import LocalOutput, staging_dir
 from raypack.pack.outputs.object_store import ObjectStoreOutput
 
@@ -48,7 +49,8 @@ def run_published(output: str, *, overwrite: bool, resume: bool, plan: Callable[
     2. ``plan()`` (bad input raises before anything is made);
     3. make the work directory, ``write(target, planned)`` into ``target.work_dir``, publish;
        bad input or a full disk leaves nothing (``after_failure``), anything else keeps the
-       work for ``--resume``; Ctrl-C raises :class:`~raypack.errors.Interrupted` naming it. A
+       work for ``--resume``; Ctrl-C raises :class:`~raypack.errors.Interrupted` naming it, and so does one
+       whose raise Python dropped (in a weakref callback), found before the publish. A
        command with no ``--resume`` (not ``resumable``: a mix) keeps nothing on Ctrl-C either.
     Returns what ``write`` returned.
     """
@@ -76,6 +78,8 @@ def run_published(output: str, *, overwrite: bool, resume: bool, plan: Callable[
         target.prepare(fresh=overwrite and not resume, resume=resume)
         try:
             result = write(target, planned)
+            if stop_pending():  # a Ctrl-C or SIGTERM in the last task whose raise Python dropped: not published
+                raise KeyboardInterrupt
             target.publish()
         except KeyboardInterrupt:
             if not resumable:

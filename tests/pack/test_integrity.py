@@ -794,6 +794,39 @@ def test_ctrl_c_after_the_manifest_before_the_publish_is_resumed_against_the_day
     assert not os.path.exists(staging)
 
 
+def test_a_stop_whose_raise_was_lost_in_the_last_task_is_not_published(tmp_path, corpus, monkeypatch, capsys):
+    """A Ctrl-C whose KeyboardInterrupt Python dropped (raised in a weakref callback: "Exception ignored in ...")
+    during the last task let the run publish and exit 0 (an operator's stop trial): nothing raised it again, as
+    the end of a next task does. It is found before the publish: the run's stop line, and its resume makes the
+    clean run's output."""
+    import time
+
+    from raypack.cli import main
+    from raypack.io.threads import stopped_at
+
+    base = ["pack", "--local", "--input", str(corpus), "--pad-token", "0", "--context-length", "12"]
+    assert main([*base, "--output", str(tmp_path / "clean")]) == 0
+    real = job.write_manifest
+
+    def manifest_then_a_lost_stop(*args, **kwargs):
+        real(*args, **kwargs)
+        stopped_at(time.monotonic() + 10)  # what raypack's handler sets before its raise, which was dropped
+
+    monkeypatch.setattr(job, "write_manifest", manifest_then_a_lost_stop)
+    capsys.readouterr()
+    try:
+        assert main([*base, "--output", str(tmp_path / "out")]) == 130
+    finally:
+        stopped_at(None)
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert not os.path.exists(tmp_path / "out")
+    again = shlex.split(line.split("finish with: raypack ", 1)[1])
+    monkeypatch.undo()
+    assert main(again) == 0
+    assert file_digests(str(tmp_path / "out")) == file_digests(str(tmp_path / "clean"))
+    assert not os.path.exists(staging_dir(str(tmp_path / "out")))
+
+
 def test_ctrl_c_inside_the_publish_is_held_off_until_the_output_is_in_place(tmp_path, corpus, monkeypatch, capsys):
     """A real SIGINT as the output is swapped in: the publish finishes, the run ends as finished (exit 0,
     its summary), and no staging or old directory is left; a Ctrl-C just after is dropped the same way."""
