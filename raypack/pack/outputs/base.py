@@ -29,14 +29,16 @@ def refuse_damaged(out: str) -> None:
                          "--overwrite instead of --resume to pack it again")
 
 
-def refuse_foreign(out: str, foreign: list[str]) -> None:
+def refuse_foreign(out: str, foreign: list[str], *, overwrite: bool) -> None:
     """An output that holds anything a run does not write is refused, ``--overwrite`` or not: it replaces
-    an output whole, so a mistyped ``--output`` naming a home or data directory would be deleted."""
+    an output whole, so a mistyped ``--output`` naming a home or data directory would be deleted. The line
+    says why ``--overwrite`` does not take it only where ``--overwrite`` was given (it said so to a
+    ``--resume``: an operator's trial)."""
     if foreign:
         more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
-        raise InputError(f"output {out} holds {sorted(foreign)[0]!r}{more}, which raypack did not write (an output is "
-                         "replaced whole, so --overwrite takes only a raypack output); choose another --output, or "
-                         "remove those files first")
+        why = " (an output is replaced whole, so --overwrite takes only a raypack output)" if overwrite else ""
+        raise InputError(f"output {out} holds {sorted(foreign)[0]!r}{more}, which raypack did not write{why}; "
+                         "choose another --output, or remove those files first")
 
 
 def is_run_object(name: str) -> bool:

@@ -159,7 +159,8 @@ class LocalOutput:
             raise InputError(f"an earlier run into {out} did not finish (its work is in {staging}); "
                              f"pass --resume to finish it or --overwrite to start over")
         if os.path.isdir(out):
-            refuse_foreign(out, [n for n in os.listdir(out) if not is_run_object(n) and not is_run_object(f"{n}/")])
+            refuse_foreign(out, [n for n in os.listdir(out) if not is_run_object(n) and not is_run_object(f"{n}/")],
+                           overwrite=overwrite)
         if resume and os.path.isdir(staging):
             return  # an unfinished run (an --overwrite one, where an output is there) to finish
         if os.path.isdir(out) and os.listdir(out) and not overwrite:

@@ -66,7 +66,7 @@ class ObjectStoreOutput:
             names = [n for n in self._names() if n != ObjectStoreLock.NAME]
         except OSError as e:
             raise InputError(f"cannot list the output {out} ({e}); check the credentials and the endpoint") from e
-        refuse_foreign(out, [n for n in names if not is_run_object(n)])
+        refuse_foreign(out, [n for n in names if not is_run_object(n)], overwrite=overwrite)
         if not names or overwrite:
             return
         complete = MANIFEST_NAME in names
