@@ -31,7 +31,7 @@ import pyarrow.fs as pafs
 
 from raypack.errors import InputError
 from raypack.io.terminal import signals_deferred
-from raypack.io.threads import call_within, left_behind_level
+from raypack.io.threads import JOIN_TIMEOUT_S, call_within, left_behind_level
 
 log = logging.getLogger(__name__)
 
@@ -199,10 +199,6 @@ def _same_file(fd: int, path: str) -> bool:
     return (held.st_dev, held.st_ino) == (st.st_dev, st.st_ino)
 
 
-RELEASE_TIMEOUT_S = 10.0
-"""How long a run waits for its object-store lock's deletion."""
-
-
 class ObjectStoreLock:
     """An advisory lock object under an object-store prefix (no conditional put in pyarrow)."""
 
@@ -234,9 +230,9 @@ class ObjectStoreLock:
         self._record = record
 
     def release(self) -> None:
-        """Delete the lock object, waiting at most RELEASE_TIMEOUT_S: a store that stopped answering held a
-        stopped run for minutes here (an operator's trial). A lock left behind names this process, which
-        the next run on this host takes over once it has ended."""
+        """Delete the lock object, waiting at most JOIN_TIMEOUT_S (raypack.io.threads): a store that stopped
+        answering held a stopped run for minutes here (an operator's trial). A lock left behind names this
+        process, which the next run on this host takes over once it has ended."""
         if self._record is None:
             return
         self._record = None
@@ -248,7 +244,7 @@ class ObjectStoreLock:
                 pass
 
         try:
-            if not call_within(delete, RELEASE_TIMEOUT_S, "raypack-lock-release"):
+            if not call_within(delete, JOIN_TIMEOUT_S, "raypack-lock-release"):
                 log.log(left_behind_level(), "could not delete the lock %s (the store did not answer in time); the "
                         "next run on this host takes it over, or delete it once this run has ended", self.path)
         except OSError as e:

@@ -5,7 +5,8 @@ does (a Rust tokenizer): the read of batch k+1 overlaps the encode of batch k. M
 ``depth`` items beyond the one the caller holds. Order, values and exceptions are the iterator's
 own; an exception is raised where the caller would have met it. Closing the generator (or leaving
 a ``for`` loop early) stops the thread after the item it is producing (waiting at most
-JOIN_TIMEOUT_S); an exception in the caller (Ctrl-C) does not wait for it.
+JOIN_TIMEOUT_S, raypack.io.threads', or what is left of a stop's; past it, a read that hangs, the daemon
+thread is left to end on its own); an exception in the caller (Ctrl-C) does not wait for it.
 """
 
 from __future__ import annotations
@@ -15,14 +16,13 @@ import threading
 import time
 from typing import Iterator, TypeVar
 
+from raypack.io.threads import JOIN_TIMEOUT_S, time_left
+
 __all__ = ["prefetched"]
 
 T = TypeVar("T")
 
 _END = object()
-JOIN_TIMEOUT_S = 10.0
-"""How long a caller that leaves early waits for the producer to finish its item; past it (a read
-that hangs), the daemon thread is left to end on its own."""
 
 
 def prefetched(items: Iterator[T], depth: int = 1, name: str = "raypack-read-ahead") -> Iterator[T]:
@@ -64,7 +64,7 @@ def prefetched(items: Iterator[T], depth: int = 1, name: str = "raypack-read-ahe
         raise
     finally:
         stop.set()
-        deadline = time.monotonic() + wait_s
+        deadline = time.monotonic() + time_left(wait_s)
         while thread.is_alive() and time.monotonic() < deadline:
             try:  # unblock a producer waiting for a free slot
                 slots.get(timeout=0.05)

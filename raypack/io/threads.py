@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Collection, Iterable, TypeVar
 
 __all__ = ["JOIN_TIMEOUT_S", "call_within", "interruptible", "left_behind_level", "stop_pending", "stop_pool",
-           "stop_requested", "stopped_at", "threads_left"]
+           "stop_requested", "stopped_at", "threads_left", "time_left"]
 
 T = TypeVar("T")
 
@@ -60,8 +60,8 @@ def left_behind_level() -> int:
     return logging.DEBUG if _stop_deadline else logging.WARNING
 
 
-def _bounded(timeout: float) -> float:
-    """``timeout``, or less: what is left of a stop's deadline."""
+def time_left(timeout: float) -> float:
+    """``timeout``, or less: what is left of a stop's deadline (every wait of a stopped command shares it)."""
     if not _stop_deadline:
         return timeout
     return max(0.0, min(timeout, _stop_deadline[0] - time.monotonic()))
@@ -72,14 +72,14 @@ def stop_pool(pool: ThreadPoolExecutor, running: Iterable[Future], timeout: floa
     for at most ``timeout`` seconds in all."""
     pool.shutdown(wait=False, cancel_futures=True)
     # not the cancelled ones: futures.wait counts a job cancelled by shutdown as pending until its timeout
-    concurrent.futures.wait([f for f in running if not f.cancelled()], timeout=_bounded(timeout))
+    concurrent.futures.wait([f for f in running if not f.cancelled()], timeout=time_left(timeout))
 
 
 def call_within(fn: Callable[[], None], timeout: float, name: str) -> bool:
     """``fn()`` on a daemon thread, waited for at most ``timeout`` seconds: True when it ended in time (its
     exception, if any, is raised here), False when it is still running (left to end on its own)."""
     thread, outcome = _started(fn, name)
-    thread.join(_bounded(timeout))
+    thread.join(time_left(timeout))
     if thread.is_alive():
         return False
     outcome.result()

@@ -11,7 +11,8 @@ are not started, the running tasks after the failed one stop before their next r
 (:func:`until_stopped`: their partial files are removed, as on any error), the running tasks
 before it finish (one of them may fail too), and the failure of the earliest task is raised here,
 in the caller's thread. Ctrl-C stops every running task. A task that does not stop within
-JOIN_TIMEOUT_S (a read that hangs) is left to its daemon thread.
+JOIN_TIMEOUT_S (raypack.io.threads; after a Ctrl-C or SIGTERM, what is left of the stop's deadline, which every
+wait of a stopped command shares) is left to its daemon thread: a read that hangs.
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ import threading
 import time
 from typing import Callable, Iterator, Sequence, TypeVar
 
-__all__ = ["JOIN_TIMEOUT_S", "Stopped", "run_tasks", "until_stopped"]
+from raypack.io.threads import JOIN_TIMEOUT_S, time_left
+
+__all__ = ["Stopped", "run_tasks", "until_stopped"]
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-JOIN_TIMEOUT_S = 10.0
-"""How long a failed or interrupted run waits for its running tasks to stop."""
 POLL_S = 0.5
 
 
@@ -102,7 +103,7 @@ def run_tasks(fn: Callable[[T, threading.Event | None], R], tasks: Sequence[T], 
         with take:
             for event in stops.values():
                 event.set()
-        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        deadline = time.monotonic() + time_left(JOIN_TIMEOUT_S)
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         raise

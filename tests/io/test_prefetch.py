@@ -89,3 +89,27 @@ def test_an_exception_in_the_caller_does_not_wait_for_a_read_that_hangs():
         it.throw(KeyboardInterrupt)
     assert time.monotonic() - start < 1
     release.set()
+
+
+def test_leaving_early_in_a_stopped_command_waits_only_until_the_stops_deadline():
+    """A caller that leaves early (its generator closed, as when an error elsewhere unwinds a task) waits for a
+    read that hangs at most what is left of a Ctrl-C's or SIGTERM's deadline (raypack.io.threads), not 10 s more."""
+    from raypack.io.threads import stopped_at
+
+    release = threading.Event()
+
+    def items():
+        yield 1
+        release.wait(30)  # a read that hangs
+        yield 2
+
+    it = prefetched(items())
+    assert next(it) == 1
+    stopped_at(time.monotonic() + 0.3)
+    try:
+        start = time.monotonic()
+        it.close()
+        assert time.monotonic() - start < 3
+    finally:
+        stopped_at(None)
+        release.set()

@@ -47,7 +47,7 @@ def test_an_object_store_lock_whose_deletion_hangs_is_given_up_with_a_warning(mo
         def delete_file(self, path):
             release.wait(60)
 
-    monkeypatch.setattr(lock_module, "RELEASE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(lock_module, "JOIN_TIMEOUT_S", 0.3)
     held = lock_module.ObjectStoreLock(FrozenStore(), "bucket/out/.raypack-lock.json", what="output s3://bucket/out")
     held._record = lock_module.owner_record()
     started = time.monotonic()

@@ -170,6 +170,31 @@ def test_ctrl_c_in_the_caller_stops_the_running_tasks():
     assert not [t for t in threading.enumerate() if t.name.startswith("raypack-packer")]
 
 
+def test_a_stopped_run_waits_for_a_task_that_hangs_only_until_the_stops_deadline():
+    """Once a Ctrl-C or SIGTERM came, every wait of the command shares one deadline (raypack.io.threads); the
+    local engine's wait for its running tasks took its own 10 s from the failure instead."""
+    from raypack.io.threads import stopped_at
+
+    release, started = threading.Event(), threading.Event()
+
+    def task(k, stop):
+        if k == 0:
+            started.wait(10)
+            raise ValueError("task 0 failed")
+        started.set()
+        release.wait(30)  # a read that hangs: it never looks at its stop
+
+    stopped_at(time.monotonic() + 0.3)  # a signal came just before
+    try:
+        before = time.monotonic()
+        with pytest.raises(ValueError, match="task 0 failed"):
+            run_tasks(task, [0, 1], 2)
+        assert time.monotonic() - before < 3
+    finally:
+        stopped_at(None)
+        release.set()
+
+
 def test_until_stopped_closes_what_it_reads():
     closed = []
 
