@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -469,4 +470,7 @@ def test_sigterm_while_the_store_is_frozen_ends_the_run_within_seconds_and_resum
             assert clean.returncode == 0, clean.stderr
             assert (read_packed("s3://frozen/out").manifest.content_sha256
                     == read_packed(str(tmp_path / "clean")).manifest.content_sha256)
+            left = [info.path for info in fs.get_file_info(pafs.FileSelector("frozen/out", recursive=True))]
+            assert left and all(re.fullmatch(r"frozen/out/(manifest\.json|chunks-\d{12}-[0-9a-f]{16}\.arrow)", p)
+                                for p in left), left  # the stop's temporary uploads and lock, cleared by the resume
             clear_filesystem_cache()
