@@ -72,17 +72,17 @@ def test_depth_must_be_positive():
         next(prefetched(iter([1]), depth=0))
 
 
+def _one_then_a_read_that_hangs(release: threading.Event):
+    yield 1
+    release.wait(30)  # a read that hangs (a FIFO, a dead mount, a frozen store)
+    yield 2
+
+
 def test_an_exception_in_the_caller_does_not_wait_for_a_read_that_hangs():
     """Ctrl-C while the producer is stuck in a read (a FIFO, a dead mount): the caller's exception
     propagates at once; the daemon thread is left behind."""
     release = threading.Event()
-
-    def items():
-        yield 1
-        release.wait(30)  # a read that hangs
-        yield 2
-
-    it = prefetched(items())
+    it = prefetched(_one_then_a_read_that_hangs(release))
     assert next(it) == 1
     start = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
@@ -97,13 +97,7 @@ def test_leaving_early_in_a_stopped_command_waits_only_until_the_stops_deadline(
     from raypack.io.threads import stopped_at
 
     release = threading.Event()
-
-    def items():
-        yield 1
-        release.wait(30)  # a read that hangs
-        yield 2
-
-    it = prefetched(items())
+    it = prefetched(_one_then_a_read_that_hangs(release))
     assert next(it) == 1
     stopped_at(time.monotonic() + 0.3)
     try:
