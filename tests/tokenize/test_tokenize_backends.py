@@ -493,7 +493,10 @@ SHAPE_TEXTS = [*CORPUS[:-1], "abc123def 4567 x9", "<x> a<x>b <x>  <y>z", " <y> "
                "\u13e3\u13b3\u13a9 \uab70 \u13a0 caf\u00e9 th\u13a0e wor\u13a0ld he\u13a0llo", "x<a>y <a> x<a>yx<a>y",
                "<a>\n<b> <a> \n<b><a>\n<b>",
                # a hostile trial: runs of 4+ digits, and whitespace ending a document, under two Split regexes
-               *["order 12345 shipped 1234567 x 1234", "line \n ", "x\r  ", " \n  ", "x \n \t", "end \n\n "] * 3]
+               *["order 12345 shipped 1234567 x 1234", "line \n ", "x\r  ", " \n  ", "x \n \t", "end \n\n "] * 3,
+               # another: a BOM first, whitespace beside stripping tokens, a text an added token's leading space fits
+               "\ufeffHello world", "\ufeff", "a\n\nb", "\n\n", "the", "the cat sat", "\nthe", "x\n<mask>",
+               "fill in\n<mask> here", "<mask>\nx"]
 
 
 def _dense(vocab: dict) -> dict:
@@ -620,6 +623,22 @@ SHAPES = {
     "cl100k Split ending in \\s+": ("bl", {"pre_tokenizer": _seq(_split(CL100K_PLUS), _bl(regex=False))}, []),
     "llama3 with one newline": ("bl", {"pre_tokenizer": _seq(_split(LLAMA3.replace(r"\s*[\r\n]+", r"\s*[\r\n]")),
                                                              _bl(regex=False))}, []),
+    # a second exactness fuzz: gigatoken prepends Metaspace's "first" replacement where tokenizers does not (the
+    # text's first characters deleted), and adds ByteLevel's prefix space before it matches added tokens
+    "sp Metaspace first, a BOM replaced by nothing": ("sp", {"pre_tokenizer": _METASPACE, "normalizer": {
+        "type": "Replace", "pattern": {"String": "\ufeff"}, "content": ""}}, []),
+    "sp Metaspace first, Strip": ("sp", {"pre_tokenizer": _METASPACE, "normalizer": {
+        "type": "Strip", "strip_left": True, "strip_right": True}}, []),
+    "sp Metaspace first, a Replace by a character": ("sp", {"pre_tokenizer": _METASPACE, "normalizer": {
+        "type": "Replace", "pattern": {"String": "\ufeff"}, "content": "_"}}, []),
+    "gpt2 prefix space, an added token with a leading space": ("bl", {"pre_tokenizer": _bl(prefix=True)},
+                                                               [(" the", {})]),
+    # ... and fastokens matches whitespace beside a stripping added token otherwise
+    "gpt2, a newline token that strips both sides": ("bl", {}, [("\n", {"lstrip": True, "rstrip": True})]),
+    "gpt2, lstrip beside a normalized newline token": ("bl", {}, [("<mask>", {"lstrip": True}),
+                                                                  ("\n", {"normalized": True})]),
+    # ... and fastokens fails on a byte_fallback vocabulary under ByteLevel, which lacks the byte characters
+    "sp under ByteLevel": ("sp", {"normalizer": None, "pre_tokenizer": _bl(regex=True)}, []),
 }
 GIGATOKEN_TAKES = {"gpt2", "gpt2 prefix space", "gpt2 ignore_merges",
                    "gpt2 unk_token fuse_unk", "gpt2 truncation and padding in the file", "gpt2 added tokens",
@@ -627,7 +646,8 @@ GIGATOKEN_TAKES = {"gpt2", "gpt2 prefix space", "gpt2 ignore_merges",
                    "sp no normalizer", "sp Metaspace", "sp Metaspace always, no split",
                    "gpt2 NFC", "gpt2 Sequence[NFC]", "qwen2 NFC",
                    "sp Prepend+Replace, normalized added tokens", "sp Metaspace, normalized added tokens",
-                   "qwen marks", "o200k without contractions", "gpt2 as a Split"}
+                   "qwen marks", "o200k without contractions", "gpt2 as a Split",
+                   "sp Metaspace first, a Replace by a character"}
 GIGATOKEN_ROUTES = ["gpt2 NFC", "gpt2 Sequence[NFC]", "qwen2 NFC"]
 """Taken, though the library itself encodes some texts otherwise: those holding a code point of its
 encoder's ``misread`` go to the reference (gigatoken's NFC_MISREAD)."""
@@ -641,7 +661,9 @@ GIGATOKEN_MISENCODES = ["ByteLevel without its regex", "no pre-tokenizer, byte-l
                         "gpt2 NFC, a normalized added token with a mark",
                         "gpt2, overlapping added tokens, one normalized",
                         "gpt2, rstrip beside a token that begins with a newline", "gpt2, merges listed twice",
-                        "cl100k Split ending in \\s+", "llama3 with one newline"]
+                        "cl100k Split ending in \\s+", "llama3 with one newline",
+                        "sp Metaspace first, a BOM replaced by nothing", "sp Metaspace first, Strip",
+                        "gpt2 prefix space, an added token with a leading space"]
 
 
 @pytest.fixture(scope="module")
@@ -678,11 +700,18 @@ FASTOKENS_REFUSES = {"sp Metaspace", "sp Metaspace, normalized added tokens", "s
                      "an added token's id past a gap", "cl100k-style Split", "(?m) Split",
                      "sp without byte tokens 0x80-0xFF, no unk", "gpt2 without the byte character of a space",
                      "gpt2, overlapping added tokens, one normalized", "o200k without contractions", "gpt2 as a Split",
-                     "cl100k Split ending in \\s+", "llama3 with one newline"}
+                     "cl100k Split ending in \\s+", "llama3 with one newline",
+                     "sp Metaspace first, a BOM replaced by nothing", "sp Metaspace first, Strip",
+                     "sp Metaspace first, a Replace by a character", "sp under ByteLevel",
+                     "added token with a leading space, rstrip",
+                     "gpt2, rstrip beside a token that begins with a newline",
+                     "gpt2, a newline token that strips both sides", "gpt2, lstrip beside a normalized newline token"}
 TAKES = {"gigatoken": GIGATOKEN_TAKES, "fastokens": set(SHAPES) - FASTOKENS_REFUSES}
 MISENCODES = {"gigatoken": GIGATOKEN_MISENCODES,
               "fastokens": ["no pre-tokenizer, byte-level", "Split alone", "an added token's id past a gap",
-                            "cl100k-style Split", "(?m) Split", "gpt2, overlapping added tokens, one normalized"]}
+                            "cl100k-style Split", "(?m) Split", "gpt2, overlapping added tokens, one normalized",
+                            "gpt2, a newline token that strips both sides",
+                            "gpt2, lstrip beside a normalized newline token"]}
 
 
 @pytest.mark.parametrize("backend", FAST_INSTALLED)

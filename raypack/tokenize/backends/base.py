@@ -73,7 +73,8 @@ def tokenizer_json(tokenizer: TextTokenizer, inexact: Callable[[dict[str, Any]],
     """The bytes of ``tokenizer``'s tokenizer.json and its parsed config (read and parsed once), or
     ``Unsupported`` naming why ``backend`` may not give its ids: ``inexact(config)`` (the backend's
     proven shapes); a vocabulary that cannot hold every byte; a normalized added token the normalizer
-    empties; a normalized added token overlapping one that is not; or an added token whose id in the
+    empties; a normalized added token overlapping one that is not; an added token that strips whitespace
+    where whitespace is a token's too; or an added token whose id in the
     file is not the one ``tokenizers`` gives it (it numbers added tokens after the vocabulary,
     whatever a file with a gap says; the Rust backends take the file's). Every one of these made a
     Rust backend give other ids, or fail, in a trial."""
@@ -85,7 +86,7 @@ def tokenizer_json(tokenizer: TextTokenizer, inexact: Callable[[dict[str, Any]],
     reason = (_untyped_model(config) or inexact(config)) if isinstance(config, dict) else "not a JSON object"
     if reason is None:
         reason = (incomplete_vocabulary(config, backend) or _normalized_to_nothing(config, backend)
-                  or _overlapping_added_tokens(config, backend))
+                  or _overlapping_added_tokens(config, backend) or _stripping_added_tokens(config, backend))
     for token in (config.get("added_tokens") or []) if reason is None else []:
         if not isinstance(token, dict) or not isinstance(token.get("content"), str):
             continue
@@ -114,13 +115,14 @@ def incomplete_vocabulary(config: dict[str, Any], backend: str) -> str | None:
         if missing is not None:
             return (f"byte_fallback without the byte token {missing} in the vocabulary: tokenizers drops such a "
                     f"byte and merges across it, {backend} does not")
-    elif "ByteLevel" in part_types(config.get("pre_tokenizer"), "pretokenizers"):
+    if "ByteLevel" in part_types(config.get("pre_tokenizer"), "pretokenizers"):  # with byte_fallback too (a trial)
         import tokenizers
 
         missing = next((c for c in sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet()) if c not in vocab), None)
         if missing is not None:
-            return (f"a ByteLevel vocabulary without the byte character {missing!r}: tokenizers drops that byte, "
-                    f"{backend} fails the whole batch")
+            takes = "its byte token" if model.get("byte_fallback") else "nothing"
+            return (f"a ByteLevel pre-tokenizer over a vocabulary without the byte character {missing!r}: tokenizers "
+                    f"encodes that byte as {takes}, {backend} fails the whole batch")
     return None
 
 
@@ -160,6 +162,28 @@ def _overlapping_added_tokens(config: dict[str, Any], backend: str) -> str | Non
             if a in b or b in a or any(a.endswith(b[:k]) or b.endswith(a[:k]) for k in range(1, min(len(a), len(b)))):
                 return (f"added tokens {a!r} (normalized) and {b!r} (not) overlap, which tokenizers matches in two "
                         f"passes and {backend} in one")
+    return None
+
+
+def _stripping_added_tokens(config: dict[str, Any], backend: str) -> str | None:
+    """An added token that strips the whitespace beside it (``lstrip``/``rstrip``) where whitespace is matched
+    otherwise too: the token begins or ends with whitespace itself (``"\\n"`` with both, which fastokens matched
+    twice in ``"\\n\\n"`` and ``tokenizers`` once), or a token beside it begins (``rstrip``) or ends (``lstrip``)
+    with whitespace, which the strip takes in ``tokenizers`` and the backends match as that token (gigatoken; and
+    fastokens, ``<mask>`` with ``lstrip`` beside a normalized ``"\\n"`` in ``"x\\n<mask>"``). Hostile trials
+    found each. None when there is none."""
+    tokens = added_tokens_with_content(config)
+    for token in tokens:
+        content = token["content"]
+        if (token.get("lstrip") or token.get("rstrip")) and content != content.strip():
+            return (f"added token {content!r} begins or ends with whitespace and strips it beside it (lstrip/rstrip), "
+                    f"which {backend} matches otherwise")
+    for strip, edge, where in (("rstrip", 0, "begins"), ("lstrip", -1, "ends")):
+        stripping = next((t for t in tokens if t.get(strip)), None)
+        spaced = next((t for t in tokens if t is not stripping and t["content"][edge].isspace()), None)
+        if stripping is not None and spaced is not None:
+            return (f"added token {stripping['content']!r} strips whitespace ({strip}) and {spaced['content']!r} "
+                    f"{where} with whitespace, which {backend} matches otherwise")
     return None
 
 

@@ -187,13 +187,14 @@ def inexact(config: dict[str, Any]) -> str | None:
 
     * a BPE model without ``continuing_subword_prefix`` or ``end_of_word_suffix``, and no added
       token with ``single_word``;
-    * byte-level (no ``byte_fallback``): the pre-tokenizer ``ByteLevel`` with ``use_regex`` (GPT-2),
-      or ``Sequence[Split(regex, Isolated), ByteLevel(use_regex=false, add_prefix_space=false)]`` with
+    * byte-level (no ``byte_fallback``): the pre-tokenizer ``ByteLevel`` with ``use_regex`` (GPT-2;
+      with ``add_prefix_space``, no added token that begins with whitespace), or
+      ``Sequence[Split(regex, Isolated), ByteLevel(use_regex=false, add_prefix_space=false)]`` with
       a regex of :data:`PROVEN_SPLITS` (Llama 3, Qwen 2, o200k-style, GPT-2 as a Split);
-    * SentencePiece-style (``byte_fallback``): no pre-tokenizer, or ``Metaspace``.
+    * SentencePiece-style (``byte_fallback``): no pre-tokenizer, or ``Metaspace`` (with
+      ``prepend_scheme: "first"``, no normalizer that deletes characters: :func:`_first_piece_moved`);
 
-    * no added token that begins or ends with whitespace and strips whitespace beside it, and no
-      stripping token beside one that begins (rstrip) or ends (lstrip) with whitespace;
+    * (added tokens that strip whitespace are refused for every backend: ``tokenizer_json`` in base.py)
     * no merge listed twice, and no ``ignore_merges`` with ``byte_fallback`` (byte-level
       ``ignore_merges``, Llama 3's, is exact);
     * an NFC normalizer is taken: gigatoken's normalization data is another Unicode version's than
@@ -221,14 +222,6 @@ def inexact(config: dict[str, Any]) -> str | None:
                     "and gigatoken in the text as written (e.g. before U+0338, which composes with '>')")
         if isinstance(token, dict) and token.get("single_word"):
             return f"added token {token.get('content')!r} is single_word, which gigatoken matches differently"
-        content = token.get("content") if isinstance(token, dict) else None
-        if (isinstance(content, str) and (token.get("lstrip") or token.get("rstrip"))
-                and content != content.strip()):
-            return (f"added token {content!r} begins or ends with whitespace and strips it beside it (lstrip/rstrip), "
-                    "which gigatoken matches differently")
-    reason = _added_tokens_matched_otherwise(added_tokens_with_content(config))
-    if reason:
-        return reason
     if model.get("byte_fallback") and model.get("ignore_merges"):
         return "ignore_merges with byte_fallback, which gigatoken ignores (a word in the vocabulary is merged instead)"
     counts = collections.Counter(m if isinstance(m, str) else " ".join(map(str, m)) for m in model.get("merges") or [])
@@ -238,10 +231,16 @@ def inexact(config: dict[str, Any]) -> str | None:
                 "first")
     pre = config.get("pre_tokenizer")
     if model.get("byte_fallback"):
+        if _is(pre, "Metaspace") and pre.get("prepend_scheme") == "first":
+            return _first_piece_moved(config.get("normalizer"))
         if pre is None or _is(pre, "Metaspace"):
             return None
         return f"pre-tokenizer {_describe(pre)} with byte_fallback; gigatoken is proven exact with none or Metaspace"
     if _is(pre, "ByteLevel") and pre.get("use_regex", True):
+        spaced = next((t["content"] for t in added_tokens_with_content(config) if t["content"][0].isspace()), None)
+        if pre.get("add_prefix_space", True) and spaced is not None:
+            return (f"added token {spaced!r} begins with whitespace, beside ByteLevel's add_prefix_space: gigatoken "
+                    "adds the space before it matches added tokens, tokenizers after")
         return None
     if _is(pre, "Sequence"):
         parts = pre.get("pretokenizers") or []
@@ -264,16 +263,25 @@ def _short(pattern: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else f"{text[:limit]}...'"
 
 
-def _added_tokens_matched_otherwise(tokens: list[dict[str, Any]]) -> str | None:
-    """Added tokens gigatoken matches otherwise than ``tokenizers`` (found by a hostile trial): a token
-    that strips whitespace (lstrip/rstrip) beside one that begins (rstrip) or ends (lstrip) with
-    whitespace, whose whitespace gigatoken's strip takes."""
-    for strip, edge, where in (("rstrip", 0, "begins"), ("lstrip", -1, "ends")):
-        stripping = next((t for t in tokens if t.get(strip)), None)
-        spaced = next((t for t in tokens if t is not stripping and t["content"][edge].isspace()), None)
-        if stripping is not None and spaced is not None:
-            return (f"added token {stripping['content']!r} strips whitespace ({strip}) and {spaced['content']!r} "
-                    f"{where} with whitespace, which gigatoken's strip takes")
+KEEPS_THE_FIRST_CHARACTER = frozenset({"NFC", "NFD", "NFKC", "NFKD", "Lowercase", "Prepend", "Sequence"})
+"""Normalizers that never delete a character, so the normalized text's first piece still begins where the text
+does (a Replace does too where its content is not empty)."""
+
+
+def _first_piece_moved(normalizer: Any) -> str | None:
+    """Why Metaspace's ``prepend_scheme: "first"`` may part from ``tokenizers`` under ``normalizer``: it prepends
+    the replacement only where the normalized text still begins at the original text's first character, so a
+    normalizer that deletes a text's first characters (a Replace of a BOM by "", Strip) leaves it out, and
+    gigatoken prepends it all the same (a hostile trial). None for a normalizer that deletes nothing."""
+    parts = [normalizer] if isinstance(normalizer, dict) else []
+    while parts:
+        part = parts.pop()
+        parts.extend(p for p in part.get("normalizers") or [] if isinstance(p, dict))
+        kind = part.get("type")
+        if kind == "Replace" and part.get("content") == "" or kind not in KEEPS_THE_FIRST_CHARACTER | {"Replace"}:
+            return (f"normalizer {kind} {'by nothing ' if kind == 'Replace' else ''}beside Metaspace's prepend_scheme "
+                    "\"first\": tokenizers prepends no replacement where the text's first characters are deleted, "
+                    "gigatoken does")
     return None
 
 
