@@ -41,10 +41,11 @@ import pyarrow as pa
 import ray
 
 from raypack.engine.connect import connect_hint, resolve_address
-from raypack.engine.reaper import reaping, session_glob, start_reaper
+from raypack.engine.reaper import end_processes, reaping, session_glob, session_workers, start_reaper
 from raypack.engine.workers import ShardPackerActor, TextPackerActor, TextTokenizerActor, count_tasks
 from raypack.errors import InputError, worker_error_from_text
 from raypack.io.terminal import RAY_VERBOSE, terminated
+from raypack.io.threads import time_left
 from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts, table_to_results
 from raypack.packed.chunk_files import chunks_table, iter_file_tables
 from raypack.rules.core import Chunks
@@ -72,6 +73,21 @@ def leave(code: int) -> None:
     if not (_EMBEDDED and reaping()):
         ray.shutdown()
     os._exit(code)
+
+
+def end_workers() -> None:
+    """End this process's embedded Ray's workers now (SIGKILL), waiting for them at most what is left of the stop's
+    deadline, 2 s at most: a stopped command calls it before it gives its output's lock back. Ray's own kill
+    (``ray.kill`` of an actor) and the reaper end them only later, and an actor went on packing meanwhile: an
+    operator's stop trial found a chunk file written into the staging directory 80 ms after the command had exited,
+    where a ``--resume`` started at once could have met it. On a cluster, Ray's kill is all there is."""
+    if not _EMBEDDED:
+        return
+    session = _node_path("get_session_dir_path", "")
+    if session:
+        left = end_processes(session_workers(session, exclude=(os.getpid(),)), time_left(2.0))
+        if left:
+            log.debug("Ray workers %s had not ended within the stop's deadline", left)
 
 
 def init_ray(address: str | None = None, *, verbose: bool | None = None) -> None:

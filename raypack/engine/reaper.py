@@ -30,7 +30,8 @@ import subprocess
 import sys
 import time
 
-__all__ = ["reap", "reaping", "session_glob", "session_processes", "sessions_started", "start_reaper"]
+__all__ = ["end_processes", "reap", "reaping", "session_glob", "session_processes", "session_workers",
+           "sessions_started", "start_reaper"]
 
 _REAPERS: dict[str, subprocess.Popen] = {}
 """This process's reapers by session (each one's stdin is the pipe's write end: kept open while
@@ -99,6 +100,51 @@ def session_processes(session_dir: str, exclude: tuple[int, ...] = ()) -> list[i
         except OSError:
             continue
     return found
+
+
+AGENTS = (b"ray::DashboardAgent", b"ray::RuntimeEnvAgent")
+"""Processes of a session named ``ray::`` that are not workers: the raylet's agents."""
+
+
+def session_workers(session_dir: str, exclude: tuple[int, ...] = ()) -> list[int]:
+    """The worker processes of the Ray session ``session_dir``: actors', tasks' and idle ones, which Ray names
+    ``ray::...`` (``ray::TextPackerActor.pack``, ``ray::IDLE``); not its agents, GCS or raylet."""
+    found = []
+    for pid in session_processes(session_dir, exclude):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                name = f.read().split(b"\0", 1)[0].rstrip()
+        except OSError:
+            continue
+        if name.startswith(b"ray::") and name not in AGENTS:
+            found.append(pid)
+    return found
+
+
+def end_processes(pids: list[int], timeout: float) -> list[int]:
+    """SIGKILL ``pids`` and wait at most ``timeout`` seconds until each has ended (gone, or a zombie its parent has
+    not reaped yet: it runs no more code); those still running after it."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    deadline = time.monotonic() + timeout
+    running = list(pids)
+    while running:
+        running = [pid for pid in running if _running(pid)]
+        if not running or time.monotonic() >= deadline:
+            break
+        time.sleep(0.01)
+    return running
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
 
 
 def _holds_a_file_in(pid: str, root: str) -> bool:

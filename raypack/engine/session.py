@@ -36,6 +36,9 @@ def on_ray(run, what: str):
     pipeline = engine()
     try:
         return run(pipeline)
+    except (KeyboardInterrupt, SystemExit):  # a stop: the workers end before the output's lock is given back
+        pipeline.end_workers()
+        raise
     except Exception as e:
         cause = pipeline.original_error(e)
         if isinstance(cause, OSError) and cause.errno != errno.ENOSPC and not isinstance(cause, InputError):

@@ -85,6 +85,7 @@ def run_published(output: str, *, overwrite: bool, resume: bool, plan: Callable[
             if not resumable:
                 target.discard()
                 raise Interrupted(None) from None
+            target.after_stop()
             raise Interrupted(target.work_dir, target.holds_finished_work()) from None
         except BaseException as e:
             if isinstance(e, InputChanged):  # not bad data: the tasks finished from the other files stay

@@ -160,3 +160,61 @@ def test_the_reaper_never_reaps_what_started_the_driver():
     above = ancestors(os.getpid())
     assert above[0] == os.getppid() and 1 not in above[:-1], above
     assert ancestors(999_999_999) == ()
+
+
+def _stop_trial_corpus(root: Path) -> list[str]:
+    """A text corpus of ~40 tasks and its tokenizer: ``pack --tokenizer`` arguments without the output."""
+    import json
+
+    from helpers import CORPUS, train_byte_level_bpe
+
+    train_byte_level_bpe(CORPUS * 5, 400).save(str(root / "tokenizer.json"))
+    (root / "in").mkdir()
+    for k in range(8):
+        (root / "in" / f"p{k}.jsonl").write_text("".join(
+            json.dumps({"text": f"{k} {i} " + CORPUS[i % len(CORPUS)] * 3}) + "\n" for i in range(3000)))
+    return ["pack", "--input", str(root / "in"), "--context-length", "64", "--tokenizer", str(root / "tokenizer.json"),
+            "--task-bytes", "200000", "--workers", "2"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_stopped_ray_run_ends_its_packers_before_it_exits(tmp_path):
+    """Ctrl-C in ``pack --tokenizer`` on an embedded Ray: its actors went on packing after the command had exited
+    (Ray's kill and the reaper end them later), and an operator's stop trial saw a chunk file written into the
+    staging directory 80 ms after the exit, where a ``--resume`` started at once would meet it. Now no worker of its
+    session runs once it has exited, and the staging directory does not change after."""
+    from raypack.engine.reaper import session_workers
+    from raypack.pack.publish import staging_dir
+
+    args = [*_stop_trial_corpus(tmp_path), "--output", str(tmp_path / "out")]
+    staging = Path(staging_dir(str(tmp_path / "out")))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    run = subprocess.Popen([sys.executable, "-m", "raypack.cli", *args], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True, env={**env, "PYTHONPATH": REPO}, cwd=str(tmp_path))
+    try:
+        session = ""
+        for line in run.stderr:
+            if line.startswith("Ray's logs are in "):
+                session = os.path.dirname(line.split("Ray's logs are in ", 1)[1].split(" (-v", 1)[0])
+                break
+        assert os.path.isdir(session), session
+        deadline = time.monotonic() + 120
+        while not list((staging / "_results").glob("task-*")) and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)  # packing is under way
+        assert run.poll() is None, "vacuous: the run ended before it was stopped"
+        run.send_signal(signal.SIGINT)
+        err = run.stderr.read()
+        run.wait(timeout=60)
+        workers = session_workers(session)  # at once: the reaper ends what is left half a second later
+        listing = sorted(p.name for p in staging.rglob("*"))
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 130, err
+    lines = [line for line in err.strip().splitlines() if not line.startswith("packed ")]
+    assert len(lines) == 1 and lines[0].startswith("raypack: interrupted; the finished work is kept in "), err
+    assert not workers, [open(f"/proc/{p}/cmdline", "rb").read()[:60] for p in workers if os.path.exists(f"/proc/{p}")]
+    time.sleep(1.5)
+    assert sorted(p.name for p in staging.rglob("*")) == listing
+    assert not [name for name in listing if ".tmp" in name], listing

@@ -27,6 +27,7 @@ between them is recovered the same way.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -282,6 +283,14 @@ class LocalOutput:
         elif os.path.isdir(staging) and not isinstance(error, PublishFailed):  # that one's line says what is kept
             log.error("the run failed; its finished shards are kept in %s: rerun with --resume to finish it", staging)
 
+
+    def after_stop(self) -> None:
+        """A stopped run (Ctrl-C, SIGTERM) keeps its finished tasks; its unfinished files go. They are those of a
+        task a stopped Ray worker was writing (raypack.engine.pipeline.end_workers ended it before the lock is
+        given back: an operator's stop trial left such a .tmp chunk file, which only the next run cleared)."""
+        if os.path.isdir(self.work_dir):
+            with contextlib.suppress(OSError):  # a file a hung thread still writes: the next run's sweep
+                self._remove_temporary_files()
 
     def _remove_temporary_files(self) -> None:
         """This run's unfinished files; the finished tasks' files and records stay."""

@@ -105,6 +105,10 @@ class ObjectStoreOutput:
     def publish(self) -> None:
         """Nothing to do: the manifest, written last, published the output."""
 
+    def after_stop(self) -> None:
+        """Nothing: a stop does not wait on the store (it may be what stopped answering); the next run clears this
+        run's temporary uploads."""
+
     def after_failure(self, error: BaseException) -> None:
         """Bad input leaves nothing (everything under the prefix is deleted); anything else keeps the work."""
         if isinstance(error, InputError):
