@@ -263,13 +263,16 @@ def test_an_output_beside_an_input_file_is_packed(capsys, tmp_path, shards, give
 
 
 def test_non_empty_output_without_overwrite(capsys, tmp_path, shards):
+    """A directory holding a file raypack did not write: --overwrite would refuse it too, so the line does not
+    offer it (it explained --overwrite to a --resume)."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("x")
     code = main(["pack", "--local", "--input", str(shards), "--output", str(out), "--context-length", "4",
                  "--pad-token", "0"])
     err = capsys.readouterr().err.strip()
-    assert code == 2 and "--overwrite" in err and (out / "keep.txt").exists()
+    assert code == 2 and "holds 'keep.txt', which raypack did not write; choose another --output" in err
+    assert "--overwrite" not in err and (out / "keep.txt").exists()
 
 
 def test_verify_exit_codes(capsys, tmp_path, shards):
