@@ -10,6 +10,7 @@ import errno
 import re
 
 from raypack.errors import InputError, WorkerError, install_extra
+from raypack.io.threads import stop_pending
 
 RAY_EXTRA = f"{install_extra('ray')} (or pass --local to run in this process)"
 
@@ -36,8 +37,9 @@ def on_ray(run, what: str):
     pipeline = engine()
     try:
         return run(pipeline)
-    except (KeyboardInterrupt, SystemExit):  # a stop: the workers end before the output's lock is given back
-        pipeline.end_workers()
+    except (KeyboardInterrupt, SystemExit):
+        if stop_pending():  # the command's Ctrl-C or SIGTERM: its workers end before the output's lock is given back
+            pipeline.end_workers()  # (not a caller's Ctrl-C in its own process, whose Ray may run its own actors)
         raise
     except Exception as e:
         cause = pipeline.original_error(e)
