@@ -19,6 +19,7 @@ flat at ~320 MiB over 350 MB of distinct random words, BENCHMARKS.md).
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 import numpy as np
@@ -31,6 +32,7 @@ from raypack.tokenize.backends.base import (
     QWEN2_SPLIT,
     QWEN_MARKS_SPLIT,
     Unsupported,
+    added_tokens_with_content,
     package_version,
     part_types,
     rank_file_on_disk,
@@ -119,12 +121,59 @@ def inexact(config: dict[str, Any]) -> str | None:
     if not model.get("byte_fallback") and "ByteLevel" not in part_types(pre, "pretokenizers"):
         return ("a BPE neither byte-level (ByteLevel) nor with byte_fallback: tokenizers merges across a character "
                 "outside the vocabulary, which it drops, and fastokens does not ('>' U+0338 '<')")
+    unmerged = _token_over_a_missing_character(model, config)
+    if unmerged:
+        return unmerged
     for pattern in _regexes(normalizer) + _regexes(pre):
         if pattern not in PROVEN_REGEXES:
             return (f"the regex {pattern[:48]!r}{'...' if len(pattern) > 48 else ''}, not one fastokens is proven "
                     "to read as tokenizers' Oniguruma does (Llama 3's, Qwen 2's, o200k's, GPT-2's, DeepSeek V3's)")
     return None
 
+
+def _token_over_a_missing_character(model: dict[str, Any], config: dict[str, Any]) -> str | None:
+    """With ``byte_fallback``, a vocabulary token holding a character that is no token of its own (``日本`` without
+    ``日``; ``<s>`` without ``<``, as a trainer makes a special token) where the model may meet that token's text:
+    ``tokenizers`` encodes the character as its byte tokens and never merges across it, fastokens takes the whole
+    token (a hostile trial: Llama 2's and Gemma's shapes with such a vocabulary, wrong ids in a real run). None
+    where every character of every such token is a token (as in a SentencePiece vocabulary, whose pieces are
+    merges of characters)."""
+    vocab = model.get("vocab")
+    if not model.get("byte_fallback") or not isinstance(vocab, dict):
+        return None
+    single = {t for t in vocab if isinstance(t, str) and len(t) == 1}
+    unnormalized = {t["content"] for t in added_tokens_with_content(config) if not t.get("normalized", True)}
+    for token in vocab:
+        if not isinstance(token, str) or len(token) < 2 or BYTE_TOKEN.fullmatch(token):
+            continue
+        if token in unnormalized and _normalizer_cannot_make(token, config.get("normalizer")):
+            continue  # its text is always taken as the added token before the model sees it
+        missing = next((c for c in token if c not in single), None)
+        if missing is not None:
+            return (f"the vocabulary token {token!r} holds {missing!r}, which is no token of its own: tokenizers "
+                    "encodes that character as its byte tokens, fastokens as the whole token")
+    return None
+
+
+def _normalizer_cannot_make(token: str, normalizer: Any) -> bool:
+    """Whether ``normalizer`` never makes ``token``'s text where the text did not hold it: every part a Prepend or a
+    Replace whose inserted text shares no character with the token (a Replace by nothing joins what was apart,
+    Lowercase makes ``<s>`` of ``<S>``)."""
+    parts = [normalizer] if isinstance(normalizer, dict) else []
+    while parts:
+        part = parts.pop()
+        kind = part.get("type")
+        if kind == "Sequence":
+            parts.extend(p for p in part.get("normalizers") or [] if isinstance(p, dict))
+            continue
+        inserted = part.get("prepend") if kind == "Prepend" else part.get("content") if kind == "Replace" else None
+        if not isinstance(inserted, str) or not inserted or set(inserted) & set(token):
+            return False
+    return True
+
+
+BYTE_TOKEN = re.compile(r"<0x[0-9A-F]{2}>")
+"""A byte fallback token's text."""
 
 BYTE_TOKEN_TEXT = "<0x"
 """What every byte token's text begins with: a document that holds it goes to the reference (FastokensEncoder)."""
