@@ -952,6 +952,9 @@ def test_fastokens_is_refused_a_byte_fallback_token_whose_characters_are_not_tok
             if ids[offsets[k]:offsets[k + 1]].tolist() != want.values[want.offsets[k]:want.offsets[k + 1]].tolist()]
     with pytest.raises(Unsupported, match="which is no token of its own"):
         BACKENDS["fastokens"].encoder(reference)
+    if GigatokenBackend().version() is not None and "Lowercase" not in json.dumps(config):  # what auto takes then
+        got = BackedTokenizer(reference, "gigatoken", BACKENDS["gigatoken"].encoder(reference))
+        assert_same_ids(got.encode_flat(pa.array(texts)), want, texts)
 
 
 @needs_gigatoken
