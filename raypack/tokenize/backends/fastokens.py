@@ -142,7 +142,8 @@ def _token_over_a_missing_character(model: dict[str, Any], config: dict[str, Any
     if not model.get("byte_fallback") or not isinstance(vocab, dict):
         return None
     single = {t for t in vocab if isinstance(t, str) and len(t) == 1}
-    unnormalized = {t["content"] for t in added_tokens_with_content(config) if not t.get("normalized", True)}
+    unnormalized = {t["content"] for t in added_tokens_with_content(config)  # single_word: not inside a word
+                    if not t.get("normalized", True) and not t.get("single_word")}
     for token in vocab:
         if not isinstance(token, str) or len(token) < 2 or BYTE_TOKEN.fullmatch(token):
             continue
