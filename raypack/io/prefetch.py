@@ -5,7 +5,7 @@ does (a Rust tokenizer): the read of batch k+1 overlaps the encode of batch k. M
 ``depth`` items beyond the one the caller holds. Order, values and exceptions are the iterator's
 own; an exception is raised where the caller would have met it. Closing the generator (or leaving
 a ``for`` loop early) stops the thread after the item it is producing (waiting at most
-JOIN_TIMEOUT_S, raypack.io.threads', or what is left of a stop's; past it, a read that hangs, the daemon
+JOIN_TIMEOUT_S of raypack.io.threads, or what is left of a stop's deadline; past it, a read that hangs, the daemon
 thread is left to end on its own); an exception in the caller (Ctrl-C) does not wait for it.
 """
 

@@ -283,7 +283,6 @@ class LocalOutput:
         elif os.path.isdir(staging) and not isinstance(error, PublishFailed):  # that one's line says what is kept
             log.error("the run failed; its finished shards are kept in %s: rerun with --resume to finish it", staging)
 
-
     def after_stop(self) -> None:
         """A stopped run (Ctrl-C, SIGTERM) keeps its finished tasks; its unfinished files go. They are those of a
         task a stopped Ray worker was writing (raypack.engine.pipeline.end_workers ended it before the lock is

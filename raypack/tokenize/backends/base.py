@@ -198,12 +198,17 @@ def _untyped_model(config: dict[str, Any]) -> str | None:
     return None
 
 
-def part_types(part: Any, children: str) -> list[str]:
-    """The ``type`` of a normalizer or pre-tokenizer ``part`` and of every part nested in its Sequences
-    (``children``: "normalizers" or "pretokenizers")."""
+def parts(part: Any, children: str) -> list[dict[str, Any]]:
+    """A normalizer or pre-tokenizer ``part`` and every part nested in its Sequences, in order
+    (``children``: "normalizers" or "pretokenizers"); none where ``part`` is not an object."""
     if not isinstance(part, dict):
         return []
-    return [str(part.get("type")), *(t for child in part.get(children) or [] for t in part_types(child, children))]
+    return [part, *(p for child in part.get(children) or [] for p in parts(child, children))]
+
+
+def part_types(part: Any, children: str) -> list[str]:
+    """The ``type`` of each of :func:`parts`."""
+    return [str(p.get("type")) for p in parts(part, children)]
 
 
 def tiktoken_ranks(name: str, rank_file) -> bytes:

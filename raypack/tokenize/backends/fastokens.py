@@ -35,6 +35,7 @@ from raypack.tokenize.backends.base import (
     added_tokens_with_content,
     package_version,
     part_types,
+    parts,
     rank_file_on_disk,
     tiktoken_ranks,
     tokenizer_json,
@@ -160,12 +161,9 @@ def _normalizer_cannot_make(token: str, normalizer: Any) -> bool:
     """Whether ``normalizer`` never makes ``token``'s text where the text did not hold it: every part a Prepend or a
     Replace whose inserted text shares no character with the token (a Replace by nothing joins what was apart,
     Lowercase makes ``<s>`` of ``<S>``)."""
-    parts = [normalizer] if isinstance(normalizer, dict) else []
-    while parts:
-        part = parts.pop()
+    for part in parts(normalizer, "normalizers"):
         kind = part.get("type")
         if kind == "Sequence":
-            parts.extend(p for p in part.get("normalizers") or [] if isinstance(p, dict))
             continue
         inserted = part.get("prepend") if kind == "Prepend" else part.get("content") if kind == "Replace" else None
         if not isinstance(inserted, str) or not inserted or set(inserted) & set(token):

@@ -54,6 +54,7 @@ from raypack.tokenize.backends.base import (
     added_tokens_with_content,
     package_version,
     part_types,
+    parts,
     rank_file_on_disk,
     tiktoken_ranks,
     tokenizer_json,
@@ -243,12 +244,12 @@ def inexact(config: dict[str, Any]) -> str | None:
                     "adds the space before it matches added tokens, tokenizers after")
         return None
     if _is(pre, "Sequence"):
-        parts = pre.get("pretokenizers") or []
-        if (len(parts) == 2 and _is(parts[0], "Split") and "Regex" in (parts[0].get("pattern") or {})
-                and parts[0].get("behavior") == "Isolated" and not parts[0].get("invert")
-                and _is(parts[1], "ByteLevel") and parts[1].get("use_regex") is False
-                and parts[1].get("add_prefix_space", True) is False):
-            pattern = parts[0]["pattern"]["Regex"]
+        steps = pre.get("pretokenizers") or []
+        if (len(steps) == 2 and _is(steps[0], "Split") and "Regex" in (steps[0].get("pattern") or {})
+                and steps[0].get("behavior") == "Isolated" and not steps[0].get("invert")
+                and _is(steps[1], "ByteLevel") and steps[1].get("use_regex") is False
+                and steps[1].get("add_prefix_space", True) is False):
+            pattern = steps[0]["pattern"]["Regex"]
             if pattern in PROVEN_SPLITS:
                 return None
             return (f"the Split regex {_short(pattern)}, which gigatoken is not proven to read as tokenizers does "
@@ -273,10 +274,7 @@ def _first_piece_moved(normalizer: Any) -> str | None:
     the replacement only where the normalized text still begins at the original text's first character, so a
     normalizer that deletes a text's first characters (a Replace of a BOM by "", Strip) leaves it out, and
     gigatoken prepends it all the same (a hostile trial). None for a normalizer that deletes nothing."""
-    parts = [normalizer] if isinstance(normalizer, dict) else []
-    while parts:
-        part = parts.pop()
-        parts.extend(p for p in part.get("normalizers") or [] if isinstance(p, dict))
+    for part in parts(normalizer, "normalizers"):
         kind = part.get("type")
         if kind == "Replace" and part.get("content") == "" or kind not in KEEPS_THE_FIRST_CHARACTER | {"Replace"}:
             return (f"normalizer {kind} {'by nothing ' if kind == 'Replace' else ''}beside Metaspace's prepend_scheme "
