@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from raypack.errors import InputError
 from raypack.inputs.registry import FORMATS, format_named
+from raypack.rules.arrays import arrow_array
 
 __all__ = ["FORMATS", "TEXT_WORDS", "lognormal_lengths", "main", "write_sample_corpus", "write_sample_texts"]
 
@@ -74,7 +75,7 @@ def _shard_documents(seed: np.random.SeedSequence, num_docs: int, mean_doc_len: 
     if offsets[-1] > _MAX_LIST_VALUES:
         raise ValueError(f"a shard of {offsets[-1]} tokens exceeds the 2**31-1 of an Arrow list; use more shards")
     tokens = _random_tokens(rng, int(offsets[-1]), vocab_size, dtype)
-    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(tokens))
+    return pa.ListArray.from_arrays(arrow_array(offsets.astype(np.int32)), arrow_array(tokens))
 
 
 def _write_shard(path: str, documents: pa.ListArray, fmt: str, row_group_size: int | None) -> None:

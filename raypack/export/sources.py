@@ -34,6 +34,7 @@ from raypack.inputs.parquet import open_parquet
 from raypack.io.fs import error_text, resolve_filesystem
 from raypack.packed.manifest import load_manifest
 from raypack.packed.writer import MANIFEST_NAME
+from raypack.rules.arrays import numpy_values
 from raypack.rules.core import Chunks
 from raypack.tokenize.corpus import TOKEN_COLUMN, TokenizedManifest, load_tokenized_manifest, tokenized_inputs
 
@@ -233,8 +234,8 @@ def _parquet_batches(path: str, part: Part) -> Iterator[DocumentBatch]:
 def _list_batch(column: pa.ListArray, path: str) -> DocumentBatch:
     if column.null_count or column.values.null_count:
         raise InputError(f"{path}: {TOKEN_COLUMN} holds nulls; re-run raypack tokenize")
-    offsets = column.offsets.to_numpy().astype(np.int64)
-    tokens = column.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_numpy(zero_copy_only=True)
+    offsets = numpy_values(column.offsets).astype(np.int64)
+    tokens = numpy_values(column.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])))
     return DocumentBatch(tokens, np.diff(offsets))
 
 

@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from raypack.errors import InputError
+from raypack.rules.arrays import numpy_values
 
 __all__ = ["DEFAULT_MAX_DOCUMENT_TOKENS", "DocumentBatch", "DocumentTooLong", "InputFormat", "ReadLimits", "ShardInfo",
            "check_document_lengths", "check_batch_rows", "too_long", "token_value_type"]
@@ -237,7 +238,7 @@ def check_document_lengths(lists: pa.Array, limit: int | None, *, path: str, fir
     where ``first_row`` is not a row of the file (a text task's), e.g. "a.jsonl line 20001"."""
     if limit is None or not len(lists):
         return
-    offsets = lists.offsets.to_numpy()
+    offsets = numpy_values(lists.offsets)
     lengths = np.diff(offsets)
     if lengths.size and int(lengths.max()) > limit:
         row = int(np.argmax(lengths > limit))

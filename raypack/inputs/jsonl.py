@@ -253,7 +253,7 @@ def _parse_token_block(data: bytes, columns: tuple[str, ...], path: str, num_rea
             f"one object whose {what}, and no line may exceed {max_line_bytes} bytes"
         ) from e
     if table is None:
-        return tuple(pa.array([], pa.list_(pa.int64())) for _ in columns)
+        return tuple(pa.nulls(0, pa.list_(pa.int64())) for _ in columns)
     return tuple(_one_chunk(table.column(k)) for k in range(len(columns)))
 
 
@@ -360,7 +360,7 @@ def _parse_text_block(data: bytes, path: str, column: str, line_number) -> pa.St
     except pa.ArrowInvalid as e:
         _raise_bad_line(data, path, column, line_number, error_text(e))
     if table is None:
-        return pa.array([], pa.string())
+        return pa.nulls(0, pa.string())
     texts = table.column(0).combine_chunks()
     try:
         if texts.null_count:

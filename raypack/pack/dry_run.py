@@ -19,6 +19,7 @@ from raypack.inputs.reading import iter_token_batches
 from raypack.pack.config import PackConfig
 from raypack.pack.plan import make_plan, settings_for
 from raypack.pack.tasks import PackSettings, read_batch_rows
+from raypack.rules.arrays import numpy_values
 from raypack.rules.long_docs import DEFAULT_LONG_DOCS, CutCounts, count_cut, kept_lengths
 from raypack.strategies.base import StrategyFigures, percent
 
@@ -95,7 +96,7 @@ def _sample_lengths(tasks, settings: PackSettings, sample_docs: int) -> list[npt
         for _, docs in iter_token_batches(task.path, task.format, settings.token_column,
                                           read_batch_rows(task, settings), validate=False,
                                           max_document_tokens=settings.max_document_tokens):
-            parts.append(np.diff(docs.offsets.to_numpy()).astype(np.int64)[:remaining])
+            parts.append(np.diff(numpy_values(docs.offsets)).astype(np.int64)[:remaining])
             remaining -= parts[-1].size
             if remaining == 0:
                 break

@@ -29,6 +29,7 @@ from raypack.pack.resume import check_same_file, identify_input, sampled_identit
 from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts, read_batch_rows
 from raypack.pack.watchdog import ProgressWatchdog
 from raypack.packed.writer import ChunkFileWriter, Committer, chunk_schema, publish_or_abort
+from raypack.rules.arrays import numpy_values
 from raypack.rules.core import cast_tokens, flatten_documents, iter_run_slices
 from raypack.rules.long_docs import CutCounts, count_cut, keep_prefixes, kept_lengths
 from raypack.rules.side_columns import combine, opaque
@@ -134,7 +135,7 @@ def count_task(task: ShardTask, settings: PackSettings, stop: threading.Event | 
         iter_document_batches(task.path, task.format, settings.token_column, read_batch_rows(task, settings),
                               validate=False, max_document_tokens=settings.max_document_tokens, **task.read_range()),
         stop, task.describe())
-    return count_lengths((np.diff(batch.tokens.offsets.to_numpy()).astype(np.int64) for batch in batches), settings)
+    return count_lengths((np.diff(numpy_values(batch.tokens.offsets)).astype(np.int64) for batch in batches), settings)
 
 
 def count_lengths(length_batches: Iterable[np.ndarray], settings: PackSettings) -> TaskCounts:
@@ -197,7 +198,7 @@ def _with_sides(tokens: np.ndarray, lengths: np.ndarray, sides: tuple[pa.Array, 
     """Tokens (checked to fit the token dtype, InputError naming the row otherwise) and the side
     columns' values as one array of the packed dtype (raypack.rules.side_columns). One copy of each."""
     try:
-        values = [side.flatten().to_numpy(zero_copy_only=False) for side in sides]
+        values = [numpy_values(side.flatten()) for side in sides]
         return opaque(combine(cast_tokens(tokens, np.dtype(settings.token_dtype)), values, settings.record_dtype))
     except ValueError as e:
         check_tokens_fit(tokens, lengths, settings.token_dtype, path=task.path, first_row=first_row)

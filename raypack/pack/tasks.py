@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from raypack.inputs.base import DEFAULT_MAX_DOCUMENT_TOKENS
 from raypack.packed.writer import WrittenFile
+from raypack.rules.arrays import numpy_values
 from raypack.rules.core import Fragment
 from raypack.rules.long_docs import DEFAULT_LONG_DOCS, CutCounts
 from raypack.rules.side_columns import SideColumn, from_fields, packed_dtype, pad_value, record_dtype, split_fields
@@ -268,4 +269,4 @@ def table_to_results(table: pa.Table) -> Iterator[ShardResult]:
 
 
 def _list_scalar_to_numpy(scalar: pa.ListScalar) -> np.ndarray:
-    return scalar.values.to_numpy(zero_copy_only=False)
+    return numpy_values(scalar.values)

@@ -19,6 +19,7 @@ from raypack.io.fs import error_text
 from raypack.io.untrusted import DAMAGED
 from raypack.packed.manifest import open_chunk_file
 from raypack.packed.writer import side_arrow_type, slice_chunks
+from raypack.rules.arrays import arrow_array, numpy_values
 from raypack.rules.core import Chunks, concat_chunks
 from raypack.rules.side_columns import SideColumn
 
@@ -61,12 +62,12 @@ def list_column(column: pa.ListArray, where: str = "a list column") -> tuple[np.
     offsets were edited would otherwise index past its values): non-decreasing, inside
     ``[0, len(values)]``. One vectorised pass over the (rows + 1,) offsets; InputError naming ``where``.
     """
-    offsets = column.offsets.to_numpy(zero_copy_only=True).astype(np.int64)
+    offsets = numpy_values(column.offsets).astype(np.int64)
     if offsets.size == 0 or offsets[0] < 0 or offsets[-1] > len(column.values) or np.any(np.diff(offsets) < 0):
         raise InputError(f"{where}: list offsets out of order or past the {len(column.values)} values they index; "
                          f"{_DAMAGED}")
     start, stop = int(offsets[0]), int(offsets[-1])
-    values = column.values.slice(start, stop - start).to_numpy(zero_copy_only=True)
+    values = numpy_values(column.values.slice(start, stop - start))
     return offsets - start, values
 
 
@@ -86,7 +87,7 @@ def _fixed_rows(batch: pa.RecordBatch, column: str, path: str, context_length: i
     flat = values.values.slice(values.offset * context_length, n * context_length)
     if flat.null_count:
         raise InputError(f"{path}: {column} holds null values; {_DAMAGED}")
-    return flat.to_numpy(zero_copy_only=not pa.types.is_boolean(flat.type)).reshape(n, context_length)
+    return numpy_values(flat).reshape(n, context_length)
 
 
 def _decode(batch: pa.RecordBatch, path: str, context_length: int, side_names: tuple[str, ...] = ()) -> Chunks:
@@ -247,9 +248,9 @@ def chunks_table(chunks: Chunks, side_names: tuple[str, ...] = ()) -> pa.Table:
     fixed_size_list columns (tokens not copied)."""
     c = chunks.input_ids.shape[1]
     return pa.table({
-        "input_ids": pa.FixedSizeListArray.from_arrays(pa.array(chunks.input_ids.reshape(-1)), c),
-        "doc_ids": pa.FixedSizeListArray.from_arrays(pa.array(chunks.doc_ids().reshape(-1)), c),
-        **{name: pa.FixedSizeListArray.from_arrays(pa.array(side.reshape(-1)), c)
+        "input_ids": pa.FixedSizeListArray.from_arrays(arrow_array(chunks.input_ids.reshape(-1)), c),
+        "doc_ids": pa.FixedSizeListArray.from_arrays(arrow_array(chunks.doc_ids().reshape(-1)), c),
+        **{name: pa.FixedSizeListArray.from_arrays(arrow_array(side.reshape(-1)), c)
            for name, side in zip(side_names, chunks.sides)},
     })
 

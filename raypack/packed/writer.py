@@ -30,6 +30,7 @@ import pyarrow.fs as pafs
 
 from raypack.io.fs import resolve_filesystem
 from raypack.io.threads import JOIN_TIMEOUT_S, call_within, interruptible, left_behind_level, stop_pool
+from raypack.rules.arrays import arrow_array
 from raypack.rules.content_digest import ContentHasher, RangeDigester
 from raypack.rules.core import Chunks, concat_chunks
 from raypack.rules.side_columns import SideColumn, split_fields
@@ -107,13 +108,13 @@ def chunks_to_record_batch(chunks: Chunks, first_chunk: int, schema: pa.Schema) 
         tokens, sides = split_fields(chunks.input_ids, schema_record_dtype(schema))
         chunks = chunks._replace(input_ids=tokens, sides=sides)
     n, c = chunks.input_ids.shape
-    offsets = pa.array(chunks.segment_offsets.astype(np.int32))
+    offsets = arrow_array(chunks.segment_offsets.astype(np.int32))
     columns = [
-        pa.array(np.arange(first_chunk, first_chunk + n, dtype=np.int64)),
-        pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(chunks.input_ids).reshape(-1)), c),
-        pa.ListArray.from_arrays(offsets, pa.array(chunks.segment_doc_ids)),
-        pa.ListArray.from_arrays(offsets, pa.array(chunks.segment_lengths)),
-        *(pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(side).reshape(-1)), c)
+        arrow_array(np.arange(first_chunk, first_chunk + n, dtype=np.int64)),
+        pa.FixedSizeListArray.from_arrays(arrow_array(np.ascontiguousarray(chunks.input_ids).reshape(-1)), c),
+        pa.ListArray.from_arrays(offsets, arrow_array(chunks.segment_doc_ids)),
+        pa.ListArray.from_arrays(offsets, arrow_array(chunks.segment_lengths)),
+        *(pa.FixedSizeListArray.from_arrays(arrow_array(np.ascontiguousarray(side).reshape(-1)), c)
           for side in chunks.sides),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=schema)

@@ -28,6 +28,8 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from raypack.rules.arrays import numpy_values
+
 __all__ = [
     "Chunks",
     "Fragment",
@@ -190,9 +192,9 @@ def _flatten_arrow(documents: pa.ListArray | pa.LargeListArray) -> tuple[np.ndar
     values = documents.flatten()
     if values.null_count:
         raise ValueError("a document holds a null token; tokens must be integers")
-    offsets = documents.offsets.to_numpy()
+    offsets = numpy_values(documents.offsets)
     lengths = np.diff(offsets).astype(np.int64, copy=False)
-    return values.to_numpy(zero_copy_only=True), lengths
+    return numpy_values(values), lengths
 
 
 def _flatten_python(documents: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from raypack.errors import InputError
+from raypack.rules.arrays import numpy_values
 
 
 def check_pad_in_vocabulary(pad_token: int, vocab_size: int) -> None:
@@ -55,7 +56,7 @@ def validate_token_batch(tokens: pa.Array, *, path: str, first_row: int) -> None
             "document is null; token ids must be non-null integers"
         )
     if pa.types.is_signed_integer(values.type) and len(values):
-        array = values.to_numpy()
+        array = numpy_values(values)
         if array.min() < 0:
             at = int(np.argmax(array < 0))
             raise InputError(
@@ -72,14 +73,14 @@ def validate_side_batch(tokens: pa.Array, sides: Sequence[pa.Array], names: Sequ
     One vectorised comparison of list lengths per column (O(rows)), plus a null count."""
     if not sides:
         return
-    token_lens = pc.list_value_length(tokens).to_numpy(zero_copy_only=False)
+    token_lens = numpy_values(pc.list_value_length(tokens))
     for name, side in zip(names, sides):
         side_type = side.type
         if not (pa.types.is_list(side_type) or pa.types.is_large_list(side_type)) or not (
                 pa.types.is_integer(side_type.value_type) or pa.types.is_boolean(side_type.value_type)):
             raise InputError(f"shard {path}: column {name} has type {side_type}; an extra column must be a list of "
                              "integers or bools (one value per token)")
-        side_lens = pc.list_value_length(side).to_numpy(zero_copy_only=False)  # null rows: NaN or 0
+        side_lens = numpy_values(pc.list_value_length(side))  # null rows: NaN or 0
         bad = side.is_null().to_numpy(zero_copy_only=False) | (side_lens != token_lens)
         if bad.any():
             row = int(np.argmax(bad))
@@ -136,5 +137,5 @@ def _row_start(tokens: pa.Array, row: int) -> int:
 
 
 def _relative_offsets(tokens: pa.Array) -> np.ndarray:
-    offsets = tokens.offsets.to_numpy()
+    offsets = numpy_values(tokens.offsets)
     return offsets - offsets[0]

@@ -43,6 +43,7 @@ import pyarrow as pa
 
 from raypack.errors import InputError
 from raypack.io.untrusted import show
+from raypack.rules.arrays import arrow_array, binary_array
 from raypack.tokenize.backends.new_characters import indent_cuts
 from raypack.tokenize.tokenizers import FlatIds, TextTokenizer, encode_naming, text_offsets
 
@@ -109,15 +110,15 @@ class ReferenceGuard:
                     prefixes.append((row, cut))
                     checked += cut
             if picked:
-                self._texts.append(texts.take(pa.array(picked)).cast(pa.large_string()))
+                self._texts.append(texts.take(arrow_array(np.array(picked, dtype=np.int64))).cast(pa.large_string()))
                 self._ids.extend(flat.values[flat.offsets[row]:flat.offsets[row + 1]].copy() for row in picked)
                 self._docs.extend(self.num_docs + row for row in picked)
                 self._prefixes.extend([False] * len(picked))
             if prefixes:  # each prefix's ids are at most its bytes (byte-level: every id holds a byte)
                 data = np.frombuffer(texts.buffers()[2], dtype=np.uint8)
                 starts = [int(offsets[row]) for row, _ in prefixes]
-                self._texts.append(pa.array([data[a:a + cut].tobytes() for a, (_, cut) in zip(starts, prefixes)],
-                                            pa.large_binary()).cast(pa.large_string()))
+                self._texts.append(binary_array([data[a:a + cut].tobytes() for a, (_, cut) in zip(starts, prefixes)],
+                                                pa.large_binary()).cast(pa.large_string()))
                 self._ids.extend(flat.values[flat.offsets[row]:min(flat.offsets[row] + cut, flat.offsets[row + 1])]
                                  .copy() for row, cut in prefixes)
                 self._docs.extend(self.num_docs + row for row, _ in prefixes)

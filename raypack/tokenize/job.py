@@ -35,6 +35,7 @@ from raypack.pack.plan import check_output_outside_inputs
 from raypack.pack.publish import check_free_before_start, plan_before_start, run_published
 from raypack.pack.resume import file_mark, sampled_identity
 from raypack.packed.writer import MANIFEST_NAME
+from raypack.rules.arrays import numpy_values
 from raypack.tokenize.backends import AUTO, check_backend_name, load_backed_tokenizer
 from raypack.tokenize.corpus import (
     TokenizedManifest,
@@ -292,7 +293,7 @@ def dry_run_text(pack_config, text: TextOptions, sample_docs: int) -> DryRunRepo
             for ids in pieces:
                 check_document_lengths(ids, pack_config.max_document_tokens, path=task.path,
                                        first_row=sum(p.size for p in parts))
-                lengths = np.diff(ids.offsets.to_numpy()).astype(np.int64)
+                lengths = np.diff(numpy_values(ids.offsets)).astype(np.int64)
                 if limit is not None and taken + lengths.size >= limit:
                     lengths, stopped = lengths[:limit - taken], True
                 parts.append(lengths)

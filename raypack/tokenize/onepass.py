@@ -71,6 +71,7 @@ from raypack.pack.plan import Plan, resolve_token_dtype, settings_for
 from raypack.pack.resume import identify_input, load_verified_result, recorded_task, sampled_identity, say_inputs_gone
 from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts
 from raypack.packed.writer import TMP_PREFIX, Committer
+from raypack.rules.arrays import numpy_values
 from raypack.rules.long_docs import CutCounts
 from raypack.tokenize.tasks import (
     TextTask,
@@ -221,7 +222,7 @@ def tokenize_held(task: TextTask, settings: TokenizeSettings, tokenizer, pack: P
         for ids in tokenize_in_memory(task, settings, tokenizer):
             check_document_lengths(ids, pack.max_document_tokens, path=task.path, first_row=row,
                                    where=lambda k: document_name(task, k))
-            lengths.append(np.diff(ids.offsets.to_numpy()).astype(np.int64))
+            lengths.append(np.diff(numpy_values(ids.offsets)).astype(np.int64))
             row += len(ids)
             tokens += int(lengths[-1].sum())
             if spill is None and tokens > settings.held_tokens:

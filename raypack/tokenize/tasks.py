@@ -35,7 +35,6 @@ from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from raypack.errors import InputError
@@ -44,10 +43,11 @@ from raypack.io.fs import resolve_filesystem
 from raypack.io.prefetch import prefetched
 from raypack.pack.resume import RESULTS_DIR, check_same_file, remove_damaged_record, sampled_identity
 from raypack.packed.writer import AtomicFile, HashingSink, write_whole
+from raypack.rules.arrays import numpy_values
 from raypack.tokenize.backends import load_backed_tokenizer
 from raypack.tokenize.corpus import TOKEN_COLUMN, part_file_name
 from raypack.tokenize.guard import ReferenceGuard
-from raypack.tokenize.tokenizers import FlatIds, TextTokenizer, encode_naming, flat_to_list_array
+from raypack.tokenize.tokenizers import FlatIds, TextTokenizer, encode_naming, flat_to_list_array, text_offsets
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ def _iter_texts(task: TextTask, settings: TokenizeSettings) -> Iterator[tuple[in
     batches = format_named(task.format).iter_texts(task.path, settings.text_column, task.start, task.end,
                                                    settings.batch_rows, max_text_bytes=settings.max_document_bytes)
     for first_row, texts in prefetched(batches):  # the next batch is read while this one is encoded
-        lengths = pc.binary_length(texts).to_numpy(zero_copy_only=False)
+        lengths = np.diff(text_offsets(texts))
         if lengths.size and int(lengths.max()) > settings.max_document_bytes:
             k = int(np.argmax(lengths > settings.max_document_bytes))
             raise InputError(f"{document_name(task, seen + k)} holds {int(lengths[k]):,} bytes of text, more than "
@@ -220,7 +220,7 @@ def _byte_pieces(texts: pa.Array, max_bytes: int) -> Iterator[pa.Array]:
     """Consecutive slices of ``texts`` of at most ``max_bytes`` bytes of text each (a longer
     text alone). Cost: O(texts) numpy on the offsets."""
     offsets = np.zeros(len(texts) + 1, dtype=np.int64)
-    np.cumsum(pc.binary_length(texts).to_numpy(zero_copy_only=False), out=offsets[1:])
+    np.cumsum(np.diff(text_offsets(texts)), out=offsets[1:])
     start = 0
     while start < len(texts):
         end = int(np.searchsorted(offsets, offsets[start] + max_bytes, side="right")) - 1
@@ -284,7 +284,7 @@ def _row_groups(id_lists: Iterator[pa.Array], max_tokens: int, max_docs: int) ->
     for ids in id_lists:
         pending = ids if pending is None else pa.concat_arrays([pending, ids])
         start = 0
-        lens = np.diff(pending.offsets.to_numpy()).astype(np.int64)
+        lens = np.diff(numpy_values(pending.offsets)).astype(np.int64)
         while (end := _group_end(lens, start, max_tokens, max_docs)) is not None:
             yield pending.slice(start, end - start)
             start = end

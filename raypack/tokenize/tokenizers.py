@@ -45,6 +45,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from raypack.errors import BackendError, InputError, install_extra
+from raypack.rules.arrays import arrow_array
 from raypack.rules.token_checks import check_pad_in_vocabulary
 
 __all__ = [
@@ -170,8 +171,8 @@ def flat_to_list_array(flat: FlatIds, dtype: np.dtype, *, bos_id: int | None = N
     else:
         values = flat.values if flat.values.dtype == dtype else flat.values.astype(dtype)
     if offsets[-1] < 2**31:
-        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
-    return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
+        return pa.ListArray.from_arrays(arrow_array(offsets.astype(np.int32)), arrow_array(values))
+    return pa.LargeListArray.from_arrays(arrow_array(offsets), arrow_array(values))
 
 
 SPREAD_BY_SLICES = 256

@@ -23,6 +23,7 @@ import pyarrow.fs as pafs
 
 from raypack.packed.manifest import side_columns_of
 from raypack.packed.writer import CHUNK_FILE_VERSION, side_arrow_type
+from raypack.rules.arrays import numpy_values
 from raypack.rules.side_columns import SideColumn, combine, record_dtype
 from raypack.verify.files import open_file
 from raypack.verify.report import VerifyError
@@ -143,23 +144,23 @@ def _decode(batch: pa.RecordBatch, path: str, first_row: int, c: int, sides: tup
         row = int(np.argmax(id_offsets != len_offsets)) - 1
         raise VerifyError(f"{path} row {first_row + row}: segment_doc_ids and segment_lengths have "
                           "different numbers of segments")
-    input_ids = flat.to_numpy().reshape(batch.num_rows, c)
+    input_ids = numpy_values(flat).reshape(batch.num_rows, c)
     if sides:
         values = [_fixed_values(batch.column(side.name), c, batch.num_rows) for side in sides]
         input_ids = combine(input_ids.reshape(-1), values, record_dtype(token_dtype, sides)).reshape(-1, c)
-    return Block(path, first_row, batch.column("chunk_index").to_numpy(), input_ids, id_offsets, seg_ids, seg_lens)
+    return Block(path, first_row, numpy_values(batch.column("chunk_index")), input_ids, id_offsets, seg_ids, seg_lens)
 
 
 def _fixed_values(column: pa.FixedSizeListArray, c: int, num_rows: int) -> np.ndarray:
     """The (num_rows * C,) values of a fixed_size_list column (bool: Arrow's bits unpacked)."""
-    return column.values.slice(column.offset * c, num_rows * c).to_numpy(zero_copy_only=False)
+    return numpy_values(column.values.slice(column.offset * c, num_rows * c))
 
 
 def list_column(column: pa.ListArray) -> tuple[np.ndarray, np.ndarray]:
     """``(offsets from 0, values)`` of a (possibly sliced) list column: offsets copied as int64, values a view."""
-    offsets = column.offsets.to_numpy().astype(np.int64)
+    offsets = numpy_values(column.offsets).astype(np.int64)
     start, stop = int(offsets[0]), int(offsets[-1])
-    return offsets - start, column.values.slice(start, stop - start).to_numpy()
+    return offsets - start, numpy_values(column.values.slice(start, stop - start))
 
 
 def row_of_segment(block: Block, k: int) -> int:

@@ -32,6 +32,7 @@ from raypack.inputs.shards import discover_shards
 from raypack.io.fs import is_file
 from raypack.io.fs import is_uri as fs_is_uri
 from raypack.packed.manifest import CUT_KEYS, long_docs_of, side_columns_of
+from raypack.rules.arrays import numpy_values
 from raypack.rules.core import cast_tokens, flatten_documents
 from raypack.rules.side_columns import SideColumn, combine, record_dtype
 from raypack.verify.blocks import Piece
@@ -224,7 +225,7 @@ def _packed_input(tokens: np.ndarray, sides: tuple[pa.Array, ...], dtype: np.dty
     """Input tokens and side values as one array of the output's packed dtype; a value that does
     not fit the output is a mismatch (VerifyError naming the batch)."""
     try:
-        values = [side.flatten().to_numpy(zero_copy_only=False) for side in sides]
+        values = [numpy_values(side.flatten()) for side in sides]
         return combine(cast_tokens(tokens, dtype[0]), values, dtype)
     except (TypeError, ValueError) as e:
         raise VerifyError(f"input shard {path} rows from {first_row}: {e}; the output cannot hold these inputs") from e

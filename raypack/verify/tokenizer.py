@@ -34,6 +34,7 @@ from raypack.inputs.registry import format_named
 from raypack.io.fs import is_file
 from raypack.outputs import read_packed
 from raypack.packed.manifest import MIX_KIND, Manifest, load_manifest, read_manifest_json
+from raypack.rules.arrays import arrow_array, numpy_values
 from raypack.rules.long_docs import DEFAULT_LONG_DOCS
 from raypack.tokenize.tasks import MAX_DOCUMENT_BYTES
 from raypack.tokenize.tokenizers import encode_naming, load_tokenizer
@@ -220,7 +221,7 @@ def _encode(sources: list[TextSource], chosen: np.ndarray, tokenizer, column: st
         for texts in _texts_as_packed(source, column):
             take = (rows[(rows >= seen) & (rows < seen + len(texts))] - seen).tolist()
             if take:
-                sizes = pc.binary_length(texts.take(pa.array(take))).to_numpy(zero_copy_only=False)
+                sizes = numpy_values(pc.binary_length(texts.take(arrow_array(np.array(take, dtype=np.int64)))))
                 longer.update(source.doc_offset + seen + k for k, size in zip(take, sizes) if size > max_document_bytes)
                 take = [k for k, size in zip(take, sizes) if size <= max_document_bytes]
             if take:
@@ -228,7 +229,8 @@ def _encode(sources: list[TextSource], chosen: np.ndarray, tokenizer, column: st
                     row = first + taken[j]
                     return f"document {source.doc_offset + row} ({source.path} {_file_row(source, row)})"
 
-                flat = encode_naming(tokenizer, texts.take(pa.array(take)), name, CANNOT_CHECK)
+                taken = texts.take(arrow_array(np.array(take, dtype=np.int64)))
+                flat = encode_naming(tokenizer, taken, name, CANNOT_CHECK)
                 for j, k in enumerate(take):
                     ids = flat.values[flat.offsets[j]:flat.offsets[j + 1]].astype(np.int64)
                     ids = np.concatenate([[bos] if bos is not None else [], ids, [eos] if eos is not None else []])

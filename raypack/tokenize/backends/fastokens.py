@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from raypack.errors import InputError
+from raypack.rules.arrays import arrow_array, numpy_values
 from raypack.tokenize.backends.base import (
     LLAMA3_SPLIT,
     QWEN2_SPLIT,
@@ -237,5 +238,5 @@ class FastokensEncoder:
         flat = FlatIds(np.frombuffer(ids, dtype="<u4"), np.frombuffer(offsets, dtype="<u8").view(np.int64))
         if self.reference is None:
             return flat
-        rows = np.flatnonzero(pc.match_substring(texts, BYTE_TOKEN_TEXT).to_numpy(zero_copy_only=False))
-        return flat if rows.size == 0 else replace_documents(flat, rows, self.reference(texts.take(pa.array(rows))))
+        rows = np.flatnonzero(numpy_values(pc.match_substring(texts, BYTE_TOKEN_TEXT)))
+        return flat if rows.size == 0 else replace_documents(flat, rows, self.reference(texts.take(arrow_array(rows))))

@@ -53,6 +53,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from raypack.rules.arrays import arrow_array, binary_array
 from raypack.tokenize.backends.base import LLAMA3_SPLIT
 from raypack.tokenize.backends.unassigned import UNASSIGNED
 from raypack.tokenize.tokenizers import TIKTOKEN_ENCODINGS, FlatIds, TextTokenizer, text_offsets
@@ -269,7 +270,7 @@ def encode_new_characters(texts: pa.StringArray | pa.LargeStringArray, flat: Fla
     rows = documents_with_new_characters(texts, misread)
     if rows.size == 0:
         return flat
-    routed = texts.take(pa.array(rows))
+    routed = texts.take(arrow_array(rows))
     if backend is None or rule is None:
         redone = reference(routed)
     else:
@@ -323,7 +324,7 @@ def _encode_in_stretches(texts: pa.StringArray | pa.LargeStringArray, reference:
         chosen = [i for i, piece in enumerate(pieces) if piece[2] is by_reference]
         if chosen:
             texts_of = [data[pieces[i][0]:pieces[i][1]].tobytes() for i in chosen]
-            flat = encode(pa.array(texts_of, pa.large_binary()).cast(pa.large_string()))
+            flat = encode(binary_array(texts_of, pa.large_binary()).cast(pa.large_string()))
             ids_of.update((i, flat.values[flat.offsets[j]:flat.offsets[j + 1]]) for j, i in enumerate(chosen))
     parts = [ids_of[i].astype(np.uint32, copy=False) for i in range(len(pieces))]
     ends = np.cumsum([0, *per_document])  # each document's pieces are parts[ends[k]:ends[k + 1]]
