@@ -44,7 +44,7 @@ from raypack.engine.connect import connect_hint, resolve_address
 from raypack.engine.reaper import end_processes, reaping, session_glob, session_workers, start_reaper
 from raypack.engine.workers import ShardPackerActor, TextPackerActor, TextTokenizerActor, count_tasks
 from raypack.errors import InputError, worker_error_from_text
-from raypack.io.terminal import RAY_VERBOSE, terminated
+from raypack.io.terminal import RAY_VERBOSE, quiet_console, stderr_off, terminated
 from raypack.io.threads import time_left
 from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts, table_to_results
 from raypack.packed.chunk_files import chunks_table, iter_file_tables
@@ -66,7 +66,6 @@ def leave(code: int) -> None:
     action while it runs (~1.4 s), so a SIGTERM then killed a finished run (-15), though the command
     ignores it by then. A cluster's driver disconnects with ``ray.shutdown`` first."""
     import os
-    import sys
 
     sys.stdout.flush()
     sys.stderr.flush()
@@ -112,7 +111,7 @@ def init_ray(address: str | None = None, *, verbose: bool | None = None) -> None
         os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")  # the driver's C++ core worker (E ... lines)
     on_sigterm = signal.getsignal(signal.SIGTERM)
     try:
-        with _stderr_off(not verbose), _keep_handler(signal.SIGTERM, on_sigterm):  # the core worker's own
+        with stderr_off(not verbose), _keep_handler(signal.SIGTERM, on_sigterm):  # the core worker's own
             if address:
                 ray.init(address=address, **quiet)
             else:
@@ -130,7 +129,7 @@ def init_ray(address: str | None = None, *, verbose: bool | None = None) -> None
         raise KeyboardInterrupt from None  # the command's own line: terminated, the work kept
     context = ray.data.DataContext.get_current()  # first use of ray.data configures its loggers
     if not verbose:
-        _quiet_console("ray.data")
+        quiet_console("ray.data")
         _quiet_error_messages()
         log.info("Ray's logs are in %s (-v shows them here)", logs_dir())
     context.enable_progress_bars = verbose
@@ -199,24 +198,6 @@ def check_cwd_does_not_shadow(cwd: str | None = None) -> None:
                          f"(e.g. cd {folder})")
 
 
-@contextlib.contextmanager
-def _stderr_off(off: bool) -> Iterator[None]:
-    """File descriptor 2 points at /dev/null inside (C++ lines too); Python's own exceptions still propagate."""
-    if not off:
-        yield
-        return
-    sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    try:
-        yield
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
 def _quiet_error_messages() -> None:
     """Ray's driver prints the cluster's error messages ("(raylet) A worker died ...", "Task failed ... retries
     remaining") on the terminal whatever ``log_to_driver`` says (an operator's trial: after a worker was
@@ -235,14 +216,6 @@ def _quiet_error_messages() -> None:
 
     to_log.raypack_quiet = True  # type: ignore[attr-defined]
     worker.print_to_stdstream = to_log
-
-
-def _quiet_console(name: str) -> None:
-    """Keep logger ``name`` off the terminal (its file handlers keep everything): a failed task's
-    ERROR line and traceback there stood above the one line raypack says for it."""
-    for handler in logging.getLogger(name).handlers:
-        if not isinstance(handler, logging.FileHandler) and "File" not in type(handler).__name__:
-            handler.setLevel(logging.CRITICAL + 1)
 
 
 def _ray_temp_dir() -> str:

@@ -1,4 +1,5 @@
-"""What the terminal shows around a run: Ray's verbosity, the Ctrl-C line, quiet broken pipes."""
+"""What the terminal shows around a run: Ray's verbosity, the Ctrl-C line, quiet broken pipes, C++ lines
+and console loggers kept off it."""
 
 from __future__ import annotations
 
@@ -155,3 +156,29 @@ def silence_stdout() -> None:
     Python's flush at exit raises nothing."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
+
+
+@contextlib.contextmanager
+def stderr_off(off: bool) -> Iterator[None]:
+    """File descriptor 2 points at /dev/null inside (C++ lines too); Python's own exceptions still propagate."""
+    if not off:
+        yield
+        return
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def quiet_console(name: str) -> None:
+    """Keep logger ``name`` off the terminal (its file handlers keep everything): a failed task's
+    ERROR line and traceback there stood above the one line raypack says for it."""
+    for handler in logging.getLogger(name).handlers:
+        if not isinstance(handler, logging.FileHandler) and "File" not in type(handler).__name__:
+            handler.setLevel(logging.CRITICAL + 1)
