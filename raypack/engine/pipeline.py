@@ -127,13 +127,28 @@ def init_ray(address: str | None = None, *, verbose: bool | None = None) -> None
             raise
         terminated()
         raise KeyboardInterrupt from None  # the command's own line: terminated, the work kept
-    context = ray.data.DataContext.get_current()  # first use of ray.data configures its loggers
+    _DATA_VERBOSE[:] = [verbose]  # Ray Data is set up on its first use (_data), if the run has one
     if not verbose:
-        quiet_console("ray.data")
         _quiet_error_messages()
         log.info("Ray's logs are in %s (-v shows them here)", logs_dir())
-    context.enable_progress_bars = verbose
-    context.print_on_execution_start = verbose
+
+
+_DATA_VERBOSE: list[bool] = []
+"""What :func:`init_ray` asked of Ray Data's console, until its first use (:func:`_data`)."""
+
+
+def _data():
+    """``ray.data``, quiet unless ``-v`` from its first use after :func:`init_ray`. Imported only where a
+    run maps a dataset: the one pass runs plain actors, and importing Ray Data cost its driver ~0.3 s
+    and 50 MiB (BENCHMARKS.md, "stop 60")."""
+    if _DATA_VERBOSE:
+        verbose = _DATA_VERBOSE.pop()
+        context = ray.data.DataContext.get_current()  # first use of ray.data configures its loggers
+        if not verbose:
+            quiet_console("ray.data")
+        context.enable_progress_bars = verbose
+        context.print_on_execution_start = verbose
+    return ray.data
 
 
 @contextlib.contextmanager
@@ -283,7 +298,7 @@ def count_chunks(
     counts, errors = {}, {}
     mapped = _task_rows(tasks).map_batches(count_tasks, fn_kwargs={"settings": asdict(settings)}, batch_size=1,
                                  batch_format="pyarrow", num_cpus=worker_num_cpus,
-                                 compute=ray.data.TaskPoolStrategy(size=max(1, min(num_workers, len(tasks)))))
+                                 compute=_data().TaskPoolStrategy(size=max(1, min(num_workers, len(tasks)))))
     for block in _blocks(mapped.iter_batches(batch_size=None, batch_format="pyarrow"), errors):
         for row in block.to_pylist():
             cut = CutCounts(*(row[key] for key in CutCounts._fields))
@@ -305,7 +320,7 @@ def _map_shards(actor_class: type, tasks: Sequence[ShardTask], settings: PackSet
         fn_constructor_kwargs={"settings": asdict(settings)},
         batch_size=1,
         batch_format="pyarrow",
-        compute=ray.data.ActorPoolStrategy(size=max(1, min(num_workers, len(tasks))),
+        compute=_data().ActorPoolStrategy(size=max(1, min(num_workers, len(tasks))),
                                            max_tasks_in_flight_per_actor=in_flight),
         num_cpus=worker_num_cpus,
     )
@@ -314,7 +329,7 @@ def _map_shards(actor_class: type, tasks: Sequence[ShardTask], settings: PackSet
 
 def _task_rows(tasks: Sequence[ShardTask]) -> ray.data.Dataset:
     """One row, and one block, per task, in task order."""
-    return ray.data.from_items([asdict(t) for t in tasks], override_num_blocks=len(tasks))
+    return _data().from_items([asdict(t) for t in tasks], override_num_blocks=len(tasks))
 
 
 def original_error(error: BaseException) -> BaseException:
@@ -354,8 +369,8 @@ def packed_to_ray_dataset(packed: PackedDataset, batch_rows: int | None = None) 
     init_ray()  # as quiet as the CLI's Ray; a no-op when the caller already started or joined one
     items = packed.file_items()
     if not items:
-        return ray.data.from_arrow(chunks_table(Chunks.empty(packed.context_length, packed.token_dtype)))
-    dataset = ray.data.from_items(items, override_num_blocks=len(items))
+        return _data().from_arrow(chunks_table(Chunks.empty(packed.context_length, packed.token_dtype)))
+    dataset = _data().from_items(items, override_num_blocks=len(items))
     dataset.context.execution_options.preserve_order = True
     return dataset.map_batches(
         _read_file_blocks, batch_size=1, batch_format="pyarrow",
@@ -389,7 +404,7 @@ def mixed_to_ray_dataset(mixed, batch_rows: int | None = None) -> ray.data.Datas
     init_ray()
     starts = list(range(0, len(mixed), rows))
     items = [{"start": s, "stop": min(s + rows, len(mixed))} for s in starts]
-    dataset = ray.data.from_items(items, override_num_blocks=len(items))
+    dataset = _data().from_items(items, override_num_blocks=len(items))
     dataset.context.execution_options.preserve_order = True
     return dataset.map_batches(_read_mix_ranges, batch_size=1, batch_format="pyarrow", fn_kwargs={"mixed": mixed})
 
