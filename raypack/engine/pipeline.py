@@ -48,6 +48,7 @@ from raypack.io.terminal import RAY_VERBOSE, quiet_console, stderr_off, terminat
 from raypack.io.threads import time_left
 from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts, table_to_results
 from raypack.packed.chunk_files import chunks_table, iter_file_tables
+from raypack.rules.arrays import from_stream_bytes
 from raypack.rules.core import Chunks
 from raypack.rules.long_docs import CutCounts
 
@@ -569,6 +570,7 @@ def pack_texts(placer, text_settings, settings: PackSettings, *, num_workers: in
             else:
                 del packing[ref]
                 holding[a].discard(k)
+                value = from_stream_bytes(value)
                 if "error" in value.column_names:
                     errors.update(zip(value.column("task_index").to_pylist(), value.column("error").to_pylist()))
                     continue

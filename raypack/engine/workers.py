@@ -14,11 +14,13 @@ import pyarrow as pa
 from raypack.errors import InputError, worker_error_text
 from raypack.pack.packer import count_task, pack_shard, reset_peak_rss
 from raypack.pack.tasks import PackSettings, ShardTask, result_to_table
+from raypack.rules.arrays import arrow_array, binary_array, stream_bytes
 
 
 def error_table(index: int, error: InputError) -> pa.Table:
     """The row an actor returns instead of raising bad input through Ray (tracebacks on the terminal)."""
-    return pa.table({"task_index": pa.array([index], pa.int64()), "error": [worker_error_text(error)]})
+    return pa.table({"task_index": arrow_array(np.array([index], dtype=np.int64)),
+                     "error": binary_array([worker_error_text(error).encode()], pa.string())})
 
 
 def loaded(load, settings) -> tuple[Any, InputError | None]:
@@ -124,7 +126,8 @@ class TextPackerActor:
         self.held[held.task.task_index] = held
         return held.report.to_dict()
 
-    def pack(self, task: dict) -> pa.Table:
+    def pack(self, task: dict) -> bytes:
+        """The result row (or error row) as Arrow IPC stream bytes (raypack.rules.arrays.stream_bytes)."""
         from raypack.tokenize.onepass import pack_held
 
         shard_task = ShardTask(**task)
@@ -133,5 +136,5 @@ class TextPackerActor:
                 raise self.load_error
             result = pack_held(self.held.pop(shard_task.task_index), shard_task, self.settings)
         except InputError as e:
-            return error_table(shard_task.task_index, e)
-        return result_to_table(result, self.token_type, self.settings.record_dtype)
+            return stream_bytes(error_table(shard_task.task_index, e))
+        return stream_bytes(result_to_table(result, self.token_type, self.settings.record_dtype))

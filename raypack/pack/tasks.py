@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from raypack.inputs.base import DEFAULT_MAX_DOCUMENT_TOKENS
 from raypack.packed.writer import WrittenFile
-from raypack.rules.arrays import numpy_values
+from raypack.rules.arrays import arrow_array, binary_array, numpy_values
 from raypack.rules.core import Fragment
 from raypack.rules.long_docs import DEFAULT_LONG_DOCS, CutCounts
 from raypack.rules.side_columns import SideColumn, from_fields, packed_dtype, pad_value, record_dtype, split_fields
@@ -206,31 +206,49 @@ _SIDE_INFIX = "_side_"
 
 
 def result_to_table(result: ShardResult, token_type: pa.DataType, record: np.dtype | None = None) -> pa.Table:
-    """``result`` as one Arrow row; ``record``: the fragments' record dtype when they hold side columns."""
-    row: dict[str, Any] = {
-        "shard_index": [result.shard_index],
-        "task_index": [result.task_index],
-        "num_docs": [result.num_docs],
-        "num_nonempty_docs": [result.num_nonempty_docs],
-        "num_tokens": [result.num_tokens],
-        "num_split_docs": [result.num_split_docs],
-        "peak_rss_bytes": [result.peak_rss_bytes],
-        "started_at": [result.started_at],
-        "finished_at": [result.finished_at],
-        "file": [asdict_file(result.file)],
-    }
+    """``result`` as one Arrow row; ``record``: the fragments' record dtype when they hold side columns.
+    Built from buffers with explicit types (raypack.rules.arrays: no pandas in a packer actor), so every
+    row has the same schema, a missing file or fragment a null of its type."""
+    row: dict[str, pa.Array] = {name: arrow_array(np.array([getattr(result, name)], dtype=np.int64)) for name in (
+        "shard_index", "task_index", "num_docs", "num_nonempty_docs", "num_tokens", "num_split_docs",
+        "peak_rss_bytes")}
+    row.update({name: arrow_array(np.array([getattr(result, name)], dtype=np.float64))
+                for name in ("started_at", "finished_at")})
+    row["file"] = _file_array(result.file)
     for name, frag in (("head", result.head), ("tail", result.tail)):
-        row[f"{name}_start"] = pa.array([None if frag is None else frag.start], pa.int64())
+        row[f"{name}_start"] = pa.nulls(1, pa.int64()) if frag is None else arrow_array(np.array([frag.start],
+                                                                                                 dtype=np.int64))
         tokens, sides = (None, ()) if frag is None else split_fields(frag.input_ids, record)
         arrays = {"input_ids": tokens, "segment_doc_ids": None if frag is None else frag.segment_doc_ids,
                   "segment_lengths": None if frag is None else frag.segment_lengths}
         for field, typ in (("input_ids", token_type), ("segment_doc_ids", pa.int64()), ("segment_lengths", pa.int32())):
-            values = None if frag is None else pa.array(arrays[field], typ)
-            row[f"{name}_{field}"] = pa.array([values], pa.list_(typ)) if values is not None else pa.array([None], pa.list_(typ))
+            row[f"{name}_{field}"] = pa.nulls(1, pa.list_(typ)) if frag is None else _one_list(arrays[field], typ)
         for side_name, values in zip(record.names[1:] if sides else (), sides):
-            row[f"{name}{_SIDE_INFIX}{side_name}"] = pa.ListArray.from_arrays(pa.array([0, values.size], pa.int32()),
-                                                                              pa.array(values))
+            row[f"{name}{_SIDE_INFIX}{side_name}"] = _one_list(values)
     return pa.table(row)
+
+
+_FILE_TYPES = {"path": pa.string(), "first_chunk": pa.int64(), "num_chunks": pa.int64(), "num_bytes": pa.int64(),
+               "sha256": pa.string(), "digests": pa.string()}
+"""The Arrow type of each WrittenFile field (a field added without one is a KeyError in every test that packs)."""
+
+
+def _file_array(file: WrittenFile | None) -> pa.Array:
+    """One row: ``file``'s fields as a struct, or a null of that struct."""
+    children = []
+    for name in WrittenFile._fields:
+        value = None if file is None else getattr(file, name)
+        if _FILE_TYPES[name] == pa.string():
+            children.append(binary_array([(value or "").encode()], pa.string()))
+        else:
+            children.append(arrow_array(np.array([value or 0], dtype=np.int64)))
+    return pa.StructArray.from_arrays(children, names=list(WrittenFile._fields),
+                                      mask=arrow_array(np.array([file is None])))
+
+
+def _one_list(values: np.ndarray, typ: pa.DataType | None = None) -> pa.Array:
+    """One row: ``values`` as a list (of ``typ``, else of their own type)."""
+    return pa.ListArray.from_arrays(arrow_array(np.array([0, values.size], dtype=np.int32)), arrow_array(values, typ))
 
 
 def asdict_file(file: WrittenFile | None) -> dict[str, Any] | None:

@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["arrow_array", "binary_array", "numpy_values"]
+__all__ = ["arrow_array", "binary_array", "from_stream_bytes", "numpy_values", "stream_bytes"]
 
 
 def arrow_array(values: np.ndarray, type: pa.DataType | None = None) -> pa.Array:
@@ -58,3 +58,17 @@ def binary_array(items: Sequence[bytes], type: pa.DataType = pa.binary()) -> pa.
     offsets = np.zeros(len(items) + 1, dtype=width)
     np.cumsum([len(item) for item in items], out=offsets[1:])
     return pa.Array.from_buffers(type, len(items), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(items))])
+
+
+def stream_bytes(table: pa.Table) -> bytes:
+    """``table`` as Arrow IPC stream bytes: what a packer actor hands back through Ray, whose own pickling of
+    an Arrow table asks pyarrow's pandas shim (ray._private.arrow_serialization)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def from_stream_bytes(data: bytes) -> pa.Table:
+    """The table :func:`stream_bytes` wrote."""
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()

@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from raypack.rules.arrays import arrow_array, binary_array, numpy_values
+from raypack.rules.arrays import arrow_array, binary_array, from_stream_bytes, numpy_values, stream_bytes
 
 DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64, np.float32, np.float64]
 
@@ -59,3 +59,10 @@ def test_binary_array_equals_pyarrows(arrow_type):
     want = pa.array(items, pa.large_binary()).cast(arrow_type)
     assert got.equals(want)
     assert binary_array([], arrow_type).equals(pa.array([], arrow_type))
+
+
+def test_stream_bytes_round_trip():
+    table = pa.table({"a": pa.array([1, None], pa.int64()), "b": pa.array([[1, 2], None], pa.list_(pa.uint16())),
+                      "c": pa.array([{"x": "é"}, None], pa.struct([("x", pa.string())]))})
+    data = stream_bytes(table)
+    assert isinstance(data, bytes) and from_stream_bytes(data).equals(table)
