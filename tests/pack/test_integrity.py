@@ -984,3 +984,24 @@ def test_a_ctrl_c_around_a_chunk_file_leaves_no_temporary_file(tmp_path, corpus,
     left = [n for _, _, names in os.walk(staging) for n in names if n.startswith(".tmp")] if os.path.isdir(staging) \
         else []
     assert len(calls) == 3 and left == [], left
+
+
+def test_a_stop_removes_the_unfinished_files_of_killed_workers_records_too(tmp_path):
+    """A Ray worker ended by a stop (raypack.engine.pipeline.end_workers) may leave its chunk file or its task's
+    resume record half written: both go as the stop ends; the finished tasks' files and records stay."""
+    from raypack.pack.resume import RESULTS_DIR
+    from raypack.packed.writer import TMP_PREFIX
+
+    output = directory.LocalOutput(str(tmp_path / "out"))
+    output.prepare(fresh=True)
+    results = os.path.join(output.work_dir, RESULTS_DIR)
+    os.makedirs(results)
+    kept = {"chunks-000000000000-ab.arrow", os.path.join(RESULTS_DIR, "task-000000.json")}
+    unfinished = {f"{TMP_PREFIX}1-chunks.arrow", os.path.join(RESULTS_DIR, f"{TMP_PREFIX}2-task-000001.json")}
+    for name in kept | unfinished:
+        with open(os.path.join(output.work_dir, name), "w") as f:
+            f.write("x")
+    output.after_stop()
+    left = {os.path.relpath(os.path.join(root, name), output.work_dir)
+            for root, _, names in os.walk(output.work_dir) for name in names}
+    assert left == kept

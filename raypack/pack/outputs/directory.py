@@ -292,10 +292,14 @@ class LocalOutput:
                 self._remove_temporary_files()
 
     def _remove_temporary_files(self) -> None:
-        """This run's unfinished files; the finished tasks' files and records stay."""
-        for entry in os.scandir(self.work_dir):
-            if entry.name.startswith(TMP_PREFIX) and entry.is_file(follow_symlinks=False):
-                os.remove(entry.path)
+        """This run's unfinished files, chunk files and resume records (a worker killed while it wrote its task's
+        record left one in ``_results``); the finished tasks' files and records stay."""
+        for directory in (self.work_dir, os.path.join(self.work_dir, RESULTS_DIR)):
+            if not os.path.isdir(directory) or os.path.islink(directory):
+                continue
+            for entry in os.scandir(directory):
+                if entry.name.startswith(TMP_PREFIX) and entry.is_file(follow_symlinks=False):
+                    os.remove(entry.path)
 
 
 def _sha256_of(path: str) -> str:
