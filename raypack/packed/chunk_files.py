@@ -60,15 +60,18 @@ def list_column(column: pa.ListArray, where: str = "a list column") -> tuple[np.
 
     The offsets are checked against the values they index before any is used (a file whose
     offsets were edited would otherwise index past its values): non-decreasing, inside
-    ``[0, len(values)]``. One vectorised pass over the (rows + 1,) offsets; InputError naming ``where``.
+    ``[0, len(values)]``; and the values they index hold no null. One vectorised pass over the (rows + 1,)
+    offsets; InputError naming ``where``.
     """
     offsets = numpy_values(column.offsets).astype(np.int64)
     if offsets.size == 0 or offsets[0] < 0 or offsets[-1] > len(column.values) or np.any(np.diff(offsets) < 0):
         raise InputError(f"{where}: list offsets out of order or past the {len(column.values)} values they index; "
                          f"{_DAMAGED}")
     start, stop = int(offsets[0]), int(offsets[-1])
-    values = numpy_values(column.values.slice(start, stop - start))
-    return offsets - start, values
+    values = column.values.slice(start, stop - start)
+    if values.null_count:
+        raise InputError(f"{where}: a list holds null values; {_DAMAGED}")
+    return offsets - start, numpy_values(values)
 
 
 def _row_sums(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:

@@ -292,6 +292,19 @@ def _patch_list_offsets(out: str, row: int, value: int) -> None:
     """Rewrite the first chunk file with offset ``row`` of both segment columns set to ``value`` (alike,
     so they still agree with each other; unvalidated),
     then make its name, sha256 and size in the manifest match, as an attacker would."""
+
+    def patch(lists: pa.ListArray) -> pa.ListArray:
+        offsets = np.array(lists.offsets, dtype=np.int32)
+        offsets[row] = value
+        return pa.Array.from_buffers(lists.type, len(lists), [None, pa.py_buffer(offsets.tobytes())],
+                                     children=[lists.values])
+
+    _patch_segments(out, patch)
+
+
+def _patch_segments(out: str, patch: Callable[[pa.ListArray], pa.ListArray]) -> None:
+    """The first chunk file's segment columns of its first record batch replaced by ``patch(column)``, the
+    manifest's name, sha256 and size of it made to match."""
     manifest = manifest_of(out)
     entry = manifest["files"][0]
     path = os.path.join(out, entry["path"])
@@ -304,10 +317,7 @@ def _patch_list_offsets(out: str, row: int, value: int) -> None:
     for name in schema.names:
         lists = first.column(name)
         if name in ("segment_doc_ids", "segment_lengths"):
-            offsets = np.array(lists.offsets, dtype=np.int32)
-            offsets[row] = value
-            lists = pa.Array.from_buffers(lists.type, len(lists), [None, pa.py_buffer(offsets.tobytes())],
-                                          children=[lists.values])
+            lists = patch(lists)
         columns.append(lists)
     batches[0] = pa.RecordBatch.from_arrays(columns, schema=schema)
     os.remove(path)
@@ -331,6 +341,24 @@ def test_patched_list_offsets_are_one_line_naming_the_file(out, tool, row, value
     _patch_list_offsets(out, row, value)
     name = first_name(manifest_of(out))
     fails(tool, out, rf"{name}: segment_doc_ids: list offsets out of order or past the \d+ values")
+
+
+@pytest.mark.parametrize("tool", ["reader", "stats"])
+def test_a_null_inside_a_segment_list_is_one_line_naming_the_file(out, tool):
+    """A null among a segment column's values (its validity bitmap edited): one line, not pyarrow's
+    ArrowInvalid traceback (before stop 60) nor NaN read as ids (what a conversion that copies would give)."""
+
+    def patch(lists: pa.ListArray) -> pa.ListArray:
+        values = lists.values
+        valid = np.ones(values.offset + len(values), dtype=bool)
+        valid[values.offset] = False  # the first value of the first list
+        bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
+        with_null = pa.Array.from_buffers(values.type, len(values), [bitmap, values.buffers()[1]], offset=values.offset)
+        return pa.Array.from_buffers(lists.type, len(lists), [None, lists.buffers()[1]], offset=lists.offset,
+                                     children=[with_null])
+
+    _patch_segments(out, patch)
+    fails(tool, out, rf"{first_name(manifest_of(out))}: segment_doc_ids: a list holds null values")
 
 
 @pytest.mark.parametrize("change, said", [(-1, "its shards list {} tokens in all"), (+1, "its shards list {} tokens")])
