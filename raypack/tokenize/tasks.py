@@ -219,8 +219,7 @@ def _iter_texts(task: TextTask, settings: TokenizeSettings) -> Iterator[tuple[in
 def _byte_pieces(texts: pa.Array, max_bytes: int) -> Iterator[pa.Array]:
     """Consecutive slices of ``texts`` of at most ``max_bytes`` bytes of text each (a longer
     text alone). Cost: O(texts) numpy on the offsets."""
-    offsets = np.zeros(len(texts) + 1, dtype=np.int64)
-    np.cumsum(np.diff(text_offsets(texts)), out=offsets[1:])
+    offsets = text_offsets(texts).astype(np.int64)  # into the buffer: each piece is searched from its own start
     start = 0
     while start < len(texts):
         end = int(np.searchsorted(offsets, offsets[start] + max_bytes, side="right")) - 1
