@@ -44,7 +44,7 @@ from raypack.inputs.base import (
     token_value_type,
     too_long,
 )
-from raypack.inputs.parquet_pages import check_dictionary_pages, check_text_pages
+from raypack.inputs.parquet_pages import DICTIONARY_PAGE, check_dictionary_pages, check_text_pages, first_page_header
 from raypack.io.fs import error_text, open_input_file, resolve_filesystem
 from raypack.rules.side_columns import side_value_types
 
@@ -153,7 +153,7 @@ class ParquetFormat(InputFormat):
                 leaf = _flat_leaf(metadata.schema, column)
                 if leaf is not None:
                     check_dictionary_pages(source, metadata, leaf, path, column, max_text_bytes)
-        return dictionary_page_notes(path, column, metadata)
+            return large_page_notes(path, column, source, metadata)
 
     def iter_texts(self, path: str, column: str, start: int, end: int, batch_rows: int, *,
                    max_text_bytes: int | None = None) -> Iterator[tuple[int, pa.Array]]:
@@ -427,43 +427,49 @@ def check_row_group_text_bytes(metadata: pq.FileMetaData, column: str, path: str
                 "the document upstream")
 
 
-DICTIONARY_NOTE_BYTES = 64 << 20
-"""A text column chunk whose dictionary page holds more text than this is named (:func:`dictionary_page_notes`)."""
+LARGE_PAGE_NOTE_BYTES = 64 << 20
+"""A text column chunk whose first page holds more text than this is named (:func:`large_page_notes`)."""
 
 
-def dictionary_page_notes(path: str, column: str, metadata: pq.FileMetaData | None = None) -> list[str]:
-    """One line when a row group's ``column`` keeps more than DICTIONARY_NOTE_BYTES of text in its
-    dictionary page (the largest such row group): a Parquet page is decoded whole, and pyarrow's
-    writer puts a row group's first 1,024 values in one before it falls back to plain pages, so long
-    texts (books) make a page of up to ~1 GB, which pyarrow reads at ~2.5x its text (BENCHMARKS.md,
-    "stop 51"). The page's text is estimated from the footer (its share of the chunk's compressed
-    bytes times the chunk's uncompressed bytes); a footer that does not add up gives no line. O(row groups);
-    ``metadata``: the file's footer, if read already."""
-    try:
-        if metadata is None:
+def large_page_notes(path: str, column: str, source: pa.NativeFile | None = None,
+                     metadata: pq.FileMetaData | None = None) -> list[str]:
+    """One line when a row group's ``column`` has a first page of more than LARGE_PAGE_NOTE_BYTES of
+    text (the largest such page, by its header). A Parquet page is decoded whole, and pyarrow's writer
+    cuts pages only between write batches of 1,024 values: its dictionary page (the default) or, without
+    one, its data pages hold up to 1,024 texts each, so long texts (books) make pages of up to ~1 GB,
+    which pyarrow reads at up to ~2.5x their text (BENCHMARKS.md, "stop 51" and "stop 61"). The first
+    page stands for the others (the same writer wrote them). One ranged read of a few KiB per row
+    group whose column holds more than that much text by its footer, none for the others; ``source``
+    and ``metadata``: the file, open, and its footer, if read already."""
+    if source is None:
+        try:
             fs, fs_path = resolve_filesystem(path)
-            with open_input_file(fs, fs_path, path) as source:
-                metadata = open_parquet(source, path).metadata
-        schema = metadata.schema
-        leaf = _flat_leaf(schema, column)
+            with open_input_file(fs, fs_path, path) as opened:
+                return large_page_notes(path, column, opened, open_parquet(opened, path).metadata)
+        except (InputError, OSError, ValueError, pa.ArrowException):
+            return []  # the read says what is wrong with the file, if anything
+    try:
+        metadata = metadata if metadata is not None else open_parquet(source, path).metadata
+        leaf = _flat_leaf(metadata.schema, column)
         if leaf is None:
             return []
-        largest, where = 0, 0
+        largest, where, kind = 0, 0, ""
         for group in range(metadata.num_row_groups):
             chunk = metadata.row_group(group).column(leaf)
-            start, data, compressed = chunk.dictionary_page_offset, chunk.data_page_offset, chunk.total_compressed_size
-            if not chunk.has_dictionary_page or start is None or not 0 <= start < data <= start + compressed:
-                continue
-            size = chunk.total_uncompressed_size * (data - start) // compressed
-            if size > largest:
-                largest, where = size, group
+            if chunk.total_uncompressed_size <= LARGE_PAGE_NOTE_BYTES:
+                continue  # no page of it can hold more
+            page = first_page_header(source, chunk)
+            if page is not None and page.uncompressed_size > largest:
+                largest, where = page.uncompressed_size, group
+                kind = "dictionary page" if page.page_type == DICTIONARY_PAGE else "data page"
     except (InputError, OSError, ValueError, UnicodeDecodeError, pa.ArrowException):
-        return []  # the read says what is wrong with the file, if anything
-    if largest <= DICTIONARY_NOTE_BYTES:
         return []
-    return [f"text file {path}: row group {where} keeps about {largest >> 20:,} MiB of its {column!r} column's text "
-            "in one dictionary page, which a Parquet reader decodes whole (about 2.5x that in memory); write the "
-            "file with use_dictionary=False for that column, or smaller row groups, to read it in small pages"]
+    if largest <= LARGE_PAGE_NOTE_BYTES:
+        return []
+    return [f"text file {path}: row group {where} keeps {largest >> 20:,} MiB of its {column!r} column's text in "
+            f"one {kind}, which a Parquet reader decodes whole (up to about 2.5x that in memory); write the file "
+            "with smaller pages (pyarrow: write_batch_size=16, and use_dictionary=False for that column), or "
+            "smaller row groups"]
 
 
 def text_batch_rows(metadata: pq.FileMetaData, group: int, column: str, batch_rows: int, batch_bytes: int) -> int:

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from raypack.errors import InputError
 
-__all__ = ["PageHeader", "check_dictionary_pages", "check_text_pages", "read_page_header"]
+__all__ = ["PageHeader", "check_dictionary_pages", "check_text_pages", "first_page_header", "read_page_header"]
 
 DATA_PAGE, INDEX_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2 = 0, 1, 2, 3
 """Parquet's PageType."""
@@ -230,6 +230,19 @@ def check_dictionary_pages(source: pa.NativeFile, metadata: pq.FileMetaData, lea
         page = _header_at(source, start, start + chunk.total_compressed_size, where, column)
         if page.page_type == DICTIONARY_PAGE:
             _check_page_bytes(page, where, column, max_text_bytes)
+
+
+def first_page_header(source: pa.NativeFile, chunk: pq.ColumnChunkMetaData) -> PageHeader | None:
+    """The header of a column chunk's first page (its dictionary page, if it has one), or None where the
+    footer gives it no page or no readable header is there (the read says what is wrong, if anything).
+    One ranged read of a few KiB."""
+    start = _first_page(chunk)
+    if start is None:
+        return None
+    try:
+        return read_page_header(source, start, start + chunk.total_compressed_size)
+    except (ValueError, OSError, pa.ArrowException):
+        return None
 
 
 def _header_at(source: pa.NativeFile, offset: int, end: int, where: str, column: str) -> PageHeader:

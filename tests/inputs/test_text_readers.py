@@ -476,27 +476,37 @@ def test_parquet_missing_and_corrupt_file(tmp_path):
         parquet_row_group_tasks(str(bad))
 
 
-def test_a_dictionary_page_of_long_texts_is_named_in_one_line(tmp_path, monkeypatch, caplog):
-    """pyarrow's writer puts a row group's first 1,024 texts in one dictionary page; a reader decodes
-    a page whole, so a page of books costs ~2.5x its text to read (BENCHMARKS.md, stop 51): the plan
-    names the file. Written without dictionary encoding, or with short texts, it says nothing."""
+def test_a_page_of_long_texts_is_named_in_one_line(tmp_path, monkeypatch, caplog):
+    """A reader decodes a Parquet page whole, and pyarrow's writer cuts pages only between write batches
+    of 1,024 values: a row group's first 1,024 texts go in one dictionary page (the default) or, without
+    dictionary encoding, in one data page. A page of books costs up to ~2.5x its text to read
+    (BENCHMARKS.md, stops 51 and 61): the plan names the file, by the page's own header. Written with
+    small write batches, or with short texts, it says nothing."""
     import logging
 
     import raypack.inputs.parquet as parquet
     from raypack.tokenize.job import TextOptions, plan_text_tasks
 
-    monkeypatch.setattr(parquet, "DICTIONARY_NOTE_BYTES", 1 << 20)
+    monkeypatch.setattr(parquet, "LARGE_PAGE_NOTE_BYTES", 3 << 19)  # 1.5 MiB: over a dictionary page that falls back
     books = [f"book {i} " + "lorem ipsum dolor sit amet " * 12_000 for i in range(8)]  # ~330 kB each
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
+    for folder in "abc":
+        (tmp_path / folder).mkdir()
     pq.write_table(pa.table({"id": range(8), "text": books}), tmp_path / "a" / "books.parquet")
     pq.write_table(pa.table({"text": books}), tmp_path / "b" / "plain.parquet", use_dictionary=False)
-    pq.write_table(pa.table({"text": TEXTS * 100}), tmp_path / "b" / "short.parquet")
-    notes = parquet.dictionary_page_notes(str(tmp_path / "a" / "books.parquet"), "text")
-    assert len(notes) == 1 and "row group 0 keeps about 2 MiB of its 'text' column's text in one dictionary " \
-        "page" in notes[0] and "use_dictionary=False" in notes[0], notes
-    assert parquet.dictionary_page_notes(str(tmp_path / "a" / "books.parquet"), "id") == []  # 8 ints
+    pq.write_table(pa.table({"text": books}), tmp_path / "c" / "small_pages.parquet", write_batch_size=2)
+    pq.write_table(pa.table({"text": books}), tmp_path / "c" / "small_plain.parquet", write_batch_size=2,
+                   use_dictionary=False)
+    pq.write_table(pa.table({"text": TEXTS * 100}), tmp_path / "c" / "short.parquet")
+    notes = parquet.large_page_notes(str(tmp_path / "a" / "books.parquet"), "text")
+    assert len(notes) == 1 and "row group 0 keeps 2 MiB of its 'text' column's text in one dictionary page" \
+        in notes[0] and "write_batch_size=16" in notes[0], notes
+    plain = parquet.large_page_notes(str(tmp_path / "b" / "plain.parquet"), "text")
+    assert len(plain) == 1 and "in one data page" in plain[0], plain
+    assert parquet.large_page_notes(str(tmp_path / "a" / "books.parquet"), "id") == []  # 8 ints
+    for name in ("small_pages", "small_plain", "short"):
+        assert parquet.large_page_notes(str(tmp_path / "c" / f"{name}.parquet"), "text") == [], name
     with caplog.at_level(logging.INFO, logger="raypack.tokenize.job"):
-        plan_text_tasks((str(tmp_path / "a"), str(tmp_path / "b")), TextOptions(tokenizer="unused.json"))
+        plan_text_tasks((str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "c")),
+                        TextOptions(tokenizer="unused.json"))
     said = [r.getMessage() for r in caplog.records if r.name == "raypack.tokenize.job"]
-    assert said == notes
+    assert said == notes + plain
