@@ -36,8 +36,10 @@ Prints the load average (the machine is shared).
 task per copy), repeated 10 times in one row group (one task of 10x the text, whose ids past
 ``task_bytes / 4`` spill), and "10books": 10x shard 0's bytes of distinct text (shard 0's and the
 next shards') joined into ~1 MB documents, in one row group written with pyarrow's defaults (a
-book corpus: one task of long texts), a fresh process per run, ``--repeats`` runs each: the
-issue's "worker peak RSS when a task's text grows 10x" (goal <= 1.2x).
+book corpus: one task of long texts, all in one dictionary page), and "10bookpages": the same file
+written in pages of at most 16 texts (``write_batch_size=16``, ``use_dictionary=False``), a fresh
+process per run, ``--repeats`` runs each: the issue's "worker peak RSS when a task's text grows
+10x" (goal <= 1.2x).
 
 ``--budget``: instead, where a ``--local`` one pass's CPU goes, in one process, ``--repeats``
 alternating rounds of four stages over the same shards: ``read`` (the Parquet text reader alone,
@@ -147,14 +149,17 @@ def peak_rss(shard: Path, root: Path, tokenizer_path: Path, backend: str, repo: 
     ``shard`` and on its rows repeated 2, 10 and 20 times (one row group per copy), and the ratios."""
     table = pq.read_table(shard, columns=["text"])
     peaks: dict[int | str, list[int]] = {}
-    cases = (1, 10, 2, 20, "10one", "10books")
+    cases = (1, 10, 2, 20, "10one", "10books", "10bookpages")
     for copies in cases:
         folder = root / f"rss-x{copies}"
         if not folder.exists():  # written once, for every --repo
             folder.mkdir()
-            if copies == "10books":  # distinct text: shard 0's and the next shards', 10x shard 0's bytes
+            if copies in ("10books", "10bookpages"):  # distinct text: shard 0's and the next shards', 10x its bytes
+                # 10books: pyarrow's defaults (its first 1,024 texts, here all, in one dictionary page);
+                # 10bookpages: pages of at most 16 texts, as the run's note on such a file advises
+                small_pages = {"write_batch_size": 16, "use_dictionary": False} if copies == "10bookpages" else {}
                 pq.write_table(books(distinct_texts(shard, 10 * table.column("text").nbytes)),
-                               folder / "shard.parquet")
+                               folder / "shard.parquet", **small_pages)
                 continue
             n = 10 if copies == "10one" else copies
             pq.write_table(pa.concat_tables([table] * n), folder / "shard.parquet",
@@ -171,11 +176,12 @@ def peak_rss(shard: Path, root: Path, tokenizer_path: Path, backend: str, repo: 
                                   text=True, check=True)
             peaks.setdefault(copies, []).append(int(done.stderr.split()[-1]) // 1024)
     print(f"peak RSS, MiB, runs of shard {shard.name} ({table.num_rows} documents) "
-          f"x1/x10/x2/x20/x10one/x10books: {peaks}")
+          f"x1/x10/x2/x20/x10one/x10books/x10bookpages: {peaks}")
     high = {k: max(v) for k, v in peaks.items()}
     print(f"  the largest of each: {high}; x10/x1 {high[10] / high[1]:.2f}, x20/x2 {high[20] / high[2]:.2f} "
           f"(goal <= 1.2); x10 in one row group (one task of 10x the text)/x1 {high['10one'] / high[1]:.2f}; "
-          f"x10 as ~1 MB documents in one row group/x1 {high['10books'] / high[1]:.2f}")
+          f"x10 as ~1 MB documents in one row group/x1 {high['10books'] / high[1]:.2f}, the same in pages of 16 "
+          f"documents/x1 {high['10bookpages'] / high[1]:.2f}")
 
 
 def job_pieces(big: Path, options, batch_bytes: int) -> list[pa.Array]:
