@@ -433,14 +433,14 @@ LARGE_PAGE_NOTE_BYTES = 64 << 20
 
 def large_page_notes(path: str, column: str, source: pa.NativeFile | None = None,
                      metadata: pq.FileMetaData | None = None) -> list[str]:
-    """One line when a row group's ``column`` has a first page of more than LARGE_PAGE_NOTE_BYTES of
-    text (the largest such page, by its header). A Parquet page is decoded whole, and pyarrow's writer
-    cuts pages only between write batches of 1,024 values: its dictionary page (the default) or, without
-    one, its data pages hold up to 1,024 texts each, so long texts (books) make pages of up to ~1 GB,
-    which pyarrow reads at up to ~2.5x their text (BENCHMARKS.md, "stop 51" and "stop 61"). The first
-    page stands for the others (the same writer wrote them). One ranged read of a few KiB per row
-    group whose column holds more than that much text by its footer, none for the others; ``source``
-    and ``metadata``: the file, open, and its footer, if read already."""
+    """One line when ``column``'s first page holds more than LARGE_PAGE_NOTE_BYTES of text (by its
+    header), in the row group whose column holds the most text. A Parquet page is decoded whole, and
+    pyarrow's writer cuts pages only between write batches of 1,024 values: its dictionary page (the
+    default) or, without one, its data pages hold up to 1,024 texts each, so long texts (books) make
+    pages of up to ~1 GB, which pyarrow reads at up to ~2.5x their text (BENCHMARKS.md, "stop 51" and
+    "stop 61"). That page stands for the file's others (one writer wrote them). One ranged read of a
+    few KiB, where the footer gives a row group more than that much text; ``source`` and ``metadata``:
+    the file, open, and its footer, if read already."""
     if source is None:
         try:
             fs, fs_path = resolve_filesystem(path)
@@ -451,19 +451,19 @@ def large_page_notes(path: str, column: str, source: pa.NativeFile | None = None
     try:
         metadata = metadata if metadata is not None else open_parquet(source, path).metadata
         leaf = _flat_leaf(metadata.schema, column)
-        if leaf is None:
+        if leaf is None or metadata.num_row_groups == 0:
             return []
-        largest, where, kind = 0, 0, ""
-        for group in range(metadata.num_row_groups):
-            chunk = metadata.row_group(group).column(leaf)
-            if chunk.total_uncompressed_size <= LARGE_PAGE_NOTE_BYTES:
-                continue  # no page of it can hold more
-            page = first_page_header(source, chunk)
-            if page is not None and page.uncompressed_size > largest:
-                largest, where = page.uncompressed_size, group
-                kind = "dictionary page" if page.page_type == DICTIONARY_PAGE else "data page"
+        sizes = [metadata.row_group(g).column(leaf).total_uncompressed_size for g in range(metadata.num_row_groups)]
+        where = max(range(len(sizes)), key=sizes.__getitem__)
+        if sizes[where] <= LARGE_PAGE_NOTE_BYTES:
+            return []  # no page can hold more
+        page = first_page_header(source, metadata.row_group(where).column(leaf))
     except (InputError, OSError, ValueError, UnicodeDecodeError, pa.ArrowException):
         return []
+    if page is None:
+        return []
+    largest = page.uncompressed_size
+    kind = "dictionary page" if page.page_type == DICTIONARY_PAGE else "data page"
     if largest <= LARGE_PAGE_NOTE_BYTES:
         return []
     return [f"text file {path}: row group {where} keeps {largest >> 20:,} MiB of its {column!r} column's text in "

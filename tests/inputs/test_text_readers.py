@@ -510,3 +510,26 @@ def test_a_page_of_long_texts_is_named_in_one_line(tmp_path, monkeypatch, caplog
                         TextOptions(tokenizer="unused.json"))
     said = [r.getMessage() for r in caplog.records if r.name == "raypack.tokenize.job"]
     assert said == notes + plain
+
+
+def test_a_file_of_many_row_groups_costs_one_page_header_read_at_most(tmp_path, monkeypatch):
+    """The note reads one page header a file, in the row group whose text column the footer makes the
+    largest (one writer wrote the file's pages); a file of an object store's corpus plans in one
+    more small read, not one a row group."""
+    import raypack.inputs.parquet as parquet
+
+    monkeypatch.setattr(parquet, "LARGE_PAGE_NOTE_BYTES", 3 << 19)
+    reads = []
+    real = parquet.first_page_header
+    monkeypatch.setattr(parquet, "first_page_header", lambda source, chunk: reads.append(chunk) or real(source, chunk))
+    short = ["short text"] * 8
+    books = [f"book {i} " + "lorem ipsum dolor sit amet " * 12_000 for i in range(8)]
+    with pq.ParquetWriter(tmp_path / "mixed.parquet", pa.schema([("text", pa.string())]),
+                          use_dictionary=False) as writer:
+        for texts in (short, short, books, books[:6], short):
+            writer.write_table(pa.table({"text": texts}))
+    notes = parquet.large_page_notes(str(tmp_path / "mixed.parquet"), "text")
+    assert len(reads) == 1 and len(notes) == 1 and "row group 2 keeps 2 MiB" in notes[0], (reads, notes)
+    reads.clear()
+    pq.write_table(pa.table({"text": short * 100}), tmp_path / "short.parquet", row_group_size=8)
+    assert parquet.large_page_notes(str(tmp_path / "short.parquet"), "text") == [] and reads == []
