@@ -8,7 +8,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from raypack.errors import InputError
@@ -130,6 +130,40 @@ def test_jsonl_other_column_and_empty_file(tmp_path):
     blank = tmp_path / "b.jsonl"
     blank.write_bytes(b"\n\n  \n")
     assert read_jsonl_tasks(blank, [(0, None)]) == ([], [0])
+
+
+def _object_lines_reference(data: bytes) -> int:
+    """The line count's rule, written the plain way (substring searches and a split): the lines that are
+    not blank, or -1 where one of them does not both start with ``{`` and end with ``}``; where no line is
+    blank and no blank sits beside a newline, every newline ends a line."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    if data[:1].isspace() or (data[-1:].isspace() and not data.endswith(b"\n")) or \
+            any(blank in data for blank in (b"\n\n", b"\n ", b" \n", b"\r", b"\t")):
+        lines = [line.strip() for line in data.split(b"\n")]
+        lines = [line for line in lines if line]
+        return len(lines) if all(line[:1] == b"{" and line[-1:] == b"}" for line in lines) else -1
+    if not data:
+        return 0
+    lines = data[:-1].split(b"\n") if data.endswith(b"\n") else data.split(b"\n")
+    return len(lines) if all(line[:1] == b"{" and line[-1:] == b"}" for line in lines) else -1
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(st.sampled_from([b"{", b"}", b"{}", b'{"text": "a b"}', b"\n", b" ", b"\r", b"\t", b"\x0b",
+                                 b"x", b"\n\n", b"\xef\xbb\xbf"]), max_size=30))
+@example([b"{}", b" ", b"\n", b"{}", b"\n"])  # a blank before a newline
+@example([b"{}", b"\n", b" ", b"{}", b"\n"])  # after one
+@example([b"{}", b"\n\n", b"{}"])  # a blank line
+@example([b"\xef\xbb\xbf", b"{}", b"\n", b"{}"])
+@example([b"{}", b"\r", b"\n", b"{}", b"\t"])
+def test_the_jsonl_line_count_agrees_with_a_plain_reference(parts):
+    """The reader's line count (numpy over the block, blanks beside newlines found by gathers) equals
+    the plain rule on any mix of objects, braces, newlines, blanks, carriage returns, tabs and BOMs."""
+    from raypack.inputs.jsonl import _object_lines
+
+    data = b"".join(parts)
+    assert _object_lines(data) == _object_lines_reference(data), data
 
 
 # ---------------------------------------------------------------------------------------------
