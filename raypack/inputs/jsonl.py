@@ -185,18 +185,19 @@ def _aligned_start(source: pa.NativeFile, start: int) -> int:
 def _split_lines(stream: pa.NativeFile, position: int, end: int | None, block_bytes: int,
                  max_line_bytes: int | None) -> Iterator[LineBlock]:
     """Read from ``position`` in blocks cut after a newline; stop after the first newline >= end.
-    ``carry``: the parts of the line still open (joined once, when it ends)."""
+    ``carry``: the parts of the line still open (joined once, when it ends). A block is copied once
+    from what was read (the join, over a view of it: slicing the read bytes copied them once more)."""
     carry: list[bytes] = []
     num_carried = 0
     while chunk := stream.read(block_bytes):
         if end is not None and position + len(chunk) > end:
             newline = chunk.find(b"\n", max(end - position, 0))
             if newline >= 0:
-                yield LineBlock(position - num_carried, b"".join([*carry, chunk[: newline + 1]]))
+                yield LineBlock(position - num_carried, b"".join([*carry, memoryview(chunk)[: newline + 1]]))
                 return
         last = chunk.rfind(b"\n")
         if last >= 0:
-            yield LineBlock(position - num_carried, b"".join([*carry, chunk[: last + 1]]))
+            yield LineBlock(position - num_carried, b"".join([*carry, memoryview(chunk)[: last + 1]]))
             carry, num_carried = [chunk[last + 1:]], len(chunk) - last - 1
         else:
             carry.append(chunk)
