@@ -4,6 +4,7 @@ fast backend's batch encode on all cores with the texts in memory.
     PYTHONPATH=. .venv/bin/python bench/bench_onepass.py [--mb 31] [--copies 3] [--tiny-mb 1]
         [--vocab 16000] [--workers 2] [--shards 16] [--engines local,ray] [--repeats 2]
         [--repo DIR ...] [--backend gigatoken] [--batch-mib 0] [--corpus installed|stdlib] [--doc-chars 0]
+        [--format parquet|jsonl|jsonl.zst]
         [--rss | --budget | --paths]
 
 Text (``--corpus``): ``installed`` (default), every distinct source, header, doc and licence file of
@@ -78,12 +79,22 @@ from bench_tokenize import installed_texts, stdlib_texts, train_bpe  # noqa: E40
 from raypack.tokenize.backends import load_backed_tokenizer  # noqa: E402
 
 
-def write_shards(texts: list[str], root: Path, num_shards: int) -> Path:
+def write_shards(texts: list[str], root: Path, num_shards: int, file_format: str = "parquet") -> Path:
+    """``texts`` in ``num_shards`` files of ``file_format``: Parquet (pyarrow's defaults), JSON Lines
+    (``{"text": ...}`` a line, as ``json.dumps`` writes it) or JSON Lines compressed with zstd."""
     root.mkdir(parents=True, exist_ok=True)
     per = -(-len(texts) // num_shards)
     for k in range(num_shards):
-        pq.write_table(pa.table({"text": pa.array(texts[k * per:(k + 1) * per], pa.string())}),
-                       root / f"text-{k:03d}.parquet")
+        part = texts[k * per:(k + 1) * per]
+        if file_format == "parquet":
+            pq.write_table(pa.table({"text": pa.array(part, pa.string())}), root / f"text-{k:03d}.parquet")
+            continue
+        data = "".join(json.dumps({"text": text}) + "\n" for text in part).encode("utf-8")
+        if file_format == "jsonl":
+            (root / f"text-{k:03d}.jsonl").write_bytes(data)
+        else:
+            with pa.CompressedOutputStream(str(root / f"text-{k:03d}.jsonl.zst"), "zstd") as sink:
+                sink.write(data)
     return root
 
 
@@ -107,8 +118,14 @@ if engine == "ray":
 import glob
 import pyarrow as pa, pyarrow.parquet as pq
 from raypack.tokenize.backends import load_backed_tokenizer
-texts = pa.concat_arrays([pq.read_table(p, columns=["text"]).column(0).combine_chunks().cast(pa.large_string())
-                          for p in sorted(glob.glob(big + "/*.parquet"))])
+import pyarrow.json as pajson
+def texts_of(p):  # the shards' texts, for the floor: Parquet, JSON Lines, or zstd JSON Lines
+    if p.endswith(".parquet"):
+        return pq.read_table(p, columns=["text"]).column(0)
+    return pajson.read_json(pa.input_stream(p, compression="detect"),
+                            read_options=pajson.ReadOptions(block_size=64 << 20)).column("text")
+texts = pa.concat_arrays([texts_of(p).combine_chunks().cast(pa.large_string())
+                          for p in sorted(glob.glob(big + "/*")) if p.endswith((".parquet", ".jsonl", ".zst"))])
 text = TextOptions(tokenizer=tok, tokenizer_backend=backend, batch_bytes=int(batch_bytes) or None)
 for _ in range(int(rounds)):
     row = {}
@@ -350,6 +367,8 @@ def main() -> None:
     parser.add_argument("--doc-chars", type=int, default=0,
                         help="cut every text into documents of at most this many characters (0: as they are), "
                              "e.g. 400 for a corpus of short documents")
+    parser.add_argument("--format", choices=("parquet", "jsonl", "jsonl.zst"), default="parquet",
+                        help="the shards' format (--rss and --budget read Parquet whatever this says)")
     parser.add_argument("--corpus", choices=("installed", "stdlib"), default="installed",
                         help="installed: every distinct source/doc/licence file of the stdlib and the installed "
                              "packages, once (~100M tokens, no repeats); stdlib: its .py files, --copies times")
@@ -366,7 +385,9 @@ def main() -> None:
         if args.doc_chars:
             texts = [t[i:i + args.doc_chars] for t in texts for i in range(0, len(t), args.doc_chars)]
         print(f"{len(texts)} docs, {sum(len(t.encode()) for t in texts) / 1e6:.1f} MB; tiny {len(tiny)} docs")
-        big_dir, tiny_dir = write_shards(texts, root / "big", args.shards), write_shards(tiny, root / "tiny", 2)
+        file_format = "parquet" if args.rss or args.budget or args.paths else args.format
+        big_dir = write_shards(texts, root / "big", args.shards, file_format)
+        tiny_dir = write_shards(tiny, root / "tiny", 2, file_format)
         if args.paths:
             encode_paths(big_dir, tokenizer_path, args.repeats)
             return
