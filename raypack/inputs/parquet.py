@@ -383,10 +383,13 @@ def iter_parquet_texts(
         first_row = 0
         # One iter_batches per row group: over a range, pyarrow reads ahead and its memory grows
         # with the number of row groups (bench_text_job.py: 14 MiB flat vs 18 -> 92 MiB, 3 -> 30 groups).
+        # Decoded on the caller's thread, not Arrow's pool (one column: nothing to do in parallel): the
+        # pages the pool's threads freed stayed resident beside the next task's, ten tasks of a one pass
+        # peaked at 405-430 MiB against 390-405, at the same speed (BENCHMARKS.md, "stop 61").
         batches = itertools.chain.from_iterable(
             parquet_file.iter_batches(batch_size=text_batch_rows(parquet_file.metadata, group, column, batch_rows,
                                                                  batch_bytes),
-                                      row_groups=[group], columns=[column])
+                                      row_groups=[group], columns=[column], use_threads=False)
             for group in range(start, end))
         for batch in _read_text_batches(batches, path):
             texts = as_text_array(batch.column(0))
