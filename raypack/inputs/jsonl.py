@@ -38,11 +38,16 @@ from raypack.inputs.base import InputFormat, ReadLimits, ShardInfo, check_batch_
 from raypack.io.fs import error_text, open_input_file, resolve_filesystem
 from raypack.rules.side_columns import side_value_types
 
-__all__ = ["JSON_BYTES_PER_TOKEN", "JSONL_BLOCK_BYTES", "JsonLinesFormat", "MAX_LINE_BYTES", "compression_of",
-           "iter_jsonl_texts", "iter_line_blocks", "jsonl_byte_range_tasks"]
+__all__ = ["JSON_BYTES_PER_TOKEN", "JSONL_BLOCK_BYTES", "JsonLinesFormat", "MAX_LINE_BYTES", "TEXT_BLOCK_BYTES",
+           "compression_of", "iter_jsonl_texts", "iter_line_blocks", "jsonl_byte_range_tasks"]
 
 JSONL_BLOCK_BYTES = 16 << 20
-"""Bytes of whole lines parsed at once (more when a line is longer)."""
+"""Bytes of whole lines of token lists parsed at once (more when a line is longer)."""
+TEXT_BLOCK_BYTES = 8 << 20
+"""Bytes of whole lines of text parsed at once (more when a line is longer), as much as a Parquet text
+batch holds (raypack.inputs.parquet.TEXT_BATCH_BYTES). The one pass on 407 MB of JSON Lines: 16 MiB
+peaked at 643-713 MiB in 2.99-3.15 s, 8 MiB at 482-507 MiB in 2.84-2.86 s, 4 MiB at 414-455 MiB in
+2.92-3.06 s (BENCHMARKS.md, "stop 61")."""
 MAX_LINE_BYTES = 1 << 30
 """The longest token line read, whatever ``max_document_tokens``."""
 JSON_BYTES_PER_TOKEN = 24
@@ -314,7 +319,7 @@ def iter_jsonl_texts(
     end: int | None = None,
     batch_rows: int = 8192,
     *,
-    block_bytes: int = JSONL_BLOCK_BYTES,
+    block_bytes: int = TEXT_BLOCK_BYTES,
     max_text_bytes: int | None = None,
 ) -> Iterator[tuple[int, pa.StringArray | pa.LargeStringArray]]:
     """Yield ``(first_row, texts)`` for the lines of nominal byte range [start, end) (module doc).

@@ -165,8 +165,8 @@ class ParquetFormat(InputFormat):
 
 
 TEXT_BATCH_BYTES = 8 << 20
-"""Bytes of text a Parquet text batch holds, about (:func:`text_batch_rows`; a JSON Lines block holds
-up to twice that, raypack.inputs.jsonl.JSONL_BLOCK_BYTES). A batch of ``batch_rows`` rows of books
+"""Bytes of text a Parquet text batch holds, about (:func:`text_batch_rows`; a JSON Lines text block
+holds as many bytes of JSON, raypack.inputs.jsonl.TEXT_BLOCK_BYTES). A batch of ``batch_rows`` rows of books
 would be gigabytes (BENCHMARKS.md: 350 texts of ~1 MB in one row group took the one pass to
 0.75-1.88 GB). 16 MiB measured the same speed but a higher peak (x1 374 against 331 MiB)."""
 
