@@ -46,7 +46,7 @@ JSONL_BLOCK_BYTES = 16 << 20
 TEXT_BLOCK_BYTES = 8 << 20
 """Bytes of whole lines of text parsed at once (more when a line is longer), as much as a Parquet text
 batch holds (raypack.inputs.parquet.TEXT_BATCH_BYTES). The one pass on 407 MB of JSON Lines: 16 MiB
-peaked at 643-713 MiB in 2.99-3.15 s, 8 MiB at 482-507 MiB in 2.84-2.86 s, 4 MiB at 414-455 MiB in
+peaked at 588-713 MiB in 2.99-3.40 s, 8 MiB at 476-518 MiB in 2.84-2.99 s, 4 MiB at 414-455 MiB in
 2.92-3.06 s (BENCHMARKS.md, "stop 61")."""
 MAX_LINE_BYTES = 1 << 30
 """The longest token line read, whatever ``max_document_tokens``."""
@@ -380,7 +380,7 @@ def _parse_text_block(data: bytes, path: str, column: str, line_number) -> pa.St
 
 
 def _object_lines(data: bytes) -> int:
-    """The lines of ``data`` that are not blank, or -1 where one of them does not both start with ``{``
+    r"""The lines of ``data`` that are not blank, or -1 where one of them does not both start with ``{``
     and end with ``}``. Arrow's parser takes an object across lines (pretty-printed JSON) and two on one
     line alike; the tasks cut a file at newlines, so such a file was read or refused by how it was cut
     (a hostile trial), and its line numbers were off. Counting lines alone missed a line of two objects
@@ -410,7 +410,7 @@ def _object_lines(data: bytes) -> int:
 
 
 def _blank_beside_a_newline(buffer: np.ndarray, ends: np.ndarray) -> bool:
-    """Whether ``buffer`` (whose newlines are at ``ends``) holds ``\n\n``, ``\n `` or `` \n``."""
+    r"""Whether ``buffer`` (whose newlines are at ``ends``) holds ``\n\n``, ``\n `` or `` \n``."""
     if ends.size == 0:
         return False
     if ends.size > 1 and bool(np.any(np.diff(ends) == 1)):
