@@ -22,7 +22,8 @@ on 8 MB of the stdlib.
          round (big run, tiny run): the round's ratio to it, so that drift in the machine's speed
          between the floor and the job (this machine is shared) cancels;
   job:   ``run_pack(..., text=TextOptions(...))`` (what ``pack --tokenizer`` runs) in a subprocess
-         with PYTHONPATH=REPO (each ``--repo``: e.g. this branch and a checkout of the base), Ray
+         with PYTHONPATH=REPO (each ``--repo``: e.g. this branch and a checkout of the base) and
+         Arrow's pool set as the command sets it (raypack.io.allocator, where REPO has it), Ray
          started once before the clock, then ``--repeats`` x (big run, tiny run); marginal rate =
          (tokens big - tokens tiny) / (seconds big - seconds tiny), so fixed costs (actor start,
          tokenizer load) cancel out.
@@ -108,6 +109,11 @@ def floor(texts: list[str], tokenizer_path: Path, backend: str) -> tuple[int, fl
 
 _JOB_SCRIPT = r"""
 import json, os, shutil, sys, time
+try:  # what the raypack command sets before pyarrow loads (Arrow's pool hands freed pages back)
+    from raypack.io.allocator import purge_freed_pages
+    purge_freed_pages()
+except ImportError:  # a --repo from before it
+    pass
 from raypack.pack.config import make_config
 from raypack.pack.job import run_pack
 from raypack.tokenize.job import TextOptions
