@@ -414,6 +414,8 @@ def test_a_signal_while_the_lock_is_taken_leaves_no_lock_file(tmp_path, monkeypa
         raise Stop
 
     previous = signal.signal(signal.SIGTERM, stop)
+    # SIGINT as a shell gives it: a test before this one in the same worker may have left another handler
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     real = lock.LocalLock._flock
 
     def flock_then_signal(self, fd):
@@ -427,6 +429,7 @@ def test_a_signal_while_the_lock_is_taken_leaves_no_lock_file(tmp_path, monkeypa
             LocalLock(str(path), what="output").acquire()
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
     assert not path.exists()
     monkeypatch.setattr(lock.LocalLock, "_flock", real)
     again = LocalLock(str(path), what="output")
