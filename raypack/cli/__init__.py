@@ -10,9 +10,10 @@ import os
 import sys
 from typing import Any, Mapping, NoReturn, Sequence
 
-from raypack.io.allocator import purge_freed_pages
+from raypack.io.allocator import purge_freed_pages, tokenizes
 
-purge_freed_pages()  # the command's process, before the imports below load pyarrow (raypack.io.allocator)
+if tokenizes(sys.argv[1:]):  # Arrow's pool, set before the imports below load pyarrow (raypack.io.allocator)
+    purge_freed_pages()
 
 from raypack import __version__
 from raypack.cli.messages import NO_THREAD, NO_THREAD_WORKERS, storage_failed, stray_paths_hint, unknown_flags_hint

@@ -44,7 +44,6 @@ from raypack.engine.connect import connect_hint, resolve_address
 from raypack.engine.reaper import end_processes, reaping, session_glob, session_workers, start_reaper
 from raypack.engine.workers import ShardPackerActor, TextPackerActor, TextTokenizerActor, count_tasks
 from raypack.errors import InputError, worker_error_from_text
-from raypack.io.allocator import for_started_processes
 from raypack.io.terminal import RAY_VERBOSE, quiet_console, stderr_off, terminated
 from raypack.io.threads import time_left
 from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts, table_to_results
@@ -119,8 +118,7 @@ def init_ray(address: str | None = None, *, verbose: bool | None = None) -> None
             else:
                 # its processes end with this one, even after a SIGKILL, a Ctrl-C or a SIGKILL while it starts too
                 start_reaper(session_glob(_ray_temp_dir(), os.getpid()), since=time.time())
-                with for_started_processes():  # Arrow's pool in its workers (raypack.io.allocator)
-                    ray.init(address="local", include_dashboard=False, **quiet)
+                ray.init(address="local", include_dashboard=False, **quiet)
                 global _EMBEDDED
                 _EMBEDDED = True
     except (ConnectionError, ray.exceptions.AuthenticationError) as e:  # the latter: token mode, no token
