@@ -163,20 +163,34 @@ def test_the_reaper_never_reaps_what_started_the_driver():
 
 
 def _stop_trial_corpus(root: Path) -> list[str]:
-    """A text corpus of ~190 tasks and its tokenizer: ``pack --tokenizer`` arguments without the output. Its
-    first task's record comes ~5 s into a run here; with 64 tasks the rest took ~0.5 s more, and a loaded CI
-    machine once saw that record only as the run ended (the Ctrl-C then came after the publish: exit 0)."""
+    """A text corpus of ~40 tasks and its tokenizer: ``pack --tokenizer`` arguments without the output."""
     import json
 
     from helpers import CORPUS, train_byte_level_bpe
 
     train_byte_level_bpe(CORPUS * 5, 400).save(str(root / "tokenizer.json"))
     (root / "in").mkdir()
-    for k in range(24):
+    for k in range(8):
         (root / "in" / f"p{k}.jsonl").write_text("".join(
             json.dumps({"text": f"{k} {i} " + CORPUS[i % len(CORPUS)] * 3}) + "\n" for i in range(3000)))
     return ["pack", "--input", str(root / "in"), "--context-length", "64", "--tokenizer", str(root / "tokenizer.json"),
             "--task-bytes", "200000", "--workers", "2"]
+
+
+def _sigint_as_a_shell_gives_it() -> None:
+    """In the child before exec: SIGINT neither ignored nor blocked, whatever this pytest worker has (CI twice
+    saw the command run to its end, exit 0, after its Ctrl-C; cause not found: no test leaves SIGINT ignored
+    or blocked at a test's end)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _signal_masks(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return " ".join(line.strip() for line in f if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+    except OSError as e:
+        return str(e)
 
 
 @pytest.mark.slow
@@ -193,7 +207,8 @@ def test_a_stopped_ray_run_ends_its_packers_before_it_exits(tmp_path):
     staging = Path(staging_dir(str(tmp_path / "out")))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     run = subprocess.Popen([sys.executable, "-m", "raypack.cli", *args], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, text=True, env={**env, "PYTHONPATH": REPO}, cwd=str(tmp_path))
+                           stderr=subprocess.PIPE, text=True, env={**env, "PYTHONPATH": REPO}, cwd=str(tmp_path),
+                           preexec_fn=_sigint_as_a_shell_gives_it)
     try:
         session = ""
         for line in run.stderr:
@@ -205,6 +220,7 @@ def test_a_stopped_ray_run_ends_its_packers_before_it_exits(tmp_path):
         while not list((staging / "_results").glob("task-*")) and run.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)  # packing is under way
         assert run.poll() is None, "vacuous: the run ended before it was stopped"
+        masks = _signal_masks(run.pid)  # for the failure's message: how the command held SIGINT
         run.send_signal(signal.SIGINT)
         err = run.stderr.read()
         run.wait(timeout=60)
@@ -213,7 +229,7 @@ def test_a_stopped_ray_run_ends_its_packers_before_it_exits(tmp_path):
     finally:
         if run.poll() is None:
             run.kill()
-    assert run.returncode == 130, err
+    assert run.returncode == 130, (masks, err)
     lines = [line for line in err.strip().splitlines() if not line.startswith("packed ")]
     assert len(lines) == 1 and lines[0].startswith("raypack: interrupted; the finished work is kept in "), err
     assert not workers, [open(f"/proc/{p}/cmdline", "rb").read()[:60] for p in workers if os.path.exists(f"/proc/{p}")]
