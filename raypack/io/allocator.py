@@ -1,15 +1,16 @@
 """Arrow's allocator told to hand freed pages back to the system within 10 ms in a command that tokenizes
 text, so that a worker's peak memory follows one task, not the number of tasks it has run.
 
-pyarrow's default pool is mimalloc (2.2 in pyarrow 26), which keeps freed pages for about a second before
-it purges them. A one-pass ``pack --tokenizer --local`` over ten tasks of one shard's text then peaked at
-394-401 MiB against 311-316 for one task (1.27x); the freed pages of earlier tasks' batches were kept
-while the next ones were allocated elsewhere. With ``MIMALLOC_PURGE_DELAY=10`` (milliseconds): 314-317
-against 275-277 MiB (1.14x), one task's peak lower too, at the same speed with ``--local`` and within a
-few percent on Ray (BENCHMARKS.md, stop 62). A delay of 0 purged every free at once: 1.12x, but ~5% slower
-(every batch faulted its pages in afresh); 30 ms and more kept most of the excess (1.21x at 30, 1.20x at
-100). The token-only job is not given it: there the same 10 ms cost 15-20% of its speed (it moves more
-bytes a second through freshly faulted pages) for memory it did not need (its peak does not grow).
+pyarrow's default pool is mimalloc (2.2 in pyarrow 26), which keeps freed pages for about a second before it
+purges them. A one-pass ``pack --tokenizer --local`` over ten tasks of one shard's text then peaked at
+394-401 MiB against 311-316 for one task (1.27x); the freed pages of earlier tasks' batches were kept while
+the next ones were allocated elsewhere. With ``MIMALLOC_PURGE_DELAY=10`` (milliseconds): 314-336 against
+275-277 MiB (1.14-1.21x over three runs of the bench), one task's peak lower too, at the same speed with
+``--local`` and within a few percent on Ray (BENCHMARKS.md, stop 62). A delay of 0 purged every free at
+once: 1.12x, but ~5% slower (every batch faulted its pages in afresh); 30 ms and more kept most of the
+excess (1.21x at 30, 1.20x at 100). The token-only job is not given it: there the same 10 ms cost 15-20% of
+its speed (it moves more bytes a second through freshly faulted pages) for memory it did not need (its peak
+does not grow).
 
 mimalloc reads the setting once, when ``libarrow`` loads, so it is decided from the command line before
 anything imports pyarrow: the command's module (:mod:`raypack.cli`) calls :func:`purge_freed_pages` when
