@@ -14,11 +14,11 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Iterator, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 from raypack.io.threads import JOIN_TIMEOUT_S, time_left
 
-__all__ = ["prefetched"]
+__all__ = ["Stopped", "handed_over", "prefetched"]
 
 T = TypeVar("T")
 
@@ -29,24 +29,55 @@ def prefetched(items: Iterator[T], depth: int = 1, name: str = "raypack-read-ahe
     """``items``, produced on a thread ``depth`` items ahead of the caller."""
     if depth < 1:
         raise ValueError(f"depth={depth!r} must be >= 1")
+
+    def produce(put: Callable[[T], None]) -> None:
+        try:
+            for item in items:
+                put(item)
+        except Stopped:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+            raise
+
+    return handed_over(produce, depth, name)
+
+
+def handed_over(produce: Callable[[Callable[[T], None]], None], depth: int = 1,
+                name: str = "raypack-hand-over") -> Iterator[T]:
+    """What ``produce(put)`` puts, in order, ``produce`` running on a thread at most ``depth`` items ahead
+    of the caller: for a producer that pushes (a task tokenized into pieces, handed one by one to the
+    packer) rather than iterates. ``put`` raises :class:`Stopped` once the caller has gone (left early, or
+    raised), which ends ``produce``; an exception of ``produce``'s is raised where the caller meets it.
+    Stopping waits as :func:`prefetched`'s does."""
+    if depth < 1:
+        raise ValueError(f"depth={depth!r} must be >= 1")
     slots: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
-    def produce() -> None:
+    def put(item: T) -> None:
+        if not _put(slots, (item, None), stop):
+            raise Stopped
+
+    def run() -> None:
         try:
-            for item in items:
-                if not _put(slots, (item, None), stop):
-                    return
+            produce(put)
+        except Stopped:
+            return
         except BaseException as e:  # noqa: BLE001 - handed to the caller, who raises it
             _put(slots, (_END, e), stop)
             return
-        finally:
-            close = getattr(items, "close", None)
-            if close is not None and stop.is_set():
-                close()
         _put(slots, (_END, None), stop)
 
-    thread = threading.Thread(target=produce, name=name, daemon=True)
+    return _consumed(run, slots, stop, name)
+
+
+class Stopped(Exception):
+    """Raised by a :func:`handed_over` producer's ``put`` once its caller has gone."""
+
+
+def _consumed(run: Callable[[], None], slots: queue.Queue, stop: threading.Event, name: str) -> Iterator:
+    thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     wait_s = JOIN_TIMEOUT_S
     try:

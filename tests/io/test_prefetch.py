@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from raypack.io.prefetch import prefetched
+from raypack.io.prefetch import Stopped, handed_over, prefetched
 
 
 def test_items_in_order():
@@ -107,3 +107,45 @@ def test_leaving_early_in_a_stopped_command_waits_only_until_the_stops_deadline(
     finally:
         stopped_at(None)
         release.set()
+
+
+# ----------------------------------------------------------------------------- handed_over: a producer that pushes
+
+
+def test_handed_over_gives_what_was_put_in_order_and_raises_the_producers_error():
+    def produce(put):
+        for k in range(50):
+            put(k)
+        raise ValueError("piece 50 is bad")
+
+    seen = []
+    with pytest.raises(ValueError, match="piece 50 is bad"):
+        for item in handed_over(produce):
+            seen.append(item)
+    assert seen == list(range(50))
+    assert list(handed_over(lambda put: None)) == []
+
+
+def test_handed_over_runs_at_most_depth_ahead_and_ends_the_producer_when_the_caller_leaves():
+    put_count, ended = [], threading.Event()
+
+    def produce(put):
+        try:
+            for k in range(10**9):
+                put_count.append(k)
+                put(k)
+        except Stopped:
+            ended.set()
+            raise
+
+    items = handed_over(produce, depth=1)
+    assert next(items) == 0
+    time.sleep(0.2)
+    assert len(put_count) <= 3  # the caller's, the one queued, the one waiting for a slot
+    items.close()
+    assert ended.wait(5)  # its put raised Stopped
+
+
+def test_handed_over_depth_must_be_positive():
+    with pytest.raises(ValueError, match="depth"):
+        next(handed_over(lambda put: None, depth=0))
