@@ -15,7 +15,11 @@ there too (a tokenized part is never split), so the chunk files, their names, th
 results and the manifest (whose ``shards`` rows name the text each task came from) are the
 same, whatever the engine or the number of workers.
 
-Memory: a worker holds the ids of the tasks it has tokenized and not yet packed: at most two
+With ``--local`` (concat; a fresh run, or a resume that keeps no task) each task is instead packed as
+it is tokenized (:func:`_run_streamed`): placed :meth:`Placer.ahead`, as every task before it is packed,
+and settled by its report at its end; at most three of its pieces are in memory, whatever its size.
+
+Memory otherwise: a worker holds the ids of the tasks it has tokenized and not yet packed: at most two
 tasks per Ray actor (raypack.engine.pipeline.pack_texts) and with ``--local`` (one packed while the
 next is tokenized on a thread), one with ``--local --workers 1`` (each task tokenized, then packed,
 on the caller's thread); one more while a task whose resume record did not hold is tokenized
@@ -43,12 +47,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import time
-import uuid
-import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager, suppress
+from contextlib import closing, contextmanager
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Iterator, NamedTuple
 
@@ -58,6 +59,7 @@ import pyarrow as pa
 from raypack.errors import InputError
 from raypack.inputs.base import DocumentBatch, ShardInfo, check_document_lengths
 from raypack.io.fs import is_uri, resolve_filesystem
+from raypack.io.prefetch import handed_over
 from raypack.io.threads import stop_pool
 from raypack.pack.config import PackConfig
 from raypack.pack.packer import (
@@ -66,13 +68,15 @@ from raypack.pack.packer import (
     local_publisher,
     local_run_base,
     pack_documents,
+    trim_freed_heap,
 )
 from raypack.pack.plan import Plan, resolve_token_dtype, settings_for
 from raypack.pack.resume import identify_input, load_verified_result, recorded_task, sampled_identity, say_inputs_gone
 from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts
-from raypack.packed.writer import TMP_PREFIX, Committer
+from raypack.packed.writer import Committer
 from raypack.rules.arrays import numpy_values
 from raypack.rules.long_docs import CutCounts
+from raypack.tokenize.spill import Spill
 from raypack.tokenize.tasks import (
     TextTask,
     TokenizeSettings,
@@ -107,49 +111,6 @@ class TaskReport(NamedTuple):
         return cls(int(d["num_docs"]), int(d["num_tokens"]), TaskCounts(int(d["num_chunks"]), cut))
 
 
-class Spill:
-    """The ids of a task past its first ``held_tokens``, in order, in an Arrow IPC stream file: in
-    the run's staging directory when that is local (so a crash leaves it to the next run's sweep),
-    else in the system's temporary directory. :meth:`read` yields the pieces back and deletes the
-    file; so does :meth:`discard`, or this object's end (``weakref.finalize``, at exit too).
-    Memory: one piece at a time, either way."""
-
-    def __init__(self, staging_dir: str, task_index: int, ids_type: pa.DataType) -> None:
-        directory = tempfile.gettempdir() if is_uri(staging_dir) else staging_dir
-        self.path = os.path.join(directory, f"{TMP_PREFIX}spill-{uuid.uuid4().hex}-task-{task_index:06d}.arrow")
-        self._finalizer = weakref.finalize(self, _remove_quietly, self.path)
-        self._sink = pa.OSFile(self.path, "wb")
-        self._writer = pa.ipc.new_stream(self._sink, pa.schema([("ids", ids_type)]))
-
-    def write(self, ids: pa.Array) -> None:
-        self._writer.write_batch(pa.record_batch([ids], names=["ids"]))
-
-    def close(self) -> None:
-        """The last piece is written."""
-        self._writer.close()
-        self._sink.close()
-
-    def read(self) -> Iterator[pa.Array]:
-        """The pieces, in order; the file is deleted once they are all read."""
-        with pa.OSFile(self.path, "rb") as source:
-            for batch in pa.ipc.open_stream(source):
-                yield batch.column(0)
-        self.discard()
-
-    def discard(self) -> None:
-        """Delete the file (unread, or half written after an error)."""
-        if not self._sink.closed:
-            with suppress(Exception):  # after an error, which is the one to report
-                self._writer.close()
-            self._sink.close()
-        self._finalizer()
-
-
-def _remove_quietly(path: str) -> None:
-    with suppress(FileNotFoundError):
-        os.remove(path)
-
-
 @dataclass
 class HeldTask:
     """A text task tokenized into memory, waiting for its offsets."""
@@ -163,6 +124,9 @@ class HeldTask:
     started_at: float
     spill: Spill | None = None
     """The pieces after those, when there are more."""
+    stream: Iterator[tuple] | None = None
+    """A task packed as it is tokenized (:func:`_run_streamed`): its pieces, then its report, as the
+    tokenize thread puts them (:func:`tokenize_held`'s ``put``); ``pieces`` stays empty."""
 
     def discard(self) -> None:
         """Free what the task holds (its spill file included), unpacked."""
@@ -210,13 +174,18 @@ def text_identity(task: TextTask, settings: TokenizeSettings) -> dict[str, Any]:
     return json.loads(json.dumps({"task": asdict(task), "settings": record_settings(settings)}))
 
 
-def tokenize_held(task: TextTask, settings: TokenizeSettings, tokenizer, pack: PackSettings) -> HeldTask:
+def tokenize_held(task: TextTask, settings: TokenizeSettings, tokenizer, pack: PackSettings,
+                  put: Callable[[tuple], None] | None = None) -> HeldTask:
     """Tokenize ``task`` into memory and count it (documents longer than ``max_document_tokens``
-    are refused, as the packer's reader refuses them)."""
+    are refused, as the packer's reader refuses them). ``put`` (the local engine's streamed pass,
+    :func:`_run_streamed`): each piece is handed to the packer as it is made, none held, after a
+    ``("start", identity, started_at)`` and before an ``("end", report)``."""
     started_at = time.time()
     identity = identify_input(ShardTask(task.task_index, task.path, task.format, 0, 0, 0, 0), pack)
     check_planned(task, identity)
     identity[IDENTITY_KEY] = text_identity(task, settings)
+    if put is not None:
+        put(("start", identity, started_at))
     pieces, lengths, row, tokens, spill = [], [], 0, 0, None
     try:
         for ids in tokenize_in_memory(task, settings, tokenizer):
@@ -225,6 +194,10 @@ def tokenize_held(task: TextTask, settings: TokenizeSettings, tokenizer, pack: P
             lengths.append(np.diff(numpy_values(ids.offsets)).astype(np.int64))
             row += len(ids)
             tokens += int(lengths[-1].sum())
+            if put is not None:
+                put(("piece", ids))
+                del ids
+                continue
             if spill is None and tokens > settings.held_tokens:
                 spill = Spill(pack.out_dir, task.task_index, ids.type)
             if spill is None:
@@ -239,25 +212,39 @@ def tokenize_held(task: TextTask, settings: TokenizeSettings, tokenizer, pack: P
         if spill is not None:
             spill.discard()
         raise
-    counts = count_lengths(lengths, pack)
-    return HeldTask(task, pieces, TaskReport(row, tokens, counts), identity, started_at, spill)
+    report = TaskReport(row, tokens, count_lengths(lengths, pack))
+    if put is not None:
+        put(("end", report))
+    return HeldTask(task, pieces, report, identity, started_at, spill)
 
 
-def pack_held(held: HeldTask, task: ShardTask, settings: PackSettings, committer: Committer | None = None
-              ) -> ShardResult:
+def pack_held(held: HeldTask, task: ShardTask, settings: PackSettings, committer: Committer | None = None,
+              placed: Callable[[], ShardTask] | None = None) -> ShardResult:
     """Pack ``held`` as ``task`` (its offsets placed) from the ids in memory. The pieces are taken
     out of ``held`` as they are packed, so each is freed once its chunks are written (while the next
     task is tokenized beside this one, the two tasks' ids hold about one task's worth, not two).
-    ``committer``: as for :func:`raypack.pack.packer.pack_documents`."""
+    ``committer`` and ``placed`` (a ``held.stream``, whose counts are known at its end): as for
+    :func:`raypack.pack.packer.pack_documents`."""
     try:
-        return pack_documents(task, settings, _consumed(held), held.identity, held.started_at, committer)
+        return pack_documents(task, settings, _consumed(held), held.identity, held.started_at, committer, placed)
     finally:
         held.discard()
 
 
 def _consumed(held: HeldTask) -> Iterator[DocumentBatch]:
     """``held``'s pieces as document batches in order, each removed from the list before it is
-    yielded, then its spilled pieces."""
+    yielded, then its spilled pieces; or its stream's pieces, until its report."""
+    if held.stream is not None:
+        row = 0
+        for message in held.stream:
+            if message[0] == "end":
+                held.report = message[1]
+                return
+            yield DocumentBatch(row, message[1])
+            row += len(message[1])
+            del message
+            trim_freed_heap()  # else what the two threads free piles up in glibc's arenas over a long task
+        raise RuntimeError(f"internal error: text task {held.task.task_index}'s pieces ended without its report")
     pieces = held.pieces
     pieces.reverse()
     row = 0
@@ -375,6 +362,25 @@ class Placer:
             steps.append(Step("pack", k, task))
         return steps
 
+    def ahead(self, k: int) -> ShardTask:
+        """Task ``k`` placed before it is tokenized, to be packed as it is (:func:`_run_streamed`): every task
+        before it is placed and the strategy has no counting pass (concat), so its offsets are all its packer
+        needs; its counts are -1 until :meth:`settle`."""
+        if k != self.next_index or k in self.candidates or self.settings.packing.needs_counting_pass:
+            raise RuntimeError(f"internal error: text task {k} cannot be placed before it is tokenized")
+        text = self.tasks[k]
+        return ShardTask(k, text.path, text.format, self.doc, self.token, -1, -1, task_index=k)
+
+    def settle(self, ahead: ShardTask, report: TaskReport) -> ShardTask:
+        """The task placed :meth:`ahead`, placed by its report once it is tokenized (and committed)."""
+        k = ahead.task_index
+        self.report(k, report)
+        steps = self.advance()
+        if [(s.kind, s.index) for s in steps] != [("pack", k)] or (
+                steps[0].task.doc_offset, steps[0].task.token_offset) != (ahead.doc_offset, ahead.token_offset):
+            raise RuntimeError(f"internal error: text task {k} placed ahead at {ahead} but then by {steps}")
+        return steps[0].task
+
     def _placed(self, k: int, report: TaskReport) -> ShardTask:
         counting = self.settings.packing.needs_counting_pass
         text = self.tasks[k]
@@ -451,6 +457,8 @@ def _run_locally(placer: Placer, text_settings: TokenizeSettings, settings: Pack
     thread, so one task's ids are held (BENCHMARKS.md: two tokenize threads, or one thread per
     task, were faster by 5-16% and held up to 1.5x the memory). Each result's ``peak_rss_bytes`` is
     what this process grew by, at its peak, from here to the task's end, its tokenizing included."""
+    if workers > 1 and not placer.candidates and not settings.packing.needs_counting_pass:
+        return _run_streamed(placer, text_settings, settings, tokenizer, progress)
     base = local_run_base()
     queue, results, held = list(placer.to_tokenize()), [], {}
     ahead: list[tuple[TextTask, Future]] = []
@@ -495,6 +503,39 @@ def _run_locally(placer: Placer, text_settings: TokenizeSettings, settings: Pack
             for _, future in ahead:
                 future.cancel()
 
+
+
+def _run_streamed(placer: Placer, text_settings: TokenizeSettings, settings: PackSettings, tokenizer,
+                  progress) -> list[ShardResult]:
+    """Every task packed as it is tokenized, in order: a thread tokenizes task after task, handing each
+    piece over as it is made (at most one waiting: ``handed_over``'s depth), and this thread packs it as
+    task ``k`` placed :meth:`Placer.ahead` (every task before it is packed, so its offsets are known; its
+    counts are settled at its end). Memory: the piece being packed, the one waiting and the one being
+    encoded, whatever a task's size (BENCHMARKS.md: one task of 10x the text, and ten tasks, 1.0-1.1x the
+    peak of one). For a fresh run (or a resume that keeps no task) with a strategy that has no counting
+    pass; the others hold each task (:func:`_run_locally`). The bytes are the same either way."""
+    base = local_run_base()
+    texts, results = placer.to_tokenize(), []
+
+    def produce(put: Callable[[tuple], None]) -> None:
+        for text in texts:
+            tokenize_held(text, text_settings, tokenizer, settings, put)
+
+    messages = handed_over(produce, depth=1, name="raypack-tokenize")
+    with local_publisher(1) as committer, closing(messages):
+        for text in texts:
+            task = placer.ahead(text.task_index)
+            first = next(messages, None)
+            if first is None or first[0] != "start":
+                raise RuntimeError(f"internal error: text task {text.task_index} began with {first!r}")
+            held = HeldTask(text, [], TaskReport(0, 0, TaskCounts(-1, CutCounts())), first[1], first[2],
+                            stream=messages)
+            result = pack_held(held, task, settings, committer,
+                               lambda held=held, task=task: placer.settle(task, held.report))
+            results.append(replace(result, peak_rss_bytes=max(0, result.peak_rss_bytes - base)))
+            if progress is not None:
+                progress.add(placer.placed[-1].num_tokens, kept=False)
+    return results
 
 
 @contextmanager

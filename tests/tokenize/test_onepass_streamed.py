@@ -1,0 +1,118 @@
+"""``pack --tokenizer --local`` packs each task as it is tokenized (raypack.tokenize.onepass._run_streamed):
+a task's pieces are packed while its later pieces are encoded, so the ids in memory do not grow with the
+task; the bytes are those of the held path (``--workers 1``) and of the two-step tokenize + pack; an error
+in the middle of a task is the same one line, with nothing left behind."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import raypack.tokenize.onepass as onepass
+from raypack.errors import InputError
+from raypack.pack.config import make_config
+from raypack.pack.job import run_pack
+from raypack.tokenize.job import TextOptions
+
+from helpers import CORPUS, train_byte_level_bpe
+
+DOCS = [f"{CORPUS[i % len(CORPUS)]} document {i} " * (1 + i % 7) for i in range(240)]
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    train_byte_level_bpe(CORPUS * 20, 500).save(str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def one_task(tmp_path_factory) -> str:
+    """One Parquet row group of 240 texts: one task, tokenized in pieces of 5 texts."""
+    root = tmp_path_factory.mktemp("text")
+    pq.write_table(pa.table({"text": DOCS}), root / "a.parquet", row_group_size=len(DOCS))
+    pq.write_table(pa.table({"text": DOCS[:30]}), root / "b.parquet", row_group_size=10)
+    return str(root)
+
+
+def text(tok: str, **kw) -> TextOptions:
+    return TextOptions(tokenizer=tok, tokenizer_backend="reference", batch_rows=5, **kw)
+
+
+def run(tmp_path, inputs: str, tok: str, name: str, workers: int, **kw):
+    config = make_config(dict(inputs=[inputs], output=str(tmp_path / name), context_length=64, num_workers=workers,
+                              **kw))
+    return run_pack(config, engine="local", text=text(tok))
+
+
+def files(out) -> dict[str, str]:
+    return {name: hashlib.sha256((out / name).read_bytes()).hexdigest() for name in sorted(os.listdir(out))
+            if name.endswith(".arrow") or name == "manifest.json"}
+
+
+def in_memory(monkeypatch) -> list[int]:
+    """The pieces tokenized and not yet packed, after each event (a piece encoded, a piece taken by the packer)."""
+    state, seen, lock = {"made": 0, "packed": 0}, [], threading.Lock()
+    real_tokenize, real_pack = onepass.tokenize_in_memory, onepass.pack_documents
+
+    def tokenize_in_memory(*args, **kwargs):
+        for ids in real_tokenize(*args, **kwargs):
+            with lock:
+                state["made"] += 1
+                seen.append(state["made"] - state["packed"])
+            yield ids
+
+    def pack_documents(task, settings, batches, *args, **kwargs):
+        def counted():
+            for batch in batches:
+                with lock:
+                    state["packed"] += 1
+                    seen.append(state["made"] - state["packed"])
+                yield batch
+        return real_pack(task, settings, counted(), *args, **kwargs)
+
+    monkeypatch.setattr(onepass, "tokenize_in_memory", tokenize_in_memory)
+    monkeypatch.setattr(onepass, "pack_documents", pack_documents)
+    return seen
+
+
+@pytest.mark.parametrize("long_docs", ["split", "truncate"])
+def test_a_task_is_packed_as_it_is_tokenized_with_the_bytes_of_the_held_path(tmp_path, tok, one_task, long_docs,
+                                                                            monkeypatch):
+    """48 pieces in the big task: packed as they come, at most 3 tokenized and not packed (the one packed, the
+    one waiting, the one just encoded); held (``--workers 1``), the whole task is, before its packing starts."""
+    held = in_memory(monkeypatch)
+    run(tmp_path, one_task, tok, "held", 1, long_docs=long_docs)
+    monkeypatch.undo()
+    streamed = in_memory(monkeypatch)
+    summary = run(tmp_path, one_task, tok, "streamed", 2, long_docs=long_docs)
+    assert max(held) >= 48
+    assert max(streamed) <= 3
+    assert files(tmp_path / "streamed") == files(tmp_path / "held")
+    assert summary.manifest["counts"]["documents"] == 270
+
+
+def test_a_refused_document_in_the_middle_of_a_streamed_task_is_the_held_paths_line(tmp_path, tok, one_task):
+    """Row 200 of the big task is its first document over max_document_tokens: the same one line as the held
+    path's, no output and nothing left in the output's parent (its chunk file aborted, its staging removed)."""
+    lengths = [len(d) for d in DOCS]
+    limit = max(lengths[:200]) * 3  # well over any document before row 200 in tokens...
+    long_doc = DOCS[:200] + ["lorem ipsum dolor " * limit] + DOCS[201:]
+    pq.write_table(pa.table({"text": long_doc}), os.path.join(one_task, "..", "long.parquet"))
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    os.replace(os.path.join(one_task, "..", "long.parquet"), inputs / "long.parquet")
+    said = []
+    for workers in (1, 2):
+        (tmp_path / str(workers)).mkdir()
+        with pytest.raises(InputError) as e:
+            run(tmp_path / str(workers), str(inputs), tok, "out", workers, max_document_tokens=limit)
+        said.append(str(e.value))
+        assert not (tmp_path / str(workers) / "out").exists()
+        assert os.listdir(tmp_path / str(workers)) == []
+    assert said[0] == said[1] and "long.parquet" in said[1] and "row 200" in said[1], said
