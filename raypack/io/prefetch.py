@@ -1,4 +1,5 @@
-"""Read ahead: the next item of an iterator is produced on a thread while the caller uses this one.
+"""Read ahead: the next item of an iterator is produced on a thread while the caller uses this one
+(:func:`prefetched`), or what a function puts, for a producer that pushes (:func:`handed_over`).
 
 For readers that release the GIL (pyarrow's Parquet and JSON readers) in front of work that also
 does (a Rust tokenizer): the read of batch k+1 overlaps the encode of batch k. Memory: at most

@@ -15,7 +15,7 @@ there too (a tokenized part is never split), so the chunk files, their names, th
 results and the manifest (whose ``shards`` rows name the text each task came from) are the
 same, whatever the engine or the number of workers.
 
-With ``--local`` (concat; a fresh run, or a resume that keeps no task) each task is instead packed as
+With ``--local`` (a fresh run, or a resume that keeps no task) each task is instead packed as
 it is tokenized (:func:`_run_streamed`): placed :meth:`Placer.ahead`, as every task before it is packed,
 and settled by its report at its end; at most three of its pieces are in memory, whatever its size.
 
@@ -364,12 +364,14 @@ class Placer:
 
     def ahead(self, k: int) -> ShardTask:
         """Task ``k`` placed before it is tokenized, to be packed as it is (:func:`_run_streamed`): every task
-        before it is placed and the strategy has no counting pass (concat), so its offsets are all its packer
-        needs; its counts are -1 until :meth:`settle`."""
-        if k != self.next_index or k in self.candidates or self.settings.packing.needs_counting_pass:
+        before it is placed, so its offsets (and, for a strategy that counts, its first chunk) are known, and
+        they are all its packer needs; its counts are -1 until :meth:`settle`."""
+        if k != self.next_index or k in self.candidates:
             raise RuntimeError(f"internal error: text task {k} cannot be placed before it is tokenized")
         text = self.tasks[k]
-        return ShardTask(k, text.path, text.format, self.doc, self.token, -1, -1, task_index=k)
+        first_chunk = self.chunk if self.settings.packing.needs_counting_pass else -1
+        return ShardTask(k, text.path, text.format, self.doc, self.token, -1, -1, first_chunk=first_chunk,
+                         task_index=k)
 
     def settle(self, ahead: ShardTask, report: TaskReport) -> ShardTask:
         """The task placed :meth:`ahead`, placed by its report once it is tokenized (and committed)."""
@@ -377,7 +379,8 @@ class Placer:
         self.report(k, report)
         steps = self.advance()
         if [(s.kind, s.index) for s in steps] != [("pack", k)] or (
-                steps[0].task.doc_offset, steps[0].task.token_offset) != (ahead.doc_offset, ahead.token_offset):
+                steps[0].task.doc_offset, steps[0].task.token_offset, steps[0].task.first_chunk) != (
+                ahead.doc_offset, ahead.token_offset, ahead.first_chunk):
             raise RuntimeError(f"internal error: text task {k} placed ahead at {ahead} but then by {steps}")
         return steps[0].task
 
@@ -457,7 +460,7 @@ def _run_locally(placer: Placer, text_settings: TokenizeSettings, settings: Pack
     thread, so one task's ids are held (BENCHMARKS.md: two tokenize threads, or one thread per
     task, were faster by 5-16% and held up to 1.5x the memory). Each result's ``peak_rss_bytes`` is
     what this process grew by, at its peak, from here to the task's end, its tokenizing included."""
-    if workers > 1 and not placer.candidates and not settings.packing.needs_counting_pass:
+    if workers > 1 and not placer.candidates:
         return _run_streamed(placer, text_settings, settings, tokenizer, progress)
     base = local_run_base()
     queue, results, held = list(placer.to_tokenize()), [], {}
@@ -511,9 +514,10 @@ def _run_streamed(placer: Placer, text_settings: TokenizeSettings, settings: Pac
     piece over as it is made (at most one waiting: ``handed_over``'s depth), and this thread packs it as
     task ``k`` placed :meth:`Placer.ahead` (every task before it is packed, so its offsets are known; its
     counts are settled at its end). Memory: the piece being packed, the one waiting and the one being
-    encoded, whatever a task's size (BENCHMARKS.md: one task of 10x the text, and ten tasks, 1.0-1.1x the
-    peak of one). For a fresh run (or a resume that keeps no task) with a strategy that has no counting
-    pass; the others hold each task (:func:`_run_locally`). The bytes are the same either way."""
+    encoded, whatever a task's size (BENCHMARKS.md, "stop 63": one task of 10x the text, and ten tasks,
+    1.07-1.12x the peak of one). For a fresh run, or a resume that keeps no task (one that keeps some holds
+    each task: :func:`_run_locally`, as the records' tasks are placed in turn). The bytes are the same either
+    way."""
     base = local_run_base()
     texts, results = placer.to_tokenize(), []
 

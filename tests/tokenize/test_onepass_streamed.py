@@ -81,16 +81,19 @@ def in_memory(monkeypatch) -> list[int]:
     return seen
 
 
-@pytest.mark.parametrize("long_docs", ["split", "truncate"])
-def test_a_task_is_packed_as_it_is_tokenized_with_the_bytes_of_the_held_path(tmp_path, tok, one_task, long_docs,
+@pytest.mark.parametrize("settings", [dict(long_docs="split"), dict(long_docs="truncate"),
+                                      dict(strategy="best_fit", best_fit_window=8),
+                                      dict(strategy="best_fit", long_docs="drop")])
+def test_a_task_is_packed_as_it_is_tokenized_with_the_bytes_of_the_held_path(tmp_path, tok, one_task, settings,
                                                                             monkeypatch):
     """48 pieces in the big task: packed as they come, at most 3 tokenized and not packed (the one packed, the
-    one waiting, the one just encoded); held (``--workers 1``), the whole task is, before its packing starts."""
+    one waiting, the one just encoded); held (``--workers 1``), the whole task is, before its packing starts.
+    best_fit too: a task's first chunk is known once the tasks before it are packed."""
     held = in_memory(monkeypatch)
-    run(tmp_path, one_task, tok, "held", 1, long_docs=long_docs)
+    run(tmp_path, one_task, tok, "held", 1, **settings)
     monkeypatch.undo()
     streamed = in_memory(monkeypatch)
-    summary = run(tmp_path, one_task, tok, "streamed", 2, long_docs=long_docs)
+    summary = run(tmp_path, one_task, tok, "streamed", 2, **settings)
     assert max(held) >= 48
     assert max(streamed) <= 3
     assert files(tmp_path / "streamed") == files(tmp_path / "held")
