@@ -15,7 +15,7 @@ there too (a tokenized part is never split), so the chunk files, their names, th
 results and the manifest (whose ``shards`` rows name the text each task came from) are the
 same, whatever the engine or the number of workers.
 
-With ``--local`` (a fresh run, or a resume that keeps no task) each task is instead packed as
+With ``--local`` (concat; a fresh run, or a resume that keeps no task) each task is instead packed as
 it is tokenized (:func:`_run_streamed`): placed :meth:`Placer.ahead`, as every task before it is packed,
 and settled by its report at its end; at most three of its pieces are in memory, whatever its size.
 
@@ -364,14 +364,12 @@ class Placer:
 
     def ahead(self, k: int) -> ShardTask:
         """Task ``k`` placed before it is tokenized, to be packed as it is (:func:`_run_streamed`): every task
-        before it is placed, so its offsets (and, for a strategy that counts, its first chunk) are known, and
-        they are all its packer needs; its counts are -1 until :meth:`settle`."""
-        if k != self.next_index or k in self.candidates:
+        before it is placed and the strategy has no counting pass (concat), so its offsets are all its packer
+        needs; its counts are -1 until :meth:`settle`."""
+        if k != self.next_index or k in self.candidates or self.settings.packing.needs_counting_pass:
             raise RuntimeError(f"internal error: text task {k} cannot be placed before it is tokenized")
         text = self.tasks[k]
-        first_chunk = self.chunk if self.settings.packing.needs_counting_pass else -1
-        return ShardTask(k, text.path, text.format, self.doc, self.token, -1, -1, first_chunk=first_chunk,
-                         task_index=k)
+        return ShardTask(k, text.path, text.format, self.doc, self.token, -1, -1, task_index=k)
 
     def settle(self, ahead: ShardTask, report: TaskReport) -> ShardTask:
         """The task placed :meth:`ahead`, placed by its report once it is tokenized (and committed)."""
@@ -379,8 +377,7 @@ class Placer:
         self.report(k, report)
         steps = self.advance()
         if [(s.kind, s.index) for s in steps] != [("pack", k)] or (
-                steps[0].task.doc_offset, steps[0].task.token_offset, steps[0].task.first_chunk) != (
-                ahead.doc_offset, ahead.token_offset, ahead.first_chunk):
+                steps[0].task.doc_offset, steps[0].task.token_offset) != (ahead.doc_offset, ahead.token_offset):
             raise RuntimeError(f"internal error: text task {k} placed ahead at {ahead} but then by {steps}")
         return steps[0].task
 
@@ -460,7 +457,7 @@ def _run_locally(placer: Placer, text_settings: TokenizeSettings, settings: Pack
     thread, so one task's ids are held (BENCHMARKS.md: two tokenize threads, or one thread per
     task, were faster by 5-16% and held up to 1.5x the memory). Each result's ``peak_rss_bytes`` is
     what this process grew by, at its peak, from here to the task's end, its tokenizing included."""
-    if workers > 1 and not placer.candidates:
+    if workers > 1 and not placer.candidates and not settings.packing.needs_counting_pass:
         return _run_streamed(placer, text_settings, settings, tokenizer, progress)
     base = local_run_base()
     queue, results, held = list(placer.to_tokenize()), [], {}
@@ -515,9 +512,10 @@ def _run_streamed(placer: Placer, text_settings: TokenizeSettings, settings: Pac
     task ``k`` placed :meth:`Placer.ahead` (every task before it is packed, so its offsets are known; its
     counts are settled at its end). Memory: the piece being packed, the one waiting and the one being
     encoded, whatever a task's size (BENCHMARKS.md, "stop 63": one task of 10x the text, and ten tasks,
-    1.07-1.12x the peak of one). For a fresh run, or a resume that keeps no task (one that keeps some holds
-    each task: :func:`_run_locally`, as the records' tasks are placed in turn). The bytes are the same either
-    way."""
+    1.07-1.12x the peak of one). For concat, in a fresh run or a resume that keeps no task; the others hold
+    each task (:func:`_run_locally`): a resume that keeps some places the records' tasks in turn, and
+    best_fit's windows of documents, packed while the next pieces are encoded, raised its peak (one task of
+    10x the text 345 -> 411-423 MiB, where one task is ~295). The bytes are the same either way."""
     base = local_run_base()
     texts, results = placer.to_tokenize(), []
 

@@ -81,14 +81,11 @@ def in_memory(monkeypatch) -> list[int]:
     return seen
 
 
-@pytest.mark.parametrize("settings", [dict(long_docs="split"), dict(long_docs="truncate"),
-                                      dict(strategy="best_fit", best_fit_window=8),
-                                      dict(strategy="best_fit", long_docs="drop")])
+@pytest.mark.parametrize("settings", [dict(long_docs="split"), dict(long_docs="truncate")])
 def test_a_task_is_packed_as_it_is_tokenized_with_the_bytes_of_the_held_path(tmp_path, tok, one_task, settings,
                                                                             monkeypatch):
     """48 pieces in the big task: packed as they come, at most 3 tokenized and not packed (the one packed, the
-    one waiting, the one just encoded); held (``--workers 1``), the whole task is, before its packing starts.
-    best_fit too: a task's first chunk is known once the tasks before it are packed."""
+    one waiting, the one just encoded); held (``--workers 1``), the whole task is, before its packing starts."""
     held = in_memory(monkeypatch)
     run(tmp_path, one_task, tok, "held", 1, **settings)
     monkeypatch.undo()
@@ -119,3 +116,14 @@ def test_a_refused_document_in_the_middle_of_a_streamed_task_is_the_held_paths_l
         assert not (tmp_path / str(workers) / "out").exists()
         assert os.listdir(tmp_path / str(workers)) == []
     assert said[0] == said[1] and "long.parquet" in said[1] and "row 200" in said[1], said
+
+
+def test_best_fit_holds_each_task(tmp_path, tok, one_task, monkeypatch):
+    """best_fit is not packed as it is tokenized: its windows of documents beside the encoder raised its peak
+    (BENCHMARKS.md, "stop 63"). It holds each task, as before, with the same bytes as --workers 1."""
+    seen = in_memory(monkeypatch)
+    run(tmp_path, one_task, tok, "two", 2, strategy="best_fit", best_fit_window=8)
+    monkeypatch.undo()
+    run(tmp_path, one_task, tok, "one", 1, strategy="best_fit", best_fit_window=8)
+    assert max(seen) >= 48
+    assert files(tmp_path / "two") == files(tmp_path / "one")
