@@ -81,7 +81,10 @@ class FlatIds(NamedTuple):
 
 
 class Encoder(Protocol):
-    """Texts to ids: what a backend provides (the reference adapters are encoders too)."""
+    """Texts to ids: what a backend provides (the reference adapters are encoders too). An encoder
+    whose calls are worth overlapping says how many at once as ``calls_in_flight`` (default 1;
+    raypack.tokenize.tasks.tokenize_in_memory reads it); its ``encode_flat`` is then called from
+    that many threads at once."""
 
     def encode_flat(self, texts: pa.StringArray | pa.LargeStringArray) -> FlatIds:
         """The ids of each text, no BOS/EOS; a null text is an InputError naming its row."""

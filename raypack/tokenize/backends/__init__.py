@@ -90,6 +90,11 @@ class BackedTokenizer:
         self.misread = BACKENDS[backend].misread + getattr(encoder, "misread", ())
         """Code points routed to the reference: the backend's, and its encoder's for this tokenizer."""
 
+    @property
+    def calls_in_flight(self) -> int:
+        """Encode calls worth having at once (the encoder's ``calls_in_flight``, else 1)."""
+        return max(1, int(getattr(self.encoder, "calls_in_flight", 1)))
+
     def identity(self) -> dict[str, Any]:
         return self.reference.identity()
 
