@@ -275,8 +275,9 @@ def _add_text_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task-bytes", type=int,
                         help="bytes of text per tokenize task (Parquet: whole row groups, up to this many "
                              "bytes or --task-rows rows; JSON Lines: line-aligned byte ranges); pack --tokenizer "
-                             "holds at most a quarter this many ids of a task in memory (the rest of a larger row "
-                             "group waits in a spill file)")
+                             "on Ray, with best_fit or with --workers 1 holds at most a quarter this many ids of a "
+                             "task in memory (the rest of a larger row group waits in a spill file); with --local, "
+                             "concat packs a task as it is tokenized")
     parser.add_argument("--max-document-bytes", type=int, metavar="BYTES",
                         help="a longer text is refused, naming it, before it is encoded (default: 16 MiB)")
     parser.add_argument("--tokenizer-backend", choices=backend_names(),

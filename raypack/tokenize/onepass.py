@@ -127,6 +127,10 @@ class HeldTask:
     stream: Iterator[tuple] | None = None
     """A task packed as it is tokenized (:func:`_run_streamed`): its pieces, then its report, as the
     tokenize thread puts them (:func:`tokenize_held`'s ``put``); ``pieces`` stays empty."""
+    trim_after: int | None = None
+    """A streamed task past this many ids gives glibc's free pages back after each piece, as a spilling
+    task does: over a long task they grew with it (10one 1.12x -> 1.05x the peak of one task), but giving
+    them back after every piece of every task cost 10-17% of the speed (BENCHMARKS.md, "stop 63")."""
 
     def discard(self) -> None:
         """Free what the task holds (its spill file included), unpacked."""
@@ -235,15 +239,18 @@ def _consumed(held: HeldTask) -> Iterator[DocumentBatch]:
     """``held``'s pieces as document batches in order, each removed from the list before it is
     yielded, then its spilled pieces; or its stream's pieces, until its report."""
     if held.stream is not None:
-        row = 0
+        row = tokens = 0
         for message in held.stream:
             if message[0] == "end":
                 held.report = message[1]
                 return
             yield DocumentBatch(row, message[1])
             row += len(message[1])
-            del message
-            trim_freed_heap()  # else what the two threads free piles up in glibc's arenas over a long task
+            offsets = numpy_values(message[1].offsets)
+            tokens += int(offsets[-1] - offsets[0])
+            del message, offsets
+            if held.trim_after is not None and tokens > held.trim_after:
+                trim_freed_heap()  # a long task: else what the threads free piles up in glibc's arenas
         raise RuntimeError(f"internal error: text task {held.task.task_index}'s pieces ended without its report")
     pieces = held.pieces
     pieces.reverse()
@@ -531,7 +538,7 @@ def _run_streamed(placer: Placer, text_settings: TokenizeSettings, settings: Pac
             if first is None or first[0] != "start":
                 raise RuntimeError(f"internal error: text task {text.task_index} began with {first!r}")
             held = HeldTask(text, [], TaskReport(0, 0, TaskCounts(-1, CutCounts())), first[1], first[2],
-                            stream=messages)
+                            stream=messages, trim_after=text_settings.held_tokens)
             result = pack_held(held, task, settings, committer,
                                lambda held=held, task=task: placer.settle(task, held.report))
             results.append(replace(result, peak_rss_bytes=max(0, result.peak_rss_bytes - base)))
