@@ -273,7 +273,7 @@ def trim_freed_heap() -> None:
     """Return to the system the free pages of glibc malloc's arenas (``malloc_trim``: numpy's arrays and
     the tokenizer's buffers live there); nothing where there is no glibc. Cost: about a millisecond, plus
     faulting the pages in again when next used (raypack.tokenize.onepass: after each piece of a task packed
-    as it is tokenized, where freed pages otherwise grew with the task, 1.15x -> 1.05x its peak)."""
+    as it is tokenized, past held_tokens ids, where freed pages otherwise grew with the task)."""
     trim = _malloc_trim()
     if trim is not None:
         trim(0)

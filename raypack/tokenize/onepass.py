@@ -519,7 +519,7 @@ def _run_streamed(placer: Placer, text_settings: TokenizeSettings, settings: Pac
     task ``k`` placed :meth:`Placer.ahead` (every task before it is packed, so its offsets are known; its
     counts are settled at its end). Memory: the piece being packed, the one waiting and the one being
     encoded, whatever a task's size (BENCHMARKS.md, "stop 63": one task of 10x the text, and ten tasks,
-    1.07-1.12x the peak of one). For concat, in a fresh run or a resume that keeps no task; the others hold
+    1.00-1.05x the peak of one). For concat, in a fresh run or a resume that keeps no task; the others hold
     each task (:func:`_run_locally`): a resume that keeps some places the records' tasks in turn, and
     best_fit's windows of documents, packed while the next pieces are encoded, raised its peak (one task of
     10x the text 345 -> 411-423 MiB, where one task is ~295). The bytes are the same either way."""
