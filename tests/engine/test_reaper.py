@@ -178,9 +178,10 @@ def _stop_trial_corpus(root: Path) -> list[str]:
 
 
 def _sigint_as_a_shell_gives_it() -> None:
-    """In the child before exec: SIGINT neither ignored nor blocked, whatever this pytest worker has (CI twice
-    saw the command run to its end, exit 0, after its Ctrl-C; cause not found: no test leaves SIGINT ignored
-    or blocked at a test's end)."""
+    """In the child before exec: SIGINT neither ignored nor blocked, whatever this pytest worker has. A suite
+    started as a background job of a non-interactive shell (``cmd &`` in a script) starts with SIGINT ignored,
+    and its children inherit that: the likely cause of the four runs where the command ran to its end, exit 0,
+    after its Ctrl-C (this machine's suites were started that way; an ignored SIGINT reproduces it)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
