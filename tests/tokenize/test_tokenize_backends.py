@@ -1074,16 +1074,17 @@ def test_the_ids_and_content_sha256_do_not_depend_on_the_backend(tmp_path, token
         assert {k for k in ref if ref[k] != fast[k]} == {"backend"}
 
 
-def _reverse_the_first_document_once(monkeypatch) -> None:
-    """gigatoken's encoder, wrong once: the first batch's first document's ids in reverse order
-    (ids of the vocabulary, so only the guard can tell)."""
+def _reverse_the_first_document_once(monkeypatch, first_text: str) -> None:
+    """gigatoken's encoder, wrong once: the run's first document's ids in reverse order (ids of the
+    vocabulary, so only the guard can tell). Found by its text (``first_text``), not as the first call:
+    with two calls in flight (raypack.tokenize.tasks._encoded) the second piece's call may start first."""
     real, calls = GigatokenEncoder.encode_flat, []
 
     def reversed_first(self, texts):
         flat = real(self, texts)
-        calls.append(len(texts))
-        if len(calls) > 1:
+        if calls or not len(texts) or texts[0].as_py() != first_text:
             return flat
+        calls.append(len(texts))
         values = flat.values.copy()
         first = slice(int(flat.offsets[0]), int(flat.offsets[1]))
         values[first] = values[first][::-1]
@@ -1099,7 +1100,7 @@ GUARD_REFUSAL = (r"in\.parquet row 0 \(text .*\): the gigatoken "
 
 @needs_gigatoken
 def test_the_guard_refuses_a_backend_that_differs_naming_the_document(tmp_path, tokenizer_files, monkeypatch):
-    _reverse_the_first_document_once(monkeypatch)
+    _reverse_the_first_document_once(monkeypatch, "first doc")
     with pytest.raises(InputError, match=GUARD_REFUSAL):
         _tokenize(tmp_path, "out", tokenizer_files["byte_level"], "gigatoken", ["first doc", *CORPUS[10:300]])
     assert not (tmp_path / "out").exists()
@@ -1149,9 +1150,10 @@ def test_the_guard_checks_long_documents_on_a_prefix(tokenizer_files, name):
 @needs_gigatoken
 def test_the_guard_refuses_a_backend_wrong_on_long_documents_in_a_run(tmp_path, tokenizer_files, monkeypatch):
     """The same, end to end: every document over 1 KiB, the first one's ids wrong."""
-    _reverse_the_first_document_once(monkeypatch)
+    documents = _source_documents(1500, 40)
+    _reverse_the_first_document_once(monkeypatch, documents[0])
     with pytest.raises(InputError, match=GUARD_REFUSAL + r" \d+ ids for its first \d+ bytes"):
-        _tokenize(tmp_path, "out", tokenizer_files["byte_level"], "gigatoken", _source_documents(1500, 40))
+        _tokenize(tmp_path, "out", tokenizer_files["byte_level"], "gigatoken", documents)
     assert not (tmp_path / "out").exists()
 
 
@@ -1189,7 +1191,7 @@ def test_the_guard_refuses_in_the_one_pass_before_anything_is_published(tmp_path
     source = tmp_path / "text"
     source.mkdir()
     pq.write_table(pa.table({"text": ["first doc", *CORPUS[10:300]]}), source / "in.parquet", row_group_size=64)
-    _reverse_the_first_document_once(monkeypatch)
+    _reverse_the_first_document_once(monkeypatch, "first doc")
     text = TextOptions(tokenizer=tokenizer_files["byte_level"], tokenizer_backend="gigatoken", task_rows=128,
                        batch_bytes=4096)
     config = make_config(dict(inputs=[str(source)], output=str(tmp_path / "packed"), context_length=64))
