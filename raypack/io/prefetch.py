@@ -28,8 +28,6 @@ _END = object()
 
 def prefetched(items: Iterator[T], depth: int = 1, name: str = "raypack-read-ahead") -> Iterator[T]:
     """``items``, produced on a thread ``depth`` items ahead of the caller."""
-    if depth < 1:
-        raise ValueError(f"depth={depth!r} must be >= 1")
 
     def produce(put: Callable[[T], None]) -> None:
         try:

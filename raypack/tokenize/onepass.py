@@ -17,7 +17,8 @@ same, whatever the engine or the number of workers.
 
 With ``--local`` (concat; a fresh run, or a resume that keeps no task) each task is instead packed as
 it is tokenized (:func:`_run_streamed`): placed :meth:`Placer.ahead`, as every task before it is packed,
-and settled by its report at its end; at most three of its pieces are in memory, whatever its size.
+and settled by its report at its end; at most three of its pieces are in memory, whatever its size
+(four with two encode calls in flight: raypack.tokenize.tasks._encoded).
 
 Memory otherwise: a worker holds the ids of the tasks it has tokenized and not yet packed: at most two
 tasks per Ray actor (raypack.engine.pipeline.pack_texts) and with ``--local`` (one packed while the
@@ -518,11 +519,12 @@ def _run_streamed(placer: Placer, text_settings: TokenizeSettings, settings: Pac
     piece over as it is made (at most one waiting: ``handed_over``'s depth), and this thread packs it as
     task ``k`` placed :meth:`Placer.ahead` (every task before it is packed, so its offsets are known; its
     counts are settled at its end). Memory: the piece being packed, the one waiting and the one being
-    encoded, whatever a task's size (BENCHMARKS.md, "stop 63": one task of 10x the text, and ten tasks,
-    1.00-1.05x the peak of one). For concat, in a fresh run or a resume that keeps no task; the others hold
-    each task (:func:`_run_locally`): a resume that keeps some places the records' tasks in turn, and
-    best_fit's windows of documents, packed while the next pieces are encoded, raised its peak (one task of
-    10x the text 345 -> 411-423 MiB, where one task is ~295). The bytes are the same either way."""
+    encoded (two with two calls in flight), whatever a task's size (BENCHMARKS.md, "stop 63": one task of
+    10x the text, and ten tasks, 1.00-1.05x the peak of one). For concat, in a fresh run or a resume that
+    keeps no task; the others hold each task (:func:`_run_locally`): a resume that keeps some places the
+    records' tasks in turn, and best_fit's windows of documents, packed while the next pieces are encoded,
+    raised its peak (one task of 10x the text 345 -> 411-423 MiB, where one task is ~295). The bytes are
+    the same either way."""
     base = local_run_base()
     texts, results = placer.to_tokenize(), []
 

@@ -231,15 +231,17 @@ def _encoded(task: TextTask, pieces: Iterator[tuple[int, pa.Array]], tokenizer: 
             in_flight.append((piece, pool.submit(encode_naming, tokenizer, piece, named(first))))
             del piece
             if len(in_flight) >= calls:
-                done, future = in_flight.popleft()
-                yield done, future.result()
-                del done, future
+                yield _oldest(in_flight)
         while in_flight:
-            done, future = in_flight.popleft()
-            yield done, future.result()
-            del done, future
+            yield _oldest(in_flight)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _oldest(in_flight: collections.deque[tuple[pa.Array, Future]]) -> tuple[pa.Array, FlatIds]:
+    """The oldest piece in flight with its ids, once they are encoded (the call's error raised here)."""
+    piece, future = in_flight.popleft()
+    return piece, future.result()
 
 
 def _iter_texts(task: TextTask, settings: TokenizeSettings) -> Iterator[tuple[int, pa.Array]]:
