@@ -114,18 +114,22 @@ def byte_level(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", FAST_INSTALLED)
 @pytest.mark.parametrize("spec", ["byte-level", "tiktoken:cl100k_base"])
-def test_every_code_point_of_the_first_four_planes_gets_the_references_ids(backend, spec, byte_level):
+def test_every_code_point_of_the_first_four_planes_gets_the_references_ids(spec, byte_level):
     """Each code point in the context where gigatoken 0.10 and the references part (``c + "'s"``):
     4,657 unassigned code points (of Unicode 17) differed for both references; every assigned one
-    agreed. Through the backed tokenizer, all equal the reference."""
+    agreed. Through the backed tokenizer, all equal the reference, for every installed fast backend
+    (one test per tokenizer, so that the reference's encode, most of its time, runs once)."""
     spec = byte_level if spec == "byte-level" else spec
     texts = pa.array([f"{chr(cp)}'s" for cp in range(4 << 16) if not 0xD800 <= cp <= 0xDFFF])
     reference = load_tokenizer(spec).encode_flat(texts)
-    got = load_backed_tokenizer(spec, backend).encode_flat(texts)
-    assert np.array_equal(got.offsets, reference.offsets)
-    assert np.array_equal(got.values, reference.values)
+    installed = [name for name in BACKENDS if name != "reference" and BACKENDS[name].version() is not None]
+    if not installed:
+        pytest.skip("no fast backend is installed")
+    for backend in installed:
+        got = load_backed_tokenizer(spec, backend).encode_flat(texts)
+        assert np.array_equal(got.offsets, reference.offsets), backend
+        assert np.array_equal(got.values, reference.values), backend
 
 
 @pytest.mark.skipif(BACKENDS["gigatoken"].version() is None, reason="gigatoken is not installed")
