@@ -79,6 +79,7 @@ from raypack.rules.arrays import numpy_values
 from raypack.rules.long_docs import CutCounts
 from raypack.tokenize.spill import Spill
 from raypack.tokenize.tasks import (
+    ReadAhead,
     TextTask,
     TokenizeSettings,
     check_planned,
@@ -180,11 +181,13 @@ def text_identity(task: TextTask, settings: TokenizeSettings) -> dict[str, Any]:
 
 
 def tokenize_held(task: TextTask, settings: TokenizeSettings, tokenizer, pack: PackSettings,
-                  put: Callable[[tuple], None] | None = None) -> HeldTask:
+                  put: Callable[[tuple], None] | None = None,
+                  batches: Iterator[tuple[int, pa.Array]] | None = None) -> HeldTask:
     """Tokenize ``task`` into memory and count it (documents longer than ``max_document_tokens``
     are refused, as the packer's reader refuses them). ``put`` (the local engine's streamed pass,
     :func:`_run_streamed`): each piece is handed to the packer as it is made, none held, after a
-    ``("start", identity, started_at)`` and before an ``("end", report)``."""
+    ``("start", identity, started_at)`` and before an ``("end", report)``. ``batches``: the task's
+    texts read ahead (:class:`raypack.tokenize.tasks.ReadAhead`), used once its identity is checked."""
     started_at = time.time()
     identity = identify_input(ShardTask(task.task_index, task.path, task.format, 0, 0, 0, 0), pack)
     check_planned(task, identity)
@@ -193,7 +196,7 @@ def tokenize_held(task: TextTask, settings: TokenizeSettings, tokenizer, pack: P
         put(("start", identity, started_at))
     pieces, lengths, row, tokens, spill = [], [], 0, 0, None
     try:
-        for ids in tokenize_in_memory(task, settings, tokenizer):
+        for ids in tokenize_in_memory(task, settings, tokenizer, batches):
             check_document_lengths(ids, pack.max_document_tokens, path=task.path, first_row=row,
                                    where=lambda k: document_name(task, k))
             lengths.append(np.diff(numpy_values(ids.offsets)).astype(np.int64))
@@ -529,8 +532,12 @@ def _run_streamed(placer: Placer, text_settings: TokenizeSettings, settings: Pac
     texts, results = placer.to_tokenize(), []
 
     def produce(put: Callable[[tuple], None]) -> None:
-        for text in texts:
-            tokenize_held(text, text_settings, tokenizer, settings, put)
+        ahead = ReadAhead(texts, text_settings)  # each task's first batch read while the one before is encoded
+        try:
+            for text in texts:
+                tokenize_held(text, text_settings, tokenizer, settings, put, ahead.texts(text))
+        finally:
+            ahead.close()
 
     messages = handed_over(produce, depth=1, name="raypack-tokenize")
     with local_publisher(1) as committer, closing(messages):

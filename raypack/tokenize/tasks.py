@@ -33,7 +33,7 @@ import logging
 import posixpath
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -178,16 +178,19 @@ def _check_still_planned(task: TextTask) -> None:
         check_planned(task, identity)
 
 
-def tokenize_in_memory(task: TextTask, settings: TokenizeSettings, tokenizer: TextTokenizer) -> Iterator[pa.Array]:
+def tokenize_in_memory(task: TextTask, settings: TokenizeSettings, tokenizer: TextTokenizer,
+                       batches: Iterator[tuple[int, pa.Array]] | None = None) -> Iterator[pa.Array]:
     """``task``'s ids as list<token_dtype> arrays, in order, one per piece of at most ``batch_bytes``
     of text (what :func:`tokenize_task` writes; kept in memory, ``pack --tokenizer``'s one pass). The
     reference guard's check of the task's sample runs after the last piece is taken, before the
     iteration ends: a difference raises there, before the task's file is committed or its counts
-    reported; so does a file that is no longer the one the run planned (:func:`check_planned`)."""
+    reported; so does a file that is no longer the one the run planned (:func:`check_planned`).
+    ``batches``: the task's text batches as :meth:`ReadAhead.texts` gives them (read ahead across
+    tasks); by default they are read here, a batch ahead."""
     token_type = pa.from_numpy_dtype(np.dtype(settings.token_dtype))
     guard = ReferenceGuard(tokenizer, lambda k: document_name(task, k))
     try:
-        for piece, flat in _encoded(task, _pieces(task, settings), tokenizer):
+        for piece, flat in _encoded(task, _pieces(task, settings, batches), tokenizer):
             yield _encode(piece, flat, settings, token_type, guard)
             del piece, flat
     except InputError:
@@ -198,11 +201,12 @@ def tokenize_in_memory(task: TextTask, settings: TokenizeSettings, tokenizer: Te
         check_planned(task, sampled_identity(task.path, task.format))
 
 
-def _pieces(task: TextTask, settings: TokenizeSettings) -> Iterator[tuple[int, pa.Array]]:
+def _pieces(task: TextTask, settings: TokenizeSettings, batches: Iterator[tuple[int, pa.Array]] | None = None
+            ) -> Iterator[tuple[int, pa.Array]]:
     """The task's texts in pieces of at most ``batch_bytes`` (:func:`_byte_pieces`), each with the
     index in the task of its first document."""
     seen = 0
-    for _, texts in _iter_texts(task, settings):
+    for _, texts in _iter_texts(task, settings, batches):
         for piece in _byte_pieces(texts, settings.batch_bytes):
             yield seen, piece
             seen += len(piece)
@@ -244,12 +248,53 @@ def _oldest(in_flight: collections.deque[tuple[pa.Array, Future]]) -> tuple[pa.A
     return piece, future.result()
 
 
-def _iter_texts(task: TextTask, settings: TokenizeSettings) -> Iterator[tuple[int, pa.Array]]:
-    """The task's text batches, each checked against ``max_document_bytes`` before it is encoded."""
+class ReadAhead:
+    """The text batches of ``tasks``, read in their order on one thread a batch ahead of the caller,
+    across the tasks' edges: a task's first batch is read while the task before it is still being
+    encoded (read task by task, each task's first read left the encoder idle: BENCHMARKS.md, "stop
+    64"). Take each task's batches with :meth:`texts`, in ``tasks``' order; :meth:`close` ends the
+    thread. A task's batches may be read before its file's planned identity is checked: they are
+    used only after it is (:func:`raypack.tokenize.onepass.tokenize_held`), and its end is checked
+    after its last read (:func:`tokenize_in_memory`). A read's error is raised where that task's
+    batches are taken, in order. Memory: one batch of texts beyond the caller's."""
+
+    def __init__(self, tasks: Sequence[TextTask], settings: TokenizeSettings) -> None:
+        self._batches = prefetched(self._read(list(tasks), settings))
+
+    @staticmethod
+    def _read(tasks: list[TextTask], settings: TokenizeSettings) -> Iterator[tuple[int, int, pa.Array | None]]:
+        for task in tasks:
+            for first_row, texts in _read_texts(task, settings):
+                yield task.task_index, first_row, texts
+            yield task.task_index, -1, None  # the task's end
+
+    def texts(self, task: TextTask) -> Iterator[tuple[int, pa.Array]]:
+        """``task``'s batches: the next task's of ``tasks``, once the one before has been taken whole."""
+        for index, first_row, texts in self._batches:
+            if index != task.task_index:
+                raise RuntimeError(f"internal error: text task {task.task_index} was given task {index}'s texts")
+            if texts is None:
+                return
+            yield first_row, texts
+        raise RuntimeError(f"internal error: the texts read ahead ended before text task {task.task_index}'s")
+
+    def close(self) -> None:
+        self._batches.close()
+
+
+def _read_texts(task: TextTask, settings: TokenizeSettings) -> Iterator[tuple[int, pa.Array]]:
+    return format_named(task.format).iter_texts(task.path, settings.text_column, task.start, task.end,
+                                                settings.batch_rows, max_text_bytes=settings.max_document_bytes)
+
+
+def _iter_texts(task: TextTask, settings: TokenizeSettings, batches: Iterator[tuple[int, pa.Array]] | None = None
+                ) -> Iterator[tuple[int, pa.Array]]:
+    """The task's text batches, each checked against ``max_document_bytes`` before it is encoded;
+    ``batches`` as :func:`tokenize_in_memory` takes them."""
     seen = 0
-    batches = format_named(task.format).iter_texts(task.path, settings.text_column, task.start, task.end,
-                                                   settings.batch_rows, max_text_bytes=settings.max_document_bytes)
-    for first_row, texts in prefetched(batches):  # the next batch is read while this one is encoded
+    if batches is None:
+        batches = prefetched(_read_texts(task, settings))  # the next batch is read while this one is encoded
+    for first_row, texts in batches:
         lengths = np.diff(text_offsets(texts))
         if lengths.size and int(lengths.max()) > settings.max_document_bytes:
             k = int(np.argmax(lengths > settings.max_document_bytes))

@@ -151,3 +151,92 @@ def test_only_a_long_streamed_task_gives_freed_memory_back(tmp_path, tok, one_ta
     # the big task: ~35k ids in 48 pieces, ~14 of them before 10k ids; b.parquet's ~4k ids: none
     assert 20 <= len(calls) <= 40, len(calls)
     assert files(tmp_path / "long") == files(tmp_path / "short")
+
+
+# ------------------------------------------------- the next task's texts read while this one is encoded
+
+THREE = [DOCS[i * 20:(i + 1) * 20] for i in range(3)]
+
+
+@pytest.fixture()
+def three_tasks(tmp_path) -> str:
+    """Three files of one row group each: three tasks."""
+    root = tmp_path / "three"
+    root.mkdir()
+    for k, docs in enumerate(THREE):
+        pq.write_table(pa.table({"text": docs}), root / f"{'abc'[k]}.parquet")
+    return str(root)
+
+
+def _spy_reads(monkeypatch, on_read) -> None:
+    """``on_read(path)`` as each task's text read begins (in the thread that reads)."""
+    import raypack.tokenize.tasks as tasks
+
+    real = tasks.format_named
+
+    class Spied:
+        def __init__(self, fmt):
+            self._fmt = fmt
+
+        def __getattr__(self, name):
+            return getattr(self._fmt, name)
+
+        def iter_texts(self, path, *args, **kwargs):
+            on_read(path)
+            yield from self._fmt.iter_texts(path, *args, **kwargs)
+
+    monkeypatch.setattr(tasks, "format_named", lambda name: Spied(real(name)))
+
+
+def test_the_next_tasks_first_read_overlaps_this_tasks_last_encode(tmp_path, tok, three_tasks, monkeypatch):
+    """The encode of each task's last document waits (at most 3 s) for the next task's read to begin: read
+    ahead across the tasks' edges it does at once; read task by task it could not begin before this encode
+    ended (each task's first read left the encoder idle). The bytes are the held path's."""
+    import raypack.tokenize.tasks as tasks
+
+    started = {name: threading.Event() for name in ("a", "b", "c")}
+    overlapped = []
+    _spy_reads(monkeypatch, lambda path: started[os.path.basename(path)[0]].set())
+    real_encode = tasks.encode_naming
+
+    def encode_naming(tokenizer, texts, *args, **kwargs):
+        last = texts[len(texts) - 1].as_py()
+        for k, following in ((0, "b"), (1, "c")):
+            if last == THREE[k][-1]:
+                overlapped.append(started[following].wait(timeout=3))
+        return real_encode(tokenizer, texts, *args, **kwargs)
+
+    monkeypatch.setattr(tasks, "encode_naming", encode_naming)
+    run(tmp_path, three_tasks, tok, "streamed", 2)
+    monkeypatch.undo()
+    assert overlapped == [True, True]
+    run(tmp_path, three_tasks, tok, "held", 1)
+    assert files(tmp_path / "streamed") == files(tmp_path / "held")
+
+
+@pytest.mark.parametrize("refused_in_a", [True, False])
+def test_a_read_error_met_ahead_is_raised_in_its_tasks_turn(tmp_path, tok, three_tasks, monkeypatch, refused_in_a):
+    """b.parquet's read fails. Read ahead, it fails while a.parquet is still being encoded; the error said is
+    the one the held path (task by task) says: a.parquet's refused document where a has one, else b's read
+    error. Nothing is left behind either way."""
+    limit = 10**6
+    if refused_in_a:
+        docs = THREE[0][:5] + ["lorem ipsum dolor " * 400] + THREE[0][6:]
+        pq.write_table(pa.table({"text": docs}), os.path.join(three_tasks, "a.parquet"))
+        limit = 600
+
+    def on_read(path):
+        if path.endswith("b.parquet"):
+            raise InputError(f"{path} row 0: a damaged page (a test's); rewrite the file")
+
+    _spy_reads(monkeypatch, on_read)
+    said = []
+    for workers in (1, 2):
+        parent = tmp_path / str(workers)
+        parent.mkdir()
+        with pytest.raises(InputError) as e:
+            run(parent, three_tasks, tok, "out", workers, max_document_tokens=limit)
+        said.append(str(e.value))
+        assert os.listdir(parent) == []
+    assert said[0] == said[1], said
+    assert ("a.parquet row 5" in said[0]) if refused_in_a else ("damaged page" in said[0]), said
