@@ -212,7 +212,7 @@ def job_pieces(big: Path, options, batch_bytes: int) -> list[pa.Array]:
     ``iter_texts``), cut at ``batch_bytes`` by the job's own cutter (raypack.tokenize.tasks)."""
     from raypack.inputs.registry import format_named
     from raypack.tokenize.job import plan_text_tasks
-    from raypack.tokenize.tasks import _byte_pieces
+    from raypack.tokenize.pieces import _byte_pieces
 
     return [piece for task in plan_text_tasks((str(big),), options)
             for _, texts in format_named(task.format).iter_texts(task.path, "text", task.start, task.end,

@@ -44,6 +44,7 @@ from raypack.tokenize.corpus import (
     save_tokenized_manifest,
 )
 from raypack.tokenize.onepass import run_onepass
+from raypack.tokenize.pieces import EncodeAhead
 from raypack.tokenize.tasks import (
     MAX_DOCUMENT_BYTES,
     TextResult,
@@ -430,11 +431,16 @@ def _run_tasks(tasks: list[TextTask], settings: TokenizeSettings, config: Tokeni
 
 
 def _tokenize_locally(tasks: list[TextTask], settings: TokenizeSettings, tokenizer) -> list[TextResult]:
-    """One process, task after task; the tokenizer's own threads use every core."""
+    """One process, task after task, read and encoded ahead across the tasks' edges (EncodeAhead); the
+    tokenizer's own threads use every core."""
     results, progress = [], Progress("tokenized", len(tasks), "tasks")
-    for task in tasks:
-        results.append(tokenize_task(task, settings, tokenizer))
-        progress.add(results[-1].num_tokens)
+    ahead = EncodeAhead(tasks, settings, tokenizer)
+    try:
+        for task in tasks:
+            results.append(tokenize_task(task, settings, tokenizer, ahead.encoded(task)))
+            progress.add(results[-1].num_tokens)
+    finally:
+        ahead.close()
     return results
 
 

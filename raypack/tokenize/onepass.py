@@ -18,7 +18,7 @@ same, whatever the engine or the number of workers.
 With ``--local`` (concat; a fresh run, or a resume that keeps no task) each task is instead packed as
 it is tokenized (:func:`_run_streamed`): placed :meth:`Placer.ahead`, as every task before it is packed,
 and settled by its report at its end; at most three of its pieces are in memory, whatever its size
-(four with two encode calls in flight: raypack.tokenize.tasks._encoded).
+(four with two encode calls in flight: raypack.tokenize.pieces.encode_pieces).
 
 Memory otherwise: a worker holds the ids of the tasks it has tokenized and not yet packed: at most two
 tasks per Ray actor (raypack.engine.pipeline.pack_texts) and with ``--local`` (one packed while the
@@ -77,13 +77,12 @@ from raypack.pack.tasks import PackSettings, ShardResult, ShardTask, TaskCounts
 from raypack.packed.writer import Committer
 from raypack.rules.arrays import numpy_values
 from raypack.rules.long_docs import CutCounts
+from raypack.tokenize.pieces import EncodeAhead, document_name
 from raypack.tokenize.spill import Spill
 from raypack.tokenize.tasks import (
-    ReadAhead,
     TextTask,
     TokenizeSettings,
     check_planned,
-    document_name,
     record_settings,
     say_redone,
     settings_changed,
@@ -182,12 +181,13 @@ def text_identity(task: TextTask, settings: TokenizeSettings) -> dict[str, Any]:
 
 def tokenize_held(task: TextTask, settings: TokenizeSettings, tokenizer, pack: PackSettings,
                   put: Callable[[tuple], None] | None = None,
-                  batches: Iterator[tuple[int, pa.Array]] | None = None) -> HeldTask:
+                  encoded: Iterator | None = None) -> HeldTask:
     """Tokenize ``task`` into memory and count it (documents longer than ``max_document_tokens``
     are refused, as the packer's reader refuses them). ``put`` (the local engine's streamed pass,
     :func:`_run_streamed`): each piece is handed to the packer as it is made, none held, after a
-    ``("start", identity, started_at)`` and before an ``("end", report)``. ``batches``: the task's
-    texts read ahead (:class:`raypack.tokenize.tasks.ReadAhead`), used once its identity is checked."""
+    ``("start", identity, started_at)`` and before an ``("end", report)``. ``encoded``: the task's
+    pieces read and encoded ahead (:class:`raypack.tokenize.pieces.EncodeAhead`), taken once its identity is
+    checked."""
     started_at = time.time()
     identity = identify_input(ShardTask(task.task_index, task.path, task.format, 0, 0, 0, 0), pack)
     check_planned(task, identity)
@@ -196,7 +196,7 @@ def tokenize_held(task: TextTask, settings: TokenizeSettings, tokenizer, pack: P
         put(("start", identity, started_at))
     pieces, lengths, row, tokens, spill = [], [], 0, 0, None
     try:
-        for ids in tokenize_in_memory(task, settings, tokenizer, batches):
+        for ids in tokenize_in_memory(task, settings, tokenizer, encoded):
             check_document_lengths(ids, pack.max_document_tokens, path=task.path, first_row=row,
                                    where=lambda k: document_name(task, k))
             lengths.append(np.diff(numpy_values(ids.offsets)).astype(np.int64))
@@ -532,10 +532,10 @@ def _run_streamed(placer: Placer, text_settings: TokenizeSettings, settings: Pac
     texts, results = placer.to_tokenize(), []
 
     def produce(put: Callable[[tuple], None]) -> None:
-        ahead = ReadAhead(texts, text_settings)  # each task's first batch read while the one before is encoded
+        ahead = EncodeAhead(texts, text_settings, tokenizer)  # the next task's first pieces encoded beside this one's
         try:
             for text in texts:
-                tokenize_held(text, text_settings, tokenizer, settings, put, ahead.texts(text))
+                tokenize_held(text, text_settings, tokenizer, settings, put, ahead.encoded(text))
         finally:
             ahead.close()
 

@@ -26,30 +26,27 @@ recorded sha256.
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import json
 import logging
 import posixpath
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raypack.errors import InputError
-from raypack.inputs.registry import format_named
 from raypack.io.fs import resolve_filesystem
-from raypack.io.prefetch import prefetched
 from raypack.pack.resume import RESULTS_DIR, check_same_file, remove_damaged_record, sampled_identity
 from raypack.packed.writer import AtomicFile, HashingSink, write_whole
 from raypack.rules.arrays import numpy_values
 from raypack.tokenize.backends import load_backed_tokenizer
 from raypack.tokenize.corpus import TOKEN_COLUMN, part_file_name
 from raypack.tokenize.guard import ReferenceGuard
-from raypack.tokenize.tokenizers import FlatIds, TextTokenizer, encode_naming, flat_to_list_array, text_offsets
+from raypack.tokenize.pieces import document_name, encode_pieces, task_pieces
+from raypack.tokenize.tokenizers import FlatIds, TextTokenizer, flat_to_list_array
 
 log = logging.getLogger(__name__)
 
@@ -157,13 +154,15 @@ def load_worker_tokenizer(settings: TokenizeSettings) -> TextTokenizer:
     return tokenizer
 
 
-def tokenize_task(task: TextTask, settings: TokenizeSettings, tokenizer: TextTokenizer) -> TextResult:
-    """Tokenize ``task``'s texts into its part file, then record the result durably."""
+def tokenize_task(task: TextTask, settings: TokenizeSettings, tokenizer: TextTokenizer,
+                  encoded: Iterator[tuple[pa.Array, FlatIds]] | None = None) -> TextResult:
+    """Tokenize ``task``'s texts into its part file, then record the result durably. ``encoded``:
+    as :func:`tokenize_in_memory` takes it, used once the file's identity is checked."""
     identity = sampled_identity(task.path, task.format)
     check_planned(task, identity)
     token_type = pa.from_numpy_dtype(np.dtype(settings.token_dtype))
-    result = write_part(settings.out_dir, task.task_index, tokenize_in_memory(task, settings, tokenizer), token_type,
-                        settings)
+    result = write_part(settings.out_dir, task.task_index, tokenize_in_memory(task, settings, tokenizer, encoded),
+                        token_type, settings)
     save_record(task, settings, result, identity)
     return result
 
@@ -179,18 +178,21 @@ def _check_still_planned(task: TextTask) -> None:
 
 
 def tokenize_in_memory(task: TextTask, settings: TokenizeSettings, tokenizer: TextTokenizer,
-                       batches: Iterator[tuple[int, pa.Array]] | None = None) -> Iterator[pa.Array]:
+                       encoded: Iterator[tuple[pa.Array, FlatIds]] | None = None) -> Iterator[pa.Array]:
     """``task``'s ids as list<token_dtype> arrays, in order, one per piece of at most ``batch_bytes``
     of text (what :func:`tokenize_task` writes; kept in memory, ``pack --tokenizer``'s one pass). The
     reference guard's check of the task's sample runs after the last piece is taken, before the
     iteration ends: a difference raises there, before the task's file is committed or its counts
     reported; so does a file that is no longer the one the run planned (:func:`check_planned`).
-    ``batches``: the task's text batches as :meth:`ReadAhead.texts` gives them (read ahead across
-    tasks); by default they are read here, a batch ahead."""
+    ``encoded``: the task's pieces with their ids as
+    :meth:`raypack.tokenize.pieces.EncodeAhead.encoded` gives them (read and encoded ahead across
+    tasks); by default they are read and encoded here."""
     token_type = pa.from_numpy_dtype(np.dtype(settings.token_dtype))
     guard = ReferenceGuard(tokenizer, lambda k: document_name(task, k))
     try:
-        for piece, flat in _encoded(task, _pieces(task, settings, batches), tokenizer):
+        if encoded is None:
+            encoded = encode_pieces(task, task_pieces(task, settings), tokenizer)
+        for piece, flat in encoded:
             yield _encode(piece, flat, settings, token_type, guard)
             del piece, flat
     except InputError:
@@ -199,133 +201,6 @@ def tokenize_in_memory(task: TextTask, settings: TokenizeSettings, tokenizer: Te
     guard.finish()
     if task.planned:  # the task's reads span its encode: the file must still be the one planned
         check_planned(task, sampled_identity(task.path, task.format))
-
-
-def _pieces(task: TextTask, settings: TokenizeSettings, batches: Iterator[tuple[int, pa.Array]] | None = None
-            ) -> Iterator[tuple[int, pa.Array]]:
-    """The task's texts in pieces of at most ``batch_bytes`` (:func:`_byte_pieces`), each with the
-    index in the task of its first document."""
-    seen = 0
-    for _, texts in _iter_texts(task, settings, batches):
-        for piece in _byte_pieces(texts, settings.batch_bytes):
-            yield seen, piece
-            seen += len(piece)
-
-
-def _encoded(task: TextTask, pieces: Iterator[tuple[int, pa.Array]], tokenizer: TextTokenizer
-             ) -> Iterator[tuple[pa.Array, FlatIds]]:
-    """Each piece with its ids, in order. Where the tokenizer says its calls are worth overlapping
-    (``calls_in_flight``: gigatoken on a pool of threads), that many are encoded at once, on threads:
-    while one call's last long documents run on one of the pool's threads, the next call's keep the
-    others busy (BENCHMARKS.md, "stop 63": 8-10% faster with --local; a piece's text and ids more in
-    memory). An error is raised in order, as one call at a time would raise it; leaving early waits
-    for the calls in flight (at most ``calls_in_flight`` pieces) and starts no other."""
-    def named(first: int):
-        return lambda k: document_name(task, first + k)
-
-    calls = int(getattr(tokenizer, "calls_in_flight", 1))
-    if calls <= 1:
-        for first, piece in pieces:
-            yield piece, encode_naming(tokenizer, piece, named(first))
-        return
-    pool = ThreadPoolExecutor(max_workers=calls, thread_name_prefix="raypack-encode")
-    in_flight: collections.deque[tuple[pa.Array, Future]] = collections.deque()
-    try:
-        for first, piece in pieces:
-            in_flight.append((piece, pool.submit(encode_naming, tokenizer, piece, named(first))))
-            del piece
-            if len(in_flight) >= calls:
-                yield _oldest(in_flight)
-        while in_flight:
-            yield _oldest(in_flight)
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _oldest(in_flight: collections.deque[tuple[pa.Array, Future]]) -> tuple[pa.Array, FlatIds]:
-    """The oldest piece in flight with its ids, once they are encoded (the call's error raised here)."""
-    piece, future = in_flight.popleft()
-    return piece, future.result()
-
-
-class ReadAhead:
-    """The text batches of ``tasks``, read in their order on one thread a batch ahead of the caller,
-    across the tasks' edges: a task's first batch is read while the task before it is still being
-    encoded (read task by task, each task's first read left the encoder idle: BENCHMARKS.md, "stop
-    64"). Take each task's batches with :meth:`texts`, in ``tasks``' order; :meth:`close` ends the
-    thread. A task's batches may be read before its file's planned identity is checked: they are
-    used only after it is (:func:`raypack.tokenize.onepass.tokenize_held`), and its end is checked
-    after its last read (:func:`tokenize_in_memory`). A read's error is raised where that task's
-    batches are taken, in order. Memory: one batch of texts beyond the caller's."""
-
-    def __init__(self, tasks: Sequence[TextTask], settings: TokenizeSettings) -> None:
-        self._batches = prefetched(self._read(list(tasks), settings))
-
-    @staticmethod
-    def _read(tasks: list[TextTask], settings: TokenizeSettings) -> Iterator[tuple[int, int, pa.Array | None]]:
-        for task in tasks:
-            for first_row, texts in _read_texts(task, settings):
-                yield task.task_index, first_row, texts
-            yield task.task_index, -1, None  # the task's end
-
-    def texts(self, task: TextTask) -> Iterator[tuple[int, pa.Array]]:
-        """``task``'s batches: the next task's of ``tasks``, once the one before has been taken whole."""
-        for index, first_row, texts in self._batches:
-            if index != task.task_index:
-                raise RuntimeError(f"internal error: text task {task.task_index} was given task {index}'s texts")
-            if texts is None:
-                return
-            yield first_row, texts
-        raise RuntimeError(f"internal error: the texts read ahead ended before text task {task.task_index}'s")
-
-    def close(self) -> None:
-        self._batches.close()
-
-
-def _read_texts(task: TextTask, settings: TokenizeSettings) -> Iterator[tuple[int, pa.Array]]:
-    return format_named(task.format).iter_texts(task.path, settings.text_column, task.start, task.end,
-                                                settings.batch_rows, max_text_bytes=settings.max_document_bytes)
-
-
-def _iter_texts(task: TextTask, settings: TokenizeSettings, batches: Iterator[tuple[int, pa.Array]] | None = None
-                ) -> Iterator[tuple[int, pa.Array]]:
-    """The task's text batches, each checked against ``max_document_bytes`` before it is encoded;
-    ``batches`` as :func:`tokenize_in_memory` takes them."""
-    seen = 0
-    if batches is None:
-        batches = prefetched(_read_texts(task, settings))  # the next batch is read while this one is encoded
-    for first_row, texts in batches:
-        lengths = np.diff(text_offsets(texts))
-        if lengths.size and int(lengths.max()) > settings.max_document_bytes:
-            k = int(np.argmax(lengths > settings.max_document_bytes))
-            raise InputError(f"{document_name(task, seen + k)} holds {int(lengths[k]):,} bytes of text, more than "
-                             f"max_document_bytes={settings.max_document_bytes:,} (a tokenizer's memory grows with "
-                             "the document); raise --max-document-bytes if the workers have the memory "
-                             "(BENCHMARKS.md: bytes per byte), or split the document upstream")
-        seen += len(texts)
-        yield first_row, texts
-
-
-def _byte_pieces(texts: pa.Array, max_bytes: int) -> Iterator[pa.Array]:
-    """Consecutive slices of ``texts`` of at most ``max_bytes`` bytes of text each (a longer
-    text alone). Cost: O(texts) numpy on the offsets."""
-    offsets = text_offsets(texts).astype(np.int64)  # into the buffer: each piece is searched from its own start
-    start = 0
-    while start < len(texts):
-        end = int(np.searchsorted(offsets, offsets[start] + max_bytes, side="right")) - 1
-        end = max(end, start + 1)
-        yield texts.slice(start, end - start)
-        start = end
-
-
-def document_name(task: TextTask, k: int) -> str:
-    """Document ``k`` (from 0, in order) of ``task`` by its place in the file ("row 157", "line
-    20001"), for an error message."""
-    try:
-        where = format_named(task.format).text_row(task.path, task.start, task.end, k)
-    except (InputError, OSError):  # the file is gone or damaged by now: the task's own terms
-        where = f"document {k} of {format_named(task.format).text_task_unit} [{task.start}, {task.end})"
-    return f"{task.path} {where}"
 
 
 def _encode(texts: pa.Array, flat: FlatIds, settings: TokenizeSettings, token_type: pa.DataType,

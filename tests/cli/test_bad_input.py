@@ -719,12 +719,12 @@ def test_a_later_text_file_without_its_column_is_refused_before_any_text_is_toke
                                                                                       command):
     """--local: the missing column of the last of 17 files was met once its task ran (10 s of tokenizing and
     packing in a new user's trial, thrown away); the plan reads every file's footer, so it is refused there."""
-    from raypack.tokenize import tasks
+    from raypack.tokenize import pieces
 
     def never(*args, **kwargs):
         raise AssertionError("a task was tokenized")
 
-    monkeypatch.setattr(tasks, "_iter_texts", never)
+    monkeypatch.setattr(pieces, "_iter_texts", never)
     (tmp_path / "in").mkdir()
     for k in range(3):
         pq.write_table(pa.table({"text": [f"text {k}"] * 3}), tmp_path / "in" / f"part-{k}.parquet")

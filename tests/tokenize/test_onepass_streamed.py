@@ -17,7 +17,7 @@ import raypack.tokenize.onepass as onepass
 from raypack.errors import InputError
 from raypack.pack.config import make_config
 from raypack.pack.job import run_pack
-from raypack.tokenize.job import TextOptions
+from raypack.tokenize.job import TextOptions, TokenizeConfig, run_tokenize
 
 from helpers import CORPUS, train_byte_level_bpe
 
@@ -170,9 +170,9 @@ def three_tasks(tmp_path) -> str:
 
 def _spy_reads(monkeypatch, on_read) -> None:
     """``on_read(path)`` as each task's text read begins (in the thread that reads)."""
-    import raypack.tokenize.tasks as tasks
+    import raypack.tokenize.pieces as pieces
 
-    real = tasks.format_named
+    real = pieces.format_named
 
     class Spied:
         def __init__(self, fmt):
@@ -185,19 +185,21 @@ def _spy_reads(monkeypatch, on_read) -> None:
             on_read(path)
             yield from self._fmt.iter_texts(path, *args, **kwargs)
 
-    monkeypatch.setattr(tasks, "format_named", lambda name: Spied(real(name)))
+    monkeypatch.setattr(pieces, "format_named", lambda name: Spied(real(name)))
 
 
-def test_the_next_tasks_first_read_overlaps_this_tasks_last_encode(tmp_path, tok, three_tasks, monkeypatch):
+@pytest.mark.parametrize("command", ["pack", "tokenize"])
+def test_the_next_tasks_first_read_overlaps_this_tasks_last_encode(tmp_path, tok, three_tasks, monkeypatch, command):
     """The encode of each task's last document waits (at most 3 s) for the next task's read to begin: read
     ahead across the tasks' edges it does at once; read task by task it could not begin before this encode
-    ended (each task's first read left the encoder idle). The bytes are the held path's."""
-    import raypack.tokenize.tasks as tasks
+    ended (each task's first read left the encoder idle). ``pack --tokenizer --local`` and ``tokenize
+    --local`` alike; the packed bytes are the held path's."""
+    import raypack.tokenize.pieces as pieces
 
     started = {name: threading.Event() for name in ("a", "b", "c")}
     overlapped = []
     _spy_reads(monkeypatch, lambda path: started[os.path.basename(path)[0]].set())
-    real_encode = tasks.encode_naming
+    real_encode = pieces.encode_naming
 
     def encode_naming(tokenizer, texts, *args, **kwargs):
         last = texts[len(texts) - 1].as_py()
@@ -206,7 +208,12 @@ def test_the_next_tasks_first_read_overlaps_this_tasks_last_encode(tmp_path, tok
                 overlapped.append(started[following].wait(timeout=3))
         return real_encode(tokenizer, texts, *args, **kwargs)
 
-    monkeypatch.setattr(tasks, "encode_naming", encode_naming)
+    monkeypatch.setattr(pieces, "encode_naming", encode_naming)
+    if command == "tokenize":
+        run_tokenize(TokenizeConfig(inputs=(three_tasks,), output=str(tmp_path / "tokenized"), text=text(tok)),
+                     engine="local")
+        assert overlapped == [True, True]
+        return
     run(tmp_path, three_tasks, tok, "streamed", 2)
     monkeypatch.undo()
     assert overlapped == [True, True]

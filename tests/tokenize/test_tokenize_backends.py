@@ -1077,7 +1077,7 @@ def test_the_ids_and_content_sha256_do_not_depend_on_the_backend(tmp_path, token
 def _reverse_the_first_document_once(monkeypatch, first_text: str) -> None:
     """gigatoken's encoder, wrong once: the run's first document's ids in reverse order (ids of the
     vocabulary, so only the guard can tell). Found by its text (``first_text``), not as the first call:
-    with two calls in flight (raypack.tokenize.tasks._encoded) the second piece's call may start first."""
+    with two calls in flight (raypack.tokenize.pieces.encode_pieces) the second piece's call may start first."""
     real, calls = GigatokenEncoder.encode_flat, []
 
     def reversed_first(self, texts):

@@ -479,7 +479,7 @@ def test_documents_do_not_depend_on_the_task_split(tmp_path, text_dir, tok):
 
 
 def test_byte_pieces_literal():
-    from raypack.tokenize.tasks import _byte_pieces
+    from raypack.tokenize.pieces import _byte_pieces
 
     texts = pa.array(["ab", "cde", "", "f", "ghijkl", "m"]).slice(1)  # a slice: offsets do not start at 0
     assert [p.to_pylist() for p in _byte_pieces(texts, 4)] == [["cde", "", "f"], ["ghijkl"], ["m"]]
@@ -510,11 +510,11 @@ def test_rayon_threads_share_the_cpus():
 def fail_at_task(monkeypatch, index: int) -> list[int]:
     done, real = [], tokenize_job.tokenize_task
 
-    def flaky(task, settings, tokenizer):
+    def flaky(task, settings, tokenizer, *ahead):
         if task.task_index == index:
             raise RuntimeError(f"killed at task {index}")
         done.append(task.task_index)
-        return real(task, settings, tokenizer)
+        return real(task, settings, tokenizer, *ahead)
 
     monkeypatch.setattr(tokenize_job, "tokenize_task", flaky)
     return done
