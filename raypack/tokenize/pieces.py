@@ -117,8 +117,9 @@ class ReadAhead:
     encoded (read task by task, each task's first read left the encoder idle: BENCHMARKS.md, "stop
     64"). Take each task's batches with :meth:`texts`, in ``tasks``' order; :meth:`close` ends the
     thread. A task's batches may be read before its file's planned identity is checked: they are
-    used only after it is (:func:`raypack.tokenize.onepass.tokenize_held`), and its end is checked
-    after its last read (:func:`raypack.tokenize.tasks.tokenize_in_memory`). A read's error is raised where that task's
+    used only after it is (:func:`raypack.tokenize.onepass.tokenize_held`,
+    :func:`raypack.tokenize.tasks.tokenize_task`), and the file is checked again after its last read
+    (:func:`raypack.tokenize.tasks.tokenize_in_memory`). A read's error is raised where that task's
     batches are taken, in order. Memory: one batch of texts beyond the caller's."""
 
     def __init__(self, tasks: Sequence[TextTask], settings: TokenizeSettings) -> None:
@@ -150,8 +151,8 @@ class EncodeAhead:
     order across the tasks' edges: the next task's first pieces are encoded while this task's last one
     is, and while its end is checked and handed over (task by task, the encoder was idle at each
     task's end and start: BENCHMARKS.md, "stop 64"). Take each task's pieces with :meth:`encoded`, in
-    ``tasks``' order; :meth:`close` ends the threads. Memory: ``calls_in_flight`` pieces and one read
-    batch beyond the caller's, as for one task."""
+    ``tasks``' order; :meth:`close` ends the threads. Memory, as for one task: the read batch being cut
+    into pieces, the next one read, and the ids of ``calls_in_flight`` pieces being encoded."""
 
     def __init__(self, tasks: Sequence[TextTask], settings: TokenizeSettings, tokenizer: TextTokenizer) -> None:
         self._out = encode_across(self._items(list(tasks), settings), tokenizer)
