@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import collections
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from raypack.tokenize.tasks import TextTask, TokenizeSettings
 
 __all__ = ["EncodeAhead", "ReadAhead", "document_name", "encode_across", "encode_pieces", "task_pieces"]
+
+T = TypeVar("T")
 
 
 def task_pieces(task: TextTask, settings: TokenizeSettings, batches: Iterator[tuple[int, pa.Array]] | None = None
@@ -126,21 +128,15 @@ class ReadAhead:
         self._batches = prefetched(self._read(list(tasks), settings))
 
     @staticmethod
-    def _read(tasks: list[TextTask], settings: TokenizeSettings) -> Iterator[tuple[int, int, pa.Array | None]]:
+    def _read(tasks: list[TextTask], settings: TokenizeSettings) -> Iterator[tuple[int, tuple[int, pa.Array] | None]]:
         for task in tasks:
-            for first_row, texts in _read_texts(task, settings):
-                yield task.task_index, first_row, texts
-            yield task.task_index, -1, None  # the task's end
+            for batch in _read_texts(task, settings):
+                yield task.task_index, batch
+            yield task.task_index, None  # the task's end
 
     def texts(self, task: TextTask) -> Iterator[tuple[int, pa.Array]]:
         """``task``'s batches: the next task's of ``tasks``, once the one before has been taken whole."""
-        for index, first_row, texts in self._batches:
-            if index != task.task_index:
-                raise RuntimeError(f"internal error: text task {task.task_index} was given task {index}'s texts")
-            if texts is None:
-                return
-            yield first_row, texts
-        raise RuntimeError(f"internal error: the texts read ahead ended before text task {task.task_index}'s")
+        return _one_task(self._batches, task, "texts read ahead")
 
     def close(self) -> None:
         self._batches.close()
@@ -156,6 +152,7 @@ class EncodeAhead:
 
     def __init__(self, tasks: Sequence[TextTask], settings: TokenizeSettings, tokenizer: TextTokenizer) -> None:
         self._out = encode_across(self._items(list(tasks), settings), tokenizer)
+        self._pieces = ((task.task_index, None if piece is None else (piece, flat)) for task, piece, flat in self._out)
 
     @staticmethod
     def _items(tasks: list[TextTask], settings: TokenizeSettings) -> Iterator[tuple[TextTask, int, pa.Array | None]]:
@@ -170,17 +167,22 @@ class EncodeAhead:
 
     def encoded(self, task: TextTask) -> Iterator[tuple[pa.Array, FlatIds]]:
         """``task``'s pieces with their ids: the next task's, once the one before has been taken whole."""
-        for got, piece, flat in self._out:
-            if got.task_index != task.task_index:
-                raise RuntimeError(f"internal error: text task {task.task_index} was given task "
-                                   f"{got.task_index}'s pieces")
-            if piece is None:
-                return
-            yield piece, flat
-        raise RuntimeError(f"internal error: the pieces encoded ahead ended before text task {task.task_index}'s")
+        return _one_task(self._pieces, task, "pieces encoded ahead")
 
     def close(self) -> None:
         self._out.close()
+
+
+def _one_task(stream: Iterator[tuple[int, T | None]], task: TextTask, what: str) -> Iterator[T]:
+    """The values of ``stream`` (task index, value) up to ``task``'s end (its value None): the stream's
+    next task must be ``task``."""
+    for index, value in stream:
+        if index != task.task_index:
+            raise RuntimeError(f"internal error: text task {task.task_index} was given task {index}'s {what}")
+        if value is None:
+            return
+        yield value
+    raise RuntimeError(f"internal error: the {what} ended before text task {task.task_index}'s")
 
 
 def _read_texts(task: TextTask, settings: TokenizeSettings) -> Iterator[tuple[int, pa.Array]]:
