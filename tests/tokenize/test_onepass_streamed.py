@@ -17,6 +17,7 @@ import raypack.tokenize.onepass as onepass
 from raypack.errors import InputError
 from raypack.pack.config import make_config
 from raypack.pack.job import run_pack
+from raypack.tokenize.backends import BACKENDS
 from raypack.tokenize.job import TextOptions, TokenizeConfig, run_tokenize
 
 from helpers import CORPUS, train_byte_level_bpe
@@ -40,14 +41,14 @@ def one_task(tmp_path_factory) -> str:
     return str(root)
 
 
-def text(tok: str, **kw) -> TextOptions:
-    return TextOptions(tokenizer=tok, tokenizer_backend="reference", batch_rows=5, **kw)
+def text(tok: str, backend: str = "reference", **kw) -> TextOptions:
+    return TextOptions(tokenizer=tok, tokenizer_backend=backend, batch_rows=5, **kw)
 
 
-def run(tmp_path, inputs: str, tok: str, name: str, workers: int, **kw):
+def run(tmp_path, inputs: str, tok: str, name: str, workers: int, backend: str = "reference", **kw):
     config = make_config(dict(inputs=[inputs], output=str(tmp_path / name), context_length=64, num_workers=workers,
                               **kw))
-    return run_pack(config, engine="local", text=text(tok))
+    return run_pack(config, engine="local", text=text(tok, backend))
 
 
 def files(out) -> dict[str, str]:
@@ -247,3 +248,21 @@ def test_a_read_error_met_ahead_is_raised_in_its_tasks_turn(tmp_path, tok, three
         assert os.listdir(parent) == []
     assert said[0] == said[1], said
     assert ("a.parquet row 5" in said[0]) if refused_in_a else ("damaged page" in said[0]), said
+
+
+GIGATOKEN = pytest.param("gigatoken", marks=pytest.mark.skipif(BACKENDS["gigatoken"].version() is None,
+                                                                reason="gigatoken is not installed"))
+
+
+@pytest.mark.parametrize("backend", ["reference", GIGATOKEN])
+@pytest.mark.parametrize("middle", [[], ["", "", ""], ["x"]])
+def test_tasks_read_ahead_around_an_empty_or_tiny_task_give_the_held_paths_bytes(tmp_path, tok, three_tasks, middle,
+                                                                                 backend):
+    """b.parquet holds no document, only empty ones, or one of one character: the tasks around it are read and
+    encoded across its edges (with gigatoken, two calls in flight across them); the bytes are those of
+    ``--workers 1``, which reads and encodes task by task."""
+    pq.write_table(pa.table({"text": pa.array(middle, pa.string())}), os.path.join(three_tasks, "b.parquet"))
+    streamed = run(tmp_path, three_tasks, tok, "streamed", 2, backend)
+    run(tmp_path, three_tasks, tok, "held", 1, backend)
+    assert files(tmp_path / "streamed") == files(tmp_path / "held")
+    assert streamed.manifest["counts"]["documents"] == 40 + len(middle)
