@@ -126,12 +126,13 @@ def test_every_document_equals_the_tokenizers_encode(tmp_path, text_dir, tok):
     assert sorted(os.listdir(out)) == sorted(["manifest.json", *(s["path"] for s in manifest["shards"])])
 
 
-@pytest.mark.parametrize("command", ["pack", "tokenize"])
+@pytest.mark.parametrize("command, workers", [("pack", 1), ("pack", 2), ("tokenize", 1)])
 @pytest.mark.parametrize("when", ["after the plan", "during a task"])
-def test_a_text_file_rewritten_during_the_run_is_refused(tmp_path, tok, capsys, monkeypatch, command, when):
+def test_a_text_file_rewritten_during_the_run_is_refused(tmp_path, tok, capsys, monkeypatch, command, workers, when):
     """A JSONL file rewritten in place (its lines in another order, the same size) between its tasks,
     or while one is read: the tasks read two versions, and the output held 306 or 394 documents for
-    300 lines, exit 0 (found by a new-user trial). Each task now checks its file before and after."""
+    300 lines, exit 0 (found by a new-user trial). Each task now checks its file before and after; also
+    where the next tasks' texts are read ahead (``pack --workers 2``, and ``tokenize``)."""
     from raypack.inputs.jsonl import JsonLinesFormat
 
     lines = [json.dumps({"text": f"document {i:03d} " + "x" * (i % 7)}) + "\n" for i in range(300)]
@@ -155,7 +156,7 @@ def test_a_text_file_rewritten_during_the_run_is_refused(tmp_path, tok, capsys, 
 
         monkeypatch.setattr(JsonLinesFormat, "iter_texts", iter_texts)
     args = ["--local", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--tokenizer", tok[1],
-            "--task-bytes", "4000", "--workers", "1", *(["--context-length", "16"] if command == "pack" else [])]
+            "--task-bytes", "4000", "--workers", str(workers), *(["--context-length", "16"] if command == "pack" else [])]
     code = main([command, *args])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
@@ -163,8 +164,9 @@ def test_a_text_file_rewritten_during_the_run_is_refused(tmp_path, tok, capsys, 
     assert sorted(os.listdir(tmp_path)) == ["in"]
 
 
-@pytest.mark.parametrize("command", ["pack", "tokenize"])
-def test_a_text_file_cut_short_while_it_is_read_is_named_as_changed(tmp_path, tok, capsys, monkeypatch, command):
+@pytest.mark.parametrize("command, workers", [("pack", 1), ("pack", 2), ("tokenize", 1)])
+def test_a_text_file_cut_short_while_it_is_read_is_named_as_changed(tmp_path, tok, capsys, monkeypatch, command,
+                                                                    workers):
     """A JSONL file cut mid-line while a task reads it: its last line is then half a JSON object, and the
     run said "bad JSON" on that line, as if the file were broken (found by a hostile trial). Now the
     error says the file changed during the run."""
@@ -184,7 +186,7 @@ def test_a_text_file_cut_short_while_it_is_read_is_named_as_changed(tmp_path, to
 
     monkeypatch.setattr(jsonl, "_split_lines", small_blocks)
     args = ["--local", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--tokenizer", tok[1],
-            "--workers", "1", *(["--context-length", "16"] if command == "pack" else [])]
+            "--workers", str(workers), *(["--context-length", "16"] if command == "pack" else [])]
     code = main([command, *args])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
