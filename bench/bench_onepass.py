@@ -5,7 +5,7 @@ fast backend's batch encode on all cores with the texts in memory.
         [--vocab 16000] [--workers 2] [--shards 16] [--engines local,ray] [--repeats 2]
         [--repo DIR ...] [--backend gigatoken] [--batch-mib 0] [--corpus installed|stdlib] [--doc-chars 0]
         [--format parquet|jsonl|jsonl.zst]
-        [--rss | --budget | --paths]
+        [--rss | --budget | --timeline | --paths]
 
 Text (``--corpus``): ``installed`` (default), every distinct source, header, doc and licence file of
 the standard library and the installed packages once (bench_tokenize.installed_texts: ~42,000
@@ -50,6 +50,11 @@ pieces of ``batch_bytes``: its tokenizer warm), ``tokenize`` (``tokenize_in_memo
 read, check, encode, the reference guard, list arrays; nothing packed) and ``job`` (``run_pack``
 ``--local``). Each: wall seconds, this process's CPU-seconds (all threads), cores used
 (CPU-s / wall) and the machine's idle share over it (/proc/stat).
+
+``--timeline``: instead, in one process, ``--repeats`` warm ``--local`` one passes with gigatoken's
+``encode_flat`` timed: how long some call was running, two at once, and none between the first and the
+last (the gaps, as at the tasks' edges: BENCHMARKS.md, "stop 64"), and the busiest threads' CPU-seconds
+(``/proc/self/task``, sampled every 20 ms).
 
 ``--paths``: instead, gigatoken's two ways to run a call, over the texts in memory in the job's
 pieces (its Parquet read batches, cut at the backend's ``batch_bytes``): on its Rayon pool
@@ -320,6 +325,78 @@ def encode_paths(big: Path, tokenizer_path: Path, rounds: int) -> None:
         print(f"median {name:20s} {wall:.2f}s wall, {cpu_s:.2f} CPU-s")
 
 
+def encode_timeline(big: Path, tokenizer_path: Path, out: Path, workers: int, rounds: int) -> None:
+    """When gigatoken's calls run during a ``--local`` one pass, and the threads' CPU (see ``--timeline``)."""
+    import threading
+
+    import raypack.tokenize.backends.gigatoken as gigatoken
+    from raypack.pack.config import make_config
+    from raypack.pack.job import run_pack
+    from raypack.tokenize.job import TextOptions
+
+    calls: list[tuple[float, float]] = []
+    real = gigatoken.GigatokenEncoder.encode_flat
+
+    def timed(self, texts):
+        start = time.perf_counter()
+        flat = real(self, texts)
+        calls.append((start, time.perf_counter()))
+        return flat
+
+    gigatoken.GigatokenEncoder.encode_flat = timed
+    options = TextOptions(tokenizer=str(tokenizer_path), tokenizer_backend="gigatoken")
+
+    def job() -> None:
+        run_pack(make_config(dict(inputs=[str(big)], output=str(out), context_length=2048, num_workers=workers,
+                                  overwrite=True)), engine="local", text=options)
+
+    def thread_cpu() -> dict[str, float]:  # each live thread's CPU-seconds, by thread id
+        seen = {}
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                fields = open(f"/proc/self/task/{tid}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            seen[tid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return seen
+
+    job()  # warm: the tokenizer's pool, the allocator
+    for k in range(rounds):
+        calls.clear()
+        last: dict[str, float] = {}
+        base, done = thread_cpu(), threading.Event()
+
+        def sample() -> None:
+            while not done.wait(0.02):
+                last.update(thread_cpu())
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        cpu0, start = time.process_time(), time.perf_counter()
+        job()
+        wall, cpu_s = time.perf_counter() - start, time.process_time() - cpu0
+        done.set()
+        sampler.join()
+        points = sorted([(a, 1) for a, _ in calls] + [(b, -1) for _, b in calls])
+        running = {1: 0.0, 2: 0.0}
+        gaps, level, previous = [], 0, points[0][0]
+        for t, step in points:
+            for n in running:
+                running[n] += (t - previous) if level >= n else 0.0
+            if level == 0 and t > previous and previous > points[0][0]:
+                gaps.append(t - previous)
+            level, previous = level + step, t
+        main = str(os.getpid())
+        threads = sorted(((cpu - base.get(tid, 0.0), "main" if tid == main else "") for tid, cpu in last.items()),
+                         reverse=True)
+        busiest = ", ".join(f"{c:.2f}{' (main)' if name else ''}" for c, name in threads[:6] if c >= 0.05)
+        print(f"round {k}: {wall:.2f}s, {cpu_s:.2f} CPU-s ({cpu_s / wall:.2f} cores); {len(calls)} calls: some call "
+              f"running {running[1]:.2f}s, two {running[2]:.2f}s; none running between them {sum(gaps):.2f}s in "
+              f"{sum(g >= 0.005 for g in gaps)} gaps of >= 5 ms (longest {max(gaps, default=0) * 1e3:.0f} ms); "
+              f"before the first {points[0][0] - start:.2f}s, after the last {start + wall - points[-1][0]:.2f}s; "
+              f"busiest threads' CPU-s {busiest}", flush=True)
+
+
 def distinct_texts(shard: Path, num_bytes: int) -> list[str]:
     """The texts of ``shard`` and the shards after it, in order, until ``num_bytes`` of them."""
     texts, total = [], 0
@@ -368,6 +445,8 @@ def main() -> None:
                         help="only the peak RSS of --local runs on shard 0 and on it repeated 2, 10, 20 times")
     parser.add_argument("--budget", action="store_true",
                         help="only where a --local one pass's CPU goes: read, encode, tokenize, job (one process)")
+    parser.add_argument("--timeline", action="store_true",
+                        help="only when gigatoken's calls run in a --local one pass, and the threads' CPU")
     parser.add_argument("--paths", action="store_true",
                         help="only gigatoken's two ways to run a call (pool, calling thread), cold and warm")
     parser.add_argument("--doc-chars", type=int, default=0,
@@ -391,11 +470,14 @@ def main() -> None:
         if args.doc_chars:
             texts = [t[i:i + args.doc_chars] for t in texts for i in range(0, len(t), args.doc_chars)]
         print(f"{len(texts)} docs, {sum(len(t.encode()) for t in texts) / 1e6:.1f} MB; tiny {len(tiny)} docs")
-        file_format = "parquet" if args.rss or args.budget or args.paths else args.format
+        file_format = "parquet" if args.rss or args.budget or args.paths or args.timeline else args.format
         big_dir = write_shards(texts, root / "big", args.shards, file_format)
         tiny_dir = write_shards(tiny, root / "tiny", 2, file_format)
         if args.paths:
             encode_paths(big_dir, tokenizer_path, args.repeats)
+            return
+        if args.timeline:
+            encode_timeline(big_dir, tokenizer_path, root / "out", args.workers, args.repeats)
             return
         if args.budget:
             cpu_budget(big_dir, tokenizer_path, args.backend, root / "out", args.workers, args.repeats)
