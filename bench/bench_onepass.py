@@ -354,7 +354,8 @@ def encode_timeline(big: Path, tokenizer_path: Path, out: Path, workers: int, ro
         seen = {}
         for tid in os.listdir("/proc/self/task"):
             try:
-                fields = open(f"/proc/self/task/{tid}/stat").read().rsplit(")", 1)[1].split()
+                with open(f"/proc/self/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
             seen[tid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -18,7 +18,7 @@ same, whatever the engine or the number of workers.
 With ``--local`` (concat; a fresh run, or a resume that keeps no task) each task is instead packed as
 it is tokenized (:func:`_run_streamed`): placed :meth:`Placer.ahead`, as every task before it is packed,
 and settled by its report at its end; at most three of its pieces are in memory, whatever its size
-(four with two encode calls in flight: raypack.tokenize.pieces.encode_pieces).
+(four with two encode calls in flight: raypack.tokenize.pieces.encode_across).
 
 Memory otherwise: a worker holds the ids of the tasks it has tokenized and not yet packed: at most two
 tasks per Ray actor (raypack.engine.pipeline.pack_texts) and with ``--local`` (one packed while the

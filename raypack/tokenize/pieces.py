@@ -193,7 +193,7 @@ def _read_texts(task: TextTask, settings: TokenizeSettings) -> Iterator[tuple[in
 def _iter_texts(task: TextTask, settings: TokenizeSettings, batches: Iterator[tuple[int, pa.Array]] | None = None
                 ) -> Iterator[tuple[int, pa.Array]]:
     """The task's text batches, each checked against ``max_document_bytes`` before it is encoded;
-    ``batches`` as :func:`tokenize_in_memory` takes them."""
+    ``batches`` as :meth:`ReadAhead.texts` gives them (by default they are read here, a batch ahead)."""
     seen = 0
     if batches is None:
         batches = prefetched(_read_texts(task, settings))  # the next batch is read while this one is encoded
