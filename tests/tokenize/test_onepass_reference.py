@@ -1,0 +1,144 @@
+"""``pack --tokenizer --local`` against a naive reference, whatever the split (hypothesis).
+
+The reference is written here from the rules alone: each text encoded by ``tokenizers`` itself
+(``encode(text, add_special_tokens=False)``), then packed by tests/reference.py, one token at a
+time: concat over the whole stream; best_fit shard by shard, where with text in a shard is a task
+(README: ``--task-rows`` and ``--task-bytes`` move best_fit's windows), each task checked here to be
+the rows of its row groups, in order. The job
+is free to split the work: Parquet files of any row groups or JSON Lines files (LF or CRLF, cut
+into tasks at any byte), empty files, texts that are empty or
+hold a special token's string, tasks of one row group or of many (``task_rows``,
+``task_bytes``, which also sends the ids past ``task_bytes // 4`` to a spill file), reads of any
+rows, encode calls of any bytes, one packer (each task held) or two (tasks read and encoded ahead
+across their edges, raypack.tokenize.pieces.EncodeAhead), the reference tokenizer or a fast
+backend. None of it may change a byte of the chunks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from raypack.pack.config import make_config
+from raypack.pack.job import run_pack
+from raypack.tokenize.backends import BACKENDS
+from raypack.tokenize.job import TextOptions
+
+from helpers import CORPUS, read_output, train_byte_level_bpe
+from reference import naive_best_fit, naive_pack
+
+BACKEND_NAMES = ["reference", *(name for name in ("gigatoken",) if BACKENDS[name].version() is not None)]
+
+# Pieces of text: ASCII and words the tokenizer merged, multi-byte characters (2, 3 and 4 bytes),
+# a combining accent, whitespace runs and newlines, a special token's string inside the text.
+PIECES = ["a", "b", " ", "  ", "\n", "\t", "the", " quick", "fox", "é", "e\u0301", "ĉ", "東京", "😀", "👍🏽",
+          "<bos>", "<eos>", "42", "!"]
+TEXT = st.lists(st.sampled_from(PIECES), max_size=14).map("".join)
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    reference = train_byte_level_bpe(CORPUS * 20, 400)
+    reference.save(str(path))
+    return reference, str(path)
+
+
+@st.composite
+def cases(draw):
+    texts = draw(st.lists(TEXT, min_size=1, max_size=40))
+    files = draw(st.integers(1, 3))
+    cuts = sorted(draw(st.lists(st.integers(0, len(texts)), min_size=files - 1, max_size=files - 1)))
+    return dict(
+        texts=texts, cuts=cuts, fmt=draw(st.sampled_from(["parquet", "jsonl"])), crlf=draw(st.booleans()),
+        row_group=draw(st.integers(1, 8)), context_length=draw(st.integers(1, 24)),
+        strategy=draw(st.sampled_from(["concat", "concat", "best_fit"])), window=draw(st.integers(0, 5)),
+        workers=draw(st.sampled_from([1, 2])), backend=draw(st.sampled_from(BACKEND_NAMES)),
+        task_rows=draw(st.integers(1, 24)), task_bytes=draw(st.sampled_from([1, 40, 400, 64 << 20])),
+        batch_rows=draw(st.integers(1, 9)), batch_bytes=draw(st.sampled_from([1, 12, 100, 1 << 20])),
+    )
+
+
+def write_files(root, case: dict) -> tuple[str, list[tuple[int, int]], list[list[int]]]:
+    """The texts as files split at the cuts (some may be empty): Parquet of ``row_group`` rows a row
+    group, or JSON Lines (non-ASCII as is, lines ending CRLF or LF); the dir, each file's documents,
+    and for JSON Lines each line's first byte."""
+    os.makedirs(root, exist_ok=True)
+    texts, bounds = case["texts"], [0, *case["cuts"], len(case["texts"])]
+    ranges, line_starts = list(zip(bounds, bounds[1:])), []
+    for k, (a, b) in enumerate(ranges):
+        path = os.path.join(root, f"t-{k}.{case['fmt']}")
+        if case["fmt"] == "parquet":
+            table = pa.table({"text": pa.array(texts[a:b], pa.string())})
+            pq.write_table(table, path, row_group_size=case["row_group"])
+            continue
+        lines = [(json.dumps({"text": t}, ensure_ascii=False) + ("\r\n" if case["crlf"] else "\n")).encode()
+                 for t in texts[a:b]]
+        with open(path, "wb") as f:
+            f.write(b"".join(lines))
+        line_starts.append(np.cumsum([0, *map(len, lines)])[:-1].tolist())
+    return str(root), ranges, line_starts
+
+
+def task_ranges(manifest: dict, ranges: list[tuple[int, int]], line_starts: list[list[int]], case: dict
+                ) -> list[tuple[int, int]]:
+    """Each shard's (task's) documents, tiling the corpus in order: the rows of its row groups, or the
+    lines whose line before ends in its byte range (the first line: the first task's), of its file."""
+    got, at = [], 0
+    for shard in manifest["shards"]:
+        k = int(os.path.basename(shard["path"]).split(".")[0][2:])
+        file_start, file_end = ranges[k]
+        start, end = shard["text"]["start"], shard["text"]["end"]
+        if case["fmt"] == "parquet":
+            a, b = file_start + start * case["row_group"], min(file_end, file_start + end * case["row_group"])
+        else:
+            owners = [max(s - 1, 0) for s in line_starts[k]]  # a line goes with the byte that ends the line before
+            a, b = file_start + sum(o < start for o in owners), file_start + sum(o < end for o in owners)
+        assert (shard["doc_offset"], shard["num_docs"]) == (a, b - a) and a == at, shard
+        got.append((a, b))
+        at = b
+    assert at == len(case["texts"])
+    return got
+
+
+def expected(docs: list[list[int]], tasks: list[tuple[int, int]], case: dict) -> tuple[np.ndarray, np.ndarray]:
+    c = case["context_length"]
+    if case["strategy"] == "concat":
+        return naive_pack(docs, c, 0, np.uint16)
+    ids, doc_ids = [np.zeros((0, c), np.uint16)], [np.zeros((0, c), np.int64)]
+    for a, b in tasks:
+        part_ids, part_docs = naive_best_fit(docs[a:b], c, 0, case["window"], dtype=np.uint16)
+        ids.append(part_ids)
+        doc_ids.append(np.where(part_docs >= 0, part_docs + a, -1))
+    return np.concatenate(ids), np.concatenate(doc_ids)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=cases())
+def test_the_one_pass_equals_the_naive_reference_whatever_the_split(tmp_path_factory, tok, case):
+    reference, path = tok
+    root = tmp_path_factory.mktemp("case")
+    inputs, ranges, line_starts = write_files(root / "text", case)
+    extra = {"best_fit_window": case["window"]} if case["strategy"] == "best_fit" else {}
+    config = make_config(dict(inputs=[inputs], output=str(root / "out"), context_length=case["context_length"],
+                              num_workers=case["workers"], strategy=case["strategy"], **extra))
+    text = TextOptions(tokenizer=path, tokenizer_backend=case["backend"], task_rows=case["task_rows"],
+                       task_bytes=case["task_bytes"], batch_rows=case["batch_rows"], batch_bytes=case["batch_bytes"])
+    run_pack(config, engine="local", text=text)
+
+    docs = [reference.encode(t, add_special_tokens=False).ids for t in case["texts"]]
+    input_ids, doc_ids, manifest = read_output(str(root / "out"))
+    want_ids, want_docs = expected(docs, task_ranges(manifest, ranges, line_starts, case), case)
+    np.testing.assert_array_equal(input_ids, want_ids)
+    np.testing.assert_array_equal(doc_ids, want_docs)
+    assert manifest["token_dtype"] == "uint16"
+    assert manifest["counts"]["documents"] == len(docs) and manifest["counts"]["tokens"] == sum(map(len, docs))
+    assert manifest["counts"]["chunks"] == len(want_ids)
+    assert manifest["counts"]["padding_positions"] == int((want_docs == -1).sum())
