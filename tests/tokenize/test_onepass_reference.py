@@ -10,8 +10,8 @@ into tasks at any byte), empty files, texts that are empty or
 hold a special token's string, tasks of one row group or of many (``task_rows``,
 ``task_bytes``, which also sends the ids past ``task_bytes // 4`` to a spill file), reads of any
 rows, encode calls of any bytes, one packer (each task held) or two (tasks read and encoded ahead
-across their edges, raypack.tokenize.pieces.EncodeAhead), the reference tokenizer or a fast
-backend. None of it may change a byte of the chunks.
+across their edges, raypack.tokenize.pieces.EncodeAhead), the reference tokenizer, auto or each
+installed fast backend. None of it may change a byte of the chunks.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from raypack.tokenize.job import TextOptions
 from helpers import CORPUS, read_output, train_byte_level_bpe
 from reference import naive_best_fit, naive_pack
 
-BACKEND_NAMES = ["reference", *(name for name in ("gigatoken",) if BACKENDS[name].version() is not None)]
+BACKEND_NAMES = ["reference", "auto",
+                 *(name for name in ("gigatoken", "fastokens") if BACKENDS[name].version() is not None)]
 
 # Pieces of text: ASCII and words the tokenizer merged, multi-byte characters (2, 3 and 4 bytes),
 # a combining accent, whitespace runs and newlines, a special token's string inside the text.
