@@ -8,7 +8,7 @@ the rows of its row groups, in order. The job
 is free to split the work: Parquet files of any row groups or JSON Lines files (LF or CRLF, cut
 into tasks at any byte), empty files, texts that are empty or
 hold a special token's string, tasks of one row group or of many (``task_rows``,
-``task_bytes``, which also sends the ids past ``task_bytes // 4`` to a spill file), reads of any
+``task_bytes``), a held task's ids past a few sent to a spill file (``held_tokens``), reads of any
 rows, encode calls of any bytes, one packer (each task held) or two (tasks read and encoded ahead
 across their edges, raypack.tokenize.pieces.EncodeAhead), the reference tokenizer, auto or each
 installed fast backend. None of it may change a byte of the chunks.
@@ -16,6 +16,7 @@ installed fast backend. None of it may change a byte of the chunks.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -26,6 +27,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import raypack.tokenize.job as tokenize_job
 from raypack.pack.config import make_config
 from raypack.pack.job import run_pack
 from raypack.tokenize.backends import BACKENDS
@@ -64,7 +66,21 @@ def cases(draw):
         workers=draw(st.sampled_from([1, 2])), backend=draw(st.sampled_from(BACKEND_NAMES)),
         task_rows=draw(st.integers(1, 24)), task_bytes=draw(st.sampled_from([1, 40, 400, 64 << 20])),
         batch_rows=draw(st.integers(1, 9)), batch_bytes=draw(st.sampled_from([1, 12, 100, 1 << 20])),
+        held_tokens=draw(st.sampled_from([None, 1, 7, 30])),
     )
+
+
+def holding_at_most(monkeypatch: pytest.MonkeyPatch, tokens: int | None) -> None:
+    """Each held task keeps at most ``tokens`` ids in memory, the rest in its spill file (None: as set)."""
+    if tokens is None:
+        return
+    real = tokenize_job._text_settings
+
+    def settings(*args, **kwargs):
+        values, options = real(*args, **kwargs)
+        return dataclasses.replace(values, held_tokens=tokens), options
+
+    monkeypatch.setattr(tokenize_job, "_text_settings", settings)
 
 
 def write_files(root, case: dict) -> tuple[str, list[tuple[int, int]], list[list[int]]]:
@@ -132,7 +148,9 @@ def test_the_one_pass_equals_the_naive_reference_whatever_the_split(tmp_path_fac
                               num_workers=case["workers"], strategy=case["strategy"], **extra))
     text = TextOptions(tokenizer=path, tokenizer_backend=case["backend"], task_rows=case["task_rows"],
                        task_bytes=case["task_bytes"], batch_rows=case["batch_rows"], batch_bytes=case["batch_bytes"])
-    run_pack(config, engine="local", text=text)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        holding_at_most(monkeypatch, case["held_tokens"])
+        run_pack(config, engine="local", text=text)
 
     docs = [reference.encode(t, add_special_tokens=False).ids for t in case["texts"]]
     input_ids, doc_ids, manifest = read_output(str(root / "out"))
