@@ -1,7 +1,8 @@
 """``pack --tokenizer --local`` against a naive reference, whatever the split (hypothesis).
 
 The reference is written here from the rules alone: each text encoded by ``tokenizers`` itself
-(``encode(text, add_special_tokens=False)``), then packed by tests/reference.py, one token at a
+(``encode(text, add_special_tokens=False)``), between the BOS and EOS asked for, cut or dropped by
+``long_docs``, then packed by tests/reference.py, one token at a
 time: concat over the whole stream; best_fit shard by shard, where with text in a shard is a task
 (README: ``--task-rows`` and ``--task-bytes`` move best_fit's windows), each task checked here to be
 the rows of its row groups, in order. The job
@@ -67,6 +68,8 @@ def cases(draw):
         task_rows=draw(st.integers(1, 24)), task_bytes=draw(st.sampled_from([1, 40, 400, 64 << 20])),
         batch_rows=draw(st.integers(1, 9)), batch_bytes=draw(st.sampled_from([1, 12, 100, 1 << 20])),
         held_tokens=draw(st.sampled_from([None, 1, 7, 30])),
+        long_docs=draw(st.sampled_from(["split", "truncate", "drop"])),
+        bos=draw(st.sampled_from([None, None, "<bos>"])), eos=draw(st.sampled_from([None, None, "<eos>", 1])),
     )
 
 
@@ -125,6 +128,22 @@ def task_ranges(manifest: dict, ranges: list[tuple[int, int]], line_starts: list
     return got
 
 
+def documents(reference, case: dict) -> list[list[int]]:
+    """Each text's ids as the rules pack them: ``tokenizers``' encode between the BOS and EOS asked for,
+    then ``long_docs`` (a document longer than C cut to its first C ids, or left empty: dropped)."""
+    c = case["context_length"]
+    def ids(given: str | int | None) -> list[int]:
+        return [] if given is None else [given if isinstance(given, int) else reference.token_to_id(given)]
+
+    bos, eos = ids(case["bos"]), ids(case["eos"])
+    docs = [bos + reference.encode(t, add_special_tokens=False).ids + eos for t in case["texts"]]
+    if case["long_docs"] == "truncate":
+        return [doc[:c] for doc in docs]
+    if case["long_docs"] == "drop":
+        return [[] if len(doc) > c else doc for doc in docs]
+    return docs
+
+
 def expected(docs: list[list[int]], tasks: list[tuple[int, int]], case: dict) -> tuple[np.ndarray, np.ndarray]:
     c = case["context_length"]
     if case["strategy"] == "concat":
@@ -145,14 +164,16 @@ def test_the_one_pass_equals_the_naive_reference_whatever_the_split(tmp_path_fac
     inputs, ranges, line_starts = write_files(root / "text", case)
     extra = {"best_fit_window": case["window"]} if case["strategy"] == "best_fit" else {}
     config = make_config(dict(inputs=[inputs], output=str(root / "out"), context_length=case["context_length"],
-                              num_workers=case["workers"], strategy=case["strategy"], **extra))
+                              num_workers=case["workers"], strategy=case["strategy"], long_docs=case["long_docs"],
+                              **extra))
     text = TextOptions(tokenizer=path, tokenizer_backend=case["backend"], task_rows=case["task_rows"],
-                       task_bytes=case["task_bytes"], batch_rows=case["batch_rows"], batch_bytes=case["batch_bytes"])
+                       task_bytes=case["task_bytes"], batch_rows=case["batch_rows"], batch_bytes=case["batch_bytes"],
+                       bos=case["bos"], eos=case["eos"])
     with pytest.MonkeyPatch.context() as monkeypatch:
         holding_at_most(monkeypatch, case["held_tokens"])
         run_pack(config, engine="local", text=text)
 
-    docs = [reference.encode(t, add_special_tokens=False).ids for t in case["texts"]]
+    docs = documents(reference, case)
     input_ids, doc_ids, manifest = read_output(str(root / "out"))
     want_ids, want_docs = expected(docs, task_ranges(manifest, ranges, line_starts, case), case)
     np.testing.assert_array_equal(input_ids, want_ids)
