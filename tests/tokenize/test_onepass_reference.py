@@ -1,18 +1,19 @@
 """``pack --tokenizer --local`` against a naive reference, whatever the split (hypothesis).
 
 The reference is written here from the rules alone: each text encoded by ``tokenizers`` itself
-(``encode(text, add_special_tokens=False)``), between the BOS and EOS asked for, cut or dropped by
-``long_docs``, then packed by tests/reference.py, one token at a
-time: concat over the whole stream; best_fit shard by shard, where with text in a shard is a task
-(README: ``--task-rows`` and ``--task-bytes`` move best_fit's windows), each task checked here to be
-the rows of its row groups, in order. The job
-is free to split the work: Parquet files of any row groups or JSON Lines files (LF or CRLF, cut
-into tasks at any byte), empty files, texts that are empty or
-hold a special token's string, tasks of one row group or of many (``task_rows``,
-``task_bytes``), a held task's ids past a few sent to a spill file (``held_tokens``), reads of any
-rows, encode calls of any bytes, one packer (each task held) or two (tasks read and encoded ahead
-across their edges, raypack.tokenize.pieces.EncodeAhead), the reference tokenizer, auto or each
-installed fast backend. None of it may change a byte of the chunks.
+(``encode(text, add_special_tokens=False)``) between the BOS and EOS asked for, cut or dropped by
+``long_docs``, then packed by tests/reference.py one token at a time: concat over the whole stream;
+best_fit shard by shard, where with text in a shard is a task (README: ``--task-rows`` and
+``--task-bytes`` move best_fit's windows), each task checked here to hold the rows of its row
+groups, or the lines of its byte range, in order.
+
+The job is free to split the work: Parquet files of any row groups or JSON Lines files (LF or CRLF,
+cut into tasks at any byte), empty files, texts that are empty or hold a special token's string,
+tasks of one row group or of many (``task_rows``, ``task_bytes``), a held task's ids past a few
+sent to its spill file (``held_tokens``), reads of any rows, encode calls of any bytes, one packer
+(each task held) or two (tasks read and encoded ahead across their edges,
+raypack.tokenize.pieces.EncodeAhead), the reference tokenizer, auto or each installed fast backend.
+None of it may change a byte of the chunks.
 """
 
 from __future__ import annotations
