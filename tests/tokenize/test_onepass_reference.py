@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import raypack.tokenize.job as tokenize_job
+import raypack.tokenize.onepass as onepass
 from raypack.pack.config import make_config
 from raypack.pack.job import run_pack
 from raypack.tokenize.backends import BACKENDS
@@ -183,3 +184,59 @@ def test_the_one_pass_equals_the_naive_reference_whatever_the_split(tmp_path_fac
     assert manifest["counts"]["documents"] == len(docs) and manifest["counts"]["tokens"] == sum(map(len, docs))
     assert manifest["counts"]["chunks"] == len(want_ids)
     assert manifest["counts"]["padding_positions"] == int((want_docs == -1).sum())
+
+
+def chunk_files(out) -> dict[str, bytes]:
+    return {name: (out / name).read_bytes() for name in sorted(os.listdir(out)) if name.endswith(".arrow")}
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=cases(), crash=st.integers(0, 60), workers=st.sampled_from([1, 2]), backend=st.sampled_from(BACKEND_NAMES),
+       batch_rows=st.integers(1, 9))
+def test_a_run_killed_in_any_task_resumes_to_the_same_bytes(tmp_path_factory, tok, case, crash, workers, backend,
+                                                             batch_rows):
+    """Killed while packing any task, then resumed with other packers, reads and backend (none of them
+    output settings): the chunk files are those of a run never killed, and of the naive reference."""
+    reference, path = tok
+    root = tmp_path_factory.mktemp("case")
+    inputs, ranges, line_starts = write_files(root / "text", case)
+    extra = {"best_fit_window": case["window"]} if case["strategy"] == "best_fit" else {}
+
+    def run(name: str, resume: bool = False, **changed):
+        options = {**case, **changed}
+        config = make_config(dict(inputs=[inputs], output=str(root / name), context_length=case["context_length"],
+                                  num_workers=options["workers"], strategy=case["strategy"],
+                                  long_docs=case["long_docs"], **extra))
+        text = TextOptions(tokenizer=path, tokenizer_backend=options["backend"], task_rows=case["task_rows"],
+                           task_bytes=case["task_bytes"], batch_rows=options["batch_rows"],
+                           batch_bytes=case["batch_bytes"], bos=case["bos"], eos=case["eos"])
+        return run_pack(config, engine="local", resume=resume, text=text)
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        holding_at_most(monkeypatch, case["held_tokens"])
+        clean = run("clean")
+    killed_at = crash % len(clean.manifest["shards"])
+    real = onepass.pack_documents
+
+    def killed(task, *args, **kwargs):
+        if task.task_index == killed_at:
+            raise RuntimeError(f"killed while packing task {killed_at}")
+        return real(task, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        holding_at_most(monkeypatch, case["held_tokens"])
+        monkeypatch.setattr(onepass, "pack_documents", killed)
+        with pytest.raises(RuntimeError, match="killed"):
+            run("out")
+    assert not (root / "out" / "manifest.json").exists()
+    resumed = run("out", resume=True, workers=workers, backend=backend, batch_rows=batch_rows)
+    if resumed.manifest["tokenizer"]["backends"] == clean.manifest["tokenizer"]["backends"]:
+        assert resumed.kept[0] >= killed_at  # the tasks before the one killed were kept, not redone
+
+    assert chunk_files(root / "out") == chunk_files(root / "clean")
+    assert resumed.manifest["content_sha256"] == clean.manifest["content_sha256"]
+    assert resumed.manifest["shards"] == clean.manifest["shards"]
+    input_ids, doc_ids, manifest = read_output(str(root / "out"))
+    want_ids, want_docs = expected(documents(reference, case), task_ranges(manifest, ranges, line_starts, case), case)
+    np.testing.assert_array_equal(input_ids, want_ids)
+    np.testing.assert_array_equal(doc_ids, want_docs)
