@@ -1,4 +1,4 @@
-"""``pack --tokenizer --local`` against a naive reference, whatever the split (hypothesis).
+"""``pack --tokenizer`` (``--local``, and on Ray) against a naive reference, whatever the split (hypothesis).
 
 The reference is written here from the rules alone: each text encoded by ``tokenizers`` itself
 (``encode(text, add_special_tokens=False)``) between the BOS and EOS asked for, cut or dropped by
@@ -158,11 +158,9 @@ def expected(docs: list[list[int]], tasks: list[tuple[int, int]], case: dict) ->
     return np.concatenate(ids), np.concatenate(doc_ids)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(case=cases())
-def test_the_one_pass_equals_the_naive_reference_whatever_the_split(tmp_path_factory, tok, case):
+def check_the_one_pass(root, tok, case: dict, engine: str) -> None:
+    """Run ``case`` with ``engine`` into ``root``/out and compare it with the naive reference."""
     reference, path = tok
-    root = tmp_path_factory.mktemp("case")
     inputs, ranges, line_starts = write_files(root / "text", case)
     extra = {"best_fit_window": case["window"]} if case["strategy"] == "best_fit" else {}
     config = make_config(dict(inputs=[inputs], output=str(root / "out"), context_length=case["context_length"],
@@ -173,7 +171,7 @@ def test_the_one_pass_equals_the_naive_reference_whatever_the_split(tmp_path_fac
                        bos=case["bos"], eos=case["eos"])
     with pytest.MonkeyPatch.context() as monkeypatch:
         holding_at_most(monkeypatch, case["held_tokens"])
-        run_pack(config, engine="local", text=text)
+        run_pack(config, engine=engine, text=text)
 
     docs = documents(reference, case)
     input_ids, doc_ids, manifest = read_output(str(root / "out"))
@@ -184,6 +182,19 @@ def test_the_one_pass_equals_the_naive_reference_whatever_the_split(tmp_path_fac
     assert manifest["counts"]["documents"] == len(docs) and manifest["counts"]["tokens"] == sum(map(len, docs))
     assert manifest["counts"]["chunks"] == len(want_ids)
     assert manifest["counts"]["padding_positions"] == int((want_docs == -1).sum())
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=cases())
+def test_the_one_pass_equals_the_naive_reference_whatever_the_split(tmp_path_factory, tok, case):
+    check_the_one_pass(tmp_path_factory.mktemp("case"), tok, case, "local")
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=cases())
+def test_the_ray_one_pass_equals_the_naive_reference_whatever_the_split(ray_session, tmp_path_factory, tok, case):
+    """The same on Ray: text tasks placed on 1 or 2 packer actors as they report their counts."""
+    check_the_one_pass(tmp_path_factory.mktemp("case"), tok, case, "ray")
 
 
 def chunk_files(out) -> dict[str, bytes]:
