@@ -1,4 +1,5 @@
-"""``pack --tokenizer`` (``--local``, and on Ray) against a naive reference, whatever the split (hypothesis).
+"""``pack --tokenizer`` (``--local``, and on Ray), and ``tokenize`` then ``pack``, against a naive reference,
+whatever the split (hypothesis).
 
 The reference is written here from the rules alone: each text encoded by ``tokenizers`` itself
 (``encode(text, add_special_tokens=False)``) between the BOS and EOS asked for, cut or dropped by
@@ -13,7 +14,7 @@ tasks of one row group or of many (``task_rows``, ``task_bytes``), a held task's
 sent to its spill file (``held_tokens``), reads of any rows, encode calls of any bytes, one packer
 (each task held) or two (tasks read and encoded ahead across their edges,
 raypack.tokenize.pieces.EncodeAhead), the reference tokenizer, auto or each installed fast backend.
-None of it may change a byte of the chunks.
+None of it may change a byte of the chunks, nor may a run killed in any task and resumed.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import raypack.tokenize.onepass as onepass
 from raypack.pack.config import make_config
 from raypack.pack.job import run_pack
 from raypack.tokenize.backends import BACKENDS
-from raypack.tokenize.job import TextOptions
+from raypack.tokenize.job import TextOptions, TokenizeConfig, run_tokenize
 
 from helpers import CORPUS, read_output, train_byte_level_bpe
 from reference import naive_best_fit, naive_pack
@@ -115,9 +116,10 @@ def task_ranges(manifest: dict, ranges: list[tuple[int, int]], line_starts: list
     lines whose line before ends in its byte range (the first line: the first task's), of its file."""
     got, at = [], 0
     for shard in manifest["shards"]:
-        k = int(os.path.basename(shard["path"]).split(".")[0][2:])
+        text = shard["source"] if "source" in shard else {"path": shard["path"], **shard["text"]}  # a tokenized part's
+        k = int(os.path.basename(text["path"]).split(".")[0][2:])
         file_start, file_end = ranges[k]
-        start, end = shard["text"]["start"], shard["text"]["end"]
+        start, end = text["start"], text["end"]
         if case["fmt"] == "parquet":
             a, b = file_start + start * case["row_group"], min(file_end, file_start + end * case["row_group"])
         else:
@@ -158,8 +160,9 @@ def expected(docs: list[list[int]], tasks: list[tuple[int, int]], case: dict) ->
     return np.concatenate(ids), np.concatenate(doc_ids)
 
 
-def check_the_one_pass(root, tok, case: dict, engine: str) -> None:
-    """Run ``case`` with ``engine`` into ``root``/out and compare it with the naive reference."""
+def check_the_one_pass(root, tok, case: dict, engine: str, two_step: bool = False) -> None:
+    """Run ``case`` with ``engine`` into ``root``/out and compare it with the naive reference;
+    ``two_step``: ``raypack tokenize`` into ``root``/tokenized, then pack that."""
     reference, path = tok
     inputs, ranges, line_starts = write_files(root / "text", case)
     extra = {"best_fit_window": case["window"]} if case["strategy"] == "best_fit" else {}
@@ -171,7 +174,13 @@ def check_the_one_pass(root, tok, case: dict, engine: str) -> None:
                        bos=case["bos"], eos=case["eos"])
     with pytest.MonkeyPatch.context() as monkeypatch:
         holding_at_most(monkeypatch, case["held_tokens"])
-        run_pack(config, engine=engine, text=text)
+        if two_step:
+            tokenized = str(root / "tokenized")
+            run_tokenize(TokenizeConfig(inputs=(inputs,), output=tokenized, text=text, num_workers=case["workers"]),
+                         engine=engine)
+            run_pack(dataclasses.replace(config, inputs=(tokenized,)), engine=engine)
+        else:
+            run_pack(config, engine=engine, text=text)
 
     docs = documents(reference, case)
     input_ids, doc_ids, manifest = read_output(str(root / "out"))
@@ -188,6 +197,14 @@ def check_the_one_pass(root, tok, case: dict, engine: str) -> None:
 @given(case=cases())
 def test_the_one_pass_equals_the_naive_reference_whatever_the_split(tmp_path_factory, tok, case):
     check_the_one_pass(tmp_path_factory.mktemp("case"), tok, case, "local")
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=cases())
+def test_tokenize_then_pack_equals_the_naive_reference_whatever_the_split(tmp_path_factory, tok, case):
+    """``raypack tokenize --local`` (texts read and encoded ahead across its tasks), then ``pack`` of
+    the tokenized corpus: the same chunks (a tokenized part is the pack's shard, as a task is)."""
+    check_the_one_pass(tmp_path_factory.mktemp("case"), tok, case, "local", two_step=True)
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
