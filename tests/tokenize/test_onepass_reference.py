@@ -14,7 +14,8 @@ tasks of one row group or of many (``task_rows``, ``task_bytes``), a held task's
 sent to its spill file (``held_tokens``), reads of any rows, encode calls of any bytes, one packer
 (each task held) or two (tasks read and encoded ahead across their edges,
 raypack.tokenize.pieces.EncodeAhead), the reference tokenizer, auto or each installed fast backend.
-None of it may change a byte of the chunks, nor may a run killed in any task and resumed.
+None of it may change a byte of the chunks, nor may a run killed in any task and resumed; and each
+output passes ``raypack verify`` and ``verify --check-tokenizer`` over every document.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from raypack.pack.config import make_config
 from raypack.pack.job import run_pack
 from raypack.tokenize.backends import BACKENDS
 from raypack.tokenize.job import TextOptions, TokenizeConfig, run_tokenize
+from raypack.verify import verify_output
+from raypack.verify.tokenizer import check_tokenizer
 
 from helpers import CORPUS, read_output, train_byte_level_bpe
 from reference import naive_best_fit, naive_pack
@@ -191,6 +194,9 @@ def check_the_one_pass(root, tok, case: dict, engine: str, two_step: bool = Fals
     assert manifest["counts"]["documents"] == len(docs) and manifest["counts"]["tokens"] == sum(map(len, docs))
     assert manifest["counts"]["chunks"] == len(want_ids)
     assert manifest["counts"]["padding_positions"] == int((want_docs == -1).sum())
+    verify_output(str(root / "out"))  # the structure, the content digest and the counts
+    said = check_tokenizer(str(root / "out"), num_docs=len(docs))  # every document re-encoded by the reference
+    assert said[0].split()[:3] == ["tokenizer", f"{len(docs):,}", "documents"], said
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
