@@ -37,9 +37,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_job import pyarrow_copy  # noqa: E402
-
-from raypack.sample import write_sample_corpus  # noqa: E402
+from bench_token_job import copy_run, corpus, marginal, shard_tokens  # noqa: E402
 
 MODES = ("sha256", "blake3", "xxh3", "none")
 
@@ -97,10 +95,6 @@ print(json.dumps(rows))
 """
 
 
-def marginal(big: tuple, tiny: tuple) -> float:
-    return (big[0] - tiny[0]) / max(big[1] - tiny[1], 1e-9)
-
-
 def installed(mode: str) -> bool:
     name = {"blake3": "blake3", "xxh3": "xxhash"}.get(mode)
     if name is None:
@@ -131,14 +125,11 @@ def main() -> None:
         print(f"skipped (package not installed): {', '.join(skipped)}")
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="raypack-hash-whatif-"))
-    mean = 685.0
     corpora = {}
     for name, tokens, shards in (("big", args.tokens, 16), ("tiny", args.tiny_tokens, 2)):
-        root = work / name
-        if not root.exists():
-            write_sample_corpus(str(root), num_shards=shards, docs_per_shard=max(1, int(tokens / shards / mean)),
-                                mean_doc_len=mean)
-        corpora[name] = sorted(str(p) for p in root.glob("*.parquet"))
+        if not (work / name).exists():
+            corpus(work / name, tokens, shards)
+        corpora[name] = sorted(str(p) for p in (work / name).glob("*.parquet"))
 
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
     results: dict[str, list] = {m: [] for m in modes}
@@ -150,22 +141,20 @@ def main() -> None:
                 raise SystemExit(f"{mode}: the job failed:\n{proc.stderr[-2000:]}")
             results[mode] += json.loads(proc.stdout.strip().splitlines()[-1])
 
-    floors = {"plain": [], "drop": []}
+    tokens = {name: sum(map(shard_tokens, shards)) for name, shards in corpora.items()}
+    floors: dict[str, list[float]] = {"plain": [], "drop": []}
     for _ in range(args.rounds * 2):
         for kind in floors:
-            times = []
+            runs = []
             for name in ("big", "tiny"):
                 shutil.rmtree(work / "copy", ignore_errors=True)
-                times.append(pyarrow_copy(corpora[name], str(work / "copy"), drop_cache=kind == "drop"))
-            floors[kind].append(times)
+                runs.append(copy_run(corpora[name], str(work / "copy"), tokens[name], drop_cache=kind == "drop"))
+            floors[kind].append(marginal(*runs))
     shutil.rmtree(work / "copy", ignore_errors=True)
-    big_tokens = results[modes[0]][0][0][0] if modes else 0
-    tiny_tokens = results[modes[0]][0][1][0] if modes else 0
-    copies = [(big_tokens - tiny_tokens) / max(b - t, 1e-9) for rows in floors.values() for b, t in rows]
+    copies = [rate for rates in floors.values() for rate in rates]
     median_copy, best_copy = statistics.median(copies), max(copies)
-    for kind, rows in floors.items():
-        rates = sorted((big_tokens - tiny_tokens) / max(b - t, 1e-9) / 1e6 for b, t in rows)
-        print(f"copy floor, {kind}: " + ", ".join(f"{r:.1f}" for r in rates) + "M tok/s (marginal)")
+    for kind, rates in floors.items():
+        print(f"copy floor, {kind}: " + ", ".join(f"{r / 1e6:.1f}" for r in sorted(rates)) + "M tok/s (marginal)")
     print(f"{'hashes':8s} {'big run wall s':>16s} {'CPU-s':>12s} {'marginal M tok/s':>18s} "
           f"{'x median copy':>14s} {'x best copy':>12s}")
     for mode in modes:
@@ -175,7 +164,7 @@ def main() -> None:
         rate = statistics.median(marginal(big, tiny) for big, tiny in rows)
         print(f"{mode:8s} {min(walls):7.2f}-{max(walls):<8.2f} {min(cpus):5.2f}-{max(cpus):<6.2f} "
               f"{rate / 1e6:18.1f} {rate / median_copy:13.2f}x {rate / best_copy:11.2f}x")
-    print(f"({big_tokens:,} and {tiny_tokens:,} tokens; {args.rounds} rounds x {args.repeats} runs per mode; "
+    print(f"({tokens['big']:,} and {tokens['tiny']:,} tokens; {args.rounds} rounds x {args.repeats} runs per mode; "
           f"load average {os.getloadavg()[0]:.2f})")
 
 
