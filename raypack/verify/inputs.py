@@ -16,7 +16,6 @@ time). Cost: the inputs read once.
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
@@ -40,8 +39,6 @@ from raypack.verify.report import VerifyError
 
 __all__ = ["INPUT_BATCH_DOCS", "Shard", "compare_with_inputs", "resolve_inputs"]
 
-log = logging.getLogger(__name__)
-
 INPUT_BATCH_DOCS = 2048
 """Input documents read per batch when comparing with the inputs."""
 
@@ -53,8 +50,11 @@ class Shard(NamedTuple):
     """The manifest's entry for this shard, when the inputs are the manifest's shards."""
 
 
-def resolve_inputs(manifest: dict[str, Any], inputs: Sequence[str] | None, where: str) -> list[Shard] | None:
-    """The shards to compare with, or None to skip the comparison. ``where`` names the manifest.
+def resolve_inputs(manifest: dict[str, Any], inputs: Sequence[str] | None,
+                   where: str) -> tuple[list[Shard] | None, str]:
+    """The shards to compare with, or None to skip the comparison, and why it is skipped ("" when it is
+    not: the report's inputs line says it, and nothing is printed before the checks have run). ``where``
+    names the manifest.
 
     Default (``inputs`` None): the manifest's shards, but only absolute paths or URIs with a known
     shard suffix and no ``..`` (else InputError: pass --input), and only when all still exist.
@@ -62,27 +62,24 @@ def resolve_inputs(manifest: dict[str, Any], inputs: Sequence[str] | None, where
     recorded = manifest.shards
     if inputs is None:
         if not recorded:
-            log.info("verify: the manifest lists no shards; inputs not compared")
-            return None
+            return None, "the manifest lists no shards"
         if any(isinstance(e, dict) and e.get("format") == "text" for e in recorded):
-            log.info("verify: the inputs were text, tokenized inside the run; inputs not compared "
-                     "(to compare, raypack tokenize them and pass the tokenized corpus with --input)")
-            return None
+            return None, ("text, tokenized in the run: --check-tokenizer re-encodes a sample; --input a raypack "
+                          "tokenize of the texts compares every token")
         for k, entry in enumerate(recorded):
             _check_default_input(entry, k, where)
         missing = [e["path"] for e in recorded if not is_file(e["path"])]
         if missing:
-            log.warning("verify: %d of the manifest's shards are gone (e.g. %s); inputs not compared",
-                        len(missing), missing[0])
-            return None
-        return [Shard(e["path"], e.get("format") or shard_format(e["path"]), e) for e in recorded]
+            return None, (f"{len(missing):,} of the manifest's shards are gone (e.g. {missing[0]}); pass --input "
+                          "where they are now")
+        return [Shard(e["path"], e.get("format") or shard_format(e["path"]), e) for e in recorded], ""
     if isinstance(inputs, str):
         inputs = [inputs]
     if not inputs:
-        return None
+        return None, "--no-inputs"
     paths = discover_shards(list(inputs))
     same = paths == [e["path"] for e in recorded]
-    return [Shard(p, shard_format(p), recorded[k] if same else None) for k, p in enumerate(paths)]
+    return [Shard(p, shard_format(p), recorded[k] if same else None) for k, p in enumerate(paths)], ""
 
 
 def check_shard_sources(manifest: Any, where: str) -> None:

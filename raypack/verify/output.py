@@ -36,7 +36,7 @@ def verify_packed(out: str, inputs: Sequence[str] | None = None, *, token_column
     manifest_path = posixpath.join(base, MANIFEST_NAME)
     check_shard_sources(manifest, manifest_path)
     num_bytes = check_files(fs, base, manifest)
-    shards = resolve_inputs(manifest, inputs, manifest_path)
+    shards, not_compared = resolve_inputs(manifest, inputs, manifest_path)
     strategy = strategy_of(manifest)
     structure = structure_class(manifest)(manifest, keep_tokens=shards is not None)
     pieces = output_pieces(fs, base, manifest, structure, batch_chunks)
@@ -54,7 +54,7 @@ def verify_packed(out: str, inputs: Sequence[str] | None = None, *, token_column
         num_tokens=structure.num_tokens, num_padding_positions=structure.num_padding,
         num_documents=manifest.counts.documents, num_split_documents=structure.num_split,
         num_segments=structure.num_segments, content_sha256=manifest.content_sha256,
-        inputs_compared=shards is not None, num_shards=len(shards or ()),
+        inputs_compared=shards is not None, num_shards=len(shards or ()), inputs_note=not_compared,
         seconds=time.perf_counter() - start, strategy=strategy,
         strategy_note=structure.report_note(),
         input_paths=tuple(shard.path for shard in shards or ()),

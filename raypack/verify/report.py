@@ -44,12 +44,14 @@ class VerifyReport:
     """(documents, tokens) truncated or dropped, as the manifest counts them and verify re-counted."""
     extra_columns: tuple[str, ...] = ()
     """Side columns checked with the tokens (``name type fill=F``), if any."""
+    inputs_note: str = ""
+    """Why the inputs were not compared (text tokenized inside the run, shards gone, ...), "" when they were."""
 
     def lines(self) -> list[str]:
         rate = self.num_tokens / self.seconds if self.seconds > 0 else 0.0
         kept = "x" if self.long_docs == "split" else f"{self.long_docs}(x)"
         inputs = (f"{self.num_shards} shard(s), {self.num_documents:,} documents: unpack(pack(x)) == {kept}"
-                  if self.inputs_compared else "not compared")
+                  if self.inputs_compared else "not compared" + (f" ({self.inputs_note})" if self.inputs_note else ""))
         cut = ([] if self.long_docs == "split" else
                [f"  long documents   {self.long_docs:>14}  ({self.long_doc_counts[0]:,} documents, "
                 f"{self.long_doc_counts[1]:,} tokens {'cut off' if self.long_docs == 'truncate' else 'left out'})"])

@@ -174,7 +174,7 @@ def test_clean_output_verifies_with_and_without_inputs(tmp_path, batch_chunks, c
         assert report.num_files == len(load_manifest(out)["files"])
     lines = with_default.lines()
     assert lines[0] == f"verified {out}" and any("unpack(pack(x)) == x" in line for line in lines)
-    assert any("not compared" in line for line in without.lines())
+    assert any(line.endswith("not compared (--no-inputs)") for line in without.lines())
 
 
 def test_jsonl_and_arrow_inputs_verify(tmp_path):
@@ -201,7 +201,13 @@ def test_output_of_empty_documents_only_verifies(tmp_path):
 def test_inputs_gone_are_not_compared_by_default(tmp_path):
     out, shard_dir, _ = pack(tmp_path)
     shutil.rmtree(shard_dir)
-    assert not verify_output(out).inputs_compared
+    report = verify_output(out)
+    assert not report.inputs_compared
+    # said in the report's inputs line (it was a warning logged before the checks, above any failure's line)
+    line = next(line for line in report.lines() if line.startswith("  inputs "))
+    assert line.endswith(f"not compared (3 of the manifest's shards are gone (e.g. {shard_dir}/"
+                         f"{os.path.basename(load_manifest(out)['shards'][0]['path'])}); pass --input where they are "
+                         "now)"), line
 
 
 def test_batch_chunks_must_be_positive(tmp_path):

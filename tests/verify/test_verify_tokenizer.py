@@ -175,6 +175,23 @@ def test_verify_given_the_text_as_input_says_what_to_give_instead(tmp_path, tok,
     assert "--check-tokenizer" in err[0] and "--text-column" not in err[0], err
 
 
+def test_why_a_text_outputs_inputs_were_not_compared_is_in_the_report_only(tmp_path, tok, capsys, caplog):
+    """verify logged "inputs not compared" before its checks: a failure then printed two lines, and a pass said "not
+    compared" beside "N documents re-encoded: equal" with nothing between them (a new user's trial)."""
+    assert main(["pack", "--local", "--input", text_dir(tmp_path), "--output", str(tmp_path / "out"),
+                 "--context-length", "24", "--tokenizer", tok]) == 0
+    capsys.readouterr()
+    caplog.clear()
+    caplog.set_level("INFO")
+    assert main(["verify", str(tmp_path / "out"), "--check-tokenizer", "3"]) == 0
+    assert [r.getMessage() for r in caplog.records if "compared" in r.getMessage()] == []
+    lines = capsys.readouterr().out.splitlines()
+    inputs = next(line for line in lines if line.startswith("  inputs "))
+    assert inputs.split(None, 1)[1] == ("not compared (text, tokenized in the run: --check-tokenizer re-encodes a "
+                                        "sample; --input a raypack tokenize of the texts compares every token)")
+    assert lines.index(inputs) < next(i for i, line in enumerate(lines) if "re-encoded with tokenizers: equal" in line)
+
+
 def test_a_tokenizer_moved_or_changed_since_packing_says_to_put_it_back(tmp_path, tok, capsys):
     """It said to "give a tokenizer.json" / "give the tokenizer": verify has no flag to give one."""
     import shutil
