@@ -141,12 +141,12 @@ class TokenizeSummary:
     def lines(self) -> list[str]:
         c, tokenizer = self.manifest.counts, self.manifest.tokenizer
         rate = (c.tokens - self.kept[1]) / self.seconds if self.seconds > 0 else 0.0
-        backend = self.manifest.backend
+        backend = self.manifest.backend  # named as pack's summary names it: "reference tokenizers 0.23.3"
+        by = " ".join(str(backend[k]) for k in ("name", "library", "version") if backend.get(k))
         done = "finished the interrupted publish of" if self.finished_publish else "tokenized"
         lines = [
             f"{done} {self.output} ({tokenizer['kind']}, vocabulary "
-            f"{tokenizer['vocab_size']:,}, {self.manifest.token_dtype.name}, backend "
-            f"{backend.get('name')} {backend.get('version')})",
+            f"{tokenizer['vocab_size']:,}, {self.manifest.token_dtype.name}, ids by {by})",
             f"  documents  {c.documents:>14,}",
             f"  tokens     {c.tokens:>14,}",
             f"  shards     {c.shards:>14,}",
@@ -422,18 +422,22 @@ def _run_tasks(tasks: list[TextTask], settings: TokenizeSettings, config: Tokeni
     todo = [t for t in tasks if t.task_index not in kept]
     if kept:
         log.info("resume: %d of %d text tasks kept (verified), %d to tokenize", len(kept), len(tasks), len(todo))
+    progress = Progress("tokenized", len(tasks), "tasks")  # counts the kept tasks too, as pack's does
+    for result in kept.values():
+        progress.add(result.num_tokens, kept=True)
     if engine == "local" or not todo:
-        done = _tokenize_locally(todo, settings, tokenizer)
+        done = _tokenize_locally(todo, settings, tokenizer, progress)
     else:
-        done = _tokenize_with_ray(todo, settings, config)
+        done = _tokenize_with_ray(todo, settings, config, progress)
     results = sorted([*kept.values(), *done], key=lambda r: r.task_index)
     return results, (len(kept), sum(r.num_tokens for r in kept.values()))
 
 
-def _tokenize_locally(tasks: list[TextTask], settings: TokenizeSettings, tokenizer) -> list[TextResult]:
+def _tokenize_locally(tasks: list[TextTask], settings: TokenizeSettings, tokenizer,
+                      progress: Progress) -> list[TextResult]:
     """One process, task after task, read and encoded ahead across the tasks' edges (EncodeAhead); the
     tokenizer's own threads use every core."""
-    results, progress = [], Progress("tokenized", len(tasks), "tasks")
+    results = []
     ahead = EncodeAhead(tasks, settings, tokenizer)
     try:
         for task in tasks:
@@ -452,11 +456,11 @@ def dispatch_order(tasks: list[TextTask]) -> list[TextTask]:
     return sorted(tasks, key=lambda t: (-t.text_bytes, t.task_index))
 
 
-def _tokenize_with_ray(tasks: list[TextTask], settings: TokenizeSettings, config: TokenizeConfig) -> list[TextResult]:
+def _tokenize_with_ray(tasks: list[TextTask], settings: TokenizeSettings, config: TokenizeConfig,
+                       progress: Progress) -> list[TextResult]:
     from raypack.engine.session import engine, on_ray
 
     engine().init_ray(config.address)
-    progress = Progress("tokenized", len(tasks), "tasks")
     largest_first = dispatch_order(tasks)
     return on_ray(lambda pipeline: pipeline.tokenize_texts(
         largest_first, settings, num_workers=config.num_workers, worker_num_cpus=config.worker_num_cpus,

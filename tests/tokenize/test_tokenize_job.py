@@ -523,7 +523,7 @@ def fail_at_task(monkeypatch, index: int) -> list[int]:
     return done
 
 
-def test_tokenize_resume_after_a_crash_reuses_finished_tasks(tmp_path, text_dir, tok, monkeypatch):
+def test_tokenize_resume_after_a_crash_reuses_finished_tasks(tmp_path, text_dir, tok, monkeypatch, caplog):
     clean = tokenize(tmp_path, text_dir, tok, "clean")
     num_tasks = manifest_of(clean)["counts"]["shards"]
     fail_at_task(monkeypatch, 3)
@@ -534,9 +534,15 @@ def test_tokenize_resume_after_a_crash_reuses_finished_tasks(tmp_path, text_dir,
     done = fail_at_task(monkeypatch, -1)
     with pytest.raises(tokenize_job.InputError, match="--resume"):
         tokenize(tmp_path, text_dir, tok, "out")
+    caplog.set_level("INFO")
     summary = run_tokenize(TokenizeConfig(inputs=(text_dir,), output=str(tmp_path / "out"), text=options(tok),
                                           num_workers=2), engine="local", resume=True)
     assert done == list(range(3, num_tasks))
+    # the progress counts the kept tasks, as pack's does: it said "tokenized 17/17 tasks" of 20 (a new user's trial)
+    assert f"tokenized {num_tasks}/{num_tasks} tasks" in caplog.text and "(3 kept" in caplog.text, caplog.text
+    backend = manifest_of(clean)["backend"]  # named as pack's summary names it: "ids by reference tokenizers 0.23.3"
+    named = " ".join(str(backend[k]) for k in ("name", "library", "version") if k in backend)
+    assert summary.lines()[0].endswith(f"ids by {named})"), summary.lines()[0]
     assert digests(tmp_path / "out", "*") == digests(clean, "*")
     # the rate is this run's tokens (it counted the kept ones), and the kept ones are said (a new user's trial)
     kept = sum(s["num_tokens"] for s in manifest_of(clean)["shards"][:3])
