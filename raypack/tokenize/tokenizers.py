@@ -48,24 +48,9 @@ from raypack.errors import BackendError, InputError, install_extra
 from raypack.rules.arrays import arrow_array
 from raypack.rules.token_checks import check_pad_in_vocabulary
 
-__all__ = [
-    "TEXT_EXTRA",
-    "TIKTOKEN_ENCODINGS",
-    "TOKENIZER_KINDS",
-    "Encoder",
-    "FlatIds",
-    "HFTokenizer",
-    "TextTokenizer",
-    "TiktokenTokenizer",
-    "check_texts",
-    "encode_with",
-    "flat_to_list_array",
-    "ids_to_list_array",
-    "lists_to_flat",
-    "load_tokenizer",
-    "text_offsets",
-    "token_dtype_for",
-]
+__all__ = ["TEXT_EXTRA", "TIKTOKEN_ENCODINGS", "TOKENIZER_KINDS", "Encoder", "FlatIds", "HFTokenizer", "TextTokenizer",
+           "TiktokenTokenizer", "check_texts", "encode_with", "flat_to_list_array", "ids_to_list_array",
+           "lists_to_flat", "load_tokenizer", "text_offsets", "token_dtype_for"]
 
 TEXT_EXTRA = install_extra("text")
 TOKEN_DTYPES = ("uint8", "uint16", "uint32")
@@ -360,6 +345,19 @@ def _json_without_a_model(path: Path) -> str | None:
     return 'it is JSON, but not an object with a "model" (the tokenizer itself) as a tokenizer.json has'
 
 
+def _fix_for_missing(spec: str) -> str:
+    """What to give instead of a tokenizer that is not there: a tiktoken encoding's name without its prefix, or
+    what reads as a Hugging Face Hub name (``gpt2``, ``ORG/NAME``: never fetched), get their own fix (a new
+    user's trial: both said only "not found"). A FIFO or /dev/null was "not found" too (a trial)."""
+    if spec in TIKTOKEN_ENCODINGS:
+        return f"for the tiktoken encoding, give tiktoken:{spec}"
+    org, slash, name = spec.partition("/")
+    if not (os.path.isabs(spec) or spec.endswith(".json") or slash and (os.path.lexists(org) or "/" in name)):
+        return (f"raypack reads local files only and never downloads a tokenizer: if {spec} is a Hugging Face Hub "
+                "model, download its tokenizer.json and give that file (or a directory holding it), or tiktoken:NAME")
+    return "give a tokenizer.json file, a directory holding one, or tiktoken:NAME"
+
+
 class HFTokenizer:
     """A ``tokenizer.json`` through ``tokenizers.Tokenizer``; threads: its Rayon pool (RAYON_NUM_THREADS)."""
 
@@ -410,8 +408,7 @@ class HFTokenizer:
                     "raypack reads; write one with transformers (for a fast tokenizer, "
                     "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR) saves it), or give tiktoken:NAME")
             what = "is not a regular file (a FIFO, a device, a broken link?)" if os.path.lexists(path) else "not found"
-            raise InputError(f"tokenizer {spec} {what} (looked for {where}); give a tokenizer.json file, a directory "
-                             "holding one, or tiktoken:NAME")  # a trial: a FIFO or /dev/null was "not found"
+            raise InputError(f"tokenizer {spec} {what} (looked for {where}); {_fix_for_missing(spec)}")
         try:  # unreadable: it said "not a Hugging Face tokenizer.json (Permission denied ...)", a wrong fix
             open(path, "rb").close()
         except OSError as e:

@@ -176,6 +176,24 @@ def _hf_loaded(path):
 # Spec errors
 
 
+@pytest.mark.parametrize(("spec", "fix"), [
+    ("cl100k_base", "for the tiktoken encoding, give tiktoken:cl100k_base"),
+    ("gpt2", "never downloads a tokenizer: if gpt2 is a Hugging Face Hub model, download its tokenizer.json"),
+    ("meta-llama/Meta-Llama-3-8B", "if meta-llama/Meta-Llama-3-8B is a Hugging Face Hub model, download"),
+    ("tok.json", "give a tokenizer.json file, a directory holding one, or tiktoken:NAME"),
+    ("here/tok", "give a tokenizer.json file, a directory holding one, or tiktoken:NAME"),  # here/ exists
+    ("a/b/c", "give a tokenizer.json file, a directory holding one, or tiktoken:NAME"),
+])
+def test_a_missing_tokenizer_names_the_fix_for_what_it_looks_like(tmp_path, monkeypatch, spec, fix):
+    """An encoding's name without tiktoken:, or a Hub name, said only "not found" (a new user's trial)."""
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError) as e:
+        load_tokenizer(spec)
+    assert str(e.value).startswith(f"tokenizer {spec} not found (looked for ") and fix in str(e.value), e.value
+    assert "\n" not in str(e.value)
+
+
 def test_missing_path(tmp_path):
     with pytest.raises(InputError, match=r"tokenizer .*nope\.json not found"):
         load_tokenizer(str(tmp_path / "nope.json"))
