@@ -45,7 +45,7 @@ from raypack.inputs.base import (
     too_long,
 )
 from raypack.inputs.parquet_pages import DICTIONARY_PAGE, check_dictionary_pages, check_text_pages, first_page_header
-from raypack.inputs.text_arrays import as_text_array, is_text_type
+from raypack.inputs.text_arrays import is_text_type, text_slices
 from raypack.io.fs import error_text, open_input_file, resolve_filesystem
 from raypack.rules.side_columns import side_value_types
 
@@ -393,10 +393,10 @@ def iter_parquet_texts(
                                       row_groups=[group], columns=[column], use_threads=False)
             for group in range(start, end))
         for batch in _read_text_batches(batches, path):
-            texts = as_text_array(batch.column(0))
-            _check_parquet_texts(texts, path, column, file_row + first_row)
-            yield first_row, texts
-            first_row += len(texts)
+            for texts in text_slices(batch.column(0), batch_bytes):  # a dictionary decoded a slice at a time
+                _check_parquet_texts(texts, path, column, file_row + first_row)
+                yield first_row, texts
+                first_row += len(texts)
 
 
 def _flat_leaf(schema: pq.ParquetSchema, column: str) -> int | None:

@@ -469,6 +469,28 @@ def test_parquet_text_of_any_string_type_reads_as_its_strings(tmp_path, kind):
     assert [t for _, b in read for t in b.to_pylist()] == texts
 
 
+@pytest.mark.parametrize("kind", sorted(k for k in TEXT_TYPES if k.startswith("dictionary")))
+@settings(max_examples=25, deadline=None)
+@given(values=st.lists(st.integers(0, 3_000), min_size=1, max_size=6),
+       picks=st.lists(st.integers(0, 5), min_size=0, max_size=300), batch_bytes=st.integers(1, 40_000))
+def test_a_dictionary_of_long_texts_is_decoded_a_few_rows_at_a_time(tmp_path_factory, kind, values, picks,
+                                                                    batch_bytes):
+    """A dictionary stores a repeated text once, so the footer's mean row size (the batch's rows) says nothing
+    of its decoded size: 8,192 rows naming one 1 MB text decoded to 8 GB at once (a hostile trial: a 1 MB file
+    took a run to 2.1 GB, then a traceback). Each read now holds at most ``batch_bytes`` of text, or one row."""
+    words = [chr(ord("a") + k) * n for k, n in enumerate(values)]
+    texts = [words[p % len(words)] for p in picks]
+    path = tmp_path_factory.mktemp("dict") / "a.parquet"
+    pq.write_table(pa.table({"text": TEXT_TYPES[kind](pa.array(texts, pa.string()))}), path)
+    assert pa.types.is_dictionary(pq.read_schema(path).field("text").type)
+    read, rows = list(iter_parquet_texts(str(path), "text", batch_bytes=batch_bytes)), 0
+    for first_row, batch in read:
+        assert first_row == rows and batch.type in (pa.string(), pa.large_string())
+        assert len(batch) == 1 or sum(map(len, batch.to_pylist())) <= batch_bytes
+        rows += len(batch)
+    assert [t for _, b in read for t in b.to_pylist()] == texts
+
+
 @pytest.mark.parametrize("kind", ["binary", "binary_view", "dictionary", "string_view"])
 def test_parquet_text_of_another_type_names_a_null_or_invalid_row(tmp_path, kind):
     path = tmp_path / "a.parquet"
