@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "(moved since; it must hash to the sha256 the manifest records)")
     verify.add_argument("--max-document-bytes", type=int, metavar="BYTES",
                         help="--check-tokenizer: a chosen document of more text is counted, not re-encoded (default: "
-                             "pack's default, 16 MiB; the reference library needs ~110-190 bytes of memory a byte)")
+                             "pack's default, 16 MiB; the reference library needs ~110-230 bytes of memory a byte)")
     stats = commands.add_parser("stats", help="how well an output packed: padding, split documents, fragments")
     stats.add_argument("output", metavar="OUT", help="packed output directory")
     stats.add_argument("--plot", metavar="PNG", help=f"also write a plot (needs {PLOT_EXTRA})")

@@ -98,7 +98,8 @@ class TextOptions:
     """A longer text is one line naming it, before it is encoded: a tokenizer's working memory grows
     with the document (BENCHMARKS.md, "One long text document" and "stop 51": about 9-15 bytes per
     byte of real text with gigatoken, up to 44 for one repeated character or a SentencePiece-style
-    BPE, 110 with HF tokenizers); no effect on the output of the documents it accepts."""
+    BPE, 110-230 with HF tokenizers, which also encodes the text around a character gigatoken reads
+    otherwise: "stop 66"); no effect on the output of the documents it accepts."""
 
     def __post_init__(self) -> None:
         if not self.tokenizer:

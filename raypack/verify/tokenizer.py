@@ -14,7 +14,7 @@ A mix (raypack mix): each of its sources packed from text, N documents each.
 Cost: reading the text ranges that hold the chosen documents (at most one task per document),
 encoding only those documents, and one pass over the output's doc ids (``np.isin`` per batch).
 Memory: one output batch plus the chosen documents' tokens, plus what the reference library needs
-to encode one of them (``tokenizers``: ~110-190 bytes a byte of text). So a chosen document of more than
+to encode one of them (``tokenizers``: ~110-230 bytes a byte of text). So a chosen document of more than
 ``max_document_bytes`` (pack's default, 16 MiB; verify's ``--max-document-bytes``) is not
 re-encoded: the report counts it (an output packed with a raised limit held a 50 MB document, which
 took verify to 5.1 GB).
@@ -121,7 +121,7 @@ def check_tokenizer(out: str, num_docs: int = DEFAULT_DOCUMENTS,
     said = f"  tokenizer        {len(chosen) - len(longer):>14,}  documents re-encoded with {tokenizer.library}: equal"
     if longer:
         said += (f"; {len(longer):,} longer than max_document_bytes={max_document_bytes:,} not re-encoded (doc "
-                 f"{min(longer)}{', ...' if len(longer) > 1 else ''}; the reference needs ~110-190 bytes of memory a "
+                 f"{min(longer)}{', ...' if len(longer) > 1 else ''}; the reference needs ~110-230 bytes of memory a "
                  "byte of text: --max-document-bytes raises the limit)")
     return [said]
 
