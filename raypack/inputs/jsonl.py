@@ -345,11 +345,16 @@ def iter_jsonl_texts(
                 yield first_row + offset, texts.slice(offset, batch_rows)
             first_row += len(texts)
     except LineTooLong as e:
-        said = "" if max_text_bytes is None else (
-            f", more than a text of max_document_bytes={max_text_bytes:,} takes as JSON (at most 6 bytes a byte, "
-            "escaped, and 1 MiB of other keys); raise --max-document-bytes if the workers have the memory, or")
+        if max_text_bytes is None:
+            said = ";"
+        elif max_line_bytes == MAX_LINE_BYTES:  # raising the limit cannot lift it (a trial: the line said to)
+            said = f", raypack's longest JSON line whatever max_document_bytes (here {max_text_bytes:,});"
+        else:
+            said = (f", more than a text of max_document_bytes={max_text_bytes:,} takes as JSON (at most 6 bytes a "
+                    "byte, escaped, and 1 MiB of other keys); raise --max-document-bytes if the workers have the "
+                    "memory, or")
         line = _count_newlines(fs, fs_path, e.line_start) + 1
-        raise InputError(f"{path}: line {line} is longer than {max_line_bytes:,} bytes{said or ';'} "
+        raise InputError(f"{path}: line {line} is longer than {max_line_bytes:,} bytes{said} "
                          "split the document upstream") from None
 
 

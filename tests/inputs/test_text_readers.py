@@ -227,6 +227,22 @@ def test_jsonl_bad_line(tmp_path, data, match):
         list(iter_jsonl_texts(str(path)))
 
 
+@pytest.mark.parametrize("max_text_bytes", [1, 10_000])
+def test_a_line_over_the_hard_limit_does_not_say_to_raise_max_document_bytes(tmp_path, monkeypatch, max_text_bytes):
+    """Past MAX_LINE_BYTES (1 GiB) no --max-document-bytes reads a line, and the line said to raise it (a hostile
+    trial: a 5 GB line with the limit at 2 GB); under it, raising the limit is the fix, and the line says so."""
+    import raypack.inputs.jsonl as jsonl
+
+    monkeypatch.setattr(jsonl, "MAX_LINE_BYTES", 2_000)
+    path = write_jsonl(tmp_path / "a.jsonl", ["short", "x" * 5_000])
+    with pytest.raises(InputError) as e:
+        list(iter_jsonl_texts(str(path), max_text_bytes=max_text_bytes, block_bytes=1_000))
+    said = str(e.value)
+    assert said.startswith(f"{path}: line 2 is longer than 2,000 bytes, raypack's longest JSON line whatever "
+                           f"max_document_bytes (here {max_text_bytes:,}); split the document upstream"), said
+    assert "raise" not in said
+
+
 def test_jsonl_bad_line_number_is_the_file_line_in_a_later_range_and_block(tmp_path):
     good = [json.dumps({"text": f"doc {i}"}).encode() for i in range(200)]
     data = b"\n".join(good[:150] + [b'{"text": "\xff"}'] + good[150:]) + b"\n"
