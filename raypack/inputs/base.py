@@ -224,8 +224,9 @@ class DocumentTooLong(InputError):
 def too_long(path: str, row: int | str, num_tokens: int | str, limit: int, where: str | None = None) -> InputError:
     """The one line for a document over ``max_document_tokens`` (``where``: its place, if not ``row`` of ``path``)."""
     return DocumentTooLong(
-        f"{where or f'shard {path} row {row}'}: the document holds {num_tokens} tokens, more than "
-        f"max_document_tokens={limit} "
+        f"{where or f'shard {path} row {row}'}: the document holds "
+        f"{f'{num_tokens:,}' if isinstance(num_tokens, int) else num_tokens} tokens, more than "
+        f"max_document_tokens={limit:,} "
         "(a packer reads a document whole); raise --max-document-tokens if the packers have the memory "
         "(BENCHMARKS.md: bytes per token), or split the document upstream"
     )

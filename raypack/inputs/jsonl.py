@@ -230,12 +230,12 @@ def _check_line_lengths(data: bytes, max_line_bytes: int, path: str, num_read: i
 
 def _line_too_long(path: str, row: int, max_line_bytes: int, max_document_tokens: int | None) -> InputError:
     if max_document_tokens is None or max_line_bytes == MAX_LINE_BYTES:
-        return InputError(f"shard {path} row {row}: its line is longer than {max_line_bytes} bytes, the most a JSON "
+        return InputError(f"shard {path} row {row}: its line is longer than {max_line_bytes:,} bytes, the most a JSON "
                           "Lines shard may hold on one line; split the document upstream, or write the shard as "
                           "Parquet")
     return InputError(
-        f"shard {path} row {row}: its line is longer than {max_line_bytes} bytes ({JSON_BYTES_PER_TOKEN} per token "
-        f"of max_document_tokens={max_document_tokens}; a packer reads a document whole); raise "
+        f"shard {path} row {row}: its line is longer than {max_line_bytes:,} bytes ({JSON_BYTES_PER_TOKEN} per token "
+        f"of max_document_tokens={max_document_tokens:,}; a packer reads a document whole); raise "
         "--max-document-tokens if the packers have the memory (BENCHMARKS.md: bytes per token), or split the "
         "document upstream"
     )

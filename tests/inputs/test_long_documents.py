@@ -297,6 +297,10 @@ def test_a_document_over_the_limit_names_file_row_and_length(tmp_path, fmt):
         _read(path, fmt, 8)
     with pytest.raises(InputError, match=r"row 1: the document holds 5 tokens, more than max_document_tokens=4"):
         _read(path, fmt, 4)
+    long = _write(tmp_path / f"long.{fmt}", [[1] * 1_234], fmt)  # counts as the other lines write them
+    with pytest.raises(InputError, match=r"row 0: the document holds 1,234 tokens, more than max_document_tokens="
+                                         r"1,000 "):
+        _read(long, fmt, 1_000)
 
 
 def test_parquet_document_alone_in_its_row_group_is_refused_from_the_footer(tmp_path, monkeypatch):
