@@ -59,7 +59,10 @@ def text_slices(texts: pa.Array, max_bytes: int) -> Iterator[pa.Array]:
         return
     sizes = pc.binary_length(texts.dictionary).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     indices = texts.indices.fill_null(0).to_numpy(zero_copy_only=False)
-    ends = np.cumsum(sizes[indices] if sizes.size else np.zeros(len(texts), np.int64))
+    if indices.size and (int(indices.max()) >= sizes.size or int(indices.min()) < 0):
+        yield as_text_array(texts)  # an index outside the dictionary: Arrow's decode names it, as before
+        return
+    ends = np.cumsum(sizes[indices])
     start, done = 0, 0  # the first row of the next slice, and the text bytes before it
     while start < len(texts):
         end = max(start + 1, int(np.searchsorted(ends, done + max_bytes, side="right")))

@@ -507,6 +507,17 @@ def test_a_dictionary_of_long_texts_is_decoded_a_few_rows_at_a_time(tmp_path_fac
     assert [t for _, b in read for t in b.to_pylist()] == texts
 
 
+def test_a_dictionary_index_outside_it_fails_as_arrows_decode_does():
+    """Sliced decoding must not turn a bad index into numpy's IndexError (a traceback naming nothing)."""
+    from raypack.inputs.text_arrays import text_slices
+
+    bad = pa.DictionaryArray.from_arrays(pa.array([0, 5, 1], pa.int32()), pa.array(["a", "b"]), safe=False)
+    with pytest.raises(pa.ArrowIndexError, match="Index 5 out of bounds"):
+        list(text_slices(bad, 1))
+    empty = pa.DictionaryArray.from_arrays(pa.array([None, None], pa.int32()), pa.array([], pa.string()))
+    assert [a.to_pylist() for a in text_slices(empty, 1)] == [[None, None]]  # nulls only: refused by the reader
+
+
 @pytest.mark.parametrize("kind", ["binary", "binary_view", "dictionary", "string_view"])
 def test_parquet_text_of_another_type_names_a_null_or_invalid_row(tmp_path, kind):
     path = tmp_path / "a.parquet"
