@@ -34,7 +34,7 @@ from raypack.pack.publish import (
 )
 from raypack.pack.resume import load_verified_result, say_inputs_gone
 from raypack.pack.tasks import PackSettings, ShardResult, TaskCounts
-from raypack.packed.manifest import Manifest, PackedCounts, build_manifest, load_manifest, write_manifest
+from raypack.packed.manifest import Manifest, PackedCounts, backend_label, build_manifest, load_manifest, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ def _tokenizer_lines(manifest: Manifest) -> list[str]:
     name = f"tiktoken:{identity.get('name')}" if identity.get("kind") == "tiktoken" else identity.get("file", "?")
     listed = record.get("backends")
     backends = [b for b in listed if isinstance(b, dict)] if isinstance(listed, list) else []
-    by = ", ".join(" ".join(str(b[k]) for k in ("name", "library", "version") if b.get(k)) for b in backends)
+    by = ", ".join(backend_label(b) for b in backends)
     vocab = identity.get("vocab_size")
     ids = f"{vocab:,}" if isinstance(vocab, int) else "?"  # as recorded: an input's manifest may say anything
     return [f"  tokenizer        {name} ({ids} ids)" + (f", ids by {by}" if by else "")]

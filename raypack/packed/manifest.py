@@ -75,7 +75,7 @@ if TYPE_CHECKING:
 __all__ = ["COUNT_KEYS", "FILE_KEYS", "MAX_CONTEXT_LENGTH", "MAX_COUNT", "MAX_MANIFEST_BYTES", "Manifest",
            "PackedCounts", "RecordedConfig", "build_manifest", "write_manifest",
            "check_manifest", "load_manifest", "open_chunk_file", "read_manifest_json", "resolve_output",
-           "side_columns_of", "strategy_of"]
+           "backend_label", "side_columns_of", "strategy_of"]
 
 # MAX_CONTEXT_LENGTH: one cap for writers and readers (raypack.rules.core)
 """Largest context length a manifest may claim (16M tokens). Today's longest windows are ~2**20;
@@ -248,6 +248,12 @@ class Manifest(ChunkLayout):
         if not isinstance(identity, dict):
             return None
         return {key: value for key, value in identity.items() if key != "file"}
+
+
+def backend_label(record: Mapping[str, Any]) -> str:
+    """A recorded tokenizer backend in the words of a summary: ``reference tokenizers 0.23.3``, ``gigatoken 0.10.0``
+    (its name, library and version, those it records)."""
+    return " ".join(str(record[k]) for k in ("name", "library", "version") if record.get(k))
 
 
 def load_manifest(path: str) -> Manifest:

@@ -34,6 +34,7 @@ from raypack.pack.dry_run import DryRunReport, report_of
 from raypack.pack.plan import check_output_outside_inputs
 from raypack.pack.publish import check_free_before_start, plan_before_start, run_published
 from raypack.pack.resume import file_mark, sampled_identity
+from raypack.packed.manifest import backend_label
 from raypack.packed.writer import MANIFEST_NAME
 from raypack.rules.arrays import numpy_values
 from raypack.tokenize.backends import AUTO, check_backend_name, load_backed_tokenizer
@@ -142,8 +143,7 @@ class TokenizeSummary:
     def lines(self) -> list[str]:
         c, tokenizer = self.manifest.counts, self.manifest.tokenizer
         rate = (c.tokens - self.kept[1]) / self.seconds if self.seconds > 0 else 0.0
-        backend = self.manifest.backend  # named as pack's summary names it: "reference tokenizers 0.23.3"
-        by = " ".join(str(backend[k]) for k in ("name", "library", "version") if backend.get(k))
+        by = backend_label(self.manifest.backend)  # as pack's summary names it: "reference tokenizers 0.23.3"
         done = "finished the interrupted publish of" if self.finished_publish else "tokenized"
         lines = [
             f"{done} {self.output} ({tokenizer['kind']}, vocabulary "
