@@ -28,6 +28,12 @@ on 8 MB of the stdlib.
          (tokens big - tokens tiny) / (seconds big - seconds tiny), so fixed costs (actor start,
          tokenizer load) cancel out.
 
+floor in pieces: the same encode over the job's own pieces (its read batches, cut at the backend's
+         ``batch_bytes``), one call after another, a freshly loaded tokenizer each round. The one-call
+         floor runs at two speeds on this VM (BENCHMARKS.md, "stop 67": 1.6 or 2.5-3.4 CPU-s for the same
+         call, by whether its hundreds of MB of output and work space land in memory the allocator
+         recycled); in pieces it is steady. Printed beside it: the fastest warm one-call floor.
+
 A process's first encode is slow (gigatoken's first call in a process: its pool and allocator
 warming, about 2.5x the later calls on unseen text), so the first floor call and the jobs' first
 round are printed but the medians are over the later ones ("warm"; use ``--repeats 3`` or more).
@@ -110,6 +116,24 @@ def floor(texts: list[str], tokenizer_path: Path, backend: str) -> tuple[int, fl
     start = time.perf_counter()
     flat = encoder.encode_flat(array)
     return int(flat.offsets[-1]), time.perf_counter() - start
+
+
+def floor_pieces(big: Path, tokenizer_path: Path, backend: str) -> list[pa.Array]:
+    """The job's pieces of the texts under ``big`` (its read batches cut at the backend's ``batch_bytes``)."""
+    from raypack.tokenize.job import TextOptions
+
+    tokenizer = load_backed_tokenizer(str(tokenizer_path), backend)
+    return job_pieces(big, TextOptions(tokenizer=str(tokenizer_path), tokenizer_backend=backend),
+                      tokenizer.batch_bytes)
+
+
+def floor_in_pieces(pieces: list[pa.Array], tokenizer_path: Path, backend: str) -> tuple[int, float, float]:
+    """The floor over the job's pieces, one call each, in order, with a freshly loaded tokenizer (a cold
+    cache, as a job's): tokens, wall seconds, this process's CPU-seconds."""
+    encoder = load_backed_tokenizer(str(tokenizer_path), backend).encoder
+    cpu, start = time.process_time(), time.perf_counter()
+    tokens = sum(int(encoder.encode_flat(piece).offsets[-1]) for piece in pieces)
+    return tokens, time.perf_counter() - start, time.process_time() - cpu
 
 
 _JOB_SCRIPT = r"""
@@ -490,11 +514,17 @@ def main() -> None:
             return
         figures: dict[str, list[float]] = {"floor": []}
         ratios: dict[str, list[float]] = {}
+        pieces = floor_pieces(big_dir, tokenizer_path, args.backend)
+        in_pieces: list[tuple[float, float]] = []
         for _ in range(args.repeats):
             tokens, seconds = floor(texts, tokenizer_path, args.backend)
             figures["floor"].append(tokens / seconds)
             print(f"floor {args.backend} encode_flat: {tokens:,} tokens {seconds:.2f}s "
                   f"{tokens / seconds / 1e6:.2f}M/s  load {os.getloadavg()[0]:.2f}", flush=True)
+            tokens, seconds, cpu = floor_in_pieces(pieces, tokenizer_path, args.backend)
+            in_pieces.append((tokens / seconds, cpu))
+            print(f"floor {args.backend} encode_flat in the job's {len(pieces)} pieces: {tokens:,} tokens "
+                  f"{seconds:.2f}s {tokens / seconds / 1e6:.2f}M/s, {cpu:.2f} CPU-s", flush=True)
         for repo in repos:
             for engine in args.engines.split(","):
                 for row in job_rounds(repo, big_dir, tiny_dir, tokenizer_path, root / "out", engine, args.workers,
@@ -511,10 +541,16 @@ def main() -> None:
         print(f"floor, first call in this process (cold): {floors[0] / 1e6:.2f}M tokens/s")
         base = statistics.median(floors[1:] or floors)
         print(f"median floor (warm) {base / 1e6:.2f}M tokens/s")
+        print(f"fastest floor (warm) {max(floors[1:] or floors) / 1e6:.2f}M tokens/s")
+        piece_base = statistics.median(rate for rate, _ in in_pieces)
+        print(f"median floor in the job's pieces {piece_base / 1e6:.2f}M tokens/s "
+              f"({min(r for r, _ in in_pieces) / 1e6:.2f}-{max(r for r, _ in in_pieces) / 1e6:.2f}M), "
+              f"{statistics.median(c for _, c in in_pieces):.2f} CPU-s")
         for name, values in figures.items():
             value = statistics.median(values[1:] or values)
-            print(f"median {name} (warm rounds): {value / 1e6:.2f}M tokens/s = {value / base:.2f}x floor; first "
-                  f"round {values[0] / 1e6:.2f}M = {values[0] / floors[0]:.2f}x the cold floor")
+            print(f"median {name} (warm rounds): {value / 1e6:.2f}M tokens/s = {value / base:.2f}x floor, "
+                  f"{value / max(floors[1:] or floors):.2f}x the fastest floor, {value / piece_base:.2f}x the floor "
+                  f"in pieces; first round {values[0] / 1e6:.2f}M = {values[0] / floors[0]:.2f}x the cold floor")
             paired = ratios[name][1:] or ratios[name]
             print(f"  paired with the floor run just before it in the same process (warm rounds): median "
                   f"{statistics.median(paired):.2f}x, min {min(paired):.2f}, max {max(paired):.2f}")
