@@ -30,7 +30,7 @@ on 8 MB of the stdlib.
 
 floor in pieces: the same encode over the job's own pieces (its read batches, cut at the backend's
          ``batch_bytes``), one call after another, a freshly loaded tokenizer each round. The one-call
-         floor runs at two speeds on this VM (BENCHMARKS.md, "stop 67": 1.6 or 2.5-3.4 CPU-s for the same
+         floor runs at two speeds on this VM (BENCHMARKS.md, "stop 67": 1.6-1.7 or 2.3-3.0 CPU-s for the same
          call, by whether its hundreds of MB of output and work space land in memory the allocator
          recycled); in pieces it is steady. Printed beside it: the fastest warm one-call floor.
 
@@ -541,7 +541,8 @@ def main() -> None:
         print(f"floor, first call in this process (cold): {floors[0] / 1e6:.2f}M tokens/s")
         base = statistics.median(floors[1:] or floors)
         print(f"median floor (warm) {base / 1e6:.2f}M tokens/s")
-        print(f"fastest floor (warm) {max(floors[1:] or floors) / 1e6:.2f}M tokens/s")
+        fastest = max(floors[1:] or floors)
+        print(f"fastest floor (warm) {fastest / 1e6:.2f}M tokens/s")
         piece_base = statistics.median(rate for rate, _ in in_pieces)
         print(f"median floor in the job's pieces {piece_base / 1e6:.2f}M tokens/s "
               f"({min(r for r, _ in in_pieces) / 1e6:.2f}-{max(r for r, _ in in_pieces) / 1e6:.2f}M), "
@@ -549,7 +550,7 @@ def main() -> None:
         for name, values in figures.items():
             value = statistics.median(values[1:] or values)
             print(f"median {name} (warm rounds): {value / 1e6:.2f}M tokens/s = {value / base:.2f}x floor, "
-                  f"{value / max(floors[1:] or floors):.2f}x the fastest floor, {value / piece_base:.2f}x the floor "
+                  f"{value / fastest:.2f}x the fastest floor, {value / piece_base:.2f}x the floor "
                   f"in pieces; first round {values[0] / 1e6:.2f}M = {values[0] / floors[0]:.2f}x the cold floor")
             paired = ratios[name][1:] or ratios[name]
             print(f"  paired with the floor run just before it in the same process (warm rounds): median "
