@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["as_text_array", "is_text_type", "text_slices"]
+__all__ = ["is_text_type", "text_slices"]
 
 
 def _is_view(t: pa.DataType) -> bool:
@@ -37,7 +37,7 @@ def is_text_type(t: pa.DataType) -> bool:
     return _is_plain_text(t.value_type if pa.types.is_dictionary(t) else t)
 
 
-def as_text_array(texts: pa.Array) -> pa.Array:
+def _as_text_array(texts: pa.Array) -> pa.Array:
     """``texts`` (of a type :func:`is_text_type` takes) as a string or large_string array, its
     UTF-8 not yet checked: zero-copy for string and binary, a copy for views and dictionaries
     (the whole array at once: :func:`text_slices` bounds a dictionary's)."""
@@ -52,19 +52,19 @@ def as_text_array(texts: pa.Array) -> pa.Array:
 
 
 def text_slices(texts: pa.Array, max_bytes: int) -> Iterator[pa.Array]:
-    """``texts`` as :func:`as_text_array` gives it, in order; a dictionary in slices of at most
+    """``texts`` as :func:`_as_text_array` gives it, in order; a dictionary in slices of at most
     ``max_bytes`` of decoded text, or one row (see the module docstring)."""
     if not pa.types.is_dictionary(texts.type) or len(texts) <= 1:
-        yield as_text_array(texts)
+        yield _as_text_array(texts)
         return
     sizes = pc.binary_length(texts.dictionary).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     indices = texts.indices.fill_null(0).to_numpy(zero_copy_only=False)
     if indices.size and (int(indices.max()) >= sizes.size or int(indices.min()) < 0):
-        yield as_text_array(texts)  # an index outside the dictionary: Arrow's decode names it, as before
+        yield _as_text_array(texts)  # an index outside the dictionary: Arrow's decode names it, as before
         return
     ends = np.cumsum(sizes[indices])
     start, done = 0, 0  # the first row of the next slice, and the text bytes before it
     while start < len(texts):
         end = max(start + 1, int(np.searchsorted(ends, done + max_bytes, side="right")))
-        yield as_text_array(texts.slice(start, end - start))
+        yield _as_text_array(texts.slice(start, end - start))
         start, done = end, int(ends[end - 1])
