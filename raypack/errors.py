@@ -57,13 +57,11 @@ class PublishFailed(RuntimeError):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C during a run; ``kept`` is where the finished work waits for ``--resume`` (None: nothing kept);
-    ``finished``: whether any task had finished there (False: ``--resume`` starts it over)."""
+    """Ctrl-C during a run; ``kept`` is where the finished work waits for ``--resume`` (None: nothing kept)."""
 
-    def __init__(self, kept: str | None, finished: bool = True) -> None:
+    def __init__(self, kept: str | None) -> None:
         super().__init__(kept)
         self.kept = kept
-        self.finished = finished
 
 
 def install_extra(extra: str) -> str:

@@ -372,12 +372,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"raypack: error: {escaped_line(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
-        kept, finished = getattr(e, "kept", None), getattr(e, "finished", True)
+        kept = getattr(e, "kept", None)
         if kept is None and args.command in ("pack", "tokenize"):  # before the run took its output (Ray's start)
             from raypack.pack.publish import work_kept
 
             kept = work_kept(getattr(args, "output", None))
-        print(interrupted_line(argv, kept, finished), file=sys.stderr)
+        print(interrupted_line(argv, kept), file=sys.stderr)
         return interrupted_code()
     except BrokenPipeError:
         silence_stdout()

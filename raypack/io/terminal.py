@@ -89,9 +89,9 @@ def interrupted_code() -> int:
     return 143 if _TERMINATED else 130
 
 
-def interrupted_line(argv: Sequence[str], kept: str | None, finished: bool = True) -> str:
+def interrupted_line(argv: Sequence[str], kept: str | None) -> str:
     """The one line Ctrl-C (or SIGTERM) prints: what was kept and the exact command that finishes the run
-    (``finished``: whether any of its tasks had finished). That command is the run's own with ``--resume``
+    (``kept`` None: no task had finished, and nothing is left). That command is the run's own with ``--resume``
     in place of ``--overwrite``: the two are refused together, and a resumed ``--overwrite`` replaces the
     old output as the interrupted run would have."""
     what = "terminated (SIGTERM)" if _TERMINATED else "interrupted"
@@ -99,9 +99,6 @@ def interrupted_line(argv: Sequence[str], kept: str | None, finished: bool = Tru
         return f"raypack: {what}; nothing was written"
     program = _program()
     again = list(argv) if "--resume" in argv else [*(a for a in argv if a != "--overwrite"), "--resume"]
-    if not finished:
-        return (f"raypack: {what} before any task finished (its work directory is {escaped_line(kept)}); start it "
-                f"again with: {program} {' '.join(map(shell_word, again))}")
     return (f"raypack: {what}; the finished work is kept in {escaped_line(kept)}; finish with: {program} "
             f"{' '.join(map(shell_word, again))}")
 

@@ -50,8 +50,9 @@ def run_published(output: str, *, overwrite: bool, resume: bool, plan: Callable[
     3. make the work directory, ``write(target, planned)`` into ``target.work_dir``, publish;
        bad input or a full disk leaves nothing (``after_failure``), anything else keeps the
        work for ``--resume``; Ctrl-C raises :class:`~raypack.errors.Interrupted` naming it, and so does one
-       whose raise Python dropped (in a weakref callback), found before the publish. A
-       command with no ``--resume`` (not ``resumable``: a mix) keeps nothing on Ctrl-C either.
+       whose raise Python dropped (in a weakref callback), found before the publish. Where no task had
+       finished (nothing a ``--resume`` would keep: a new user's trial was told to resume an empty
+       directory), and in a command with no ``--resume`` (not ``resumable``: a mix), Ctrl-C keeps nothing.
     Returns what ``write`` returned.
     """
     target = output_target(output)
@@ -82,11 +83,11 @@ def run_published(output: str, *, overwrite: bool, resume: bool, plan: Callable[
                 raise KeyboardInterrupt
             target.publish()
         except KeyboardInterrupt:
-            if not resumable:
+            if not resumable or not target.holds_finished_work():  # nothing a --resume would keep
                 target.discard()
                 raise Interrupted(None) from None
             target.after_stop()
-            raise Interrupted(target.work_dir, target.holds_finished_work()) from None
+            raise Interrupted(target.work_dir) from None
         except BaseException as e:
             if isinstance(e, InputChanged):  # not bad data: the tasks finished from the other files stay
                 target.keep_for_resume(e)

@@ -347,9 +347,6 @@ def test_interrupted_line():
     assert interrupted_line(["pack"], None) == "raypack: interrupted; nothing was written"
     assert interrupted_line(["pack", "--overwrite", "--output", "o"], "/x/s").endswith(
         "finish with: raypack pack --output o --resume")  # --overwrite and --resume are refused together
-    assert interrupted_line(["pack", "--output", "o"], "/x/s", finished=False) == (
-        "raypack: interrupted before any task finished (its work directory is /x/s); start it again with: "
-        "raypack pack --output o --resume")
 
 
 def test_lines_stay_one_line_whatever_a_path_holds(tmp_path, capsys):

@@ -699,20 +699,27 @@ def test_an_interrupted_overwrite_is_finished_by_the_resume_its_line_names(tmp_p
     """Ctrl-C in an ``--overwrite`` run: its line names the command with ``--resume`` in place of
     ``--overwrite`` (the two are refused together: it named both, which exited 2), and that resume
     replaces the old output with what a clean run makes. Interrupted at the first task (``--workers 1``),
-    the line says no task had finished."""
+    no task had finished: nothing is kept, the line says so, the old output is as it was, and the run's own
+    command (``--overwrite``) does it all again."""
     from raypack.cli import main
 
     base = ["pack", "--local", "--workers", "1", "--input", str(corpus), "--pad-token", "0", "--output"]
     assert main([*base, str(tmp_path / "clean"), "--context-length", "12"]) == 0
     args = [*base, str(tmp_path / "out"), "--context-length", "12", "--overwrite"]
     assert main([*base, str(tmp_path / "out"), "--context-length", "8"]) == 0
+    old = file_digests(str(tmp_path / "out"))
     capsys.readouterr()
     fail_at_shard(monkeypatch, first, KeyboardInterrupt())
     assert main(args) == 130
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert ("before any task finished" in line) == (first == 0), line
-    again = shlex.split(line.split("with: raypack ", 1)[1])
-    assert again == [*args[:-1], "--resume"]
+    if first == 0:
+        assert line == "raypack: interrupted; nothing was written", line
+        assert not os.path.exists(staging_dir(str(tmp_path / "out")))
+        assert file_digests(str(tmp_path / "out")) == old
+        again = args
+    else:
+        again = shlex.split(line.split("with: raypack ", 1)[1])
+        assert again == [*args[:-1], "--resume"]
     monkeypatch.undo()
     assert main(again) == 0
     assert assert_exactly_the_manifest(tmp_path / "out")["context_length"] == 12
@@ -723,15 +730,18 @@ def test_an_interrupted_overwrite_is_finished_by_the_resume_its_line_names(tmp_p
 def test_a_run_stopped_before_any_task_finished_does_not_block_the_plain_command(tmp_path, corpus, monkeypatch,
                                                                                   capsys):
     """Ctrl-C before any task finished left a staging directory with no work in it, and the run's own command,
-    run again, was refused as 'an earlier run ... did not finish' (a new user's trial). It now starts over."""
+    run again, was refused as 'an earlier run ... did not finish' (a new user's trial). Then it was kept and
+    the line told the user to ``--resume`` it, with nothing to resume (a later trial): now nothing is left,
+    and the line says nothing was written."""
     from raypack.cli import main
 
     base = ["pack", "--local", "--workers", "1", "--input", str(corpus), "--pad-token", "0", "--context-length", "12"]
     assert main([*base, "--output", str(tmp_path / "clean")]) == 0
     fail_at_shard(monkeypatch, 0, KeyboardInterrupt())
     assert main([*base, "--output", str(tmp_path / "out")]) == 130
-    assert "before any task finished" in capsys.readouterr().err
-    assert os.path.isdir(staging_dir(str(tmp_path / "out")))
+    assert capsys.readouterr().err == "raypack: interrupted; nothing was written\n"
+    assert not os.path.exists(staging_dir(str(tmp_path / "out")))
+    assert not os.path.exists(tmp_path / "out")
     monkeypatch.undo()
     assert main([*base, "--output", str(tmp_path / "out")]) == 0
     assert file_digests(str(tmp_path / "out")) == file_digests(str(tmp_path / "clean"))
