@@ -228,4 +228,4 @@ def document_name(task: TextTask, k: int) -> str:
         where = format_named(task.format).text_row(task.path, task.start, task.end, k)
     except (InputError, OSError):  # the file is gone or damaged by now: the task's own terms
         where = f"document {k} of {format_named(task.format).text_task_unit} [{task.start}, {task.end})"
-    return f"{task.path} {where}"
+    return f"text file {task.path} {where}"

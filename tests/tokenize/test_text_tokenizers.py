@@ -498,7 +498,7 @@ def test_a_categorical_text_column_within_the_limit_is_read(tmp_path, capsys, co
     capsys.readouterr()
     assert main([*args, "--output", str(tmp_path / "o2"), "--max-document-bytes", "9000"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"raypack: error: {tmp_path / 'text' / 'c.parquet'} row 0 holds 9,979 bytes of text, more than "
+        f"raypack: error: text file {tmp_path / 'text' / 'c.parquet'} row 0 holds 9,979 bytes of text, more than "
         "max_document_bytes=9,000 (a tokenizer's memory grows with the document); raise --max-document-bytes if "
         "the workers have the memory (BENCHMARKS.md: bytes per byte), or split the document upstream"]
 
